@@ -1,0 +1,159 @@
+"""The ``mixed-gemm`` command line.
+
+Subcommands are registered in ``_COMMANDS`` as ``name -> "module:function"``. The function is
+called as ``function(subparsers)``; it adds its parser with ``subparsers.add_parser(name, ...)`` and
+sets ``func=handler`` via ``set_defaults``, where ``handler(args) -> int`` returns the exit code.
+Keep heavy imports inside handlers: every registered module is imported to build ``--help``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+from typing import Callable, Sequence
+
+from . import __version__
+from .build.errors import BuildError
+
+_COMMANDS: dict[str, str] = {
+    "info": f"{__name__}:add_info_parser",
+}
+
+
+def _probe(fn: Callable[[], str]) -> str:
+    # `info` is what people run when something is broken, so one failing probe must not hide the
+    # others (or turn the exit code non-zero).
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        return f"unavailable ({type(exc).__name__}: {exc})"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _torch_cuda() -> str:
+    import torch
+
+    return torch.version.cuda or "none (CPU build)"
+
+
+def _driver_version() -> str:
+    try:
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+    except Exception:  # noqa: BLE001 - no libcuda.so raises from the import or the call
+        return "no driver found"
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return f"no driver found ({err.name})"
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _nvcc() -> str:
+    from .build.nvcc import find_nvcc, nvcc_version
+
+    try:
+        path = find_nvcc()
+    except BuildError:
+        return "not found (set CUDA_HOME or put nvcc on PATH)"
+    return f"{nvcc_version()} ({path})"
+
+
+def _cutlass() -> str:
+    from .build.nvcc import cutlass_include_dir, cutlass_version
+
+    return f"{cutlass_version()} ({cutlass_include_dir()})"
+
+
+def _gpus() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return ["no CUDA GPU visible"]
+    lines = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        lines.append(
+            f"{i}: {props.name}, compute capability {props.major}.{props.minor} "
+            f"(sm_{props.major}{props.minor}), {props.total_memory / 2**30:.1f} GiB"
+        )
+    return lines
+
+
+def _path_of(name: str) -> Callable[[], str]:
+    def probe() -> str:
+        from . import _paths
+
+        return str(getattr(_paths, name)())
+
+    return probe
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Print versions and paths of everything a kernel build and launch depends on."""
+    import mixed_gemm
+
+    rows: list[tuple[str, str | list[str]]] = [
+        ("mixed_gemm", f"{__version__} ({mixed_gemm.__path__[0]})"),
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("torch", _probe(_torch_version)),
+        ("CUDA runtime (torch)", _probe(_torch_cuda)),
+        ("CUDA driver", _probe(_driver_version)),
+        ("nvcc", _probe(_nvcc)),
+        ("CUTLASS headers", _probe(_cutlass)),
+    ]
+    try:
+        gpus: str | list[str] = _gpus()
+    except Exception as exc:  # noqa: BLE001
+        gpus = f"unavailable ({type(exc).__name__}: {exc})"
+    rows += [
+        ("GPU", gpus),
+        ("templates", _probe(_path_of("templates_dir"))),
+        ("profiles", _probe(_path_of("profiles_dir"))),
+        ("kernel cache", _probe(_path_of("cache_dir"))),
+    ]
+    width = max(len(label) for label, _ in rows) + 2
+    for label, value in rows:
+        values = value if isinstance(value, list) else [value]
+        for j, line in enumerate(values):
+            print(f"{label if j == 0 else '':<{width}}{line}")
+    return 0
+
+
+def add_info_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "info", help="show versions of the toolchain, the GPU and the cache directory"
+    )
+    parser.set_defaults(func=run_info)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mixed-gemm", description="CUTLASS mixed-input GEMM kernels: build, inspect, profile."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for spec in _COMMANDS.values():
+        module_name, _, func_name = spec.partition(":")
+        getattr(importlib.import_module(module_name), func_name)(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mixed-gemm`` script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BuildError as exc:
+        print(f"mixed-gemm {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

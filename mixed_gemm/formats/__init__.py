@@ -1,0 +1,22 @@
+"""Pure-torch weight formats: checkpoint layouts <-> canonical ``(q, s, z)``, and RTN quantization.
+
+Canonical form: ``q`` uint8 ``(N, K)``, ``s`` ``(N, K // G)`` float, ``z`` like ``s`` (integers) or
+``None`` (symmetric).  See :mod:`mixed_gemm.formats.checkpoint` for the exact layouts.
+"""
+from __future__ import annotations
+
+from ._checks import BITS, FORMATS
+from .checkpoint import AWQ_ORDER, pack, unpack
+from .groups import expand_groups, make_g_idx
+from .quantize import quantize
+
+__all__ = [
+    "AWQ_ORDER",
+    "BITS",
+    "FORMATS",
+    "expand_groups",
+    "make_g_idx",
+    "pack",
+    "quantize",
+    "unpack",
+]

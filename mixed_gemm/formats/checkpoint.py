@@ -1,0 +1,222 @@
+"""Checkpoint layouts <-> canonical ``(q, s, z)``: :func:`unpack` and its exact inverse :func:`pack`.
+
+Canonical form (what every other part of mixed_gemm consumes)
+-------------------------------------------------------------
+Weight ``W`` is ``(N, K)`` = (out_features, in_features); ``G`` = ``group_size`` (``-1`` -> ``G = K``),
+``NG = K // G`` groups along K.
+
+* ``q``: ``torch.uint8`` ``(N, K)``, values in ``[0, 2**bits)``, row-major, in the original K order
+  (also under act-order: ``g_idx`` never permutes ``q``).
+* ``s``: ``(N, NG)`` in float16 / bfloat16 / float32 (the checkpoint's scales dtype).
+* ``z``: same shape and dtype as ``s``, holding integers in ``[0, 2**bits)``; or ``None`` for symmetric
+  weights (the implicit zero is ``2**(bits-1)``).
+* Group of element ``(n, k)``: ``k // G``, or ``g_idx[k]`` when a ``g_idx`` (GPTQ act-order) is given.
+  Dequantized weight: ``W[n, k] = (q[n, k] - z[n, grp]) * s[n, grp]``.
+
+Checkpoint formats (``P = 32 // bits`` fields per int32 word; field ``i`` = bits ``[bits*i, bits*i+bits)``
+of the word's two's-complement pattern, so the last field contains the sign bit)
+--------------------------------------------------------------------------------------------------
+``"awq"`` (AutoAWQ GEMM):
+    ``qweight`` int32 ``(K, N // P)``: word ``[k, j]``, field ``i`` = ``q[P*j + order[i], k]``.
+    ``qzeros`` int32 ``(NG, N // P)``: word ``[g, j]``, field ``i`` = ``z[P*j + order[i], g]``.
+    ``scales`` ``(NG, N)`` = ``s.T``.
+    ``order`` = ``AWQ_ORDER[bits]``: 4-bit ``(0, 2, 4, 6, 1, 3, 5, 7)`` (AutoAWQ's ``order_map``);
+    8-bit ``(0, 1, 2, 3)``: AutoAWQ only implements 4-bit GEMM packing (``from_linear`` raises
+    ``NotImplementedError`` for other widths), so there is no upstream interleave; we use plain order.
+``"gptq"`` (AutoGPTQ / GPTQ-for-LLaMa "v1"):
+    ``qweight`` int32 ``(K // P, N)``: word ``[r, n]``, field ``i`` = ``q[n, P*r + i]`` (packed along K,
+    least-significant field first).
+    ``qzeros`` int32 ``(NG, N // P)``: word ``[g, j]``, field ``i`` = ``(z[P*j + i, g] - 1) mod 2**bits``
+    (packed along N, plain order, stored minus one).  Unpacking reads ``z = (field + 1) mod 2**bits``,
+    exactly like AutoGPTQ's torch dequantizer (``bitwise_and(zeros + 1, 2**bits - 1)``), so the map is a
+    bijection on ``[0, 2**bits)``: ``z = 0`` is stored as ``2**bits - 1`` (``0xF`` / ``0xFF``) and
+    stored ``2**bits - 1`` reads back as ``0``.  (Kernels that add one *without* wrapping, e.g. exllama,
+    would see 16 / 256 there; such zeros are not representable canonically.  AutoGPTQ's numpy packer
+    lets a ``-1`` bleed into the higher fields of the word; :func:`pack` masks, so neighbours are intact.)
+    ``scales`` ``(NG, N)`` = ``s.T``.  Optional ``g_idx`` int ``(K,)`` with values in ``[0, NG)``.
+``"gptq_v2"``: as ``"gptq"`` but ``qzeros`` fields store ``z`` itself (no minus one).
+``"plain"``: ``(qweight, scales, zeros)`` *are* ``(q, s, z)``; validated and returned unchanged.
+
+Symmetric weights: ``zeros=None`` in, ``None`` out, for every format.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _checks as C
+from ._bitpack import pack_last, unpack_last
+
+AWQ_ORDER = {4: (0, 2, 4, 6, 1, 3, 5, 7), 8: (0, 1, 2, 3)}
+"""Field ``i`` of an AWQ word holds column ``P*j + AWQ_ORDER[bits][i]`` of its group of ``P`` columns."""
+
+Triple = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+
+
+def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s", "z")):
+    """Check a canonical triple; returns ``(N, K)``."""
+    qn, sn, zn = names
+    ctx = f" for format {fmt!r}"
+    C.check_tensor(qn, q, dtypes=(torch.uint8,), ndim=2, context=ctx)
+    C.check_tensor(sn, s, dtypes=C.SCALE_DTYPES, ndim=2, context=ctx)
+    if z is not None:
+        C.check_tensor(zn, z, dtypes=(s.dtype,), ndim=2, context=f" (same as {sn})")
+    C.check_same_device(**{qn: q, sn: s, zn: z})
+    n, k = q.shape
+    g = C.resolve_group_size(group_size, k)
+    C.check_shape(sn, s, (n, k // g), f"(N, K // group_size) with N={n}, K={k}, group_size={group_size}")
+    if z is not None:
+        C.check_shape(zn, z, tuple(s.shape), f"same as {sn}")
+    C.check_int_range(qn, q, 0, 1 << bits)
+    if z is not None:
+        C.check_int_range(zn, z, 0, 1 << bits)
+    if g_idx is not None:
+        C.check_g_idx(g_idx, k, k // g, q.device)
+    return n, k
+
+
+def _reject_g_idx(g_idx, fmt):
+    if g_idx is not None:
+        raise ValueError(f"g_idx: format {fmt!r} has no act-order; g_idx must be None")
+
+
+def _validate_packed(qweight, scales, zeros, *, bits, group_size, g_idx, fmt):
+    """Check a packed awq/gptq triple; returns ``(N, K)``."""
+    p = C.pack_factor(bits)
+    ctx = f" for format {fmt!r}"
+    C.check_tensor("qweight", qweight, dtypes=(torch.int32,), ndim=2, context=ctx)
+    C.check_tensor("scales", scales, dtypes=C.SCALE_DTYPES, ndim=2, context=ctx)
+    if zeros is not None:
+        C.check_tensor("zeros", zeros, dtypes=(torch.int32,), ndim=2, context=ctx)
+    C.check_same_device(qweight=qweight, scales=scales, zeros=zeros)
+    if fmt == "awq":
+        k, n = qweight.shape[0], qweight.shape[1] * p
+    else:
+        k, n = qweight.shape[0] * p, qweight.shape[1]
+    g = C.resolve_group_size(group_size, k)
+    C.check_shape("scales", scales, (k // g, n), f"(K // group_size, N) with K={k}, N={n}")
+    if zeros is not None:
+        C.check_multiple("zeros", "N", n, p, f"{bits}-bit zeros pack {p} per int32 along N")
+        C.check_shape("zeros", zeros, (k // g, n // p), f"(K // group_size, N // {p}) with K={k}, N={n}")
+    if fmt == "awq":
+        _reject_g_idx(g_idx, fmt)
+    elif g_idx is not None:
+        C.check_g_idx(g_idx, k, k // g, qweight.device)
+    return n, k
+
+
+def _common(format, bits, group_size):
+    return C.check_format(format), C.check_bits(bits), C.check_group_size(group_size)
+
+
+def unpack(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: Optional[torch.Tensor],
+    *,
+    format: str,
+    bits: int = 4,
+    group_size: int = 128,
+    g_idx: Optional[torch.Tensor] = None,
+) -> Triple:
+    """Checkpoint tensors -> canonical ``(q, s, z)`` (see the module docstring for every layout).
+
+    Args:
+        qweight: packed int32 weight (``"awq"``: ``(K, N // P)``; ``"gptq"``/``"gptq_v2"``:
+            ``(K // P, N)``; ``"plain"``: the canonical uint8 ``q`` ``(N, K)``), ``P = 32 // bits``.
+        scales: ``(K // G, N)`` float16/bfloat16/float32 (``"plain"``: ``s`` ``(N, K // G)``).
+        zeros: packed int32 ``(K // G, N // P)`` (``"plain"``: ``z``, like ``s``), or ``None`` (symmetric).
+        format: ``"awq"``, ``"gptq"``, ``"gptq_v2"`` or ``"plain"``.
+        bits: 4 or 8.
+        group_size: ``G`` > 0 dividing K, or ``-1`` for one group per output channel.
+        g_idx: GPTQ act-order group index, int ``(K,)`` with values in ``[0, K // G)``; only for
+            ``"gptq"``, ``"gptq_v2"`` and ``"plain"``.  It is validated, not applied: ``q`` stays in
+            the original K order and ``s``/``z`` are indexed by group; keep ``g_idx`` and pass it to
+            :func:`mixed_gemm.reference.dequantize` or :func:`expand_groups`.
+
+    Returns:
+        ``q`` uint8 ``(N, K)`` in ``[0, 2**bits)``; ``s`` ``(N, K // G)`` in ``scales.dtype``; ``z`` like
+        ``s`` holding integers in ``[0, 2**bits)`` (``"gptq"``: ``(stored + 1) mod 2**bits``), or ``None``.
+        All contiguous, on the input device.  ``"plain"`` returns its inputs themselves.
+
+    Raises:
+        TypeError: wrong argument type or tensor dtype.
+        ValueError: unknown format, bits not in {4, 8}, bad group size, shapes that disagree,
+            out-of-range values (``"plain"``, ``g_idx``), tensors on different devices.
+    """
+    fmt, bits, group_size = _common(format, bits, group_size)
+    if fmt == "plain":
+        _validate_canonical(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx,
+                            fmt=fmt, names=("qweight", "scales", "zeros"))
+        return qweight, scales, zeros
+    _validate_packed(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt)
+    s = scales.t().contiguous()
+    if fmt == "awq":
+        order = AWQ_ORDER[bits]
+        q = unpack_last(qweight, bits, order).t().contiguous()
+        zq = None if zeros is None else unpack_last(zeros, bits, order)
+    else:
+        q = unpack_last(qweight.t(), bits)
+        zq = None if zeros is None else unpack_last(zeros, bits)
+        if zq is not None and fmt == "gptq":
+            zq = (zq.to(torch.int16) + 1) & ((1 << bits) - 1)
+    z = None if zq is None else zq.t().to(s.dtype).contiguous()
+    return q.contiguous(), s, z
+
+
+def pack(
+    q: torch.Tensor,
+    s: torch.Tensor,
+    z: Optional[torch.Tensor],
+    *,
+    format: str,
+    bits: int = 4,
+    group_size: int = 128,
+    g_idx: Optional[torch.Tensor] = None,
+) -> Triple:
+    """Canonical ``(q, s, z)`` -> checkpoint ``(qweight, scales, zeros)``; exact inverse of :func:`unpack`.
+
+    Args:
+        q: uint8 ``(N, K)`` with values in ``[0, 2**bits)``.
+        s: ``(N, K // G)`` float16/bfloat16/float32.
+        z: same shape and dtype as ``s`` holding integers in ``[0, 2**bits)``, or ``None`` (symmetric).
+        format, bits, group_size: as for :func:`unpack`.
+        g_idx: optional act-order index (``"gptq"``, ``"gptq_v2"``, ``"plain"`` only); validated
+            against ``q``/``s`` but not stored: the checkpoint keeps it as its own tensor.
+
+    Returns:
+        ``qweight`` int32 (``"awq"``: ``(K, N // P)`` with ``AWQ_ORDER[bits]``; ``"gptq"``/``"gptq_v2"``:
+        ``(K // P, N)`` packed along K), ``scales`` = ``s.T`` ``(K // G, N)`` in ``s.dtype``, ``zeros``
+        int32 ``(K // G, N // P)`` (``"gptq"`` stores ``(z - 1) mod 2**bits``) or ``None``; all
+        contiguous.  ``"plain"`` returns its inputs themselves.
+        Requires ``N % P == 0`` (awq; gptq when ``z`` is given) and ``K % P == 0`` (gptq).
+
+    Raises:
+        TypeError / ValueError: as for :func:`unpack`, naming ``q``, ``s``, ``z`` or ``g_idx``.
+    """
+    fmt, bits, group_size = _common(format, bits, group_size)
+    if fmt == "awq":
+        _reject_g_idx(g_idx, fmt)
+    n, k = _validate_canonical(q, s, z, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt)
+    if fmt == "plain":
+        return q, s, z
+    p = C.pack_factor(bits)
+    if fmt == "awq":
+        C.check_multiple("q", "N", n, p, f"format 'awq' packs {p} {bits}-bit values per int32 along N")
+    else:
+        C.check_multiple("q", "K", k, p, f"format {fmt!r} packs {p} {bits}-bit values per int32 along K")
+        if z is not None:
+            C.check_multiple("z", "N", n, p, f"format {fmt!r} packs {p} {bits}-bit zeros per int32 along N")
+    scales = s.t().contiguous()
+    zi = None if z is None else z.t().to(torch.int32)
+    if fmt == "awq":
+        order = AWQ_ORDER[bits]
+        qweight = pack_last(q.t(), bits, order)
+        zeros = None if zi is None else pack_last(zi, bits, order)
+    else:
+        qweight = pack_last(q, bits).t().contiguous()
+        if zi is not None and fmt == "gptq":
+            zi = (zi - 1) & ((1 << bits) - 1)
+        zeros = None if zi is None else pack_last(zi, bits)
+    return qweight, scales, zeros

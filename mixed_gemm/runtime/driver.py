@@ -1,0 +1,49 @@
+"""Thin, checked access to ``cuda.bindings.driver`` inside torch's primary contexts."""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+@functools.lru_cache(maxsize=1)
+def driver():
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError as exc:  # pragma: no cover - dependency missing
+        raise CudaDriverError("cuda-python (cuda.bindings) is required to launch kernels") from exc
+    return drv
+
+
+def check(result, what: str):
+    """Unwrap a cuda.bindings result tuple, raising on anything but CUDA_SUCCESS."""
+    drv = driver()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        _, name = drv.cuGetErrorName(err)
+        raise CudaDriverError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+@contextlib.contextmanager
+def primary_context(device_index: int):
+    """Make torch's (primary) context of ``device_index`` current for the duration of the block."""
+    drv = driver()
+    torch.cuda.init()
+    # torch creates the primary context lazily; touching the device guarantees it exists.
+    torch.cuda.synchronize(device_index)
+    dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
+    ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    try:
+        yield ctx
+    finally:
+        check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
+        check(drv.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")

@@ -1,0 +1,360 @@
+// Mixed-input GEMM, CUTLASS 2.x style for sm80+ (runs on sm_80 and sm_90 via the fatbin):
+//   C[M, N] = A[M, K] (fp16, row-major) x dequant(B)[K, N] (+ bias[N]),
+//   dequant(B)[k, n] = (q[n, k] - z[g, n]) * s[g, n],  g = k / group_size.
+//
+// Structure: a multistage cp.async pipeline (Stages deep) carries four operands per k-tile:
+// A (swizzled rows), B (pre-permuted atoms, copied verbatim), scales and zeros (one smem row per
+// group the k-tile touches). Each warp then loads A with ldmatrix, B with ldmatrix, converts B in
+// registers (dequant.cuh) and issues mma.sync.m16n8k16 with fp32 accumulation.
+//
+// B layout contract (built by mixed_gemm/formats/kernel_layout.py). B is cut into atoms of
+// 16 (k) x 64 (n) elements; atom (na, ka) starts at byte (na * K16 + ka) * kAtomBytes, K16 = K_pad/16,
+// so an n-block's atoms are contiguous along K and each stage copies BK/16 atoms per 64 columns
+// as one run. Inside an atom: [chunk c < bits/4][register i < 4][lane t < 32][4 bytes]. With lane
+// t pointing ldmatrix.x4 at chunk + 16 t, lane t receives register i from byte 128 i + 4 t, i.e.
+// exactly the word prepack filled for it. int4 register i holds n8 tiles 2i, 2i+1; int8 chunk c
+// register i holds n8 tile 4c + i (see dequant.cuh for the order inside a word).
+//
+// Scales/zeros contract: fp16 (num_groups, N_pad) row-major; inside each 64-column block column
+// 8 t + g is stored at position 8 g + t, so lane (g = lane / 4) reads its 8 tiles' values as one
+// 16-byte vector.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/array.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/arch/memory_sm75.h"
+#include "cutlass/arch/memory_sm80.h"
+#include "cutlass/arch/mma_sm80.h"
+#include "cutlass/gemm/gemm.h"
+
+#include "mixed_gemm/dequant.cuh"
+
+namespace mixed_gemm {
+
+// Plain kernel arguments; the kernel derives everything else on the device.
+struct GemmArgs {
+  void const* a;        // (M, K) fp16, row stride lda elements
+  void const* b;        // atoms, see the layout contract above
+  void const* scales;   // (num_groups, n_pad) fp16, permuted
+  void const* zeros;    // same shape as scales, or nullptr for symmetric weights
+  void const* bias;     // (N,) fp16 or nullptr
+  void* c;              // (M, N) fp16, row stride ldc elements
+  int m, n, k;          // logical sizes
+  int n_pad;            // N rounded up to 64: columns present in B, scales and zeros
+  int k16;              // K rounded up to 16, divided by 16: atoms per 64-column strip
+  int lda, ldc;
+  int group_shift;      // log2(group_size); 30 for one group per column
+  int num_groups;       // rows of scales/zeros
+};
+
+enum class ZeroMode : int { kSymmetric = 0, kInteger = 1 };
+
+template <int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
+          int Stages_>
+struct MixedGemmSm80 {
+  static constexpr int kBits = kBits_;
+  static constexpr ZeroMode kZeroMode = static_cast<ZeroMode>(kZeroMode_);
+  static constexpr int BM = BM_, BN = BN_, BK = BK_;
+  static constexpr int WarpsM = WarpsM_, WarpsN = WarpsN_, WarpsK = WarpsK_;
+  static constexpr int Stages = Stages_;
+  static constexpr int kWarps = WarpsM * WarpsN * WarpsK;
+  static constexpr int kThreads = 32 * kWarps;
+
+  static constexpr int WM = BM / WarpsM;     // warp tile rows
+  static constexpr int WN = BN / WarpsN;     // warp tile columns
+  static constexpr int kMmaM = WM / 16;      // m16 tiles per warp
+  static constexpr int kAtomsN = WN / 64;    // 64-column atoms per warp
+  static constexpr int kTilesN = WN / 8;     // n8 tiles per warp
+  static constexpr int kK16 = BK / 16;       // k16 steps per k-tile
+  static constexpr int kK16PerWarp = kK16 / WarpsK;
+
+  static_assert(kBits == 4 || kBits == 8, "4- or 8-bit weights");
+  static_assert(BM % (16 * WarpsM) == 0, "warp tile rows must be a multiple of 16");
+  static_assert(BN % (64 * WarpsN) == 0, "warp tile columns must be a multiple of the 64-column atom");
+  static_assert(BK == 64 || BK == 128, "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks)");
+  static_assert(kK16 % WarpsK == 0, "k16 steps must split evenly over the K warps");
+  static_assert(Stages >= 2, "a pipeline needs at least two stages");
+
+  // Bytes of one atom (16 x 64 elements) and of one chunk that a single ldmatrix.x4 reads.
+  static constexpr int kAtomBytes = 16 * 64 * kBits / 8;
+  static constexpr int kChunks = kBits / 4;
+
+  // Shared memory per stage. Group sizes are >= 32, so a k-tile touches at most BK/32 groups.
+  static constexpr int kGroupRows = BK / 32;
+  static constexpr int kSmemA = BM * BK * 2;
+  static constexpr int kSmemB = BK * BN * kBits / 8;
+  static constexpr int kSmemS = kGroupRows * BN * 2;
+  static constexpr int kSmemZ = kZeroMode == ZeroMode::kSymmetric ? 0 : kSmemS;
+  static constexpr int kSmemStage = kSmemA + kSmemB + kSmemS + kSmemZ;
+  static constexpr int kSmemMainloop = Stages * kSmemStage;
+  // Cross-warp K reduction reuses the pipeline buffers: (WarpsK - 1) partial accumulators.
+  static constexpr int kAccumPerThread = kMmaM * kTilesN * 4;
+  static constexpr int kSmemReduce = (WarpsK - 1) * WarpsM * WarpsN * 32 * kAccumPerThread * 4;
+  static constexpr int kSmemBytes = kSmemMainloop > kSmemReduce ? kSmemMainloop : kSmemReduce;
+
+  using MmaOp = cutlass::arch::Mma<cutlass::gemm::GemmShape<16, 8, 16>, 32, cutlass::half_t,
+                                   cutlass::layout::RowMajor, cutlass::half_t, cutlass::layout::ColumnMajor,
+                                   float, cutlass::layout::RowMajor, cutlass::arch::OpMultiplyAdd>;
+
+  struct Tile {
+    int m0, n0;  // first row / column of this threadblock's output tile
+  };
+
+  // ---------------------------------------------------------------------------------------------
+  // Global -> shared (cp.async). Every copy is 16 bytes; rows/atoms outside the problem zero-fill,
+  // so the math never sees garbage and needs no predicates.
+  // ---------------------------------------------------------------------------------------------
+  static __device__ __forceinline__ int a_swizzle(int row, int chunk) {
+    // XOR the 16-byte chunk index with the row: the 8 rows an ldmatrix phase reads hit 8 different
+    // bank groups instead of one (rows are 128 or 256 bytes apart).
+    return row * (BK / 8) + (chunk ^ (row & 7));
+  }
+
+  static __device__ __forceinline__ void load_stage(GemmArgs const& p, Tile const& t, int ktile, char* stage,
+                                                    int tid) {
+    using cutlass::arch::CacheOperation;
+    // A: BM x BK halves = BM * BK / 8 chunks.
+    {
+      constexpr int kChunksA = BM * BK / 8;
+      half const* a = static_cast<half const*>(p.a);
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < (kChunksA + kThreads - 1) / kThreads; ++it) {
+        int const i = tid + it * kThreads;
+        if (kChunksA % kThreads != 0 && i >= kChunksA) break;
+        int row = i / (BK / 8), chunk = i % (BK / 8);
+        int gm = t.m0 + row, gk = ktile * BK + chunk * 8;
+        bool ok = gm < p.m && gk < p.k;
+        half const* src = ok ? a + (size_t)gm * p.lda + gk : a;
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_swizzle(row, chunk) * 16, src, ok);
+      }
+    }
+    // B: BN / 64 strips, each BK / 16 consecutive atoms.
+    {
+      constexpr int kStripBytes = (BK / 16) * kAtomBytes;
+      constexpr int kChunksB = (BN / 64) * kStripBytes / 16;
+      char const* b = static_cast<char const*>(p.b);
+      char* sb = stage + kSmemA;
+      int const n_atoms = p.n_pad / 64;
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < (kChunksB + kThreads - 1) / kThreads; ++it) {
+        int const i = tid + it * kThreads;
+        if (kChunksB % kThreads != 0 && i >= kChunksB) break;
+        int strip = i / (kStripBytes / 16), off = (i % (kStripBytes / 16)) * 16;
+        int na = t.n0 / 64 + strip;
+        int ka = ktile * (BK / 16) + off / kAtomBytes;
+        bool ok = na < n_atoms && ka < p.k16;
+        char const* src = ok ? b + ((size_t)na * p.k16 + ka) * kAtomBytes + off % kAtomBytes : b;
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(sb + strip * kStripBytes + off, src, ok);
+      }
+    }
+    // Scales and zeros: the groups this k-tile touches. Rows past the last group repeat it (they
+    // only meet the zero-filled tail of A).
+    {
+      constexpr int kChunksRow = BN / 8;
+      char* ss = stage + kSmemA + kSmemB;
+      int const first = (ktile * BK) >> p.group_shift;
+      int const rows = p.group_shift >= 30 ? 1 : max(1, BK >> p.group_shift);
+      constexpr int kChunksS = kGroupRows * kChunksRow;
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < (kChunksS + kThreads - 1) / kThreads; ++it) {
+        int const i = tid + it * kThreads;
+        if (kChunksS % kThreads != 0 && i >= kChunksS) break;
+        int r = i / kChunksRow, col = (i % kChunksRow) * 8;
+        if (r < rows) {
+          int g = min(first + r, p.num_groups - 1);
+          int gn = t.n0 + col;
+          bool ok = gn < p.n_pad;
+          size_t idx = ok ? (size_t)g * p.n_pad + gn : 0;
+          cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
+              ss + (r * BN + col) * 2, static_cast<half const*>(p.scales) + idx, ok);
+          if (kZeroMode != ZeroMode::kSymmetric) {
+            cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
+                ss + kSmemS + (r * BN + col) * 2, static_cast<half const*>(p.zeros) + idx, ok);
+          }
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // One k16 step of one warp: ldmatrix A and B, dequantize B, mma.
+  // ---------------------------------------------------------------------------------------------
+  static __device__ __forceinline__ void mma_k16(GemmArgs const& p, char const* stage, int kk, int warp_m,
+                                                 int warp_n, int lane, float (&acc)[kMmaM][kTilesN][4]) {
+    // A fragments: lane supplies row (lane % 16), chunk 2 kk + lane / 16.
+    cutlass::Array<unsigned, 4> a_frag[kMmaM];
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kMmaM; ++mi) {
+      int row = warp_m * WM + mi * 16 + (lane & 15);
+      int chunk = kk * 2 + (lane >> 4);
+      cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(a_frag[mi], stage + a_swizzle(row, chunk) * 16);
+    }
+
+    // Scales / zeros of this lane's columns for the group of this k16 step.
+    int const grow = (kk * 16) >> p.group_shift;  // 0 unless groups are smaller than BK
+    char const* ss = stage + kSmemA + kSmemB + grow * BN * 2;
+    char const* sb = stage + kSmemA;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int a = 0; a < kAtomsN; ++a) {
+      int const atom_col = warp_n * kAtomsN + a;  // atom index within the block
+      int const lane_cols = atom_col * 64 + (lane >> 2) * 8;
+      uint4 const s8 = *reinterpret_cast<uint4 const*>(ss + lane_cols * 2);
+      uint4 z8;
+      if (kZeroMode == ZeroMode::kSymmetric) {
+        uint32_t const mid = kBits == 4 ? 0x48004800u : 0x58005800u;  // 8.0 / 128.0
+        z8 = make_uint4(mid, mid, mid, mid);
+      } else {
+        z8 = *reinterpret_cast<uint4 const*>(ss + kSmemS + lane_cols * 2);
+      }
+      half const* s_h = reinterpret_cast<half const*>(&s8);
+      half const* z_h = reinterpret_cast<half const*>(&z8);
+      ColumnDequant cd[8];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 8; ++j) cd[j] = make_column_dequant<kBits>(s_h[j], z_h[j]);
+
+      char const* atom = sb + (atom_col * kK16 + kk) * kAtomBytes;
+      uint32_t bfrag[8][2];  // B fragments of the atom's 8 n8 tiles
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kChunks; ++c) {
+        cutlass::Array<unsigned, 4> w;
+        cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(w, atom + c * 512 + lane * 16);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          if (kBits == 4) {
+            uint32_t out[4];
+            dequant_u4x8(w[i], cd[2 * i], cd[2 * i + 1], out);
+            bfrag[2 * i][0] = out[0];
+            bfrag[2 * i][1] = out[1];
+            bfrag[2 * i + 1][0] = out[2];
+            bfrag[2 * i + 1][1] = out[3];
+          } else {
+            uint32_t out[2];
+            dequant_u8x4(w[i], cd[4 * c + i], out);
+            bfrag[4 * c + i][0] = out[0];
+            bfrag[4 * c + i][1] = out[1];
+          }
+        }
+      }
+
+      MmaOp mma;
+      CUTLASS_PRAGMA_UNROLL
+      for (int mi = 0; mi < kMmaM; ++mi) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 8; ++j) {
+          auto& d = *reinterpret_cast<cutlass::Array<float, 4>*>(acc[mi][a * 8 + j]);
+          mma(d, *reinterpret_cast<typename MmaOp::FragmentA const*>(&a_frag[mi]),
+              *reinterpret_cast<typename MmaOp::FragmentB const*>(bfrag[j]), d);
+        }
+      }
+    }
+  }
+
+  static __device__ void run(GemmArgs const& p, char* smem) {
+    int const tid = threadIdx.x;
+    int const lane = tid & 31;
+    int const warp = tid >> 5;
+    // Warp roles: K-warps outermost so each K slice is a whole group of M x N warps.
+    int const warp_k = warp / (WarpsM * WarpsN);
+    int const warp_mn = warp % (WarpsM * WarpsN);
+    int const warp_m = warp_mn / WarpsN;
+    int const warp_n = warp_mn % WarpsN;
+
+    Tile t;
+    t.n0 = blockIdx.x * BN;
+    t.m0 = blockIdx.y * BM;
+
+    int const k_tiles = (p.k16 * 16 + BK - 1) / BK;
+
+    float acc[kMmaM][kTilesN][4];
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kMmaM; ++mi)
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < kTilesN; ++ni)
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+
+    // Prologue: fill Stages - 1 stages. A group is committed even when empty so the
+    // wait_group count below stays in step with the k-tile index.
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < Stages - 1; ++s) {
+      if (s < k_tiles) load_stage(p, t, s, smem + s * kSmemStage, tid);
+      cutlass::arch::cp_async_fence();
+    }
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cutlass::arch::cp_async_wait<Stages - 2>();
+      // Also guarantees every warp is done with the stage the next load overwrites.
+      __syncthreads();
+      int const next = kt + Stages - 1;
+      if (next < k_tiles) load_stage(p, t, next, smem + (next % Stages) * kSmemStage, tid);
+      cutlass::arch::cp_async_fence();
+
+      char const* stage = smem + (kt % Stages) * kSmemStage;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kK16PerWarp; ++j) {
+        mma_k16(p, stage, warp_k * kK16PerWarp + j, warp_m, warp_n, lane, acc);
+      }
+    }
+    cutlass::arch::cp_async_wait<0>();
+
+    // Cross-warp K reduction through shared memory.
+    if (WarpsK > 1) {
+      __syncthreads();
+      float* red = reinterpret_cast<float*>(smem);
+      if (warp_k > 0) {
+        float* dst = red + ((warp_k - 1) * WarpsM * WarpsN + warp_mn) * 32 * kAccumPerThread;
+        int e = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kMmaM; ++mi)
+          CUTLASS_PRAGMA_UNROLL
+          for (int ni = 0; ni < kTilesN; ++ni)
+            CUTLASS_PRAGMA_UNROLL
+            for (int q = 0; q < 4; ++q, ++e) dst[e * 32 + lane] = acc[mi][ni][q];  // lane-minor: no conflicts
+      }
+      __syncthreads();
+      if (warp_k > 0) return;
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < WarpsK - 1; ++s) {
+        float const* src = red + (s * WarpsM * WarpsN + warp_mn) * 32 * kAccumPerThread;
+        int e = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kMmaM; ++mi)
+          CUTLASS_PRAGMA_UNROLL
+          for (int ni = 0; ni < kTilesN; ++ni)
+            CUTLASS_PRAGMA_UNROLL
+            for (int q = 0; q < 4; ++q, ++e) acc[mi][ni][q] += src[e * 32 + lane];
+      }
+    }
+
+    // Epilogue: mma accumulator layout, c0 c1 at (row g, cols 2 tq, 2 tq + 1), c2 c3 at row g + 8.
+    half const* bias = static_cast<half const*>(p.bias);
+    half* c = static_cast<half*>(p.c);
+    int const g = lane >> 2, tq = lane & 3;
+    CUTLASS_PRAGMA_UNROLL
+    for (int ni = 0; ni < kTilesN; ++ni) {
+      int const col = t.n0 + warp_n * WN + ni * 8 + 2 * tq;
+      if (col >= p.n) continue;  // N is even, so col + 1 < N too
+      float2 b = make_float2(0.f, 0.f);
+      if (bias != nullptr) b = __half22float2(*reinterpret_cast<half2 const*>(bias + col));
+      CUTLASS_PRAGMA_UNROLL
+      for (int mi = 0; mi < kMmaM; ++mi) {
+        int const row = t.m0 + warp_m * WM + mi * 16 + g;
+        if (row < p.m) {
+          *reinterpret_cast<half2*>(c + (size_t)row * p.ldc + col) =
+              __floats2half2_rn(acc[mi][ni][0] + b.x, acc[mi][ni][1] + b.y);
+        }
+        if (row + 8 < p.m) {
+          *reinterpret_cast<half2*>(c + (size_t)(row + 8) * p.ldc + col) =
+              __floats2half2_rn(acc[mi][ni][2] + b.x, acc[mi][ni][3] + b.y);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace mixed_gemm

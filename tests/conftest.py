@@ -1,0 +1,31 @@
+"""Shared fixtures: an isolated kernel cache, and skipping of ``@pytest.mark.gpu`` tests on CPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return  # don't pay for importing torch when nothing asks for a GPU
+    try:
+        import torch
+
+        available = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - a broken torch/CUDA install means "no GPU" here
+        available = False
+    if available:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch) -> Path:
+    """Point the kernel cache (MIXED_GEMM_CACHE_DIR) at an empty per-test directory."""
+    cache = tmp_path / "kernel-cache"
+    monkeypatch.setenv("MIXED_GEMM_CACHE_DIR", str(cache))
+    return cache

@@ -1,0 +1,51 @@
+"""prepack / PackedWeight on the CPU: layout round trip through every checkpoint scheme, and rules."""
+import pytest
+import torch
+
+import mixed_gemm as mg
+from weights import SCHEMES, random_weight
+
+
+@pytest.mark.parametrize("scheme,fmt,bits,sym", SCHEMES)
+@pytest.mark.parametrize("n,k,group_size", [(256, 256, 128), (200, 96, 32), (64, 1536, -1), (136, 576, 64)])
+def test_prepack_round_trip(scheme, fmt, bits, sym, n, k, group_size):
+    (q, s, z), packed = random_weight(n, k, fmt=fmt, bits=bits, symmetric=sym, group_size=group_size,
+                                      device="cpu", seed=n + k)
+    w = mg.prepack(*packed, format=fmt, bits=bits, group_size=group_size)
+    assert (w.n, w.k, w.bits) == (n, k, bits)
+    assert w.group_size == (k if group_size == -1 else group_size)
+    assert w.zero_mode == ("sym" if sym else "int")
+    assert w.n_pad % 64 == 0 and w.k16 == (k + 15) // 16
+    q2, s2, z2 = w.unpack()
+    assert torch.equal(q2, q) and torch.equal(s2, s)
+    assert (z2 is None) == sym and (sym or torch.equal(z2, z))
+    assert "PackedWeight(n=" in repr(w)
+
+
+def test_group_shift():
+    _, packed = random_weight(128, 256, fmt="awq", bits=4, symmetric=False, group_size=64, device="cpu", seed=3)
+    assert mg.prepack(*packed, format="awq", bits=4, group_size=64).group_shift == 6
+    _, packed = random_weight(128, 256, fmt="awq", bits=4, symmetric=False, group_size=-1, device="cpu", seed=3)
+    assert mg.prepack(*packed, format="awq", bits=4, group_size=-1).group_shift == 30
+
+
+def test_prepack_rules():
+    q = torch.randint(0, 16, (64, 48), dtype=torch.uint8)
+    s = torch.rand(64, 3).half() + 0.1
+    with pytest.raises(ValueError, match="group_size: must be -1 or a power of two >= 32"):
+        mg.prepack(q, s, None, format="plain", bits=4, group_size=16)
+    q = torch.randint(0, 16, (64, 36), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="K: must be a multiple of 8"):
+        mg.prepack(q, torch.rand(64, 1).half(), None, format="plain", bits=4, group_size=-1)
+    with pytest.raises(ValueError, match="g_idx"):
+        mg.prepack(q, torch.rand(64, 1).half(), None, format="plain", bits=4, group_size=-1,
+                   g_idx=torch.zeros(36, dtype=torch.int32))
+
+
+def test_matmul_rejects_cpu_input_before_launch():
+    _, packed = random_weight(128, 256, fmt="awq", bits=4, symmetric=False, group_size=128, device="cpu", seed=9)
+    w = mg.prepack(*packed, format="awq", bits=4, group_size=128)
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
+        mg.matmul(torch.randn(4, 256).half(), w)
+    with pytest.raises(ValueError, match="scales/zeros"):
+        mg.matmul(torch.randn(4, 256).half(), w, packed[1])

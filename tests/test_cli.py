@@ -1,0 +1,84 @@
+"""``mixed-gemm info`` in-process and as ``python -m mixed_gemm.cli``."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mixed_gemm
+from mixed_gemm import cli
+
+REPO = Path(__file__).resolve().parents[1]
+LABELS = (
+    "mixed_gemm",
+    "torch",
+    "CUDA runtime (torch)",
+    "CUDA driver",
+    "nvcc",
+    "CUTLASS headers",
+    "GPU",
+    "kernel cache",
+)
+
+
+def _check_info(out: str, cache: Path) -> None:
+    lines = {line.split("  ")[0]: line for line in out.splitlines() if line.strip()}
+    for label in LABELS:
+        assert label in lines, f"no {label!r} line in:\n{out}"
+    assert mixed_gemm.__version__ in lines["mixed_gemm"]
+    assert str(cache) in lines["kernel cache"]
+    assert "unavailable" not in lines["torch"]
+    import torch
+
+    if torch.version.cuda is None:
+        assert "none (CPU build)" in lines["CUDA runtime (torch)"]
+    if not torch.cuda.is_available():
+        assert "no CUDA GPU visible" in lines["GPU"]
+    # Driver and nvcc vary by machine, but each must print a result, not a traceback.
+    assert "Traceback" not in out
+
+
+def test_info_in_process(tmp_cache, capsys):
+    assert cli.main(["info"]) == 0
+    _check_info(capsys.readouterr().out, tmp_cache)
+
+
+def test_info_without_nvcc(tmp_cache, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert any(line.startswith("nvcc") and "not found" in line for line in out.splitlines())
+    _check_info(out, tmp_cache)
+
+
+def test_info_subprocess(tmp_cache, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "mixed_gemm.cli", "info"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    _check_info(proc.stdout, tmp_cache)
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([])
+    assert info.value.code == 2
+    assert "usage: mixed-gemm" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert mixed_gemm.__version__ in capsys.readouterr().out
