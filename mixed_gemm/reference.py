@@ -36,7 +36,8 @@ def _tensor(name: str, t: object, ndim: Optional[int], kind: str) -> torch.Tenso
         ok = t.is_floating_point()
     else:
         ok = t.dtype != torch.bool and not t.is_complex()
-    _check(ok, f"{name}: expected a {kind} tensor, got dtype {t.dtype}", TypeError)
+    label = {"int": "an integer", "float": "a floating-point", "real": "a real-valued"}[kind]
+    _check(ok, f"{name}: expected {label} tensor, got dtype {t.dtype}", TypeError)
     if ndim is not None:
         _check(t.dim() == ndim, f"{name}: expected a {ndim}-D tensor, got shape {tuple(t.shape)}")
     return t
@@ -53,6 +54,7 @@ def _scale_and_zero(q, s, z, *, group_size, bits, g_idx, zero_mode):
            f"group_size: expected -1 or a positive int, got {group_size!r}")
     _check(zero_mode in ZERO_MODES, f"zero_mode: expected one of {ZERO_MODES}, got {zero_mode!r}")
     n, k = q.shape
+    _check(n > 0 and k > 0, f"q: expected a non-empty (N, K) tensor, got shape {tuple(q.shape)}")
     g = k if group_size == -1 else group_size
     _check(k % g == 0, f"group_size: K={k} is not divisible by group_size={group_size}")
     if z is None:
@@ -60,23 +62,22 @@ def _scale_and_zero(q, s, z, *, group_size, bits, g_idx, zero_mode):
     else:
         _tensor("z", z, 2, "real")
         _check(z.shape == s.shape, f"z: expected shape {tuple(s.shape)} (same as s), got {tuple(z.shape)}")
+    if g_idx is not None:
+        _tensor("g_idx", g_idx, 1, "int")
     for name, t in (("s", s), ("z", z), ("g_idx", g_idx)):
         if t is not None:
             _check(t.device == q.device, f"{name}: expected device {q.device} (same as q), got {t.device}")
-    if q.numel():
-        _check(int(q.min()) >= 0 and int(q.max()) < (1 << bits),
-               f"q: expected values in [0, {1 << bits}) for bits={bits}")
+    _check(int(q.min()) >= 0 and int(q.max()) < (1 << bits),
+           f"q: expected values in [0, {1 << bits}) for bits={bits}")
     if g_idx is None:
         _check(tuple(s.shape) == (n, k // g),
                f"s: expected shape {(n, k // g)} (N, K // group_size), got {tuple(s.shape)}")
         idx = torch.arange(k, device=q.device) // g
     else:
-        _tensor("g_idx", g_idx, 1, "int")
         _check(g_idx.shape[0] == k, f"g_idx: expected shape ({k},) (one group per K), got {tuple(g_idx.shape)}")
         _check(s.shape[0] == n, f"s: expected {n} rows (N), got shape {tuple(s.shape)}")
-        if k:
-            _check(int(g_idx.min()) >= 0 and int(g_idx.max()) < s.shape[1],
-                   f"g_idx: expected values in [0, {s.shape[1]}) (columns of s)")
+        _check(int(g_idx.min()) >= 0 and int(g_idx.max()) < s.shape[1],
+               f"g_idx: expected values in [0, {s.shape[1]}) (columns of s)")
         idx = g_idx.long()
     scale = s.float()[:, idx]
     if z is None:

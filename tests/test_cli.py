@@ -57,7 +57,8 @@ def test_info_without_nvcc(tmp_cache, tmp_path, monkeypatch, capsys):
 
 
 def test_info_subprocess(tmp_cache, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    pythonpath = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
     proc = subprocess.run(
         [sys.executable, "-m", "mixed_gemm.cli", "info"],
         cwd=tmp_path,

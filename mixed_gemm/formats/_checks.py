@@ -81,8 +81,9 @@ def check_tensor(
 
 
 def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], why: str) -> None:
+    """``why`` follows the expected shape, e.g. ``" = (N, K // group_size) for N=8, K=64"``."""
     if tuple(t.shape) != tuple(expected):
-        raise ValueError(f"{name}: expected shape {tuple(expected)} ({why}), got {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected shape {tuple(expected)}{why}, got {tuple(t.shape)}")
 
 
 def check_multiple(name: str, what: str, value: int, factor: int, why: str) -> None:
@@ -117,10 +118,8 @@ def check_int_range(name: str, t: torch.Tensor, lo: int, hi: int) -> None:
 def check_g_idx(g_idx: object, k: int, num_groups: int, device: torch.device) -> torch.Tensor:
     """``g_idx``: integer ``(K,)`` tensor with values in ``[0, num_groups)`` on ``device``."""
     g = check_tensor("g_idx", g_idx, dtypes=INDEX_DTYPES, ndim=1)
-    check_shape("g_idx", g, (k,), "one group index per input channel K")
+    check_shape("g_idx", g, (k,), " (one group index per input channel, K)")
     if g.device != device:
         raise ValueError(f"g_idx: expected the same device as the weight ({device}), got {g.device}")
     check_int_range("g_idx", g, 0, num_groups)
     return g
-
-

@@ -65,9 +65,9 @@ def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s
     C.check_same_device(**{qn: q, sn: s, zn: z})
     n, k = q.shape
     g = C.resolve_group_size(group_size, k)
-    C.check_shape(sn, s, (n, k // g), f"(N, K // group_size) with N={n}, K={k}, group_size={group_size}")
+    C.check_shape(sn, s, (n, k // g), f" = (N, K // group_size) for N={n}, K={k}, group_size={group_size}")
     if z is not None:
-        C.check_shape(zn, z, tuple(s.shape), f"same as {sn}")
+        C.check_shape(zn, z, tuple(s.shape), f" (same as {sn})")
     C.check_int_range(qn, q, 0, 1 << bits)
     if z is not None:
         C.check_int_range(zn, z, 0, 1 << bits)
@@ -95,10 +95,10 @@ def _validate_packed(qweight, scales, zeros, *, bits, group_size, g_idx, fmt):
     else:
         k, n = qweight.shape[0] * p, qweight.shape[1]
     g = C.resolve_group_size(group_size, k)
-    C.check_shape("scales", scales, (k // g, n), f"(K // group_size, N) with K={k}, N={n}")
+    C.check_shape("scales", scales, (k // g, n), f" = (K // group_size, N) for K={k}, N={n}, group_size={group_size}")
     if zeros is not None:
         C.check_multiple("zeros", "N", n, p, f"{bits}-bit zeros pack {p} per int32 along N")
-        C.check_shape("zeros", zeros, (k // g, n // p), f"(K // group_size, N // {p}) with K={k}, N={n}")
+        C.check_shape("zeros", zeros, (k // g, n // p), f" = (K // group_size, N // {p}) for K={k}, N={n}, group_size={group_size}")
     if fmt == "awq":
         _reject_g_idx(g_idx, fmt)
     elif g_idx is not None:

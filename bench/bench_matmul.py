@@ -1,0 +1,143 @@
+"""Benchmark mg.matmul (int4, group 128, zero points) against torch fp16 on Llama-3 linear shapes.
+
+Cold L2: each timed call reads a different copy of the weight, with enough copies that together
+they exceed twice the L2. Calls are captured in a CUDA graph and timed with CUDA events (median of
+replays), so launch gaps do not count. The int4 memory floor is the bytes of weights, scales,
+zeros (packed 4-bit, as the checkpoint stores them), x and y over the copy bandwidth measured in
+the same run.
+
+    python bench/bench_matmul.py [--ms 1,16,64,256,4096] [--shapes 8b,70b] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+
+import torch
+
+import mixed_gemm as mg
+from mixed_gemm.formats.kernel_layout import pack_b, pack_group_params
+
+SHAPES = {
+    "8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+    "70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
+}
+GROUP = 128
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written."""
+    n = 1 << 29  # 1 GiB of fp16
+    a = torch.empty(n, dtype=torch.float16, device="cuda")
+    b = torch.empty_like(a)
+    times = _time_graph(lambda: b.copy_(a), calls=5)
+    return 2 * a.numel() * 2 / times
+
+
+def _time_graph(fn, calls: int, replays: int = 7) -> float:
+    """Median seconds per call of ``fn`` captured ``calls`` times in one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(samples)
+
+
+def _copies(nbytes: int, l2: int) -> int:
+    return max(2, math.ceil(2 * l2 / nbytes) + 1)
+
+
+def _packed_weights(n: int, k: int, copies: int):
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, device="cuda")
+    s = (torch.rand(n, k // GROUP, device="cuda") * 0.01 + 0.005).half()
+    z = torch.randint(0, 16, (n, k // GROUP), device="cuda").half()
+    base = mg.PackedWeight(b=pack_b(q, 4), scales=pack_group_params(s), zeros=pack_group_params(z),
+                           n=n, k=k, bits=4, group_size=GROUP)
+    del q
+    out = [base]
+    for _ in range(copies - 1):
+        out.append(mg.PackedWeight(b=base.b.clone(), scales=base.scales.clone(), zeros=base.zeros.clone(),
+                                   n=n, k=k, bits=4, group_size=GROUP))
+    return out
+
+
+def bench_shape(n: int, k: int, ms, l2: int, bw: float):
+    rows = []
+    int4_bytes = n * k // 2 + 2 * n * (k // GROUP) + n * (k // GROUP) // 2
+    ws = _packed_weights(n, k, _copies(int4_bytes, l2))
+    fp16 = [torch.randn(n, k, device="cuda").half() * 0.02 for _ in range(_copies(2 * n * k, l2))]
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").half()
+        y = torch.empty(m, n, device="cuda").half()
+        it = iter(range(1 << 62))
+        t_q = _time_graph(lambda: mg.matmul(x, ws[next(it) % len(ws)], out=y), calls=max(len(ws), 8))
+        it2 = iter(range(1 << 62))
+        t_f = _time_graph(lambda: torch.mm(x, fp16[next(it2) % len(fp16)].t(), out=y), calls=max(len(fp16), 8))
+        floor = (int4_bytes + 2 * m * k + 2 * m * n) / bw
+        rows.append(dict(n=n, k=k, m=m, us=t_q * 1e6, fp16_us=t_f * 1e6, speedup=t_f / t_q,
+                         floor_share=floor / t_q, tflops=2 * m * n * k / t_q / 1e12))
+    del ws, fp16
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ms", default="1,16,64,256,4096")
+    ap.add_argument("--shapes", default="8b,70b")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    ms = [int(v) for v in args.ms.split(",")]
+    props = torch.cuda.get_device_properties(0)
+    l2 = props.L2_cache_size
+    bw = copy_bandwidth()
+    head = (f"# mg.matmul vs torch fp16 — {props.name}, {datetime.date.today()}, copy bandwidth "
+            f"{bw / 1e12:.2f} TB/s, L2 {l2 >> 20} MiB, int4 g{GROUP} with zeros, cold L2, CUDA graphs\n")
+    lines = [head, "| model | N | K | M | mg µs | fp16 µs | speedup | int4 floor share | TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    all_rows = []
+    for model in args.shapes.split(","):
+        for n, k in SHAPES[model]:
+            for r in bench_shape(n, k, ms, l2, bw):
+                r["model"] = model
+                all_rows.append(r)
+                line = (f"| {model} | {n} | {k} | {r['m']} | {r['us']:.1f} | {r['fp16_us']:.1f} | "
+                        f"{r['speedup']:.2f}x | {100 * r['floor_share']:.0f}% | {r['tflops']:.1f} |")
+                lines.append(line)
+                print(line, flush=True)
+    lines.append("")
+    lines.append("| M | geomean speedup over fp16 |")
+    lines.append("|---|---|")
+    for m in ms:
+        sp = [r["speedup"] for r in all_rows if r["m"] == m]
+        lines.append(f"| {m} | {math.exp(sum(map(math.log, sp)) / len(sp)):.2f}x |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU-machine session: install the carried wheels, show the environment, run the whole test
+# suite and the benchmark. Logs go to $OUT. Usage: bash bench/device_run.sh [tests] [bench] [sass]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --target $T .whl/*.whl && export PYTHONPATH=$PWD:$T || exit 1
+export MIXED_GEMM_CACHE_DIR=${MIXED_GEMM_CACHE_DIR:-$PWD/.kcache}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+python3 -m mixed_gemm.cli info 2>&1 | tee "$OUT/info.txt"
+steps=${*:-tests bench}
+for step in $steps; do
+  case $step in
+    tests) python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/pytest.log" | grep -vE "^\s*$" | tail -25 ;;
+    gpu-tests) python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25 ;;
+    bench) python3 bench/bench_matmul.py --out "$OUT/bench.md" 2>&1 | tail -60 ;;
+    sass)
+      for f in "$MIXED_GEMM_CACHE_DIR"/*/*.fatbin; do
+        echo "== $(basename "$f")"
+        cuobjdump -sass -arch sm_90 "$f" | grep -oE "^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+" | awk '{print $2}' \
+          | sed 's/\..*//' | sort | uniq -c | sort -rn | grep -E "HMMA|LDSM|LOP3|PRMT|I2F|F2F|LDGSTS|HFMA2|HMUL2|HADD2|LDL|STL" | tr '\n' ' '
+        echo
+      done 2>&1 | tee "$OUT/sass.txt" ;;
+  esac
+done
