@@ -9,12 +9,13 @@ __version__ = "0.1.0"
 from . import reference  # noqa: E402  (float32 oracle)
 from .formats import pack, quantize, unpack  # noqa: E402
 from .codegen import KernelConfig  # noqa: E402
-from .ops import PackedWeight, matmul, prepack  # noqa: E402
+from .ops import PackedWeight, dequantize, matmul, prepack  # noqa: E402
 
 __all__ = [
     "KernelConfig",
     "PackedWeight",
     "__version__",
+    "dequantize",
     "matmul",
     "pack",
     "prepack",

@@ -18,6 +18,8 @@ from .build.errors import BuildError
 
 _COMMANDS: dict[str, str] = {
     "info": f"{__name__}:add_info_parser",
+    "build": "mixed_gemm.cli_catalog:add_build_parser",
+    "generate": "mixed_gemm.cli_catalog:add_generate_parser",
 }
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-ZERO_MODES = ("int", "offset")
+ZERO_MODES = ("int", "float", "offset")  # "float" computes as "int": (q - z) s with any z
 
 
 def _check(cond: bool, msg: str, exc: type = ValueError) -> None:

@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "mixed_gemm"
 
 # Things in a working tree that must not reach the build: setuptools reuses a stale build/ and
-# *.egg-info, so files deleted or no longer matched by package-data would still ship.
-_ROOT_JUNK = {".git", ".venv", "venv", "build", "dist", ".pytest_cache", ".whl"}
+# *.egg-info, so files deleted or no longer matched by package-data would still ship. Dot
+# directories at the top (.git, .venv, local caches and wheelhouses) only cost copying time.
+_ROOT_JUNK = {"build", "dist", "venv"}
 
 _CHECK = """
 import json, sys, sysconfig
@@ -45,7 +46,7 @@ print(json.dumps({
 def _ignore(directory: str, names: list[str]) -> set[str]:
     ignored = {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
     if Path(directory).resolve() == REPO:
-        ignored |= _ROOT_JUNK.intersection(names)
+        ignored |= {n for n in names if n in _ROOT_JUNK or n.startswith(".")}
     return ignored
 
 

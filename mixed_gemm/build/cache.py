@@ -63,7 +63,9 @@ def cache_key(source: str, flags: Sequence[str]) -> str:
 
     feed("mixed_gemm-fatbin-v1")
     feed(source)
-    feed(json.dumps(list(flags)))
+    # Include directories enter through what they hold (CUTLASS version, template bytes below),
+    # not their absolute paths, so a cache built on one machine is valid on another.
+    feed(json.dumps([f for f in flags if not f.startswith("-I")]))
     feed(nvcc_version())
     feed(cutlass_version())
     for rel, path in _template_files():

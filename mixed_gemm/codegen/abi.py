@@ -1,31 +1,41 @@
-"""The kernel's argument block as a ctypes structure: the Python mirror of ``mixed_gemm::GemmArgs``.
+"""The kernels' argument blocks as ctypes structures: Python mirrors of the C++ structs.
 
-Rendered sources static_assert ``sizeof(GemmArgs)`` against this structure's size, so a field added
-on one side only fails at compile time instead of corrupting a launch.
+Rendered sources static_assert each struct's size against these, so a field added on one side only
+fails at compile time instead of corrupting a launch.
 """
 from __future__ import annotations
 
 import ctypes
 
+_p, _i = ctypes.c_void_p, ctypes.c_int
+
 
 class GemmArgs(ctypes.Structure):
+    """mixed_gemm::GemmArgs (gemm_sm80.cuh)."""
+
     _fields_ = [
-        ("a", ctypes.c_void_p),
-        ("b", ctypes.c_void_p),
-        ("scales", ctypes.c_void_p),
-        ("zeros", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("c", ctypes.c_void_p),
-        ("m", ctypes.c_int),
-        ("n", ctypes.c_int),
-        ("k", ctypes.c_int),
-        ("n_pad", ctypes.c_int),
-        ("k16", ctypes.c_int),
-        ("lda", ctypes.c_int),
-        ("ldc", ctypes.c_int),
-        ("group_shift", ctypes.c_int),
-        ("num_groups", ctypes.c_int),
+        ("a", _p), ("b", _p), ("scales", _p), ("zeros", _p), ("bias", _p), ("c", _p),
+        ("workspace", _p), ("semaphores", _p),
+        ("m", _i), ("n", _i), ("k", _i), ("n_pad", _i), ("k16", _i), ("lda", _i), ("ldc", _i),
+        ("group_shift", _i), ("num_groups", _i), ("split_mode", _i), ("log_tile", _i),
+    ]
+
+
+class ReduceArgs(ctypes.Structure):
+    """mixed_gemm::ReduceArgs (reduce.cuh)."""
+
+    _fields_ = [("workspace", _p), ("bias", _p), ("c", _p), ("m", _i), ("n", _i), ("ldc", _i), ("splits", _i)]
+
+
+class DequantArgs(ctypes.Structure):
+    """mixed_gemm::DequantArgs (dequant_kernel.cuh)."""
+
+    _fields_ = [
+        ("b", _p), ("scales", _p), ("zeros", _p), ("out", _p),
+        ("n", _i), ("k", _i), ("n_pad", _i), ("k16", _i), ("ldo", _i), ("group_shift", _i), ("num_groups", _i),
     ]
 
 
 GEMM_ARGS_BYTES = ctypes.sizeof(GemmArgs)
+REDUCE_ARGS_BYTES = ctypes.sizeof(ReduceArgs)
+DEQUANT_ARGS_BYTES = ctypes.sizeof(DequantArgs)

@@ -1,6 +1,6 @@
-"""The frozen kernel configuration: the single source of truth.
+"""Frozen kernel configurations: the single source of truth.
 
-Name, rendered source, build-cache key and profile key all derive from a ``KernelConfig``.
+Name, rendered source, build-cache key and profile key all derive from a config.
 """
 from __future__ import annotations
 
@@ -8,17 +8,29 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Tuple
 
-DTYPES = ("f16",)
-ZERO_MODES = {"sym": 0, "int": 1}  # value = template id in gemm_sm80.cuh's ZeroMode
+# dtype name -> (CUTLASS element type in the templates, torch dtype name)
+DTYPES = {"f16": ("cutlass::half_t", "float16"), "bf16": ("cutlass::bfloat16_t", "bfloat16")}
+# zero mode -> template id (ZeroMode in dequant.cuh)
+ZERO_MODES = {"sym": 0, "int": 1, "float": 2, "offset": 3}
+SPLIT_K_MODES = {"none": 0, "serial": 1, "parallel": 2}
+SWIZZLES = (1, 2, 4, 8)
+
+
+def _check(rules, what: str) -> None:
+    for ok, rule in rules:
+        if not ok:
+            raise ValueError(f"{what}: {rule}")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """One instantiation of the sm80 mixed-input GEMM template.
+    """One launch configuration of the sm80 mixed-input GEMM template.
 
-    ``tile`` is the threadblock shape (BM, BN, BK); ``warps`` the warp grid (M, N, K) inside it:
-    each warp computes a (BM/WM) x (BN/WN) tile over BK/WK of every k-tile, and K warps are summed
-    through shared memory at the end. ``stages`` is the depth of the cp.async pipeline.
+    Compiled into the kernel: ``dtype`` (activations and output), ``bits``, ``zero_mode`` (see
+    dequant.cuh), ``tile`` = threadblock (BM, BN, BK), ``warps`` = warp grid (M, N, K) inside it
+    (K warps are summed through shared memory), ``stages`` (cp.async pipeline depth).
+    Chosen at launch: ``split_k_mode`` / ``split_k`` (K slices, blockIdx.z) and ``swizzle``
+    (tile-group size of CUTLASS's identity threadblock swizzle).
     """
 
     dtype: str = "f16"
@@ -27,13 +39,16 @@ class KernelConfig:
     tile: Tuple[int, int, int] = (128, 128, 64)
     warps: Tuple[int, int, int] = (2, 2, 1)
     stages: int = 4
+    split_k_mode: str = "none"
+    split_k: int = 1
+    swizzle: int = 1
     instruction: Tuple[int, int, int] = (16, 8, 16)
 
     def __post_init__(self) -> None:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
-        rules = [
-            (self.dtype in DTYPES, f"dtype must be one of {DTYPES}"),
+        _check([
+            (self.dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}"),
             (self.bits in (4, 8), "bits must be 4 or 8"),
             (self.zero_mode in ZERO_MODES, f"zero_mode must be one of {tuple(ZERO_MODES)}"),
             (self.instruction == (16, 8, 16), "instruction must be (16, 8, 16): mma.sync.m16n8k16"),
@@ -43,10 +58,11 @@ class KernelConfig:
             ((bk // 16) % wk == 0, "BK / 16 must be a multiple of warps K"),
             (self.stages >= 2, "stages must be >= 2"),
             (self.threads <= 1024, "at most 1024 threads per block"),
-        ]
-        for ok, rule in rules:
-            if not ok:
-                raise ValueError(f"KernelConfig {self.tile}/{self.warps}: {rule}")
+            (self.split_k_mode in SPLIT_K_MODES, f"split_k_mode must be one of {tuple(SPLIT_K_MODES)}"),
+            (1 <= self.split_k <= 64, "split_k must be in [1, 64]"),
+            (self.split_k == 1 or self.split_k_mode != "none", "split_k > 1 needs split_k_mode serial or parallel"),
+            (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
+        ], f"KernelConfig {self.tile}/{self.warps}")
 
     # ---- derived quantities (kept in step with gemm_sm80.cuh; the rendered source asserts them) ----
     @property
@@ -58,16 +74,20 @@ class KernelConfig:
     def smem_bytes(self) -> int:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
-        group_rows = bk // 32
-        s_bytes = group_rows * bn * 2
+        s_bytes = (bk // 32) * bn * 2  # group sizes >= 32: at most BK/32 groups per k-tile
         stage = bm * bk * 2 + bk * bn * self.bits // 8 + s_bytes + (0 if self.zero_mode == "sym" else s_bytes)
-        mainloop = self.stages * stage
         acc_per_thread = (bm // wm // 16) * (bn // wn // 8) * 4
         reduce = (wk - 1) * wm * wn * 32 * acc_per_thread * 4
-        return max(mainloop, reduce)
+        return max(self.stages * stage, reduce)
 
     @property
-    def name(self) -> str:
+    def kernel(self) -> "KernelConfig":
+        """The compiled identity: this config with the launch-time fields at their defaults."""
+        return dataclasses.replace(self, split_k_mode="none", split_k=1, swizzle=1)
+
+    @property
+    def kernel_name(self) -> str:
+        """The kernel's symbol and cache name (compiled fields only)."""
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
         return (
@@ -75,12 +95,61 @@ class KernelConfig:
             f"_t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}"
         )
 
+    @property
+    def name(self) -> str:
+        """Every field: the profile key."""
+        name = self.kernel_name
+        if self.split_k_mode != "none":
+            name += f"_k{self.split_k_mode}{self.split_k}"
+        if self.swizzle != 1:
+            name += f"_sw{self.swizzle}"
+        return name
+
     def grid(self, m: int, n_pad: int) -> Tuple[int, int, int]:
+        """Launch grid of CUTLASS's GemmIdentityThreadblockSwizzle: (tiles_m * t, ceil(tiles_n / t), splits)."""
         bm, bn, _ = self.tile
-        return ((n_pad + bn - 1) // bn, (m + bm - 1) // bm, 1)
+        t = self.swizzle
+        tiles_m, tiles_n = (m + bm - 1) // bm, (n_pad + bn - 1) // bn
+        return (tiles_m * t, (tiles_n + t - 1) // t, self.split_k)
 
     def replace(self, **changes) -> "KernelConfig":
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DequantConfig:
+    """The standalone dequantize kernel for one weight kind (dequant_kernel.cuh)."""
+
+    dtype: str = "f16"
+    bits: int = 4
+    zero_mode: str = "int"
+
+    THREADS = 256
+    TILE_K = 128
+
+    def __post_init__(self) -> None:
+        _check([
+            (self.dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}"),
+            (self.bits in (4, 8), "bits must be 4 or 8"),
+            (self.zero_mode in ZERO_MODES, f"zero_mode must be one of {tuple(ZERO_MODES)}"),
+        ], "DequantConfig")
+
+    @property
+    def threads(self) -> int:
+        return self.THREADS
+
+    @property
+    def smem_bytes(self) -> int:
+        return 64 * (self.TILE_K + 8) * 2
+
+    @property
+    def kernel_name(self) -> str:
+        return f"mg_dequant_{self.dtype}_u{self.bits}_z{self.zero_mode}"
+
+    name = kernel_name
+
+    def grid(self, n_pad: int, k16: int) -> Tuple[int, int, int]:
+        return (n_pad // 64, (k16 * 16 + self.TILE_K - 1) // self.TILE_K, 1)

@@ -1,14 +1,15 @@
-"""Render a KernelConfig into a CUDA source file from templates/kernel.cu.j2."""
+"""Render configs into CUDA sources from the Jinja templates in templates/."""
 from __future__ import annotations
 
 import functools
+from typing import Union
 
 import jinja2
 
 from .. import __version__
 from .._paths import templates_dir
-from .abi import GEMM_ARGS_BYTES
-from .config import ZERO_MODES, KernelConfig
+from .abi import DEQUANT_ARGS_BYTES, GEMM_ARGS_BYTES, REDUCE_ARGS_BYTES
+from .config import DTYPES, ZERO_MODES, DequantConfig, KernelConfig
 
 
 @functools.lru_cache(maxsize=1)
@@ -22,20 +23,29 @@ def _env() -> jinja2.Environment:
 
 
 @functools.lru_cache(maxsize=None)
-def render(config: KernelConfig) -> str:
-    """The complete .cu source of ``config``; deterministic (a pure function of config and templates)."""
-    bm, bn, bk = config.tile
-    wm, wn, wk = config.warps
-    return _env().get_template("kernel.cu.j2").render(
+def render(config: Union[KernelConfig, DequantConfig]) -> str:
+    """The complete .cu source of ``config``'s kernel; deterministic (config and templates only)."""
+    common = dict(
         version=__version__,
-        name=config.name,
-        config=repr(config),
+        name=config.kernel_name,
+        element=DTYPES[config.dtype][0],
         bits=config.bits,
         zero_mode_id=ZERO_MODES[config.zero_mode],
-        bm=bm, bn=bn, bk=bk,
-        warps_m=wm, warps_n=wn, warps_k=wk,
-        stages=config.stages,
         threads=config.threads,
         smem_bytes=config.smem_bytes,
+    )
+    if isinstance(config, DequantConfig):
+        return _env().get_template("dequant.cu.j2").render(config=repr(config), args_bytes=DEQUANT_ARGS_BYTES,
+                                                           **common)
+    kernel = config.kernel
+    bm, bn, bk = kernel.tile
+    wm, wn, wk = kernel.warps
+    return _env().get_template("kernel.cu.j2").render(
+        config=repr(kernel),
+        bm=bm, bn=bn, bk=bk,
+        warps_m=wm, warps_n=wn, warps_k=wk,
+        stages=kernel.stages,
         args_bytes=GEMM_ARGS_BYTES,
+        reduce_args_bytes=REDUCE_ARGS_BYTES,
+        **common,
     )

@@ -49,12 +49,24 @@ from . import _checks as C
 from ._bitpack import pack_last, unpack_last
 
 AWQ_ORDER = {4: (0, 2, 4, 6, 1, 3, 5, 7), 8: (0, 1, 2, 3)}
+# What ``z`` holds (``zero_mode`` of pack/unpack, as in mixed_gemm.reference): "int" integer zero
+# points in [0, 2**bits), w = (q - z) s; "float" any finite zero point, same formula (HQQ);
+# "offset" a per-group offset m, w = q s + m (GGUF Q4_1). Only "plain" carries the last two.
+ZERO_MODES = ("int", "float", "offset")
 """Field ``i`` of an AWQ word holds column ``P*j + AWQ_ORDER[bits][i]`` of its group of ``P`` columns."""
 
 Triple = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 
-def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s", "z")):
+def _check_zero_mode(zero_mode, fmt):
+    if zero_mode not in ZERO_MODES:
+        raise ValueError(f"zero_mode: expected one of {ZERO_MODES}, got {zero_mode!r}")
+    if zero_mode != "int" and fmt != "plain":
+        raise ValueError(f"zero_mode: format {fmt!r} stores integer zero points; {zero_mode!r} needs format='plain'")
+    return zero_mode
+
+
+def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s", "z"), zero_mode="int"):
     """Check a canonical triple; returns ``(N, K)``."""
     qn, sn, zn = names
     ctx = f" for format {fmt!r}"
@@ -69,8 +81,10 @@ def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s
     if z is not None:
         C.check_shape(zn, z, tuple(s.shape), f" (same as {sn})")
     C.check_int_range(qn, q, 0, 1 << bits)
-    if z is not None:
+    if z is not None and zero_mode == "int":
         C.check_int_range(zn, z, 0, 1 << bits)
+    elif z is not None and not bool(torch.isfinite(z).all()):
+        raise ValueError(f"{zn}: expected finite values, got inf/nan")
     if g_idx is not None:
         C.check_g_idx(g_idx, k, k // g, q.device)
     return n, k
@@ -119,6 +133,7 @@ def unpack(
     bits: int = 4,
     group_size: int = 128,
     g_idx: Optional[torch.Tensor] = None,
+    zero_mode: str = "int",
 ) -> Triple:
     """Checkpoint tensors -> canonical ``(q, s, z)`` (see the module docstring for every layout).
 
@@ -146,9 +161,10 @@ def unpack(
             out-of-range values (``"plain"``, ``g_idx``), tensors on different devices.
     """
     fmt, bits, group_size = _common(format, bits, group_size)
+    zero_mode = _check_zero_mode(zero_mode, fmt)
     if fmt == "plain":
         _validate_canonical(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx,
-                            fmt=fmt, names=("qweight", "scales", "zeros"))
+                            fmt=fmt, names=("qweight", "scales", "zeros"), zero_mode=zero_mode)
         return qweight, scales, zeros
     _validate_packed(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt)
     s = scales.t().contiguous()
@@ -174,6 +190,7 @@ def pack(
     bits: int = 4,
     group_size: int = 128,
     g_idx: Optional[torch.Tensor] = None,
+    zero_mode: str = "int",
 ) -> Triple:
     """Canonical ``(q, s, z)`` -> checkpoint ``(qweight, scales, zeros)``; exact inverse of :func:`unpack`.
 
@@ -196,9 +213,11 @@ def pack(
         TypeError / ValueError: as for :func:`unpack`, naming ``q``, ``s``, ``z`` or ``g_idx``.
     """
     fmt, bits, group_size = _common(format, bits, group_size)
+    zero_mode = _check_zero_mode(zero_mode, fmt)
     if fmt == "awq":
         _reject_g_idx(g_idx, fmt)
-    n, k = _validate_canonical(q, s, z, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt)
+    n, k = _validate_canonical(q, s, z, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt,
+                               zero_mode=zero_mode)
     if fmt == "plain":
         return q, s, z
     p = C.pack_factor(bits)

@@ -37,7 +37,7 @@ def quantize(
     A group whose ``s`` would be 0 (all zeros) gets ``s = 1`` (then ``q = z`` resp. ``2**(bits-1)``), so
     nothing is NaN.  ``s`` is rounded *up* to the output dtype before ``z`` and ``q`` are computed from
     the stored value, which guarantees ``|w - (q - z) * s| <= s / 2`` (up to float32 rounding) for every
-    element, with ``s`` the returned scale.
+    element, with ``s`` the returned scale.  Results are bit-identical on CPU and CUDA.
 
     Args:
         w: float16 / bfloat16 / float32 ``(N, K)``, finite.
@@ -68,11 +68,15 @@ def quantize(
     out_dtype = w.dtype if w.dtype in (torch.float16, torch.bfloat16) else torch.float16
     maxq = (1 << bits) - 1
     wg = w.float().reshape(n, k // g, g)
+    # Divide by a full tensor, not a Python scalar: CUDA turns division by a scalar into multiplication
+    # by its reciprocal, which differs in the last bit and would make CPU and CUDA results disagree.
     if symmetric:
-        s = wg.abs().amax(dim=-1) / ((1 << (bits - 1)) - 1)
+        span = wg.abs().amax(dim=-1)
+        s = span / torch.full_like(span, (1 << (bits - 1)) - 1)
     else:
         lo = wg.amin(dim=-1).clamp(max=0.0)
-        s = (wg.amax(dim=-1).clamp(min=0.0) - lo) / maxq
+        span = wg.amax(dim=-1).clamp(min=0.0) - lo
+        s = span / torch.full_like(span, maxq)
     s = torch.where(s == 0, torch.ones_like(s), s)
     s_out = _round_up_to(s, out_dtype)
     if not bool(torch.isfinite(s_out).all()):

@@ -6,10 +6,11 @@ from typing import Dict, Optional
 
 import torch
 
-from ..formats import unpack
+from ..formats import make_g_idx, unpack
 from ..formats.kernel_layout import ATOM_N, pack_b, pack_group_params, unpack_b, unpack_group_params
 
 PER_CHANNEL_SHIFT = 30  # group_shift meaning "one group per column": k >> 30 is 0 for every k
+KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 @dataclass(eq=False)
@@ -20,11 +21,16 @@ class PackedWeight:
 
     - ``b``: int32 atoms ``(N_pad/64, K_pad/16, 128 * bits / 4)``, ``N_pad = ceil(N/64)*64``,
       ``K_pad = ceil(K/16)*16``;
-    - ``scales``: fp16 ``(num_groups, N_pad)``, 64-column blocks 8x8-transposed;
-    - ``zeros``: like ``scales`` holding the integer zero points, or ``None`` for symmetric weights
-      (zero point ``2**(bits-1)``).
+    - ``scales``: ``(num_groups, N_pad)`` in ``dtype`` (the activation dtype), 64-column blocks
+      8x8-transposed;
+    - ``zeros``: like ``scales``, or ``None`` for symmetric weights (zero point ``2**(bits-1)``).
+      What it holds depends on ``zero_mode``: ``"int"`` integer zero points z and ``"float"``
+      arbitrary ones, both meaning ``w = (q - z) s``; ``"offset"`` offsets m, ``w = q s + m``;
+    - ``perm``: for GPTQ act-order, the K permutation applied to ``b`` (``x`` is gathered with it
+      on every call), else ``None``.
 
-    ``group_size`` is the number of consecutive K elements sharing a scale (``K`` for per-channel).
+    ``group_size`` is the number of consecutive (permuted) K elements sharing a scale (``K`` for
+    per-channel).
     """
 
     b: torch.Tensor
@@ -34,11 +40,25 @@ class PackedWeight:
     k: int
     bits: int
     group_size: int
+    zero_mode: str = "int"
+    perm: Optional[torch.Tensor] = None
     _configs: Dict[int, object] = field(default_factory=dict, repr=False)  # M bucket -> KernelConfig
+
+    def __post_init__(self):
+        if self.zeros is None:
+            self.zero_mode = "sym"
 
     @property
     def device(self) -> torch.device:
         return self.b.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales.dtype
+
+    @property
+    def kernel_dtype(self) -> str:
+        return KERNEL_DTYPES[self.scales.dtype]
 
     @property
     def n_pad(self) -> int:
@@ -56,12 +76,8 @@ class PackedWeight:
     def group_shift(self) -> int:
         return PER_CHANNEL_SHIFT if self.num_groups == 1 else self.group_size.bit_length() - 1
 
-    @property
-    def zero_mode(self) -> str:
-        return "sym" if self.zeros is None else "int"
-
     def unpack(self):
-        """The canonical ``(q, s, z)`` back (fp16 ``s``/``z``): the exact inverse of the layout."""
+        """The canonical ``(q, s, z)`` back, in the kernel's (possibly act-order permuted) K order."""
         q = unpack_b(self.b, self.bits, self.n, self.k)
         s = unpack_group_params(self.scales, self.n)
         z = None if self.zeros is None else unpack_group_params(self.zeros, self.n)
@@ -70,24 +86,41 @@ class PackedWeight:
     def __repr__(self) -> str:
         return (
             f"PackedWeight(n={self.n}, k={self.k}, bits={self.bits}, group_size={self.group_size}, "
-            f"zero_mode={self.zero_mode!r}, device={self.device})"
+            f"zero_mode={self.zero_mode!r}, dtype={self.dtype}, act_order={self.perm is not None}, "
+            f"device={self.device})"
         )
 
 
+def _act_order_perm(g_idx: torch.Tensor, k: int, group_size: int) -> torch.Tensor:
+    """The K permutation that makes act-order groups contiguous: sorting g_idx (stably) must give
+    exactly ``arange(K) // group_size``, i.e. every group has ``group_size`` members."""
+    perm = torch.argsort(g_idx.long(), stable=True)
+    if not torch.equal(g_idx.long()[perm], make_g_idx(k, group_size, device=g_idx.device).long()):
+        raise ValueError(f"g_idx: every group must have exactly group_size={group_size} members")
+    return perm
+
+
 def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, group_size: int = 128,
-            g_idx=None) -> PackedWeight:
+            g_idx=None, zero_mode: str = "int", dtype: torch.dtype = torch.float16) -> PackedWeight:
     """Convert a checkpoint's tensors (see :func:`mixed_gemm.unpack` for ``format``) into a
-    :class:`PackedWeight` on the same device.
+    :class:`PackedWeight` on the same device, for activations of ``dtype`` (float16 or bfloat16).
+
+    ``zero_mode`` says what ``zeros`` holds, as in :func:`mixed_gemm.unpack`: ``"int"`` (default)
+    integer zero points, ``w = (q - z) s``; ``"float"`` any float zero point, same formula (HQQ);
+    ``"offset"``: ``w = q s + m`` (GGUF Q4_1). The last two need ``format="plain"``.
+    ``g_idx`` (GPTQ act-order): K is reordered once here so groups are contiguous; ``matmul``
+    reorders ``x`` the same way on every call.
 
     Rules (each raises ``ValueError`` naming it): ``K`` is a multiple of 8 (rows of ``x`` are
-    copied 16 bytes at a time); ``group_size`` is -1 (per-channel), ``K``, or a power of two >= 32
-    (a k16 step of the kernel must not straddle groups, and a k-tile touches at most BK/32 of
-    them). ``N`` may be any size the format allows: it is padded to 64 here and the kernel never
-    writes the padding. Scales are stored in fp16.
+    copied 16 bytes at a time); ``N`` is even (outputs are stored in pairs); ``group_size`` is -1
+    (per-channel), ``K``, or a power of two >= 32 (a k16 step of the kernel must not straddle
+    groups, and a k-tile touches at most BK/32 of them). Any other ``N``/``K`` is padded here
+    (to 64 / 16) and the kernel never reads the padding into a result.
     """
-    if g_idx is not None:
-        raise ValueError("g_idx: act-order weights (GPTQ desc_act) are not supported by prepack yet")
-    q, s, z = unpack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size)
+    if dtype not in KERNEL_DTYPES:
+        raise TypeError(f"dtype: must be torch.float16 or torch.bfloat16, got {dtype}")
+    q, s, z = unpack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
+                     zero_mode=zero_mode)
     n, k = q.shape
     num_groups = s.shape[1]
     g = k if num_groups == 1 else k // num_groups
@@ -97,14 +130,16 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
         raise ValueError(f"K: must be a multiple of 8 (x rows are loaded 16 bytes at a time), got K={k}")
     if num_groups > 1 and (g < 32 or g & (g - 1)):
         raise ValueError(f"group_size: must be -1 or a power of two >= 32, got {g}")
-    if s.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"scales: expected a floating dtype, got {s.dtype}")
+    if zero_mode == "offset" and z is None:
+        raise ValueError("zeros: zero_mode='offset' needs the per-group offsets m")
+    perm = None
+    if g_idx is not None:
+        perm = _act_order_perm(torch.as_tensor(g_idx, device=q.device), k, g)
+        q = q.index_select(1, perm)
+    mode = "sym" if z is None else zero_mode
     return PackedWeight(
         b=pack_b(q, bits),
-        scales=pack_group_params(s, torch.float16),
-        zeros=None if z is None else pack_group_params(z, torch.float16),
-        n=n,
-        k=k,
-        bits=bits,
-        group_size=g,
+        scales=pack_group_params(s, dtype),
+        zeros=None if z is None else pack_group_params(z, dtype),
+        n=n, k=k, bits=bits, group_size=g, zero_mode=mode, perm=perm,
     )

@@ -1,5 +1,6 @@
 """Loading fatbins into torch's CUDA context and launching kernels on torch's current stream."""
 from .driver import CudaDriverError
-from .kernel import Kernel, get_kernel
+from .kernel import Function, Module, current_stream, get_module
+from .workspace import semaphores, workspace
 
-__all__ = ["CudaDriverError", "Kernel", "get_kernel"]
+__all__ = ["CudaDriverError", "Function", "Module", "current_stream", "get_module", "semaphores", "workspace"]

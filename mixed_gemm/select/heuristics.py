@@ -1,11 +1,13 @@
-"""Heuristic kernel choice, kept as data: the largest M each tile shape is meant for.
+"""Heuristic kernel choice, kept as data.
 
-Small M is memory-bound (stream B once, keep many bytes in flight: thin tiles, K split over
-warps); large M is math-bound (square 128x128 tiles amortize the dequantization over 64 rows
-per warp).
+Small M is memory-bound: stream B once with as many bytes in flight as possible, so thin tiles
+with K split over warps, and split-K across blocks until the grid covers the GPU
+``SPLIT_K_TARGET_WAVES`` times. Large M is math-bound: square tiles amortize the dequantization
+over 64 rows per warp.
 """
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 from ..codegen import KernelConfig
@@ -16,6 +18,22 @@ HEURISTICS: Tuple[Tuple[int, Tuple[int, int, int], Tuple[int, int, int], int], .
     (64, (64, 128, 64), (2, 2, 1), 4),
     (1 << 62, (128, 128, 64), (2, 2, 1), 4),
 )
+SPLIT_K_TARGET_WAVES = 2      # blocks per SM to aim for when splitting K
+SPLIT_K_MIN_TILES = 4         # k-tiles each slice keeps at least
+SPLIT_K_MAX = 16
+DEFAULT_SMS = 132             # H100 SXM, when no GPU is visible (tests)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(device_index).multi_processor_count
+    except Exception:  # noqa: BLE001 - a CPU-only torch: fall back to the default
+        pass
+    return DEFAULT_SMS
 
 
 def m_bucket(m: int) -> int:
@@ -23,8 +41,19 @@ def m_bucket(m: int) -> int:
     return 1 << max(0, (m - 1).bit_length())
 
 
-def heuristic_config(m: int, *, bits: int, zero_mode: str, dtype: str = "f16") -> KernelConfig:
+def split_k_for(blocks: int, k_tiles: int, sms: int) -> int:
+    """Slices that bring ``blocks`` up to the target waves, keeping SPLIT_K_MIN_TILES k-tiles each."""
+    want = -(-SPLIT_K_TARGET_WAVES * sms // max(blocks, 1))
+    return max(1, min(want, k_tiles // SPLIT_K_MIN_TILES, SPLIT_K_MAX))
+
+
+def heuristic_config(m: int, *, n: int, k: int, bits: int, zero_mode: str, dtype: str = "f16",
+                     device_index: int = 0) -> KernelConfig:
     for max_m, tile, warps, stages in HEURISTICS:
         if m <= max_m:
-            return KernelConfig(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tile, warps=warps, stages=stages)
-    raise AssertionError("HEURISTICS must end with an unbounded row")  # pragma: no cover
+            break
+    bm, bn, bk = tile
+    blocks = -(-m // bm) * -(-n // bn)
+    splits = split_k_for(blocks, -(-k // bk), _sm_count(device_index))
+    return KernelConfig(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tile, warps=warps, stages=stages,
+                        split_k_mode="serial" if splits > 1 else "none", split_k=splits)

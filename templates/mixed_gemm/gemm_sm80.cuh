@@ -1,6 +1,13 @@
 // Mixed-input GEMM, CUTLASS 2.x style for sm80+ (runs on sm_80 and sm_90 via the fatbin):
-//   C[M, N] = A[M, K] (fp16, row-major) x dequant(B)[K, N] (+ bias[N]),
-//   dequant(B)[k, n] = (q[n, k] - z[g, n]) * s[g, n],  g = k / group_size.
+//   C[M, N] = A[M, K] (fp16 or bf16, row-major) x dequant(B)[K, N] (+ bias[N]),
+//   dequant(B)[k, n] = (q[n, k] - z[g, n]) * s[g, n] (or q s + m, see dequant.cuh), g = k / group_size.
+//
+// Split-K (blockIdx.z = slice): "none" writes C; "serial" accumulates fp32 partials in a
+// workspace, slices taking turns behind a per-tile semaphore (deterministic order; the last slice
+// writes C and resets the semaphore to 0, so the workspace stays ready for the next call and for
+// graph replays); "parallel" writes each slice's fp32 partial to its own workspace plane and a
+// second kernel (reduce.cuh) sums them. Tiles map to blocks through CUTLASS's
+// GemmIdentityThreadblockSwizzle with a run-time log2 tile-group size.
 //
 // Structure: a multistage cp.async pipeline (Stages deep) carries four operands per k-tile:
 // A (swizzled rows), B (pre-permuted atoms, copied verbatim), scales and zeros (one smem row per
@@ -30,6 +37,7 @@
 #include "cutlass/arch/memory_sm80.h"
 #include "cutlass/arch/mma_sm80.h"
 #include "cutlass/gemm/gemm.h"
+#include "cutlass/gemm/threadblock/threadblock_swizzle.h"
 
 #include "mixed_gemm/dequant.cuh"
 
@@ -42,20 +50,26 @@ struct GemmArgs {
   void const* scales;   // (num_groups, n_pad) fp16, permuted
   void const* zeros;    // same shape as scales, or nullptr for symmetric weights
   void const* bias;     // (N,) fp16 or nullptr
-  void* c;              // (M, N) fp16, row stride ldc elements
+  void* c;              // (M, N) fp16/bf16, row stride ldc elements
+  float* workspace;     // split-K partials: (M, N) serial, (splits, M, N) parallel
+  int* semaphores;      // serial split-K: one per output tile, zero between calls
   int m, n, k;          // logical sizes
   int n_pad;            // N rounded up to 64: columns present in B, scales and zeros
   int k16;              // K rounded up to 16, divided by 16: atoms per 64-column strip
   int lda, ldc;
   int group_shift;      // log2(group_size); 30 for one group per column
   int num_groups;       // rows of scales/zeros
+  int split_mode;       // 0 none, 1 serial, 2 parallel
+  int log_tile;         // threadblock swizzle: log2 of the tile-group size
 };
 
-enum class ZeroMode : int { kSymmetric = 0, kInteger = 1 };
-
-template <int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
+template <typename Element_, int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
           int Stages_>
 struct MixedGemmSm80 {
+  using Element = Element_;
+  using P = Pair<Element>;
+  using raw = typename P::raw;
+  using raw2 = typename P::raw2;
   static constexpr int kBits = kBits_;
   static constexpr ZeroMode kZeroMode = static_cast<ZeroMode>(kZeroMode_);
   static constexpr int BM = BM_, BN = BN_, BK = BK_;
@@ -89,6 +103,7 @@ struct MixedGemmSm80 {
   static constexpr int kSmemB = BK * BN * kBits / 8;
   static constexpr int kSmemS = kGroupRows * BN * 2;
   static constexpr int kSmemZ = kZeroMode == ZeroMode::kSymmetric ? 0 : kSmemS;
+  using Deq = Dequantizer<Element, kBits, kZeroMode>;
   static constexpr int kSmemStage = kSmemA + kSmemB + kSmemS + kSmemZ;
   static constexpr int kSmemMainloop = Stages * kSmemStage;
   // Cross-warp K reduction reuses the pipeline buffers: (WarpsK - 1) partial accumulators.
@@ -96,8 +111,8 @@ struct MixedGemmSm80 {
   static constexpr int kSmemReduce = (WarpsK - 1) * WarpsM * WarpsN * 32 * kAccumPerThread * 4;
   static constexpr int kSmemBytes = kSmemMainloop > kSmemReduce ? kSmemMainloop : kSmemReduce;
 
-  using MmaOp = cutlass::arch::Mma<cutlass::gemm::GemmShape<16, 8, 16>, 32, cutlass::half_t,
-                                   cutlass::layout::RowMajor, cutlass::half_t, cutlass::layout::ColumnMajor,
+  using MmaOp = cutlass::arch::Mma<cutlass::gemm::GemmShape<16, 8, 16>, 32, Element,
+                                   cutlass::layout::RowMajor, Element, cutlass::layout::ColumnMajor,
                                    float, cutlass::layout::RowMajor, cutlass::arch::OpMultiplyAdd>;
 
   struct Tile {
@@ -120,7 +135,7 @@ struct MixedGemmSm80 {
     // A: BM x BK halves = BM * BK / 8 chunks.
     {
       constexpr int kChunksA = BM * BK / 8;
-      half const* a = static_cast<half const*>(p.a);
+      raw const* a = static_cast<raw const*>(p.a);
       CUTLASS_PRAGMA_UNROLL
       for (int it = 0; it < (kChunksA + kThreads - 1) / kThreads; ++it) {
         int const i = tid + it * kThreads;
@@ -128,7 +143,7 @@ struct MixedGemmSm80 {
         int row = i / (BK / 8), chunk = i % (BK / 8);
         int gm = t.m0 + row, gk = ktile * BK + chunk * 8;
         bool ok = gm < p.m && gk < p.k;
-        half const* src = ok ? a + (size_t)gm * p.lda + gk : a;
+        raw const* src = ok ? a + (size_t)gm * p.lda + gk : a;
         cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_swizzle(row, chunk) * 16, src, ok);
       }
     }
@@ -170,10 +185,10 @@ struct MixedGemmSm80 {
           bool ok = gn < p.n_pad;
           size_t idx = ok ? (size_t)g * p.n_pad + gn : 0;
           cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
-              ss + (r * BN + col) * 2, static_cast<half const*>(p.scales) + idx, ok);
+              ss + (r * BN + col) * 2, static_cast<raw const*>(p.scales) + idx, ok);
           if (kZeroMode != ZeroMode::kSymmetric) {
             cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
-                ss + kSmemS + (r * BN + col) * 2, static_cast<half const*>(p.zeros) + idx, ok);
+                ss + kSmemS + (r * BN + col) * 2, static_cast<raw const*>(p.zeros) + idx, ok);
           }
         }
       }
@@ -204,18 +219,13 @@ struct MixedGemmSm80 {
       int const atom_col = warp_n * kAtomsN + a;  // atom index within the block
       int const lane_cols = atom_col * 64 + (lane >> 2) * 8;
       uint4 const s8 = *reinterpret_cast<uint4 const*>(ss + lane_cols * 2);
-      uint4 z8;
-      if (kZeroMode == ZeroMode::kSymmetric) {
-        uint32_t const mid = kBits == 4 ? 0x48004800u : 0x58005800u;  // 8.0 / 128.0
-        z8 = make_uint4(mid, mid, mid, mid);
-      } else {
-        z8 = *reinterpret_cast<uint4 const*>(ss + kSmemS + lane_cols * 2);
-      }
-      half const* s_h = reinterpret_cast<half const*>(&s8);
-      half const* z_h = reinterpret_cast<half const*>(&z8);
+      uint4 z8 = s8;  // symmetric: unused
+      if (kZeroMode != ZeroMode::kSymmetric) z8 = *reinterpret_cast<uint4 const*>(ss + kSmemS + lane_cols * 2);
+      raw const* s_h = reinterpret_cast<raw const*>(&s8);
+      raw const* z_h = reinterpret_cast<raw const*>(&z8);
       ColumnDequant cd[8];
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < 8; ++j) cd[j] = make_column_dequant<kBits>(s_h[j], z_h[j]);
+      for (int j = 0; j < 8; ++j) cd[j] = Deq::column(s_h[j], z_h[j]);
 
       char const* atom = sb + (atom_col * kK16 + kk) * kAtomBytes;
       uint32_t bfrag[8][2];  // B fragments of the atom's 8 n8 tiles
@@ -227,14 +237,14 @@ struct MixedGemmSm80 {
         for (int i = 0; i < 4; ++i) {
           if (kBits == 4) {
             uint32_t out[4];
-            dequant_u4x8(w[i], cd[2 * i], cd[2 * i + 1], out);
+            Deq::u4x8(w[i], cd[2 * i], cd[2 * i + 1], out);
             bfrag[2 * i][0] = out[0];
             bfrag[2 * i][1] = out[1];
             bfrag[2 * i + 1][0] = out[2];
             bfrag[2 * i + 1][1] = out[3];
           } else {
             uint32_t out[2];
-            dequant_u8x4(w[i], cd[4 * c + i], out);
+            Deq::u8x4(w[i], cd[4 * c + i], out);
             bfrag[4 * c + i][0] = out[0];
             bfrag[4 * c + i][1] = out[1];
           }
@@ -254,6 +264,15 @@ struct MixedGemmSm80 {
     }
   }
 
+  static __device__ __forceinline__ int ld_acquire(int const* ptr) {
+    int v;
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+    return v;
+  }
+  static __device__ __forceinline__ void st_release(int* ptr, int v) {
+    asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+  }
+
   static __device__ void run(GemmArgs const& p, char* smem) {
     int const tid = threadIdx.x;
     int const lane = tid & 31;
@@ -264,11 +283,23 @@ struct MixedGemmSm80 {
     int const warp_m = warp_mn / WarpsN;
     int const warp_n = warp_mn % WarpsN;
 
+    // Tile of this block: CUTLASS's identity swizzle (M in blockIdx.x, groups of 2^log_tile N tiles).
+    int const tiles_m = (p.m + BM - 1) / BM;
+    int const tiles_n = (p.n_pad + BN - 1) / BN;
+    cutlass::gemm::GemmCoord const tc =
+        cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>::get_tile_offset(p.log_tile);
+    if (tc.m() >= tiles_m || tc.n() >= tiles_n) return;  // padding blocks of the swizzled grid
     Tile t;
-    t.n0 = blockIdx.x * BN;
-    t.m0 = blockIdx.y * BM;
+    t.m0 = tc.m() * BM;
+    t.n0 = tc.n() * BN;
 
-    int const k_tiles = (p.k16 * 16 + BK - 1) / BK;
+    // K range of this split-K slice (whole k-tiles; a slice may be empty).
+    int const splits = gridDim.z, slice = tc.k();
+    int const k_tiles_total = (p.k16 * 16 + BK - 1) / BK;
+    int const per_slice = (k_tiles_total + splits - 1) / splits;
+    int const kt_begin = min(slice * per_slice, k_tiles_total);
+    int const kt_end = min(kt_begin + per_slice, k_tiles_total);
+    int const k_tiles = kt_end - kt_begin;
 
     float acc[kMmaM][kTilesN][4];
     CUTLASS_PRAGMA_UNROLL
@@ -282,7 +313,7 @@ struct MixedGemmSm80 {
     // wait_group count below stays in step with the k-tile index.
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < Stages - 1; ++s) {
-      if (s < k_tiles) load_stage(p, t, s, smem + s * kSmemStage, tid);
+      if (s < k_tiles) load_stage(p, t, kt_begin + s, smem + s * kSmemStage, tid);
       cutlass::arch::cp_async_fence();
     }
 
@@ -291,7 +322,7 @@ struct MixedGemmSm80 {
       // Also guarantees every warp is done with the stage the next load overwrites.
       __syncthreads();
       int const next = kt + Stages - 1;
-      if (next < k_tiles) load_stage(p, t, next, smem + (next % Stages) * kSmemStage, tid);
+      if (next < k_tiles) load_stage(p, t, kt_begin + next, smem + (next % Stages) * kSmemStage, tid);
       cutlass::arch::cp_async_fence();
 
       char const* stage = smem + (kt % Stages) * kSmemStage;
@@ -302,7 +333,7 @@ struct MixedGemmSm80 {
     }
     cutlass::arch::cp_async_wait<0>();
 
-    // Cross-warp K reduction through shared memory.
+    // Cross-warp K reduction through shared memory; K-warps > 0 stay for the barriers below.
     if (WarpsK > 1) {
       __syncthreads();
       float* red = reinterpret_cast<float*>(smem);
@@ -317,42 +348,74 @@ struct MixedGemmSm80 {
             for (int q = 0; q < 4; ++q, ++e) dst[e * 32 + lane] = acc[mi][ni][q];  // lane-minor: no conflicts
       }
       __syncthreads();
-      if (warp_k > 0) return;
-      CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < WarpsK - 1; ++s) {
-        float const* src = red + (s * WarpsM * WarpsN + warp_mn) * 32 * kAccumPerThread;
-        int e = 0;
+      if (warp_k == 0) {
         CUTLASS_PRAGMA_UNROLL
-        for (int mi = 0; mi < kMmaM; ++mi)
+        for (int s = 0; s < WarpsK - 1; ++s) {
+          float const* src = red + (s * WarpsM * WarpsN + warp_mn) * 32 * kAccumPerThread;
+          int e = 0;
           CUTLASS_PRAGMA_UNROLL
-          for (int ni = 0; ni < kTilesN; ++ni)
+          for (int mi = 0; mi < kMmaM; ++mi)
             CUTLASS_PRAGMA_UNROLL
-            for (int q = 0; q < 4; ++q, ++e) acc[mi][ni][q] += src[e * 32 + lane];
+            for (int ni = 0; ni < kTilesN; ++ni)
+              CUTLASS_PRAGMA_UNROLL
+              for (int q = 0; q < 4; ++q, ++e) acc[mi][ni][q] += src[e * 32 + lane];
+        }
       }
+    }
+    bool const writer = warp_k == 0;
+
+    // Serial split-K: wait for this tile's turn.
+    int* sem = p.semaphores + tc.m() * tiles_n + tc.n();
+    bool const serial = p.split_mode == 1 && splits > 1;
+    if (serial) {
+      if (tid == 0) {
+        while (ld_acquire(sem) != slice) {
+        }
+      }
+      __syncthreads();
     }
 
     // Epilogue: mma accumulator layout, c0 c1 at (row g, cols 2 tq, 2 tq + 1), c2 c3 at row g + 8.
-    half const* bias = static_cast<half const*>(p.bias);
-    half* c = static_cast<half*>(p.c);
-    int const g = lane >> 2, tq = lane & 3;
-    CUTLASS_PRAGMA_UNROLL
-    for (int ni = 0; ni < kTilesN; ++ni) {
-      int const col = t.n0 + warp_n * WN + ni * 8 + 2 * tq;
-      if (col >= p.n) continue;  // N is even, so col + 1 < N too
-      float2 b = make_float2(0.f, 0.f);
-      if (bias != nullptr) b = __half22float2(*reinterpret_cast<half2 const*>(bias + col));
+    if (writer) {
+      bool const to_workspace = (p.split_mode == 2 && splits > 1) || (serial && slice + 1 < splits);
+      bool const add_workspace = serial && slice > 0;
+      float* ws = p.workspace + (p.split_mode == 2 ? (size_t)slice * p.m * p.n : 0);
+      raw const* bias = static_cast<raw const*>(p.bias);
+      raw* c = static_cast<raw*>(p.c);
+      int const g = lane >> 2, tq = lane & 3;
       CUTLASS_PRAGMA_UNROLL
-      for (int mi = 0; mi < kMmaM; ++mi) {
-        int const row = t.m0 + warp_m * WM + mi * 16 + g;
-        if (row < p.m) {
-          *reinterpret_cast<half2*>(c + (size_t)row * p.ldc + col) =
-              __floats2half2_rn(acc[mi][ni][0] + b.x, acc[mi][ni][1] + b.y);
-        }
-        if (row + 8 < p.m) {
-          *reinterpret_cast<half2*>(c + (size_t)(row + 8) * p.ldc + col) =
-              __floats2half2_rn(acc[mi][ni][2] + b.x, acc[mi][ni][3] + b.y);
+      for (int ni = 0; ni < kTilesN; ++ni) {
+        int const col = t.n0 + warp_n * WN + ni * 8 + 2 * tq;
+        if (col >= p.n) continue;  // N is even, so col + 1 < N too
+        float2 b = make_float2(0.f, 0.f);
+        if (bias != nullptr && !to_workspace) b = P::to_floats(*reinterpret_cast<raw2 const*>(bias + col));
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kMmaM; ++mi) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            int const row = t.m0 + warp_m * WM + mi * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+            float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            size_t const wi = (size_t)row * p.n + col;
+            if (add_workspace) {
+              float2 prev = *reinterpret_cast<float2 const*>(ws + wi);
+              v.x += prev.x;
+              v.y += prev.y;
+            }
+            if (to_workspace) {
+              *reinterpret_cast<float2*>(ws + wi) = v;
+            } else {
+              *reinterpret_cast<raw2*>(c + (size_t)row * p.ldc + col) = P::from_floats(v.x + b.x, v.y + b.y);
+            }
+          }
         }
       }
+    }
+
+    if (serial) {
+      __threadfence();  // this slice's partials are visible before the next slice is let in
+      __syncthreads();
+      if (tid == 0) st_release(sem, slice + 1 < splits ? slice + 1 : 0);
     }
   }
 };

@@ -94,3 +94,15 @@ def test_quantize_all_positive_group_keeps_the_bound():
     assert z.item() == 0
     w_hat = mg.reference.dequantize(q, s, z, group_size=-1)
     assert bool(((w - w_hat).abs() <= s.float() / 2 + 1e-6).all())
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_quantize_is_bit_identical_across_devices(gen, device, dtype, symmetric):
+    w = (torch.randn(64, 512, generator=gen) * 0.02).to(dtype)
+    for bits in (4, 8):
+        for group_size in (32, 128, -1):
+            want = quantize(w, bits=bits, group_size=group_size, symmetric=symmetric)
+            got = quantize(w.to(device), bits=bits, group_size=group_size, symmetric=symmetric)
+            for a, b in zip(want, got):
+                assert (a is None and b is None) or (b.device.type == device and torch.equal(a, b.cpu()))

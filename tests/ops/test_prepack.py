@@ -37,9 +37,44 @@ def test_prepack_rules():
     q = torch.randint(0, 16, (64, 36), dtype=torch.uint8)
     with pytest.raises(ValueError, match="K: must be a multiple of 8"):
         mg.prepack(q, torch.rand(64, 1).half(), None, format="plain", bits=4, group_size=-1)
-    with pytest.raises(ValueError, match="g_idx"):
-        mg.prepack(q, torch.rand(64, 1).half(), None, format="plain", bits=4, group_size=-1,
-                   g_idx=torch.zeros(36, dtype=torch.int32))
+    with pytest.raises(TypeError, match="dtype: must be torch.float16 or torch.bfloat16"):
+        mg.prepack(q, torch.rand(64, 1).half(), None, format="plain", bits=4, group_size=-1, dtype=torch.float32)
+    with pytest.raises(ValueError, match="zero_mode"):
+        mg.prepack(q, torch.rand(64, 1).half(), None, format="plain", bits=4, group_size=-1, zero_mode="hqq")
+    with pytest.raises(ValueError, match="zero_mode: format 'awq' stores integer zero points"):
+        mg.prepack(torch.zeros(36, 8, dtype=torch.int32), torch.rand(1, 64).half(), None, format="awq",
+                   bits=4, group_size=-1, zero_mode="float")
+    q = torch.randint(0, 16, (64, 64), dtype=torch.uint8)
+    uneven = torch.tensor([0] * 40 + [1] * 24, dtype=torch.int32)
+    with pytest.raises(ValueError, match="g_idx: every group must have exactly group_size=32"):
+        mg.prepack(q, torch.rand(64, 2).half(), None, format="plain", bits=4, group_size=32, g_idx=uneven)
+
+
+def test_act_order_prepack_reorders_k():
+    n, k, g = 128, 256, 64
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    s = torch.rand(n, k // g, generator=gen).half() + 0.1
+    z = torch.randint(0, 16, (n, k // g), generator=gen).half()
+    g_idx = (torch.arange(k) // g)[torch.randperm(k, generator=gen)].int()
+    packed = mg.pack(q, s, z, format="gptq", bits=4, group_size=g, g_idx=g_idx)
+    w = mg.prepack(*packed, format="gptq", bits=4, group_size=g, g_idx=g_idx)
+    q2, s2, z2 = w.unpack()
+    assert torch.equal(q2, q[:, w.perm]) and torch.equal(s2, s) and torch.equal(z2, z)
+    assert torch.equal(g_idx[w.perm].long(), torch.arange(k) // g)  # groups contiguous after reorder
+
+
+def test_zero_modes():
+    q = torch.randint(0, 16, (64, 64), dtype=torch.uint8)
+    s = torch.rand(64, 2).half() + 0.1
+    assert mg.prepack(q, s, torch.full((64, 2), 3.0).half(), format="plain", group_size=32).zero_mode == "int"
+    with pytest.raises(ValueError, match="zeros: expected integer values"):
+        mg.prepack(q, s, torch.full((64, 2), 3.5).half(), format="plain", group_size=32)
+    w = mg.prepack(q, s, torch.full((64, 2), 3.5).half(), format="plain", group_size=32, zero_mode="float")
+    assert w.zero_mode == "float"
+    w = mg.prepack(q, s, -torch.rand(64, 2).half(), format="plain", group_size=32, zero_mode="offset")
+    assert w.zero_mode == "offset"
+    assert mg.prepack(q, s, None, format="plain", group_size=32, dtype=torch.bfloat16).scales.dtype == torch.bfloat16
 
 
 def test_matmul_rejects_cpu_input_before_launch():
