@@ -7,6 +7,8 @@ zeros (packed 4-bit, as the checkpoint stores them), x and y over the copy bandw
 the same run.
 
     python bench/bench_matmul.py [--ms 1,16,64,256,4096] [--shapes 8b,70b] [--out FILE]
+    python bench/bench_matmul.py --mode dequant     # mg.dequantize bandwidth on large weights
+    python bench/bench_matmul.py --mode splitk      # decode time per split-K mode and factor
 """
 from __future__ import annotations
 
@@ -101,8 +103,50 @@ def bench_shape(n: int, k: int, ms, l2: int, bw: float):
     return rows
 
 
+def bench_dequant(l2: int, bw: float):
+    lines = ["| N | K | µs | GB/s (read + write) | share of copy bandwidth |", "|---|---|---|---|---|"]
+    for n, k in [(28672, 4096), (10240, 8192), (57344, 8192), (8192, 28672)]:
+        ws = _packed_weights(n, k, _copies(n * k // 2, l2))
+        out = torch.empty(n, k, device="cuda").half()
+        it = iter(range(1 << 62))
+        t = _time_graph(lambda: mg.dequantize(ws[next(it) % len(ws)], out=out), calls=max(len(ws), 4))
+        nbytes = n * k // 2 + 4 * n * (k // GROUP) + 2 * n * k
+        lines.append(f"| {n} | {k} | {t * 1e6:.1f} | {nbytes / t / 1e9:.0f} | {100 * nbytes / t / bw:.0f}% |")
+        print(lines[-1], flush=True)
+        del ws, out
+        torch.cuda.empty_cache()
+    return lines
+
+
+def bench_splitk(ms, l2: int):
+    from mixed_gemm.select import heuristic_config
+
+    lines = ["| N | K | M | heuristic | µs | none | serial 2 | serial 4 | serial 8 | parallel 4 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, k in SHAPES["8b"] + SHAPES["70b"]:
+        ws = _packed_weights(n, k, _copies(n * k // 2, l2))
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").half()
+            y = torch.empty(m, n, device="cuda").half()
+            h = heuristic_config(m, n=n, k=k, bits=4, zero_mode="int")
+            variants = [h] + [h.replace(split_k_mode=md, split_k=f) for md, f in
+                              [("none", 1), ("serial", 2), ("serial", 4), ("serial", 8), ("parallel", 4)]]
+            times = []
+            for cfg in variants:
+                it = iter(range(1 << 62))
+                times.append(_time_graph(lambda: mg.matmul(x, ws[next(it) % len(ws)], out=y, config=cfg),
+                                         calls=max(len(ws), 8)) * 1e6)
+            lines.append(f"| {n} | {k} | {m} | {h.split_k_mode} {h.split_k} | " + " | ".join(f"{t:.1f}" for t in times)
+                         + " |")
+            print(lines[-1], flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["matmul", "dequant", "splitk"], default="matmul")
     ap.add_argument("--ms", default="1,16,64,256,4096")
     ap.add_argument("--shapes", default="8b,70b")
     ap.add_argument("--out", default=None)
@@ -111,6 +155,15 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     l2 = props.L2_cache_size
     bw = copy_bandwidth()
+    if args.mode != "matmul":
+        head = f"# {args.mode} — {props.name}, {datetime.date.today()}, copy bandwidth {bw / 1e12:.2f} TB/s\n"
+        lines = [head] + (bench_dequant(l2, bw) if args.mode == "dequant" else bench_splitk(ms, l2))
+        text = "\n".join(lines) + "\n"
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        return 0
     head = (f"# mg.matmul vs torch fp16 — {props.name}, {datetime.date.today()}, copy bandwidth "
             f"{bw / 1e12:.2f} TB/s, L2 {l2 >> 20} MiB, int4 g{GROUP} with zeros, cold L2, CUDA graphs\n")
     lines = [head, "| model | N | K | M | mg µs | fp16 µs | speedup | int4 floor share | TFLOP/s |",

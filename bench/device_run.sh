@@ -13,8 +13,19 @@ steps=${*:-tests bench}
 for step in $steps; do
   case $step in
     tests) python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/pytest.log" | grep -vE "^\s*$" | tail -25 ;;
-    gpu-tests) python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25 ;;
+    gpu-tests) python3 -m pytest -q -m gpu -x tests 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25 ;;
+    new-tests) python3 -m pytest -q -x tests/ops/test_config_space_gpu.py 2>&1 | tee "$OUT/pytest-new.log" | tail -25 ;;
     bench) python3 bench/bench_matmul.py --out "$OUT/bench.md" 2>&1 | tail -60 ;;
+    bench-dequant) python3 bench/bench_matmul.py --mode dequant --out "$OUT/bench-dequant.md" 2>&1 | tail -10 ;;
+    bench-splitk) python3 bench/bench_matmul.py --mode splitk --ms 1,16 --out "$OUT/bench-splitk.md" 2>&1 | tail -20 ;;
+    build) python3 -m mixed_gemm.cli build --quiet 2>&1 | tail -3 ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        echo "== compute-sanitizer --tool $tool"
+        compute-sanitizer --tool $tool --error-exitcode 9 python3 bench/sanitize_subset.py 2>&1 \
+          | tee "$OUT/sanitize-$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rel err|FAIL|Error" | tail -12
+        echo "exit: ${PIPESTATUS[0]}"
+      done ;;
     sass)
       for f in "$MIXED_GEMM_CACHE_DIR"/*/*.fatbin; do
         echo "== $(basename "$f")"
