@@ -2,18 +2,20 @@
 
 Keyed by (device, stream) so that two streams in flight never share a semaphore or a partial sum.
 
-Buffers only grow, and are allocated outside any hot loop: warm a shape up once before CUDA-graph
-capture so the buffer a graph records stays the one later eager calls use. Semaphores are zeroed
-once; the serial split-K kernel leaves them at zero when it finishes.
+Buffers only grow (doubling), and a replaced buffer is retired, never freed: kernels still in
+flight, or recorded in a CUDA graph, keep valid memory without any host synchronization, so growth
+is safe during graph capture too. Semaphores are zeroed once; the serial split-K kernel leaves
+them at zero when it finishes.
 """
 from __future__ import annotations
 
 import threading
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
 _BUFFERS: Dict[Tuple[int, int, str], torch.Tensor] = {}
+_RETIRED: List[torch.Tensor] = []
 _LOCK = threading.Lock()
 _MIN_FLOATS = 1 << 20
 _MIN_SEMAPHORES = 1 << 14
@@ -29,7 +31,7 @@ def _get(device_index: int, stream: int, kind: str, numel: int, dtype, minimum: 
                 size = max(numel, minimum, 0 if buf is None else 2 * buf.numel())
                 make = torch.zeros if zero else torch.empty
                 if buf is not None:
-                    torch.cuda.current_stream(device_index).synchronize()  # in-flight users of the old one
+                    _RETIRED.append(buf)
                 buf = _BUFFERS[key] = make(size, dtype=dtype, device=f"cuda:{device_index}")
     return buf
 

@@ -2,7 +2,9 @@
 
 Small M is memory-bound: stream B once with as many bytes in flight as possible, so thin tiles
 with K split over warps, and split-K across blocks until the grid covers the GPU
-``SPLIT_K_TARGET_WAVES`` times. Large M is math-bound: square tiles amortize the dequantization
+``SPLIT_K_TARGET_WAVES`` times. Parallel split-K: measured on the H100 (bench/NOTES.md, v2) it beat
+no split by 15-50% on every decode shape with N <= 10240, while serial split-K lost time to its
+slice-by-slice epilogue beyond 2 slices. Large M is math-bound: square tiles amortize the dequantization
 over 64 rows per warp.
 """
 from __future__ import annotations
@@ -18,9 +20,10 @@ HEURISTICS: Tuple[Tuple[int, Tuple[int, int, int], Tuple[int, int, int], int], .
     (64, (64, 128, 64), (2, 2, 1), 4),
     (1 << 62, (128, 128, 64), (2, 2, 1), 4),
 )
-SPLIT_K_TARGET_WAVES = 2      # blocks per SM to aim for when splitting K
+SPLIT_K_MODE = "parallel"
+SPLIT_K_TARGET_WAVES = 4      # blocks per SM to aim for when splitting K
 SPLIT_K_MIN_TILES = 4         # k-tiles each slice keeps at least
-SPLIT_K_MAX = 16
+SPLIT_K_MAX = 4               # the largest factor measured to help (8 not yet profiled)
 DEFAULT_SMS = 132             # H100 SXM, when no GPU is visible (tests)
 
 
@@ -56,4 +59,4 @@ def heuristic_config(m: int, *, n: int, k: int, bits: int, zero_mode: str, dtype
     blocks = -(-m // bm) * -(-n // bn)
     splits = split_k_for(blocks, -(-k // bk), _sm_count(device_index))
     return KernelConfig(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tile, warps=warps, stages=stages,
-                        split_k_mode="serial" if splits > 1 else "none", split_k=splits)
+                        split_k_mode=SPLIT_K_MODE if splits > 1 else "none", split_k=splits)
