@@ -21,6 +21,7 @@ HEURISTICS: Tuple[Tuple[int, Tuple[int, int, int], Tuple[int, int, int], int], .
     (1 << 62, (128, 128, 64), (2, 2, 1), 4),
 )
 SPLIT_K_MODE = "parallel"
+SPLIT_K_BELOW_WAVES = 2       # split only grids smaller than this many blocks per SM
 SPLIT_K_TARGET_WAVES = 4      # blocks per SM to aim for when splitting K
 SPLIT_K_MIN_TILES = 4         # k-tiles each slice keeps at least
 SPLIT_K_MAX = 4               # the largest factor measured to help (8 not yet profiled)
@@ -46,6 +47,8 @@ def m_bucket(m: int) -> int:
 
 def split_k_for(blocks: int, k_tiles: int, sms: int) -> int:
     """Slices that bring ``blocks`` up to the target waves, keeping SPLIT_K_MIN_TILES k-tiles each."""
+    if blocks >= SPLIT_K_BELOW_WAVES * sms:
+        return 1
     want = -(-SPLIT_K_TARGET_WAVES * sms // max(blocks, 1))
     return max(1, min(want, k_tiles // SPLIT_K_MIN_TILES, SPLIT_K_MAX))
 
