@@ -144,6 +144,13 @@ def bench_splitk(ms, l2: int):
     return lines
 
 
+def _emit(text: str, out) -> None:
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["matmul", "dequant", "splitk"], default="matmul")
@@ -158,11 +165,7 @@ def main(argv=None) -> int:
     if args.mode != "matmul":
         head = f"# {args.mode} — {props.name}, {datetime.date.today()}, copy bandwidth {bw / 1e12:.2f} TB/s\n"
         lines = [head] + (bench_dequant(l2, bw) if args.mode == "dequant" else bench_splitk(ms, l2))
-        text = "\n".join(lines) + "\n"
-        print(text)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text)
+        _emit("\n".join(lines) + "\n", args.out)
         return 0
     head = (f"# mg.matmul vs torch fp16 — {props.name}, {datetime.date.today()}, copy bandwidth "
             f"{bw / 1e12:.2f} TB/s, L2 {l2 >> 20} MiB, int4 g{GROUP} with zeros, cold L2, CUDA graphs\n")
@@ -184,11 +187,7 @@ def main(argv=None) -> int:
     for m in ms:
         sp = [r["speedup"] for r in all_rows if r["m"] == m]
         lines.append(f"| {m} | {math.exp(sum(map(math.log, sp)) / len(sp)):.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    _emit("\n".join(lines) + "\n", args.out)
     return 0
 
 

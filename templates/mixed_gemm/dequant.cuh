@@ -154,6 +154,28 @@ struct Dequantizer {
     }
   }
 
+  // The 4 words (registers) of chunk c of an atom -> B fragments of the atom's n8 tiles:
+  // int4 chunk 0 fills all 8 tiles (word i: tiles 2i, 2i+1); int8 chunk c fills tiles 4c..4c+3.
+  static __device__ __forceinline__ void chunk(uint32_t const* w, int c, ColumnDequant const (&cd)[8],
+                                               uint32_t (&frag)[8][2]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (kBits == 4) {
+        uint32_t out[4];
+        u4x8(w[i], cd[2 * i], cd[2 * i + 1], out);
+        frag[2 * i][0] = out[0];
+        frag[2 * i][1] = out[1];
+        frag[2 * i + 1][0] = out[2];
+        frag[2 * i + 1][1] = out[3];
+      } else {
+        uint32_t out[2];
+        u8x4(w[i], cd[4 * c + i], out);
+        frag[4 * c + i][0] = out[0];
+        frag[4 * c + i][1] = out[1];
+      }
+    }
+  }
+
   // int8: one word -> the B fragment (2 registers) of one n8 tile.
   static __device__ __forceinline__ void u8x4(uint32_t w, ColumnDequant const& c, uint32_t (&out)[2]) {
     if (kF16) {

@@ -55,23 +55,10 @@ struct DequantKernel {
       uint32_t frag[8][2];
 #pragma unroll
       for (int c = 0; c < kBits / 4; ++c) {
+        uint32_t w[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          uint32_t const w = *reinterpret_cast<uint32_t const*>(atom + c * 512 + 128 * i + 4 * lane);
-          if (kBits == 4) {
-            uint32_t out[4];
-            Deq::u4x8(w, cd[2 * i], cd[2 * i + 1], out);
-            frag[2 * i][0] = out[0];
-            frag[2 * i][1] = out[1];
-            frag[2 * i + 1][0] = out[2];
-            frag[2 * i + 1][1] = out[3];
-          } else {
-            uint32_t out[2];
-            Deq::u8x4(w, cd[4 * c + i], out);
-            frag[4 * c + i][0] = out[0];
-            frag[4 * c + i][1] = out[1];
-          }
-        }
+        for (int i = 0; i < 4; ++i) w[i] = *reinterpret_cast<uint32_t const*>(atom + c * 512 + 128 * i + 4 * lane);
+        Deq::chunk(w, c, cd, frag);
       }
       // Fragment register r of tile j holds (k0 + 8 r, k0 + 8 r + 1) of column 8 j + g.
 #pragma unroll

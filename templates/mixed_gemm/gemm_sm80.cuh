@@ -233,22 +233,7 @@ struct MixedGemmSm80 {
       for (int c = 0; c < kChunks; ++c) {
         cutlass::Array<unsigned, 4> w;
         cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(w, atom + c * 512 + lane * 16);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          if (kBits == 4) {
-            uint32_t out[4];
-            Deq::u4x8(w[i], cd[2 * i], cd[2 * i + 1], out);
-            bfrag[2 * i][0] = out[0];
-            bfrag[2 * i][1] = out[1];
-            bfrag[2 * i + 1][0] = out[2];
-            bfrag[2 * i + 1][1] = out[3];
-          } else {
-            uint32_t out[2];
-            Deq::u8x4(w[i], cd[4 * c + i], out);
-            bfrag[4 * c + i][0] = out[0];
-            bfrag[4 * c + i][1] = out[1];
-          }
-        }
+        Deq::chunk(reinterpret_cast<uint32_t const*>(&w), c, cd, bfrag);
       }
 
       MmaOp mma;
