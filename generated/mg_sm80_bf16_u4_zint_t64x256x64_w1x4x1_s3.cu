@@ -5,7 +5,8 @@
 #include "mixed_gemm/reduce.cuh"
 
 using Kernel = mixed_gemm::MixedGemmSm80<cutlass::bfloat16_t, 4, 1, 64, 256, 64,
-                                         1, 4, 1, 3>;
+                                         1, 4, 1, 3,
+                                         cutlass::gemm::GemmShape<16, 8, 16>>;
 
 // The Python config computes these too (launch geometry, smem limit); both must agree.
 static_assert(Kernel::kThreads == 128, "threads: KernelConfig and kernel disagree");

@@ -5,7 +5,8 @@
 #include "mixed_gemm/reduce.cuh"
 
 using Kernel = mixed_gemm::MixedGemmSm80<cutlass::half_t, 8, 3, 256, 128, 64,
-                                         4, 2, 1, 3>;
+                                         4, 2, 1, 3,
+                                         cutlass::gemm::GemmShape<16, 8, 16>>;
 
 // The Python config computes these too (launch geometry, smem limit); both must agree.
 static_assert(Kernel::kThreads == 256, "threads: KernelConfig and kernel disagree");

@@ -5,7 +5,8 @@
 #include "mixed_gemm/reduce.cuh"
 
 using Kernel = mixed_gemm::MixedGemmSm80<cutlass::half_t, 8, 0, 64, 128, 64,
-                                         2, 2, 1, 4>;
+                                         2, 2, 1, 4,
+                                         cutlass::gemm::GemmShape<16, 8, 16>>;
 
 // The Python config computes these too (launch geometry, smem limit); both must agree.
 static_assert(Kernel::kThreads == 128, "threads: KernelConfig and kernel disagree");

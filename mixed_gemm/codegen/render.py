@@ -45,6 +45,7 @@ def render(config: Union[KernelConfig, DequantConfig]) -> str:
         bm=bm, bn=bn, bk=bk,
         warps_m=wm, warps_n=wn, warps_k=wk,
         stages=kernel.stages,
+        inst_m=kernel.instruction[0], inst_n=kernel.instruction[1], inst_k=kernel.instruction[2],
         args_bytes=GEMM_ARGS_BYTES,
         reduce_args_bytes=REDUCE_ARGS_BYTES,
         **common,

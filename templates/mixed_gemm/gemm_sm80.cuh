@@ -64,7 +64,7 @@ struct GemmArgs {
 };
 
 template <typename Element_, int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
-          int Stages_>
+          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>>
 struct MixedGemmSm80 {
   using Element = Element_;
   using P = Pair<Element>;
@@ -92,6 +92,11 @@ struct MixedGemmSm80 {
   static_assert(BK == 64 || BK == 128, "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks)");
   static_assert(kK16 % WarpsK == 0, "k16 steps must split evenly over the K warps");
   static_assert(Stages >= 2, "a pipeline needs at least two stages");
+  using InstructionShape = InstructionShape_;
+  // The B atom layout hands each lane exactly the fragments of mma.sync.m16n8k16 (k16 steps,
+  // n8 tiles, m16 rows of A per ldmatrix.x4); other shapes would need another layout.
+  static_assert(InstructionShape::kM == 16 && InstructionShape::kN == 8 && InstructionShape::kK == 16,
+                "the B layout is built for mma.sync.m16n8k16");
 
   // Bytes of one atom (16 x 64 elements) and of one chunk that a single ldmatrix.x4 reads.
   static constexpr int kAtomBytes = 16 * 64 * kBits / 8;
@@ -111,7 +116,7 @@ struct MixedGemmSm80 {
   static constexpr int kSmemReduce = (WarpsK - 1) * WarpsM * WarpsN * 32 * kAccumPerThread * 4;
   static constexpr int kSmemBytes = kSmemMainloop > kSmemReduce ? kSmemMainloop : kSmemReduce;
 
-  using MmaOp = cutlass::arch::Mma<cutlass::gemm::GemmShape<16, 8, 16>, 32, Element,
+  using MmaOp = cutlass::arch::Mma<InstructionShape, 32, Element,
                                    cutlass::layout::RowMajor, Element, cutlass::layout::ColumnMajor,
                                    float, cutlass::layout::RowMajor, cutlass::arch::OpMultiplyAdd>;
 
