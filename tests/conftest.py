@@ -6,7 +6,22 @@ from pathlib import Path
 import pytest
 
 
+def _skip_nvcc_tests_without_nvcc(items):
+    nvcc_items = [item for item in items if item.get_closest_marker("nvcc") is not None]
+    if not nvcc_items:
+        return
+    from mixed_gemm.build import BuildError, find_nvcc
+
+    try:
+        find_nvcc()
+    except BuildError:
+        skip = pytest.mark.skip(reason="nvcc not found (CUDA_HOME, CUDA_PATH or PATH)")
+        for item in nvcc_items:
+            item.add_marker(skip)
+
+
 def pytest_collection_modifyitems(config, items):
+    _skip_nvcc_tests_without_nvcc(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return  # don't pay for importing torch when nothing asks for a GPU

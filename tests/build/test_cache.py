@@ -31,15 +31,7 @@ SECOND = TRIVIAL.replace("1.f", "2.f")
 BROKEN = 'extern "C" __global__ void k(float* p) { p[0] = this_is_not_declared; }\n'
 
 
-def _have_nvcc() -> bool:
-    try:
-        find_nvcc()
-    except BuildError:
-        return False
-    return True
-
-
-requires_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found")
+requires_nvcc = pytest.mark.nvcc  # skipped without nvcc (tests/conftest.py)
 
 
 def _entry_files(entry: Path) -> set[str]:
@@ -56,7 +48,9 @@ def _entries(cache_root: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def real_build(tmp_path_factory):
     """(cache dir, fatbin path) of TRIVIAL built once for the module with the real nvcc."""
-    if not _have_nvcc():
+    try:
+        find_nvcc()
+    except BuildError:
         pytest.skip("nvcc not found")
     root = tmp_path_factory.mktemp("real-cache")
     with pytest.MonkeyPatch.context() as mp:

@@ -22,15 +22,7 @@ from mixed_gemm.build import (
 )
 
 
-def _have_nvcc() -> bool:
-    try:
-        find_nvcc()
-    except BuildError:
-        return False
-    return True
-
-
-requires_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found")
+requires_nvcc = pytest.mark.nvcc  # skipped without nvcc (tests/conftest.py)
 
 
 def make_fake_nvcc(root, version="12.4.131"):
