@@ -7,6 +7,11 @@
 // contiguous bytes per load), converts them into B fragments, and parks the values in shared
 // memory; the block then writes 128-byte rows of the output with 16-byte stores, so the writes,
 // 4x the bytes of the reads for int4, are fully coalesced.
+//
+// Float zero points and offsets: the GEMM rounds (q - z) or q s in 16 bits before the final
+// value; here the converters produce the exact q and the formula is evaluated in fp32 in the
+// reference's order with explicit round-to-nearest (no fma contraction), so the result is the
+// reference's float32 value rounded once to the output type.
 #pragma once
 
 #include "mixed_gemm/dequant.cuh"
@@ -25,7 +30,10 @@ template <typename Element, int kBits, int kZeroMode>
 struct DequantKernel {
   using P = Pair<Element>;
   using raw = typename P::raw;
-  using Deq = Dequantizer<Element, kBits, static_cast<ZeroMode>(kZeroMode)>;
+  static constexpr ZeroMode kMode = static_cast<ZeroMode>(kZeroMode);
+  static constexpr bool kFp32Formula = kMode == ZeroMode::kFloat || kMode == ZeroMode::kOffset;
+  // For the fp32 path: the float-zero converter with s = 1, z = 0 returns q itself, exactly.
+  using Deq = Dequantizer<Element, kBits, kFp32Formula ? ZeroMode::kFloat : kMode>;
   static constexpr int kThreads = 256;
   static constexpr int kTileK = 128;                      // 8 atoms of 16
   static constexpr int kAtomBytes = 16 * 64 * kBits / 8;
@@ -50,7 +58,9 @@ struct DequantKernel {
       raw const* z_h = reinterpret_cast<raw const*>(&z8);
       ColumnDequant cd[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) cd[j] = Deq::column(s_h[j], z_h[j]);
+      for (int j = 0; j < 8; ++j) {
+        cd[j] = kFp32Formula ? Deq::column(raw(1.f), raw(0.f)) : Deq::column(s_h[j], z_h[j]);
+      }
 
       uint32_t frag[8][2];
 #pragma unroll
@@ -59,6 +69,24 @@ struct DequantKernel {
 #pragma unroll
         for (int i = 0; i < 4; ++i) w[i] = *reinterpret_cast<uint32_t const*>(atom + c * 512 + 128 * i + 4 * lane);
         Deq::chunk(w, c, cd, frag);
+      }
+      if (kFp32Formula) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float const sf = static_cast<float>(s_h[j]), zf = static_cast<float>(z_h[j]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float2 q = P::to_floats(P::val(frag[j][r]));
+            if (kMode == ZeroMode::kOffset) {
+              q.x = __fadd_rn(__fmul_rn(q.x, sf), zf);  // q s + m
+              q.y = __fadd_rn(__fmul_rn(q.y, sf), zf);
+            } else {
+              q.x = __fmul_rn(__fsub_rn(q.x, zf), sf);  // (q - z) s
+              q.y = __fmul_rn(__fsub_rn(q.y, zf), sf);
+            }
+            frag[j][r] = P::bits(P::from_floats(q.x, q.y));
+          }
+        }
       }
       // Fragment register r of tile j holds (k0 + 8 r, k0 + 8 r + 1) of column 8 j + g.
 #pragma unroll
