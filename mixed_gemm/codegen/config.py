@@ -5,6 +5,7 @@ Name, rendered source, build-cache key and profile key all derive from a config.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Tuple
 
@@ -65,12 +66,13 @@ class KernelConfig:
         ], f"KernelConfig {self.tile}/{self.warps}")
 
     # ---- derived quantities (kept in step with gemm_sm80.cuh; the rendered source asserts them) ----
-    @property
+    # Cached per instance (the config is frozen): matmul reads them on every call.
+    @functools.cached_property
     def threads(self) -> int:
         wm, wn, wk = self.warps
         return 32 * wm * wn * wk
 
-    @property
+    @functools.cached_property
     def smem_bytes(self) -> int:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
@@ -80,12 +82,12 @@ class KernelConfig:
         reduce = (wk - 1) * wm * wn * 32 * acc_per_thread * 4
         return max(self.stages * stage, reduce)
 
-    @property
+    @functools.cached_property
     def kernel(self) -> "KernelConfig":
         """The compiled identity: this config with the launch-time fields at their defaults."""
         return dataclasses.replace(self, split_k_mode="none", split_k=1, swizzle=1)
 
-    @property
+    @functools.cached_property
     def kernel_name(self) -> str:
         """The kernel's symbol and cache name (compiled fields only)."""
         bm, bn, bk = self.tile
@@ -95,7 +97,7 @@ class KernelConfig:
             f"_t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}"
         )
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """Every field: the profile key."""
         name = self.kernel_name
