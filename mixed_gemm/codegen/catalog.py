@@ -15,8 +15,11 @@ from .render import render
 # (tile, warps, stages), small M to large M; the heuristics pick among these (a test checks).
 SHAPES = (
     ((16, 64, 128), (1, 1, 4), 4),     # decode: one m16 row tile, K split over 4 warps
+    ((16, 64, 128), (1, 1, 4), 6),     # decode, deeper pipeline: more bytes in flight per block
     ((16, 128, 128), (1, 2, 2), 4),
+    ((32, 64, 128), (1, 1, 4), 4),
     ((32, 128, 128), (1, 2, 2), 4),
+    ((64, 64, 128), (2, 1, 2), 4),     # small batches: twice the blocks of 64x128
     ((64, 128, 64), (2, 2, 1), 4),
     ((64, 256, 64), (1, 4, 1), 3),
     ((128, 128, 64), (2, 2, 1), 4),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass
 from typing import Tuple
 
@@ -13,7 +14,11 @@ from typing import Tuple
 DTYPES = {"f16": ("cutlass::half_t", "float16"), "bf16": ("cutlass::bfloat16_t", "bfloat16")}
 # zero mode -> template id (ZeroMode in dequant.cuh)
 ZERO_MODES = {"sym": 0, "int": 1, "float": 2, "offset": 3}
-SPLIT_K_MODES = {"none": 0, "serial": 1, "parallel": 2}
+SPLIT_K_MODES = {"none": 0, "serial": 1, "parallel": 2, "fused": 3}
+# "mixed": the fused mixed-input GEMM kernel; "dequant_mm": the dequantize kernel into a dense
+# weight, then torch.mm (cuBLAS), for large M where cuBLAS's Hopper kernels outrun mma.sync.
+METHODS = ("mixed", "dequant_mm")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
 SWIZZLES = (1, 2, 4, 8)
 
 
@@ -30,8 +35,14 @@ class KernelConfig:
     Compiled into the kernel: ``dtype`` (activations and output), ``bits``, ``zero_mode`` (see
     dequant.cuh), ``tile`` = threadblock (BM, BN, BK), ``warps`` = warp grid (M, N, K) inside it
     (K warps are summed through shared memory), ``stages`` (cp.async pipeline depth).
-    Chosen at launch: ``split_k_mode`` / ``split_k`` (K slices, blockIdx.z) and ``swizzle``
-    (tile-group size of CUTLASS's identity threadblock swizzle).
+    Chosen at launch: ``split_k_mode`` / ``split_k`` (K slices, blockIdx.z; "serial" takes turns
+    on a semaphore, "parallel" adds a reduce kernel, "fused" lets the last slice of each tile sum
+    the others) and ``swizzle`` (tile-group size of CUTLASS's identity threadblock swizzle).
+    ``method="dequant_mm"`` instead dequantizes the weight and calls torch.mm; the tile fields
+    then keep their defaults and mean nothing.
+
+    ``schedule`` is the name without the weight kind (``t16x64x128_w1x1x4_s4_kfused4``, or
+    ``dequant_mm``): what profiles store and ``MIXED_GEMM_SCHEDULE`` overrides.
     """
 
     dtype: str = "f16"
@@ -44,6 +55,7 @@ class KernelConfig:
     split_k: int = 1
     swizzle: int = 1
     instruction: Tuple[int, int, int] = (16, 8, 16)
+    method: str = "mixed"
 
     def __post_init__(self) -> None:
         bm, bn, bk = self.tile
@@ -63,7 +75,15 @@ class KernelConfig:
             (1 <= self.split_k <= 64, "split_k must be in [1, 64]"),
             (self.split_k == 1 or self.split_k_mode != "none", "split_k > 1 needs split_k_mode serial or parallel"),
             (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
+            (self.method in METHODS, f"method must be one of {METHODS}"),
+            (self.method == "mixed" or self.schedule_fields_default(),
+             "method dequant_mm takes no tile, warps, stages, split-K or swizzle"),
         ], f"KernelConfig {self.tile}/{self.warps}")
+
+    def schedule_fields_default(self) -> bool:
+        base = KernelConfig.__dataclass_fields__
+        return all(getattr(self, f) == base[f].default for f in
+                   ("tile", "warps", "stages", "split_k_mode", "split_k", "swizzle"))
 
     # ---- derived quantities (kept in step with gemm_sm80.cuh; the rendered source asserts them) ----
     # Cached per instance (the config is frozen): matmul reads them on every call.
@@ -83,29 +103,56 @@ class KernelConfig:
         return max(self.stages * stage, reduce)
 
     @functools.cached_property
-    def kernel(self) -> "KernelConfig":
-        """The compiled identity: this config with the launch-time fields at their defaults."""
+    def kernel(self):
+        """The compiled identity: this config with the launch-time fields at their defaults
+        (for ``dequant_mm``, the :class:`DequantConfig` of the weight kind)."""
+        if self.method == "dequant_mm":
+            return DequantConfig(dtype=self.dtype, bits=self.bits, zero_mode=self.zero_mode)
         return dataclasses.replace(self, split_k_mode="none", split_k=1, swizzle=1)
 
     @functools.cached_property
     def kernel_name(self) -> str:
         """The kernel's symbol and cache name (compiled fields only)."""
+        if self.method == "dequant_mm":
+            return self.kernel.kernel_name
+        return f"mg_sm80_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self._tile_schedule}"
+
+    @functools.cached_property
+    def _tile_schedule(self) -> str:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
-        return (
-            f"mg_sm80_{self.dtype}_u{self.bits}_z{self.zero_mode}"
-            f"_t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}"
-        )
+        return f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}"
+
+    @functools.cached_property
+    def schedule(self) -> str:
+        """Everything but the weight kind (dtype, bits, zero mode): what a profile entry stores."""
+        if self.method == "dequant_mm":
+            return "dequant_mm"
+        sched = self._tile_schedule
+        if self.split_k_mode != "none":
+            sched += f"_k{self.split_k_mode}{self.split_k}"
+        if self.swizzle != 1:
+            sched += f"_sw{self.swizzle}"
+        return sched
 
     @functools.cached_property
     def name(self) -> str:
-        """Every field: the profile key."""
-        name = self.kernel_name
-        if self.split_k_mode != "none":
-            name += f"_k{self.split_k_mode}{self.split_k}"
-        if self.swizzle != 1:
-            name += f"_sw{self.swizzle}"
-        return name
+        """Every field: weight kind and schedule."""
+        return f"mg_sm80_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self.schedule}"
+
+    @classmethod
+    def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "KernelConfig":
+        """The config of ``schedule`` (see :attr:`schedule`) for one weight kind."""
+        if schedule == "dequant_mm":
+            return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, method="dequant_mm")
+        m = _SCHEDULE.match(schedule)
+        if m is None:
+            raise ValueError(f"schedule: {schedule!r} is not 'dequant_mm' nor of the form "
+                             "t<BM>x<BN>x<BK>_w<M>x<N>x<K>_s<stages>[_k<serial|parallel|fused><splits>][_sw<1|2|4|8>]")
+        v = m.groups()
+        return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tuple(map(int, v[0:3])),
+                   warps=tuple(map(int, v[3:6])), stages=int(v[6]), split_k_mode=v[7] or "none",
+                   split_k=int(v[8] or 1), swizzle=int(v[9] or 1))
 
     def grid(self, m: int, n_pad: int) -> Tuple[int, int, int]:
         """Launch grid of CUTLASS's GemmIdentityThreadblockSwizzle: (tiles_m * t, ceil(tiles_n / t), splits)."""

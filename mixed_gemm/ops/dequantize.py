@@ -29,18 +29,24 @@ def dequantize(w: PackedWeight, *, out: Optional[torch.Tensor] = None) -> torch.
             raise ValueError(f"out: expected a contiguous {w.dtype} tensor of shape {shape} on {w.device} "
                              "(and a weight without act-order)")
         y = out
-    cfg = DequantConfig(dtype=w.kernel_dtype, bits=w.bits, zero_mode=w.zero_mode)
-    dev = w.device.index
-    with torch.cuda.device(dev):
-        fn = get_module(cfg, dev).function(cfg.kernel_name, DequantArgs, cfg.threads)
-        with fn.lock:
-            a = fn.args
-            a.b, a.scales = w.b.data_ptr(), w.scales.data_ptr()
-            a.zeros = 0 if w.zeros is None else w.zeros.data_ptr()
-            a.out = y.data_ptr()
-            a.n, a.k, a.n_pad, a.k16, a.ldo = w.n, w.k, w.n_pad, w.k16, w.k
-            a.group_shift, a.num_groups = w.group_shift, w.num_groups
-            fn.launch(cfg.grid(w.n_pad, w.k16), current_stream(dev))
+    with torch.cuda.device(w.device.index):
+        launch_dequantize(w, y)
     if w.perm is not None:
         y = torch.empty_like(y).index_copy_(1, w.perm, y)  # column j of y is original column perm[j]
     return y
+
+
+def launch_dequantize(w: PackedWeight, y: torch.Tensor) -> None:
+    """Write ``w``'s dense weight, in its stored (act-order: permuted) K order, into the contiguous
+    ``(N, K)`` tensor ``y`` on the current stream. No checks: callers validate."""
+    cfg = DequantConfig(dtype=w.kernel_dtype, bits=w.bits, zero_mode=w.zero_mode)
+    dev = w.device.index
+    fn = get_module(cfg, dev).function(cfg.kernel_name, DequantArgs, cfg.threads)
+    with fn.lock:
+        a = fn.args
+        a.b, a.scales = w.b.data_ptr(), w.scales.data_ptr()
+        a.zeros = 0 if w.zeros is None else w.zeros.data_ptr()
+        a.out = y.data_ptr()
+        a.n, a.k, a.n_pad, a.k16, a.ldo = w.n, w.k, w.n_pad, w.k16, w.k
+        a.group_shift, a.num_groups = w.group_shift, w.num_groups
+        fn.launch(cfg.grid(w.n_pad, w.k16), current_stream(dev))

@@ -7,8 +7,10 @@ import torch
 
 from ..codegen import KernelConfig
 from ..codegen.abi import GemmArgs, ReduceArgs
+from ..codegen.config import SPLIT_K_MODES
 from ..runtime import current_stream, get_module, semaphores, workspace
-from ..select import heuristic_config, m_bucket
+from ..select import choose_config, m_bucket
+from .dequantize import launch_dequantize
 from .packed import PackedWeight, prepack
 
 _MAX_GRID_Y = 65535
@@ -71,7 +73,9 @@ def matmul(
     fp32 accumulation. ``bias``: ``(N,)`` in that dtype. ``out``: optional contiguous result
     tensor (no allocation). Rules on ``N``/``K``/``group_size`` are those of :func:`prepack`.
     ``config`` forces a kernel configuration (sweeps, debugging); its dtype, bits and zero mode
-    must match the weight. Every rule is checked before anything is launched.
+    must match the weight. Otherwise the configuration comes from the GPU's profile, else the
+    heuristics (:func:`mixed_gemm.select.choose_config`), once per weight and power-of-two M
+    bucket. Every rule is checked before anything is launched.
     """
     if not isinstance(w, PackedWeight):
         if not isinstance(w, torch.Tensor):
@@ -103,8 +107,9 @@ def matmul(
         bucket = m_bucket(m)
         config = w._configs.get(bucket)
         if config is None:
-            config = w._configs[bucket] = heuristic_config(bucket, n=n, k=k, bits=w.bits, zero_mode=w.zero_mode,
-                                                           dtype=w.kernel_dtype, device_index=x.device.index)
+            config = w._configs[bucket] = choose_config(bucket, n=n, k=k, bits=w.bits, zero_mode=w.zero_mode,
+                                                        dtype=w.kernel_dtype, group_size=w.group_size,
+                                                        device_index=x.device.index)
     elif (config.dtype, config.bits, config.zero_mode) != (w.kernel_dtype, w.bits, w.zero_mode):
         _fail(ValueError, f"config: {config.name} is for {config.dtype}/{config.bits}-bit/{config.zero_mode} "
                           f"weights, this weight is {w.kernel_dtype}/{w.bits}-bit/{w.zero_mode}")
@@ -124,13 +129,23 @@ def matmul(
 
 
 def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_index: int, grid) -> None:
+    if config.method == "dequant_mm":
+        # Large M: one dense weight (in the stored K order, which x already follows), then cuBLAS.
+        dense = torch.empty((w.n, w.k), dtype=w.dtype, device=y.device)
+        launch_dequantize(w, dense)
+        x2, y2 = x.reshape(m, w.k), y.view(m, w.n)
+        if bias is None:
+            torch.mm(x2, dense.t(), out=y2)
+        else:
+            torch.addmm(bias, x2, dense.t(), out=y2)
+        return
     module = get_module(config, device_index)
     gemm = module.function(config.kernel_name, GemmArgs, config.threads, config.smem_bytes)
     stream = current_stream(device_index)
     mode = config.split_k_mode if config.split_k > 1 else "none"
     ws = sem = 0
-    if mode == "serial":
-        ws = workspace(device_index, stream, m * w.n).data_ptr()
+    if mode == "serial" or mode == "fused":
+        ws = workspace(device_index, stream, m * w.n * (config.split_k if mode == "fused" else 1)).data_ptr()
         sem = semaphores(device_index, stream, grid[0] * grid[1]).data_ptr()
     elif mode == "parallel":
         ws = workspace(device_index, stream, config.split_k * m * w.n).data_ptr()
@@ -148,7 +163,7 @@ def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_in
         a.n_pad, a.k16 = w.n_pad, w.k16
         a.lda, a.ldc = w.k, w.n
         a.group_shift, a.num_groups = w.group_shift, w.num_groups
-        a.split_mode = 2 if mode == "parallel" else (1 if mode == "serial" else 0)
+        a.split_mode = SPLIT_K_MODES[mode]
         a.log_tile = config.swizzle.bit_length() - 1
         gemm.launch(grid, stream)
     if mode == "parallel":

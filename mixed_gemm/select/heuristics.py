@@ -2,10 +2,12 @@
 
 Small M is memory-bound: stream B once with as many bytes in flight as possible, so thin tiles
 with K split over warps, and split-K across blocks until the grid covers the GPU
-``SPLIT_K_TARGET_WAVES`` times. Parallel split-K: measured on the H100 (bench/NOTES.md, v2) it beat
-no split by 15-50% on every decode shape with N <= 10240, while serial split-K lost time to its
-slice-by-slice epilogue beyond 2 slices. Large M is math-bound: square tiles amortize the dequantization
-over 64 rows per warp.
+``SPLIT_K_TARGET_WAVES`` times. The split-K mode is "fused" (the last slice of a tile sums the
+others): on the H100 parallel split-K beat no split by 15-50% on every decode shape with
+N <= 10240 (bench/NOTES.md, v2), and the fused variant drops its second launch. Serial split-K lost
+to its slice-by-slice epilogue beyond 2 slices. Mid M is math-bound on mma.sync: square tiles
+amortize the dequantization over 64 rows per warp. Large M: dequantize the weight once (at ~96% of
+copy bandwidth) and let cuBLAS's Hopper kernels do the math.
 """
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ from typing import Tuple
 
 from ..codegen import KernelConfig
 
-# (max M, tile (BM, BN, BK), warps (M, N, K), stages); the last row covers every larger M.
-HEURISTICS: Tuple[Tuple[int, Tuple[int, int, int], Tuple[int, int, int], int], ...] = (
-    (16, (16, 64, 128), (1, 1, 4), 4),
-    (64, (64, 128, 64), (2, 2, 1), 4),
-    (1 << 62, (128, 128, 64), (2, 2, 1), 4),
+# (max M, schedule); the last row covers every larger M. Schedules name catalog kernels
+# (tests/select/test_heuristics.py checks) or "dequant_mm".
+HEURISTICS: Tuple[Tuple[int, str], ...] = (
+    (16, "t16x64x128_w1x1x4_s4"),
+    (64, "t64x128x64_w2x2x1_s4"),
+    (512, "t128x128x64_w2x2x1_s4"),
+    (1 << 62, "dequant_mm"),
 )
-SPLIT_K_MODE = "parallel"
+SPLIT_K_MODE = "fused"
 SPLIT_K_BELOW_WAVES = 2       # split only grids smaller than this many blocks per SM
 SPLIT_K_TARGET_WAVES = 4      # blocks per SM to aim for when splitting K
 SPLIT_K_MIN_TILES = 4         # k-tiles each slice keeps at least
@@ -29,7 +33,7 @@ DEFAULT_SMS = 132             # H100 SXM, when no GPU is visible (tests)
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
+def sm_count(device_index: int) -> int:
     try:
         import torch
 
@@ -55,11 +59,15 @@ def split_k_for(blocks: int, k_tiles: int, sms: int) -> int:
 
 def heuristic_config(m: int, *, n: int, k: int, bits: int, zero_mode: str, dtype: str = "f16",
                      device_index: int = 0) -> KernelConfig:
-    for max_m, tile, warps, stages in HEURISTICS:
+    for max_m, schedule in HEURISTICS:
         if m <= max_m:
             break
-    bm, bn, bk = tile
+    config = KernelConfig.from_schedule(schedule, dtype=dtype, bits=bits, zero_mode=zero_mode)
+    if config.method != "mixed":
+        return config
+    bm, bn, bk = config.tile
     blocks = -(-m // bm) * -(-n // bn)
-    splits = split_k_for(blocks, -(-k // bk), _sm_count(device_index))
-    return KernelConfig(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tile, warps=warps, stages=stages,
-                        split_k_mode=SPLIT_K_MODE if splits > 1 else "none", split_k=splits)
+    splits = split_k_for(blocks, -(-k // bk), sm_count(device_index))
+    if splits > 1:
+        config = config.replace(split_k_mode=SPLIT_K_MODE, split_k=splits)
+    return config

@@ -6,7 +6,10 @@
 // workspace, slices taking turns behind a per-tile semaphore (deterministic order; the last slice
 // writes C and resets the semaphore to 0, so the workspace stays ready for the next call and for
 // graph replays); "parallel" writes each slice's fp32 partial to its own workspace plane and a
-// second kernel (reduce.cuh) sums them. Tiles map to blocks through CUTLASS's
+// second kernel (reduce.cuh) sums them; "fused" writes the planes too, but the last slice of a tile
+// to finish (a per-tile arrival counter) sums them in slice order and writes C: one launch, no
+// waiting, deterministic (the order of the sum does not depend on which slice arrives last), and
+// the counter is reset by that slice. Tiles map to blocks through CUTLASS's
 // GemmIdentityThreadblockSwizzle with a run-time log2 tile-group size.
 //
 // Structure: a multistage cp.async pipeline (Stages deep) carries four operands per k-tile:
@@ -51,15 +54,15 @@ struct GemmArgs {
   void const* zeros;    // same shape as scales, or nullptr for symmetric weights
   void const* bias;     // (N,) fp16 or nullptr
   void* c;              // (M, N) fp16/bf16, row stride ldc elements
-  float* workspace;     // split-K partials: (M, N) serial, (splits, M, N) parallel
-  int* semaphores;      // serial split-K: one per output tile, zero between calls
+  float* workspace;     // split-K partials: (M, N) serial, (splits, M, N) parallel and fused
+  int* semaphores;      // serial / fused split-K: one per output tile, zero between calls
   int m, n, k;          // logical sizes
   int n_pad;            // N rounded up to 64: columns present in B, scales and zeros
   int k16;              // K rounded up to 16, divided by 16: atoms per 64-column strip
   int lda, ldc;
   int group_shift;      // log2(group_size); 30 for one group per column
   int num_groups;       // rows of scales/zeros
-  int split_mode;       // 0 none, 1 serial, 2 parallel
+  int split_mode;       // 0 none, 1 serial, 2 parallel, 3 fused
   int log_tile;         // threadblock swizzle: log2 of the tile-group size
 };
 
@@ -254,6 +257,28 @@ struct MixedGemmSm80 {
     }
   }
 
+  // One slice's fp32 partial tile into its workspace plane (row-major M x N, accumulator layout).
+  static __device__ __forceinline__ void store_plane(GemmArgs const& p, Tile const& t, int warp_m, int warp_n,
+                                                     int lane, float* plane, float const (&acc)[kMmaM][kTilesN][4]) {
+    int const g = lane >> 2, tq = lane & 3;
+    CUTLASS_PRAGMA_UNROLL
+    for (int ni = 0; ni < kTilesN; ++ni) {
+      int const col = t.n0 + warp_n * WN + ni * 8 + 2 * tq;
+      if (col >= p.n) continue;
+      CUTLASS_PRAGMA_UNROLL
+      for (int mi = 0; mi < kMmaM; ++mi) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          int const row = t.m0 + warp_m * WM + mi * 16 + g + 8 * h;
+          if (row >= p.m) continue;
+          // .cg: the partial is read once, by another SM, from L2.
+          __stcg(reinterpret_cast<float2*>(plane + (size_t)row * p.n + col),
+                 make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+        }
+      }
+    }
+  }
+
   static __device__ __forceinline__ int ld_acquire(int const* ptr) {
     int v;
     asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
@@ -365,11 +390,30 @@ struct MixedGemmSm80 {
       __syncthreads();
     }
 
+    // Fused split-K: publish this slice's plane, then count arrivals; the last slice sums.
+    bool const fused = p.split_mode == 3 && splits > 1;
+    bool fused_last = false;
+    if (fused) {
+      if (writer) store_plane(p, t, warp_m, warp_n, lane, p.workspace + (size_t)slice * p.m * p.n, acc);
+      __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
+      __syncthreads();
+      __shared__ int arrived;
+      if (tid == 0) {
+        arrived = atomicAdd(sem, 1);
+        if (arrived == splits - 1) st_release(sem, 0);  // every slice has counted: reset for the next call
+      }
+      __syncthreads();
+      if (arrived != splits - 1) return;
+      __threadfence();  // acquire side: the other slices' planes, read below, are not stale
+      fused_last = true;
+    }
+
     // Epilogue: mma accumulator layout, c0 c1 at (row g, cols 2 tq, 2 tq + 1), c2 c3 at row g + 8.
     if (writer) {
       bool const to_workspace = (p.split_mode == 2 && splits > 1) || (serial && slice + 1 < splits);
       bool const add_workspace = serial && slice > 0;
       float* ws = p.workspace + (p.split_mode == 2 ? (size_t)slice * p.m * p.n : 0);
+      size_t const plane = (size_t)p.m * p.n;
       raw const* bias = static_cast<raw const*>(p.bias);
       raw* c = static_cast<raw*>(p.c);
       int const g = lane >> 2, tq = lane & 3;
@@ -387,6 +431,15 @@ struct MixedGemmSm80 {
             if (row >= p.m) continue;
             float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             size_t const wi = (size_t)row * p.n + col;
+            if (fused_last) {  // slice order, own partial from registers: the same sum whoever is last
+              float2 own = v;
+              v = make_float2(0.f, 0.f);
+              for (int s = 0; s < splits; ++s) {
+                float2 part = s == slice ? own : __ldcg(reinterpret_cast<float2 const*>(p.workspace + s * plane + wi));
+                v.x += part.x;
+                v.y += part.y;
+              }
+            }
             if (add_workspace) {
               float2 prev = *reinterpret_cast<float2 const*>(ws + wi);
               v.x += prev.x;

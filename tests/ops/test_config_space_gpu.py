@@ -16,8 +16,8 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 TOL = {"f16": 2e-3, "bf16": 1e-2}
 ZERO_KINDS = ("sym", "int", "float", "offset")
 GROUPS = (32, 64, 128, -1)
-LAUNCH = [("none", 1, 1), ("serial", 3, 2), ("parallel", 2, 4), ("serial", 5, 8), ("none", 1, 8),
-          ("parallel", 4, 1)]
+LAUNCH = [("none", 1, 1), ("serial", 3, 2), ("parallel", 2, 4), ("fused", 5, 8), ("none", 1, 8),
+          ("parallel", 4, 1), ("fused", 3, 1), ("serial", 5, 4), ("fused", 8, 2)]
 
 
 def make_case(bits, zero, group_size, n, k, device="cuda", seed=0):
@@ -77,7 +77,7 @@ def test_sweep(tile, warps, stages, dtype, bits, zero, group, m, n, k, split_mod
     assert rel_err(out, ref) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("mode", ["serial", "parallel"])
+@pytest.mark.parametrize("mode", ["serial", "parallel", "fused"])
 def test_split_k_is_deterministic(mode):
     q, s, z, fmt, zm = make_case(4, "int", 128, 4096, 8192, seed=3)
     w = mg.prepack(*(t.cuda() for t in mg.pack(q.cpu(), s.half(), z.half(), format=fmt, bits=4, group_size=128)),
@@ -140,3 +140,82 @@ def test_heuristic_split_k_decode():
     assert w._configs[1].split_k > 1  # 64 column blocks on 132 SMs: the heuristic splits K
     ref = mg.reference.matmul(x, q, s.half().cuda(), z.half().cuda(), group_size=128, bits=4)
     assert rel_err(y, ref) <= 2e-3
+
+
+def _weight_4096(seed=5, k=4096):
+    q, s, z, fmt, zm = make_case(4, "int", 128, 4096, k, seed=seed)
+    w = mg.prepack(*(t.cuda() for t in mg.pack(q.cpu(), s.half(), z.half(), format=fmt, bits=4, group_size=128)),
+                   format=fmt, bits=4, group_size=128)
+    return q, s.half().cuda(), z.half().cuda(), w
+
+
+def test_fused_split_k_in_cuda_graph():
+    """The arrival counters reset themselves: replays (and eager calls in between) stay exact."""
+    q, s, z, w = _weight_4096(seed=11)
+    cfg = mg.KernelConfig(tile=(16, 64, 128), warps=(1, 1, 4), split_k_mode="fused", split_k=4)
+    x = torch.randn(3, 4096, device="cuda").half()
+    out = torch.full((3, 4096), float("nan"), device="cuda", dtype=torch.float16)
+    eager = mg.matmul(x, w, config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    mg.matmul(x, w, config=cfg, out=out)  # warm up outside capture
+    with torch.cuda.graph(graph):
+        mg.matmul(x, w, config=cfg, out=out)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(mg.matmul(x, w, config=cfg), eager)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    assert rel_err(eager, mg.reference.matmul(x, q.cuda(), s, z, group_size=128, bits=4)) <= 2e-3
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_dequant_mm_method(dtype):
+    """Large-M strategy: dense weight then cuBLAS, with bias, out= and act-order."""
+    n, k, g = 384, 512, 128
+    gen = torch.Generator().manual_seed(21)
+    tdtype = DTYPES[dtype]
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    s = ((torch.rand(n, k // g, generator=gen) + 0.5) * 0.01).to(tdtype)
+    z = torch.randint(0, 16, (n, k // g), generator=gen).to(tdtype)
+    g_idx = (torch.arange(k) // g)[torch.randperm(k, generator=gen)].int()
+    packed = mg.pack(q, s, z, format="gptq", bits=4, group_size=g, g_idx=g_idx)
+    w = mg.prepack(*(t.cuda() for t in packed), format="gptq", bits=4, group_size=g, g_idx=g_idx.cuda(), dtype=tdtype)
+    cfg = mg.KernelConfig.from_schedule("dequant_mm", dtype=dtype, bits=4, zero_mode="int")
+    x = torch.randn(2, 70, k, device="cuda").to(tdtype)
+    bias = torch.randn(n, device="cuda").to(tdtype)
+    out = torch.full((2, 70, n), float("nan"), device="cuda", dtype=tdtype)
+    mg.matmul(x, w, bias=bias, config=cfg, out=out)
+    ref = mg.reference.matmul(x, q.cuda(), s.cuda(), z.cuda(), group_size=g, bits=4, g_idx=g_idx.cuda(), bias=bias)
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+def test_profile_drives_selection(tmp_path, monkeypatch):
+    """A profile entry for this GPU and shape wins over the heuristics; nearest M bucket."""
+    from mixed_gemm.select import PROFILE_ENV, Profile, profiles
+
+    q, s, z, w = _weight_4096(seed=13)
+    entry = dict(dtype="f16", bits=4, zero_mode="int", group_size=128, n=4096, k=4096, schedule="t32x64x128_w1x1x4_s4_kserial2")
+    prof = Profile({"name": torch.cuda.get_device_name()}, {}, [dict(entry, m=16), dict(entry, m=1024, schedule="dequant_mm")])
+    prof.save(tmp_path / "p.json")
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "p.json"))
+    profiles.clear_cache()
+    try:
+        for m, schedule in [(5, "t32x64x128_w1x1x4_s4_kserial2"), (600, "dequant_mm")]:
+            x = torch.randn(m, 4096, device="cuda").half()
+            y = mg.matmul(x, w)
+            assert w._configs[mg.select.m_bucket(m)].schedule == schedule
+            assert rel_err(y, mg.reference.matmul(x, q.cuda(), s, z, group_size=128, bits=4)) <= 2e-3
+    finally:
+        profiles.clear_cache()
+
+
+def test_schedule_env_override(monkeypatch):
+    from mixed_gemm.select import SCHEDULE_ENV
+
+    q, s, z, w = _weight_4096(seed=17)
+    monkeypatch.setenv(SCHEDULE_ENV, "t64x64x128_w2x1x2_s4_kfused2_sw2")
+    x = torch.randn(40, 4096, device="cuda").half()
+    y = mg.matmul(x, w)
+    assert w._configs[64].name == "mg_sm80_f16_u4_zint_t64x64x128_w2x1x2_s4_kfused2_sw2"
+    assert rel_err(y, mg.reference.matmul(x, q.cuda(), s, z, group_size=128, bits=4)) <= 2e-3

@@ -1,0 +1,143 @@
+"""Tuning profiles: the best schedule per problem, measured by ``mixed-gemm profile`` on one GPU.
+
+A profile is a JSON file named for the GPU (``profiles/h100.json``)::
+
+    {"format": 1,
+     "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sms": 132},
+     "versions": {"driver": ..., "nvcc": ..., "cutlass": ..., "mixed_gemm": ..., "torch": ...},
+     "entries": [{"dtype": "f16", "bits": 4, "zero_mode": "int", "group_size": 128,
+                  "n": 4096, "k": 4096, "m": 16, "schedule": "t16x64x128_w1x1x4_s4_kfused4",
+                  "us": 7.9}, ...]}
+
+The key of an entry is the weight kind (dtype, bits, zero mode, group size) and the shape (N, K);
+``m`` is an M bucket. Lookups take the nearest measured bucket in log2(M) (ties: the larger).
+
+Which file: ``$MIXED_GEMM_PROFILE`` if set, else ``<cache dir>/profiles/<gpu>.json`` (where
+``mixed-gemm profile`` writes by default), else the one shipped in the package.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .._paths import cache_dir, profiles_dir
+
+PROFILE_ENV = "MIXED_GEMM_PROFILE"
+FORMAT = 1
+Key = Tuple[str, int, str, int, int, int]  # dtype, bits, zero_mode, group_size, n, k
+
+
+def gpu_slug(name: str) -> str:
+    """File stem for a GPU name: its model token ("NVIDIA H100 80GB HBM3" -> "h100")."""
+    words = re.sub(r"[^a-z0-9]+", " ", name.lower().replace("nvidia", "")).split()
+    for w in words:
+        if re.fullmatch(r"[a-z]+\d+[a-z]*", w):
+            return w
+    return "_".join(words) or "unknown"
+
+
+def entry_key(e: dict) -> Key:
+    return (e["dtype"], int(e["bits"]), e["zero_mode"], int(e["group_size"]), int(e["n"]), int(e["k"]))
+
+
+class Profile:
+    """Entries of one GPU's profile, indexed for lookup."""
+
+    def __init__(self, gpu: Optional[dict] = None, versions: Optional[dict] = None,
+                 entries: Iterable[dict] = (), path: Optional[Path] = None):
+        self.gpu = dict(gpu or {})
+        self.versions = dict(versions or {})
+        self.path = path
+        self._entries: Dict[Tuple[Key, int], dict] = {}
+        self._index: Dict[Key, List[Tuple[int, str]]] = {}
+        for e in entries:
+            self.add(e)
+
+    def add(self, entry: dict) -> None:
+        """Insert or replace the entry of (key, m)."""
+        key, m = entry_key(entry), int(entry["m"])
+        self._entries[(key, m)] = dict(entry)
+        self._index[key] = sorted((mm, e["schedule"]) for (k, mm), e in self._entries.items() if k == key)
+
+    def merge(self, other: "Profile") -> None:
+        """Take ``other``'s entries, replacing those of the same key and M bucket."""
+        for e in other.entries:
+            self.add(e)
+
+    @property
+    def entries(self) -> List[dict]:
+        return [self._entries[k] for k in sorted(self._entries)]
+
+    def has(self, key: Key, m: int) -> bool:
+        return (key, m) in self._entries
+
+    def lookup(self, key: Key, m: int) -> Optional[str]:
+        """The schedule of the nearest measured M bucket for ``key``, or None."""
+        rows = self._index.get(key)
+        if not rows:
+            return None
+        lm = math.log2(max(m, 1))
+        return min(rows, key=lambda r: (abs(math.log2(r[0]) - lm), -r[0]))[1]
+
+    # ---- files ----
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "gpu": self.gpu, "versions": self.versions, "entries": self.entries}
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        os.replace(tmp, path)
+        self.path = path
+
+    @classmethod
+    def load(cls, path: Path) -> "Profile":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"profile {path}: cannot read it as JSON ({exc})") from exc
+        if data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
+            raise ValueError(f"profile {path}: expected format {FORMAT} with an 'entries' list")
+        return cls(data.get("gpu"), data.get("versions"), data["entries"], path)
+
+
+def default_profile_path(gpu_name: str) -> Path:
+    """Where ``mixed-gemm profile`` writes by default and selection looks first."""
+    return cache_dir() / "profiles" / f"{gpu_slug(gpu_name)}.json"
+
+
+def find_profile(gpu_name: str) -> Optional[Path]:
+    env = os.environ.get(PROFILE_ENV)
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{PROFILE_ENV}={env}: no such profile file")
+        return path
+    for path in (default_profile_path(gpu_name), profiles_dir() / f"{gpu_slug(gpu_name)}.json"):
+        if path.is_file():
+            return path
+    return None
+
+
+_LOADED: Dict[int, Optional[Profile]] = {}
+
+
+def device_profile(device_index: int) -> Optional[Profile]:
+    """The profile for the GPU ``device_index`` (loaded once per process), or None."""
+    if device_index not in _LOADED:
+        import torch
+
+        path = find_profile(torch.cuda.get_device_name(device_index))
+        _LOADED[device_index] = Profile.load(path) if path is not None else None
+    return _LOADED[device_index]
+
+
+def clear_cache() -> None:
+    """Forget loaded profiles (after writing a new one in the same process)."""
+    _LOADED.clear()
