@@ -19,6 +19,15 @@ for step in $steps; do
     bench-dequant) python3 bench/bench_matmul.py --mode dequant --out "$OUT/bench-dequant.md" 2>&1 | tail -10 ;;
     bench-splitk) python3 bench/bench_matmul.py --mode splitk --ms 1,16 --out "$OUT/bench-splitk.md" 2>&1 | tail -20 ;;
     build) python3 -m mixed_gemm.cli build --quiet 2>&1 | tail -3 ;;
+    quick-gpu) python3 -m pytest -q -x -m gpu tests/ops/test_config_space_gpu.py tests/profiler tests/select 2>&1 \
+                 | tee "$OUT/pytest-quick.log" | tail -15 ;;
+    profile)  # resumable: a partial sweep left in $OUT by a cut-off run is carried back as profiles/
+      [ -f profiles/h100.partial.jsonl ] && cp profiles/h100.partial.jsonl "$OUT/"
+      timeout ${PROFILE_TIMEOUT:-420} python3 -m mixed_gemm.cli profile --model llama3-8b,llama3-70b --out "$OUT/h100.json" \
+        --no-merge --quiet 2>&1 | tail -5
+      echo "profile exit: $?" ;;
+    bench-cli) python3 -m mixed_gemm.cli bench --compare --plot "$OUT/bench.png" --out "$OUT/bench.md" \
+                 --json "$OUT/bench.json" 2>&1 | tail -30 ;;
     sanitize)
       for tool in memcheck racecheck; do
         echo "== compute-sanitizer --tool $tool"

@@ -14,12 +14,19 @@ import sys
 from typing import Callable, Sequence
 
 from . import __version__
+from ._versions import cutlass as _cutlass
+from ._versions import driver as _driver_version
+from ._versions import nvcc as _nvcc
+from ._versions import torch_cuda as _torch_cuda
+from ._versions import torch_version as _torch_version
 from .build.errors import BuildError
 
 _COMMANDS: dict[str, str] = {
     "info": f"{__name__}:add_info_parser",
     "build": "mixed_gemm.cli_catalog:add_build_parser",
     "generate": "mixed_gemm.cli_catalog:add_generate_parser",
+    "profile": "mixed_gemm.profiler.cli:add_profile_parser",
+    "bench": "mixed_gemm.benchmark.cli:add_bench_parser",
 }
 
 
@@ -30,46 +37,6 @@ def _probe(fn: Callable[[], str]) -> str:
         return fn()
     except Exception as exc:  # noqa: BLE001
         return f"unavailable ({type(exc).__name__}: {exc})"
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
-
-
-def _torch_cuda() -> str:
-    import torch
-
-    return torch.version.cuda or "none (CPU build)"
-
-
-def _driver_version() -> str:
-    try:
-        from cuda.bindings import driver
-
-        err, version = driver.cuDriverGetVersion()
-    except Exception:  # noqa: BLE001 - no libcuda.so raises from the import or the call
-        return "no driver found"
-    if err != driver.CUresult.CUDA_SUCCESS:
-        return f"no driver found ({err.name})"
-    return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def _nvcc() -> str:
-    from .build.nvcc import find_nvcc, nvcc_version
-
-    try:
-        path = find_nvcc()
-    except BuildError:
-        return "not found (set CUDA_HOME or put nvcc on PATH)"
-    return f"{nvcc_version()} ({path})"
-
-
-def _cutlass() -> str:
-    from .build.nvcc import cutlass_include_dir, cutlass_version
-
-    return f"{cutlass_version()} ({cutlass_include_dir()})"
 
 
 def _gpus() -> list[str]:

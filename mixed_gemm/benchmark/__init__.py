@@ -1,0 +1,1 @@
+"""``mixed-gemm bench``: mg.matmul against torch fp16 (and tinygemm) on model shapes."""

@@ -1,0 +1,78 @@
+"""``mixed-gemm bench``: the speed table a newcomer runs."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+from ..profiler.cli import _common, problems_from
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from ..profiler.timing import gpu_missing
+
+    try:
+        problems, ms = problems_from(args, "llama3-8b,llama3-70b")
+    except ValueError as exc:
+        print(f"mixed-gemm bench: error: {exc}", file=sys.stderr)
+        return 2
+    why = gpu_missing()
+    if why:
+        print(f"mixed-gemm bench: {why}", file=sys.stderr)
+        return 1
+    import torch
+
+    from ..profiler.timing import copy_bandwidth
+    from ..select import gpu_slug
+    from . import report
+    from .measure import WeightKind, bench_problem, eager_overhead
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    kind = WeightKind(args.dtype, args.bits, args.group_size, "sym" if args.symmetric else "int")
+    bw = copy_bandwidth()
+    title = (f"mg.matmul vs torch {args.dtype} — {props.name}, {datetime.date.today()}, copy bandwidth "
+             f"{bw / 1e12:.2f} TB/s, int{args.bits} g{args.group_size} {'symmetric' if args.symmetric else 'with zeros'}, "
+             "cold L2, CUDA graphs")
+    print(f"# {title}", flush=True)
+    rows = []
+    for label, n, k in problems:
+        new = bench_problem(label, n, k, ms, kind, bw, compare=args.compare)
+        for line in report.table(new, args.compare)[2:]:
+            print(line, flush=True)
+        rows += new
+    overhead = eager_overhead(kind)
+    tail = report.summary(rows, ms, args.compare) + ["", "Eager host overhead (tiny problem, µs per call): "
+                                                     + ", ".join(f"{name} {sec * 1e6:.1f}" for name, sec in overhead.items())]
+    errors = {r["tinygemm_error"] for r in rows if "tinygemm_error" in r}
+    if errors:
+        tail.append("tinygemm unavailable or failed: " + "; ".join(sorted(errors)))
+    print("\n" + "\n".join(tail))
+    text = "\n".join([f"# {title}", ""] + report.table(rows, args.compare) + [""] + tail) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"title": title, "rows": rows, "eager_overhead_s": overhead}, f, indent=1)
+    plot_path = args.plot or f"mixed_gemm_bench_{gpu_slug(props.name)}.png"
+    why_not = report.plot(rows, ms, plot_path, title, args.compare)
+    print(f"plot: {why_not}" if why_not else f"plot: {plot_path}")
+    return 0
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "bench", help="time mg.matmul against torch fp16 (and tinygemm) on model shapes; print a table, save a plot",
+        description="For each shape and M: mg.matmul with the configuration selection picks, torch's "
+                    "dense matmul in the same dtype, and with --compare PyTorch's tinygemm "
+                    "(torch._weight_int4pack_mm, bf16). CUDA-graph replay on a cold L2. Prints µs, speedup "
+                    "over torch and the share of the int4 memory floor; saves a PNG of speedup against M.")
+    _common(parser, "1,16,64,256,4096")
+    parser.add_argument("--symmetric", action="store_true", help="weights without zero points")
+    parser.add_argument("--compare", action="store_true", help="add PyTorch's tinygemm (int4, bf16)")
+    parser.add_argument("--plot", default="", help="PNG path (default: mixed_gemm_bench_<gpu>.png)")
+    parser.add_argument("--out", default="", help="also write the tables (markdown) here")
+    parser.add_argument("--json", default="", help="also write every measurement (JSON) here")
+    parser.set_defaults(func=run_bench)
+    return parser

@@ -1,0 +1,86 @@
+"""The measurements of ``mixed-gemm bench``: per shape and M, mg.matmul as selected, torch fp16
+(cuBLAS) and optionally PyTorch's tinygemm, all on a cold L2 in CUDA graphs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ..ops import matmul
+from ..profiler.timing import calls_for, copies_for, host_overhead, time_graph
+from ..profiler.workload import TORCH_DTYPES, packed_bytes, random_weights
+from ..select import m_bucket
+
+
+@dataclass(frozen=True)
+class WeightKind:
+    dtype: str = "f16"
+    bits: int = 4
+    group_size: int = 128
+    zero_mode: str = "int"
+
+
+def _timed(fn, copies: int) -> float:
+    return time_graph(fn, calls_for(fn, copies))
+
+
+def _tinygemm_weights(n: int, k: int, group: int, copies: int):
+    """int4 weights in tinygemm's layout (``torch._convert_weight_to_int4pack``) with bf16
+    scales-and-zeros; raises when this torch lacks it or rejects the shape."""
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
+    packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
+    sz = (torch.rand(k // group, n, 2, device="cuda") * 0.01).to(torch.bfloat16)
+    return [(packed, sz) if i == 0 else (packed.clone(), sz.clone()) for i in range(copies)]
+
+
+def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKind, bandwidth: float,
+                  compare: bool = False) -> List[Dict]:
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    td = TORCH_DTYPES[kind.dtype]
+    qbytes = packed_bytes(n, k, kind.bits, kind.group_size, kind.zero_mode != "sym")
+    ws = random_weights(n, k, bits=kind.bits, group_size=kind.group_size, zero_mode=kind.zero_mode,
+                        dtype=kind.dtype, copies=copies_for(qbytes, l2))
+    dense = [(torch.randn(n, k, device="cuda") * 0.02).to(td) for _ in range(copies_for(2 * n * k, l2))]
+    tiny, tiny_error = None, None
+    if compare:
+        try:
+            tiny = _tinygemm_weights(n, k, kind.group_size, copies_for(n * k // 2, l2))
+        except Exception as exc:  # noqa: BLE001 - report why, keep benchmarking
+            tiny_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(td)
+        y = torch.empty(m, n, device="cuda", dtype=td)
+        t_mg = _timed(lambda i: matmul(x, ws[i % len(ws)], out=y), len(ws))
+        t_fp = _timed(lambda i: torch.mm(x, dense[i % len(dense)].t(), out=y), len(dense))
+        row = dict(label=label, n=n, k=k, m=m, schedule=ws[0]._configs[m_bucket(m)].schedule,
+                   us=t_mg * 1e6, fp16_us=t_fp * 1e6, speedup=t_fp / t_mg,
+                   floor_share=(qbytes + 2 * m * (k + n)) / bandwidth / t_mg, tflops=2 * m * n * k / t_mg / 1e12)
+        if tiny is not None:
+            xb = x.to(torch.bfloat16)
+            try:
+                t_tg = _timed(lambda i: torch._weight_int4pack_mm(xb, tiny[i % len(tiny)][0], kind.group_size,
+                                                                   tiny[i % len(tiny)][1]), len(tiny))
+                row.update(tinygemm_us=t_tg * 1e6, tinygemm_speedup=t_fp / t_tg)
+            except Exception as exc:  # noqa: BLE001
+                tiny_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        if tiny_error:
+            row["tinygemm_error"] = tiny_error
+        rows.append(row)
+    del ws, dense, tiny
+    torch.cuda.empty_cache()
+    return rows
+
+
+def eager_overhead(kind: WeightKind, n: int = 256, k: int = 256) -> Dict[str, float]:
+    """Seconds per eager call on a tiny problem (the GPU finishes first: this is host time)."""
+    td = TORCH_DTYPES[kind.dtype]
+    w = random_weights(n, k, bits=kind.bits, group_size=min(kind.group_size, k), zero_mode=kind.zero_mode,
+                       dtype=kind.dtype)[0]
+    x = torch.randn(1, k, device="cuda").to(td)
+    y = torch.empty(1, n, device="cuda", dtype=td)
+    dense = torch.randn(n, k, device="cuda").to(td)
+    return {"mg.matmul(out=)": host_overhead(lambda: matmul(x, w, out=y)),
+            "mg.matmul": host_overhead(lambda: matmul(x, w)),
+            "torch.mm": host_overhead(lambda: torch.mm(x, dense.t()))}

@@ -1,0 +1,74 @@
+"""Tables and the plot of ``mixed-gemm bench``."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def table(rows: List[Dict], compare: bool) -> List[str]:
+    head = "| shape | N | K | M | mg µs | fp16 µs | speedup | int4 floor share | TFLOP/s | schedule |"
+    sep = "|---|---|---|---|---|---|---|---|---|---|"
+    if compare:
+        head += " tinygemm µs | tinygemm speedup |"
+        sep += "---|---|"
+    lines = [head, sep]
+    for r in rows:
+        line = (f"| {r['label']} | {r['n']} | {r['k']} | {r['m']} | {r['us']:.1f} | {r['fp16_us']:.1f} | "
+                f"{r['speedup']:.2f}x | {100 * r['floor_share']:.0f}% | {r['tflops']:.1f} | {r['schedule']} |")
+        if compare:
+            line += (f" {r['tinygemm_us']:.1f} | {r['tinygemm_speedup']:.2f}x |" if "tinygemm_us" in r else " - | - |")
+        lines.append(line)
+    return lines
+
+
+def summary(rows: List[Dict], ms: Sequence[int], compare: bool) -> List[str]:
+    head = "| M | mg geomean speedup over fp16 | min floor share |"
+    sep = "|---|---|---|"
+    if compare:
+        head += " tinygemm geomean speedup |"
+        sep += "---|"
+    lines = [head, sep]
+    for m in ms:
+        rs = [r for r in rows if r["m"] == m]
+        line = f"| {m} | {geomean([r['speedup'] for r in rs]):.2f}x | {100 * min(r['floor_share'] for r in rs):.0f}% |"
+        if compare:
+            tg = [r["tinygemm_speedup"] for r in rs if "tinygemm_speedup" in r]
+            line += f" {geomean(tg):.2f}x |" if tg else " - |"
+        lines.append(line)
+    return lines
+
+
+def plot(rows: List[Dict], ms: Sequence[int], path: str, title: str, compare: bool) -> Optional[str]:
+    """Speedup over fp16 against M, one line per shape; returns why not, if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'mixed-gemm[bench]')"
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for label in dict.fromkeys(r["label"] for r in rows):
+        rs = [r for r in rows if r["label"] == label]
+        ax.plot([r["m"] for r in rs], [r["speedup"] for r in rs], marker="o", label=f"{label} ({rs[0]['n']}x{rs[0]['k']})")
+    if compare:
+        tg = [(m, geomean([r["tinygemm_speedup"] for r in rows if r["m"] == m and "tinygemm_speedup" in r]))
+              for m in ms]
+        tg = [(m, v) for m, v in tg if not math.isnan(v)]
+        if tg:
+            ax.plot(*zip(*tg), color="black", linestyle="--", marker="x", label="tinygemm (geomean)")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (tokens)")
+    ax.set_ylabel("speedup over torch fp16")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None

@@ -1,0 +1,66 @@
+"""``mixed-gemm profile``: sweep kernel schedules for shapes and M buckets; write the GPU's profile."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .problems import DEFAULT_MS, MODELS
+
+
+def _common(parser: argparse.ArgumentParser, ms_default: str) -> None:
+    parser.add_argument("--model", default="", help=f"comma-separated presets: {', '.join(MODELS)}")
+    parser.add_argument("--shapes", default="", help="comma-separated N:K pairs, e.g. 4096:4096,28672:4096")
+    parser.add_argument("--ms", default=ms_default, help="comma-separated M values (default: %(default)s)")
+    parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
+    parser.add_argument("--bits", type=int, choices=[4, 8], default=4)
+    parser.add_argument("--group-size", type=int, default=128, help="-1 for per-channel (default: %(default)s)")
+
+
+def problems_from(args, default_models: str):
+    from .problems import parse_ints, resolve
+
+    problems = resolve(args.model or ("" if args.shapes else default_models), args.shapes)
+    return problems, parse_ints(args.ms, "--ms")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from .timing import gpu_missing
+
+    try:
+        problems, ms = problems_from(args, "llama3-8b,llama3-70b")
+    except ValueError as exc:
+        print(f"mixed-gemm profile: error: {exc}", file=sys.stderr)
+        return 2
+    why = gpu_missing()
+    if why:
+        print(f"mixed-gemm profile: {why}", file=sys.stderr)
+        return 1
+    from .sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec(problems=problems, ms=ms, dtype=args.dtype, bits=args.bits, group_size=args.group_size,
+                     zero_mode=args.zero_mode, schedules=args.schedules.split(",") if args.schedules else None,
+                     out=Path(args.out) if args.out else None, merge=not args.no_merge, fresh=args.fresh,
+                     replays=args.replays, progress=not args.quiet)
+    profile, path = run_sweep(spec)
+    print(f"wrote {path} ({len(profile.entries)} entries) and {path.with_suffix('.csv')}")
+    return 0
+
+
+def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "profile", help="time the catalog's schedules (and dequantize+cuBLAS) per shape and M; write a profile",
+        description="Time every candidate schedule for each shape and M bucket on this GPU (CUDA graphs, "
+                    "cold L2, median of replays), verify the winners against torch.mm, and write "
+                    "<gpu>.json (read by mg.matmul's selection) plus a CSV of every measurement. "
+                    "An interrupted sweep resumes; results merge into an existing profile.")
+    _common(parser, ",".join(map(str, DEFAULT_MS)))
+    parser.add_argument("--zero-mode", choices=["int", "sym", "float", "offset"], default="int")
+    parser.add_argument("--schedules", default="", help="time only these comma-separated schedules")
+    parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
+    parser.add_argument("--no-merge", action="store_true", help="replace the profile instead of merging into it")
+    parser.add_argument("--fresh", action="store_true", help="discard a partial sweep instead of resuming it")
+    parser.add_argument("--replays", type=int, default=7, help="graph replays per measurement (median)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run_profile)
+    return parser

@@ -1,0 +1,189 @@
+"""The sweep behind ``mixed-gemm profile``: time every candidate schedule of every (shape, M),
+verify the winners, and write the GPU's profile (JSON) and every measurement (CSV).
+
+Each measurement is appended to ``<profile>.partial.jsonl`` as it is taken, so an interrupted
+sweep resumes where it stopped; the partial file is removed once the profile is written.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .. import __version__, _versions
+from ..codegen import KernelConfig
+from ..select.profiles import Profile, default_profile_path
+from .candidates import candidate_schedules
+from .timing import calls_for, copies_for, time_graph
+from .workload import TORCH_DTYPES, packed_bytes, random_weights
+
+TOLERANCE = {"f16": 1e-2, "bf16": 2e-2}  # vs torch.mm on the dequantized weight (both fp32-accumulated)
+CSV_FIELDS = ["Problem", "Provider", "OperationKind", "Operation", "Disposition", "Status", "m", "n", "k", "A", "B",
+              "C", "group_size", "zero_mode", "schedule", "split_k_mode", "split_k_slices", "swizzle", "Bytes",
+              "Flops", "Runtime", "GB/s", "GFLOPs"]
+
+
+@dataclass
+class SweepSpec:
+    problems: Sequence[Tuple[str, int, int]]       # (label, N, K)
+    ms: Sequence[int]
+    dtype: str = "f16"
+    bits: int = 4
+    group_size: int = 128
+    zero_mode: str = "int"                         # "int" | "sym" | "float" | "offset"
+    schedules: Optional[List[str]] = None          # fixed candidate list (default: candidates.py)
+    out: Optional[Path] = None                     # default: the user profile of this GPU
+    merge: bool = True                             # keep the existing profile's other entries
+    fresh: bool = False                            # ignore a partial sweep instead of resuming
+    replays: int = 7
+    progress: bool = True
+    log: Callable[[str], None] = field(default=print)
+
+
+def _key(spec: SweepSpec, n: int, k: int) -> dict:
+    return dict(dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode,
+                group_size=k if spec.group_size == -1 else spec.group_size, n=n, k=k)
+
+
+def _row_id(row: dict) -> tuple:
+    return tuple(row[f] for f in ("dtype", "bits", "zero_mode", "group_size", "n", "k", "m", "schedule"))
+
+
+def _load_partial(path: Path) -> Dict[tuple, dict]:
+    rows = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut by the interruption
+            continue
+        rows[_row_id(row)] = row
+    return rows
+
+
+def _rel_err(y, ref) -> float:
+    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
+    """Measure, verify, write; returns the profile and its path."""
+    import torch
+    from tqdm import tqdm
+
+    from ..ops import dequantize, matmul
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    out = Path(spec.out) if spec.out else default_profile_path(props.name)
+    partial = out.with_name(out.stem + ".partial.jsonl")
+    done: Dict[tuple, dict] = {}
+    if partial.exists():
+        if spec.fresh:
+            partial.unlink()
+        else:
+            done = _load_partial(partial)
+            spec.log(f"resuming: {len(done)} measurements from {partial}")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    sms, l2 = props.multi_processor_count, props.L2_cache_size
+    plan = [(label, n, k, m, candidate_schedules(m, n, k, sms, only=spec.schedules))
+            for label, n, k in spec.problems for m in spec.ms]
+    total = sum(len(c) for *_, c in plan)
+    winners: List[dict] = []
+    bar = tqdm(total=total, desc="profile", unit="cfg", disable=not spec.progress)
+    with partial.open("a") as log_file:
+        def record(row: dict) -> None:
+            done[_row_id(row)] = row
+            log_file.write(json.dumps(row) + "\n")
+            log_file.flush()
+
+        weights = None
+        for label, n, k, m, schedules in plan:
+            key = _key(spec, n, k)
+            bar.set_postfix_str(f"{label} M={m}")
+            rows = [done.get(_row_id(dict(key, m=m, schedule=s))) for s in schedules]
+            need = [s for s, r in zip(schedules, rows) if r is None]
+            if need or not any(r and r.get("disposition") == "passed" for r in rows):
+                if weights is None or weights[0].n != n or weights[0].k != k:
+                    weights = None
+                    torch.cuda.empty_cache()
+                    nbytes = packed_bytes(n, k, spec.bits, spec.group_size, spec.zero_mode != "sym")
+                    weights = random_weights(n, k, bits=spec.bits, group_size=spec.group_size,
+                                             zero_mode=spec.zero_mode, dtype=spec.dtype,
+                                             copies=copies_for(nbytes, l2))
+                x = torch.randn(m, k, device="cuda").to(TORCH_DTYPES[spec.dtype])
+                y = torch.empty(m, n, device="cuda", dtype=TORCH_DTYPES[spec.dtype])
+            for schedule in need:
+                cfg = KernelConfig.from_schedule(schedule, dtype=spec.dtype, bits=spec.bits,
+                                                 zero_mode=weights[0].zero_mode)
+                ws = weights
+
+                def call(i, cfg=cfg, ws=ws):
+                    matmul(x, ws[i % len(ws)], config=cfg, out=y)
+
+                row = dict(key, m=m, schedule=schedule, label=label, us=None, status="success",
+                           disposition="not_verified")
+                try:
+                    row["us"] = time_graph(call, calls_for(call, len(ws)), spec.replays) * 1e6
+                except (ValueError, RuntimeError) as exc:  # e.g. a schedule the problem rules out
+                    row["status"] = f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+                record(row)
+                bar.update()
+            bar.update(len(schedules) - len(need))
+            # Winner: the fastest schedule whose result matches torch.mm on the dequantized weight.
+            ranked = sorted((done[_row_id(dict(key, m=m, schedule=s))] for s in schedules),
+                            key=lambda r: math.inf if r["us"] is None else r["us"])
+            for row in ranked:
+                if row["us"] is None:
+                    break
+                if row["disposition"] == "not_verified":
+                    cfg = KernelConfig.from_schedule(row["schedule"], dtype=spec.dtype, bits=spec.bits,
+                                                     zero_mode=weights[0].zero_mode)
+                    y.fill_(float("nan"))
+                    matmul(x, weights[0], config=cfg, out=y)
+                    ref = torch.mm(x, dequantize(weights[0]).t())
+                    ok = _rel_err(y, ref) <= TOLERANCE[spec.dtype]
+                    row = dict(row, disposition="passed" if ok else "incorrect")
+                    record(row)
+                if row["disposition"] == "passed":
+                    winners.append(dict(key, m=m, schedule=row["schedule"], us=round(row["us"], 3)))
+                    break
+            else:
+                spec.log(f"warning: no schedule passed for {label} M={m}")
+    bar.close()
+
+    profile = Profile.load(out) if spec.merge and out.exists() else Profile()
+    profile.gpu = {"name": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": sms}
+    profile.versions = {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
+                        "torch": _versions.torch_version(), "mixed_gemm": __version__}
+    for w in winners:
+        profile.add(w)
+    profile.save(out)
+    _write_csv(out.with_suffix(".csv"), done.values())
+    partial.unlink()
+    return profile, out
+
+
+def _write_csv(path: Path, rows) -> None:
+    """Every measurement, one line each, in the manner of the CUTLASS profiler's CSV."""
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: (r["n"], r["k"], r["m"], r["us"] if r["us"] is not None else math.inf)):
+            cfg = KernelConfig.from_schedule(r["schedule"], dtype=r["dtype"], bits=r["bits"],
+                                             zero_mode=r["zero_mode"])
+            m, n, k = r["m"], r["n"], r["k"]
+            nbytes = packed_bytes(n, k, r["bits"], r["group_size"], r["zero_mode"] != "sym") + 2 * m * (k + n)
+            flops = 2 * m * n * k
+            sec = None if r["us"] is None else r["us"] * 1e-6
+            w.writerow({
+                "Problem": r.get("label", ""), "Provider": "cublas+dequant" if cfg.method == "dequant_mm" else "mixed_gemm",
+                "OperationKind": "gemm", "Operation": cfg.name, "Disposition": r["disposition"],
+                "Status": r["status"], "m": m, "n": n, "k": k, "A": f"{r['dtype']}:row",
+                "B": f"u{r['bits']}:atoms", "C": f"{r['dtype']}:row", "group_size": r["group_size"],
+                "zero_mode": r["zero_mode"], "schedule": r["schedule"], "split_k_mode": cfg.split_k_mode,
+                "split_k_slices": cfg.split_k, "swizzle": cfg.swizzle, "Bytes": nbytes, "Flops": flops,
+                "Runtime": "" if sec is None else f"{r['us'] / 1e3:.6f}",
+                "GB/s": "" if sec is None else f"{nbytes / sec / 1e9:.1f}",
+                "GFLOPs": "" if sec is None else f"{flops / sec / 1e9:.1f}",
+            })

@@ -1,0 +1,44 @@
+"""Random quantized weights for timing: one packed weight and cheap copies of it (cold L2)."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from ..formats.kernel_layout import pack_b, pack_group_params
+from ..ops import PackedWeight
+
+TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def packed_bytes(n: int, k: int, bits: int, group_size: int, zeros: bool = True) -> int:
+    """Bytes a checkpoint stores for an (N, K) weight: packed q, fp16 scales, packed integer zeros."""
+    groups = 1 if group_size in (-1, k) else k // group_size
+    return n * k * bits // 8 + 2 * n * groups + (n * groups * bits // 8 if zeros else 0)
+
+
+def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero_mode: str = "int",
+                   dtype: str = "f16", copies: int = 1) -> List[PackedWeight]:
+    """``copies`` PackedWeights with the same random contents in separate memory."""
+    gs = k if group_size == -1 else group_size
+    groups = -(-k // gs)
+    td = TORCH_DTYPES[dtype]
+    q = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8, device="cuda")
+    s = ((torch.rand(n, groups, device="cuda") + 0.5) * (2.0 / (2**bits * k**0.5))).to(td)
+    z = None
+    if zero_mode == "int":
+        z = torch.randint(0, 2**bits, (n, groups), device="cuda").to(td)
+    elif zero_mode == "float":
+        z = (torch.rand(n, groups, device="cuda") * (2**bits - 1)).to(td)
+    elif zero_mode == "offset":
+        z = (-torch.rand(n, groups, device="cuda") * 2**bits * s.float()).to(td)
+    b = pack_b(q, bits)
+    del q
+    sp = pack_group_params(s, td)
+    zp = None if z is None else pack_group_params(z, td)
+    out = []
+    for i in range(copies):
+        out.append(PackedWeight(b=b if i == 0 else b.clone(), scales=sp if i == 0 else sp.clone(),
+                                zeros=None if zp is None else (zp if i == 0 else zp.clone()), n=n, k=k, bits=bits,
+                                group_size=gs, zero_mode="int" if zero_mode == "sym" else zero_mode))
+    return out

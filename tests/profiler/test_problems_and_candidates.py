@@ -1,0 +1,51 @@
+"""Problem presets, argument parsing and candidate schedules (CPU)."""
+import pytest
+
+from mixed_gemm.codegen import KernelConfig
+from mixed_gemm.codegen.catalog import default_catalog
+from mixed_gemm.profiler.candidates import candidate_schedules
+from mixed_gemm.profiler.problems import DEFAULT_MS, MODELS, parse_ints, parse_shapes, resolve
+
+
+def test_presets_cover_the_issue_models():
+    assert set(MODELS) == {"llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b"}
+    assert [(n, k) for _, n, k in MODELS["llama3-70b"]] == [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
+    assert DEFAULT_MS == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def test_resolve_dedups_and_parses():
+    got = resolve("llama3-8b,mistral-7b", "4096:4096,100:200")
+    assert [(n, k) for _, n, k in got] == [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (100, 200)]
+    assert got[-1][0] == "100x200"
+    with pytest.raises(ValueError, match="unknown preset 'gpt5'"):
+        resolve("gpt5")
+    for bad in ("4096", "4096:x", "0:5", "4096:4096:1"):
+        with pytest.raises(ValueError, match="N:K pairs"):
+            parse_shapes(bad)
+    assert parse_ints("1, 16,64", "--ms") == [1, 16, 64]
+    with pytest.raises(ValueError, match="--ms"):
+        parse_ints("1,a", "--ms")
+    with pytest.raises(ValueError, match="--ms"):
+        parse_ints("0", "--ms")
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 256, 4096])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (57344, 8192), (8192, 28672)])
+def test_candidates_are_valid_catalog_schedules(m, n, k):
+    compiled = {c.kernel_name for c in default_catalog()}
+    cands = candidate_schedules(m, n, k, sms=132)
+    assert cands and len(cands) == len(set(cands))
+    for s in cands:
+        c = KernelConfig.from_schedule(s)
+        assert c.method == "dequant_mm" or c.kernel_name in compiled
+        if c.method == "mixed":
+            assert c.tile[0] <= max(16, 2 * m)
+            assert c.split_k == 1 or -(-k // c.tile[2]) // c.split_k >= 2
+    assert ("dequant_mm" in cands) == (m >= 128)
+
+
+def test_candidates_split_only_small_grids():
+    assert not any("_kfused" in s for s in candidate_schedules(1, 57344, 8192, sms=132)
+                   if s.startswith("t16x64x128"))  # 896 blocks: no split
+    assert any("_kfused" in s for s in candidate_schedules(1, 4096, 4096, sms=132))
+    assert candidate_schedules(1, 4096, 4096, sms=132, only=["dequant_mm"]) == ["dequant_mm"]

@@ -1,0 +1,64 @@
+"""`mixed-gemm profile` end to end on a small sweep (GPU): writes a profile selection reads,
+a CSV, resumes from a partial file, merges into an existing profile."""
+import csv
+import json
+
+import pytest
+import torch
+
+import mixed_gemm as mg
+from mixed_gemm.cli import main
+from mixed_gemm.profiler.workload import random_weights
+from mixed_gemm.select import PROFILE_ENV, Profile, profiles
+
+pytestmark = pytest.mark.gpu
+
+SCHEDULES = "t16x64x128_w1x1x4_s4,t16x64x128_w1x1x4_s4_kfused2,t64x128x64_w2x2x1_s4,dequant_mm"
+
+
+def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "gpu.json"
+    old = Profile({"name": "x"}, {}, [dict(dtype="f16", bits=4, zero_mode="int", group_size=128, n=512, k=512, m=1,
+                                           schedule="t16x64x128_w1x1x4_s4", us=1.0)])
+    old.save(out)
+    # A partial sweep left by an interrupted run: one measurement, plus a line cut in half.
+    partial = tmp_path / "gpu.partial.jsonl"
+    row = dict(dtype="f16", bits=4, zero_mode="int", group_size=128, n=1024, k=2048, m=1, label="1024x2048",
+               schedule="t64x128x64_w2x2x1_s4", us=1e6, status="success", disposition="not_verified")
+    partial.write_text(json.dumps(row) + "\n" + '{"dtype": "f1')
+    rc = main(["profile", "--shapes", "1024:2048", "--ms", "1,200", "--schedules", SCHEDULES,
+               "--out", str(out), "--replays", "3", "--quiet"])
+    assert rc == 0
+    assert "resuming: 1 measurements" in capsys.readouterr().out
+    assert not partial.exists()
+    prof = Profile.load(out)
+    assert prof.gpu["name"] == torch.cuda.get_device_name() and prof.gpu["compute_capability"]
+    assert set(prof.versions) == {"driver", "nvcc", "cutlass", "torch", "mixed_gemm"}
+    key = ("f16", 4, "int", 128, 1024, 2048)
+    assert prof.has(key, 1) and prof.has(key, 200) and prof.has(("f16", 4, "int", 128, 512, 512), 1)  # merged
+    assert prof.lookup(key, 1) != "t64x128x64_w2x2x1_s4"  # the resumed row's 1 s never wins
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8 and {r["schedule"] for r in rows} == set(SCHEDULES.split(","))
+    assert sum(r["Disposition"] == "passed" for r in rows) >= 2
+    # Selection reads it.
+    monkeypatch.setenv(PROFILE_ENV, str(out))
+    profiles.clear_cache()
+    try:
+        w = random_weights(1024, 2048)[0]
+        mg.matmul(torch.randn(1, 2048, device="cuda").half(), w)
+        assert w._configs[1].schedule == prof.lookup(key, 1)
+    finally:
+        profiles.clear_cache()
+
+
+def test_bench_runs_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rc = main(["bench", "--shapes", "1024:1024", "--ms", "1,64", "--compare", "--plot", str(tmp_path / "p.png"),
+               "--out", str(tmp_path / "t.md"), "--json", str(tmp_path / "r.json")])
+    assert rc == 0
+    text = (tmp_path / "t.md").read_text()
+    assert "| 1024x1024 | 1024 | 1024 | 1 |" in text and "Eager host overhead" in text
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert len(rows) == 2 and all(r["us"] > 0 and r["fp16_us"] > 0 for r in rows)
