@@ -121,8 +121,8 @@ def bench_dequant(l2: int, bw: float):
 def bench_splitk(ms, l2: int):
     from mixed_gemm.select import heuristic_config
 
-    lines = ["| N | K | M | heuristic | µs | none | serial 2 | serial 4 | serial 8 | parallel 4 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| N | K | M | heuristic | µs | none | serial 2 | parallel 4 | fused 2 | fused 4 | fused 8 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, k in SHAPES["8b"] + SHAPES["70b"]:
         ws = _packed_weights(n, k, _copies(n * k // 2, l2))
         for m in ms:
@@ -130,7 +130,7 @@ def bench_splitk(ms, l2: int):
             y = torch.empty(m, n, device="cuda").half()
             h = heuristic_config(m, n=n, k=k, bits=4, zero_mode="int")
             variants = [h] + [h.replace(split_k_mode=md, split_k=f) for md, f in
-                              [("none", 1), ("serial", 2), ("serial", 4), ("serial", 8), ("parallel", 4)]]
+                              [("none", 1), ("serial", 2), ("parallel", 4), ("fused", 2), ("fused", 4), ("fused", 8)]]
             times = []
             for cfg in variants:
                 it = iter(range(1 << 62))

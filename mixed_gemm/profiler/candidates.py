@@ -7,7 +7,8 @@ from typing import List, Optional
 
 from ..codegen.catalog import SHAPES
 
-SPLITS = (2, 3, 4, 6, 8)
+SPLITS = (2, 3, 4, 6, 8)        # fused split-K factors
+PARALLEL_SPLITS = (2, 4)        # parallel split-K (a reduce kernel), for comparison
 SWIZZLES = (4,)
 DEQUANT_MM_FROM_M = 128
 MIN_K_TILES_PER_SLICE = 2
@@ -28,6 +29,7 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, shapes=SHAPES,
         tiles_m, tiles_n, k_tiles = -(-m // bm), -(-n // bn), -(-k // bk)
         if tiles_m * tiles_n < 2 * sms:
             out += [f"{base}_kfused{f}" for f in SPLITS if k_tiles // f >= MIN_K_TILES_PER_SLICE]
+            out += [f"{base}_kparallel{f}" for f in PARALLEL_SPLITS if k_tiles // f >= MIN_K_TILES_PER_SLICE]
         if tiles_m >= 4:
             out += [f"{base}_sw{t}" for t in SWIZZLES]
     if m >= DEQUANT_MM_FROM_M:

@@ -257,26 +257,14 @@ struct MixedGemmSm80 {
     }
   }
 
-  // One slice's fp32 partial tile into its workspace plane (row-major M x N, accumulator layout).
-  static __device__ __forceinline__ void store_plane(GemmArgs const& p, Tile const& t, int warp_m, int warp_n,
-                                                     int lane, float* plane, float const (&acc)[kMmaM][kTilesN][4]) {
-    int const g = lane >> 2, tq = lane & 3;
-    CUTLASS_PRAGMA_UNROLL
-    for (int ni = 0; ni < kTilesN; ++ni) {
-      int const col = t.n0 + warp_n * WN + ni * 8 + 2 * tq;
-      if (col >= p.n) continue;
-      CUTLASS_PRAGMA_UNROLL
-      for (int mi = 0; mi < kMmaM; ++mi) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          int const row = t.m0 + warp_m * WM + mi * 16 + g + 8 * h;
-          if (row >= p.m) continue;
-          // .cg: the partial is read once, by another SM, from L2.
-          __stcg(reinterpret_cast<float2*>(plane + (size_t)row * p.n + col),
-                 make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
-        }
-      }
-    }
+  // Offset row * N + col of this lane's accumulator pair acc[mi][ni][2h], [2h+1] (mma layout: row
+  // g + 8h, columns 2tq, 2tq + 1 of the warp's n8 tile); false when outside the problem.
+  static __device__ __forceinline__ bool output_offset(GemmArgs const& p, Tile const& t, int warp_m, int warp_n,
+                                                       int lane, int mi, int ni, int h, size_t& offset) {
+    int const col = t.n0 + warp_n * WN + ni * 8 + 2 * (lane & 3);
+    int const row = t.m0 + warp_m * WM + mi * 16 + (lane >> 2) + 8 * h;
+    offset = (size_t)row * p.n + col;
+    return row < p.m && col < p.n;  // N is even, so col + 1 < N too
   }
 
   static __device__ __forceinline__ int ld_acquire(int const* ptr) {
@@ -390,22 +378,55 @@ struct MixedGemmSm80 {
       __syncthreads();
     }
 
-    // Fused split-K: publish this slice's plane, then count arrivals; the last slice sums.
-    bool const fused = p.split_mode == 3 && splits > 1;
-    bool fused_last = false;
-    if (fused) {
-      if (writer) store_plane(p, t, warp_m, warp_n, lane, p.workspace + (size_t)slice * p.m * p.n, acc);
-      __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
-      __syncthreads();
-      __shared__ int arrived;
-      if (tid == 0) {
-        arrived = atomicAdd(sem, 1);
-        if (arrived == splits - 1) st_release(sem, 0);  // every slice has counted: reset for the next call
+    // Fused split-K: publish this slice's plane, then count arrivals; the last slice to arrive
+    // sums every plane (its own included) in slice order, so the result does not depend on which
+    // slice came last, and resets the counter for the next call.
+    if (p.split_mode == 3 && splits > 1) {
+      if (writer) {
+        float* plane = p.workspace + (size_t)slice * p.m * p.n;
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kMmaM; ++mi)
+          CUTLASS_PRAGMA_UNROLL
+          for (int ni = 0; ni < kTilesN; ++ni)
+            CUTLASS_PRAGMA_UNROLL
+            for (int h = 0; h < 2; ++h) {
+              size_t wi;
+              if (output_offset(p, t, warp_m, warp_n, lane, mi, ni, h, wi))
+                __stcg(reinterpret_cast<float2*>(plane + wi), make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+            }
       }
-      __syncthreads();
-      if (arrived != splits - 1) return;
+      __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
+      int last = 0;
+      if (tid == 0) {
+        last = atomicAdd(sem, 1) == splits - 1;
+        if (last) *sem = 0;  // every slice has arrived: nobody else touches it in this launch
+      }
+      if (!__syncthreads_or(last)) return;
       __threadfence();  // acquire side: the other slices' planes, read below, are not stale
-      fused_last = true;
+      // The whole block sums the tile's planes in slice order and writes C: coalesced pairs, and no
+      // registers beyond a few per thread (summing into the accumulators would spill the big tiles).
+      raw const* bias = static_cast<raw const*>(p.bias);
+      raw* c = static_cast<raw*>(p.c);
+      size_t const plane = (size_t)p.m * p.n;
+      for (int i = tid; i < BM * BN / 2; i += kThreads) {
+        int const row = t.m0 + i / (BN / 2), col = t.n0 + 2 * (i % (BN / 2));
+        if (row >= p.m || col >= p.n) continue;
+        float const* src = p.workspace + (size_t)row * p.n + col;
+        float2 v = __ldcg(reinterpret_cast<float2 const*>(src));
+#pragma unroll 4
+        for (int s = 1; s < splits; ++s) {
+          float2 const part = __ldcg(reinterpret_cast<float2 const*>(src + s * plane));
+          v.x += part.x;
+          v.y += part.y;
+        }
+        if (bias != nullptr) {
+          float2 const b = P::to_floats(*reinterpret_cast<raw2 const*>(bias + col));
+          v.x += b.x;
+          v.y += b.y;
+        }
+        *reinterpret_cast<raw2*>(c + (size_t)row * p.ldc + col) = P::from_floats(v.x, v.y);
+      }
+      return;
     }
 
     // Epilogue: mma accumulator layout, c0 c1 at (row g, cols 2 tq, 2 tq + 1), c2 c3 at row g + 8.
@@ -413,7 +434,6 @@ struct MixedGemmSm80 {
       bool const to_workspace = (p.split_mode == 2 && splits > 1) || (serial && slice + 1 < splits);
       bool const add_workspace = serial && slice > 0;
       float* ws = p.workspace + (p.split_mode == 2 ? (size_t)slice * p.m * p.n : 0);
-      size_t const plane = (size_t)p.m * p.n;
       raw const* bias = static_cast<raw const*>(p.bias);
       raw* c = static_cast<raw*>(p.c);
       int const g = lane >> 2, tq = lane & 3;
@@ -431,15 +451,6 @@ struct MixedGemmSm80 {
             if (row >= p.m) continue;
             float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             size_t const wi = (size_t)row * p.n + col;
-            if (fused_last) {  // slice order, own partial from registers: the same sum whoever is last
-              float2 own = v;
-              v = make_float2(0.f, 0.f);
-              for (int s = 0; s < splits; ++s) {
-                float2 part = s == slice ? own : __ldcg(reinterpret_cast<float2 const*>(p.workspace + s * plane + wi));
-                v.x += part.x;
-                v.y += part.y;
-              }
-            }
             if (add_workspace) {
               float2 prev = *reinterpret_cast<float2 const*>(ws + wi);
               v.x += prev.x;
