@@ -16,6 +16,8 @@ from .render import render
 SHAPES = (
     ((16, 64, 128), (1, 1, 4), 4),     # decode: one m16 row tile, K split over 4 warps
     ((16, 64, 128), (1, 1, 4), 6),     # decode, deeper pipeline: more bytes in flight per block
+    ((16, 64, 128), (1, 1, 8), 4),     # decode, one k16 step per warp: more warps to hide latency
+    ((16, 128, 128), (1, 1, 4), 4),    # decode, 128 columns per warp: twice the bytes per block
     ((16, 128, 128), (1, 2, 2), 4),
     ((32, 64, 128), (1, 1, 4), 4),
     ((32, 128, 128), (1, 2, 2), 4),
