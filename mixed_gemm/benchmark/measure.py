@@ -74,7 +74,7 @@ def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKin
 
 
 def eager_overhead(kind: WeightKind, n: int = 256, k: int = 256) -> Dict[str, float]:
-    """Seconds per eager call on a tiny problem (the GPU finishes first: this is host time)."""
+    """Host seconds per eager call on a tiny problem, with torch's own calls for scale."""
     td = TORCH_DTYPES[kind.dtype]
     w = random_weights(n, k, bits=kind.bits, group_size=min(kind.group_size, k), zero_mode=kind.zero_mode,
                        dtype=kind.dtype)[0]
@@ -83,4 +83,5 @@ def eager_overhead(kind: WeightKind, n: int = 256, k: int = 256) -> Dict[str, fl
     dense = torch.randn(n, k, device="cuda").to(td)
     return {"mg.matmul(out=)": host_overhead(lambda: matmul(x, w, out=y)),
             "mg.matmul": host_overhead(lambda: matmul(x, w)),
-            "torch.mm": host_overhead(lambda: torch.mm(x, dense.t()))}
+            "torch.mm": host_overhead(lambda: torch.mm(x, dense.t())),
+            "torch.add": host_overhead(lambda: torch.add(x, x))}

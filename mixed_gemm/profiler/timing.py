@@ -82,15 +82,20 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / t
 
 
-def host_overhead(fn: Callable[[], object], iters: int = 2000) -> float:
-    """Eager seconds per call of ``fn`` on a problem small enough that the GPU keeps up."""
+def host_overhead(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> float:
+    """Host (CPU) seconds per eager call of ``fn``: median over ``repeats`` bursts of ``calls``
+    launches, timed without waiting for the GPU. A burst stays well under the launch queue's
+    depth and the GPU is idle when it starts, so the GPU's own time does not leak in."""
     import torch
 
-    for _ in range(50):
+    for _ in range(20):
         fn()
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters
+    return statistics.median(samples)
