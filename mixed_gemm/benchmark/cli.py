@@ -31,7 +31,7 @@ def run_bench(args: argparse.Namespace) -> int:
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     kind = WeightKind(args.dtype, args.bits, args.group_size, "sym" if args.symmetric else "int")
     bw = copy_bandwidth()
-    title = (f"mg.matmul vs torch {args.dtype} — {props.name}, {datetime.date.today()}, copy bandwidth "
+    title = (f"mg.matmul vs torch {'fp16' if args.dtype == 'f16' else 'bf16'} — {props.name}, {datetime.date.today()}, copy bandwidth "
              f"{bw / 1e12:.2f} TB/s, int{args.bits} g{args.group_size} {'symmetric' if args.symmetric else 'with zeros'}, "
              "cold L2, CUDA graphs")
     print(f"# {title}", flush=True)

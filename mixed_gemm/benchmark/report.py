@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Dict, List, Optional, Sequence
 
 
@@ -65,7 +66,7 @@ def plot(rows: List[Dict], ms: Sequence[int], path: str, title: str, compare: bo
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens)")
     ax.set_ylabel("speedup over torch fp16")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 100), fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
