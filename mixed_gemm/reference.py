@@ -56,7 +56,6 @@ def _scale_and_zero(q, s, z, *, group_size, bits, g_idx, zero_mode):
     n, k = q.shape
     _check(n > 0 and k > 0, f"q: expected a non-empty (N, K) tensor, got shape {tuple(q.shape)}")
     g = k if group_size == -1 else group_size
-    _check(k % g == 0, f"group_size: K={k} is not divisible by group_size={group_size}")
     if z is None:
         _check(zero_mode == "int", "z: zero_mode='offset' needs the per-group offset tensor, got None")
     else:
@@ -70,8 +69,9 @@ def _scale_and_zero(q, s, z, *, group_size, bits, g_idx, zero_mode):
     _check(int(q.min()) >= 0 and int(q.max()) < (1 << bits),
            f"q: expected values in [0, {1 << bits}) for bits={bits}")
     if g_idx is None:
-        _check(tuple(s.shape) == (n, k // g),
-               f"s: expected shape {(n, k // g)} (N, K // group_size), got {tuple(s.shape)}")
+        ng = -(-k // g)
+        _check(tuple(s.shape) == (n, ng),
+               f"s: expected shape {(n, ng)} (N, ceil(K / group_size)), got {tuple(s.shape)}")
         idx = torch.arange(k, device=q.device) // g
     else:
         _check(g_idx.shape[0] == k, f"g_idx: expected shape ({k},) (one group per K), got {tuple(g_idx.shape)}")

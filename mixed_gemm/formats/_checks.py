@@ -44,11 +44,15 @@ def check_group_size(group_size: object) -> int:
 
 
 def resolve_group_size(group_size: int, k: int) -> int:
-    """The effective group length along K; checks that it divides ``k``."""
-    g = k if group_size == -1 else group_size
-    if k % g != 0:
-        raise ValueError(f"group_size: K={k} is not divisible by group_size={group_size}")
-    return g
+    """The effective group length along K (``-1``: ``K``)."""
+    return k if group_size == -1 else group_size
+
+
+def num_groups(k: int, g: int) -> int:
+    """Groups along K: ``ceil(K / G)``. When ``G`` does not divide ``K`` the last group is shorter
+    (``K % G`` elements; e.g. K = 576 at G = 128). AutoAWQ/GPTQ loaders require ``K % G == 0``, so
+    such checkpoints are a mixed_gemm extension."""
+    return -(-k // g)
 
 
 def pack_factor(bits: int) -> int:

@@ -3,7 +3,8 @@
 Canonical form (what every other part of mixed_gemm consumes)
 -------------------------------------------------------------
 Weight ``W`` is ``(N, K)`` = (out_features, in_features); ``G`` = ``group_size`` (``-1`` -> ``G = K``),
-``NG = K // G`` groups along K.
+``NG = ceil(K / G)`` groups along K (the last one shorter when ``G`` does not divide ``K``: a
+mixed_gemm extension, AutoAWQ and GPTQ loaders require ``K % G == 0``).
 
 * ``q``: ``torch.uint8`` ``(N, K)``, values in ``[0, 2**bits)``, row-major, in the original K order
   (also under act-order: ``g_idx`` never permutes ``q``).
@@ -77,7 +78,7 @@ def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s
     C.check_same_device(**{qn: q, sn: s, zn: z})
     n, k = q.shape
     g = C.resolve_group_size(group_size, k)
-    C.check_shape(sn, s, (n, k // g), f" = (N, K // group_size) for N={n}, K={k}, group_size={group_size}")
+    C.check_shape(sn, s, (n, C.num_groups(k, g)), f" = (N, ceil(K / group_size)) for N={n}, K={k}, group_size={group_size}")
     if z is not None:
         C.check_shape(zn, z, tuple(s.shape), f" (same as {sn})")
     C.check_int_range(qn, q, 0, 1 << bits)
@@ -86,7 +87,7 @@ def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s
     elif z is not None and not bool(torch.isfinite(z).all()):
         raise ValueError(f"{zn}: expected finite values, got inf/nan")
     if g_idx is not None:
-        C.check_g_idx(g_idx, k, k // g, q.device)
+        C.check_g_idx(g_idx, k, C.num_groups(k, g), q.device)
     return n, k
 
 
@@ -109,14 +110,14 @@ def _validate_packed(qweight, scales, zeros, *, bits, group_size, g_idx, fmt):
     else:
         k, n = qweight.shape[0] * p, qweight.shape[1]
     g = C.resolve_group_size(group_size, k)
-    C.check_shape("scales", scales, (k // g, n), f" = (K // group_size, N) for K={k}, N={n}, group_size={group_size}")
+    C.check_shape("scales", scales, (C.num_groups(k, g), n), f" = (ceil(K / group_size), N) for K={k}, N={n}, group_size={group_size}")
     if zeros is not None:
         C.check_multiple("zeros", "N", n, p, f"{bits}-bit zeros pack {p} per int32 along N")
-        C.check_shape("zeros", zeros, (k // g, n // p), f" = (K // group_size, N // {p}) for K={k}, N={n}, group_size={group_size}")
+        C.check_shape("zeros", zeros, (C.num_groups(k, g), n // p), f" = (ceil(K / group_size), N // {p}) for K={k}, N={n}, group_size={group_size}")
     if fmt == "awq":
         _reject_g_idx(g_idx, fmt)
     elif g_idx is not None:
-        C.check_g_idx(g_idx, k, k // g, qweight.device)
+        C.check_g_idx(g_idx, k, C.num_groups(k, g), qweight.device)
     return n, k
 
 

@@ -67,7 +67,11 @@ def quantize(
         raise ValueError("w: expected finite values, got inf/nan")
     out_dtype = w.dtype if w.dtype in (torch.float16, torch.bfloat16) else torch.float16
     maxq = (1 << bits) - 1
-    wg = w.float().reshape(n, k // g, g)
+    ng = C.num_groups(k, g)
+    wf = w.float()
+    if ng * g != k:  # a shorter last group: pad it with copies of its first column (no new extremes)
+        wf = torch.cat([wf, wf[:, (ng - 1) * g:(ng - 1) * g + 1].expand(n, ng * g - k)], dim=1)
+    wg = wf.reshape(n, ng, g)
     # Divide by a full tensor, not a Python scalar: CUDA turns division by a scalar into multiplication
     # by its reciprocal, which differs in the last bit and would make CPU and CUDA results disagree.
     if symmetric:
@@ -88,4 +92,4 @@ def quantize(
         zf = torch.round(-lo / sf).clamp(0, maxq)
     q = (torch.round(wg / sf.unsqueeze(-1)) + zf.unsqueeze(-1)).clamp(0, maxq)
     z = None if symmetric else zf.to(out_dtype)
-    return q.to(torch.uint8).reshape(n, k), s_out, z
+    return q.to(torch.uint8).reshape(n, ng * g)[:, :k].contiguous(), s_out, z

@@ -123,7 +123,7 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
                      zero_mode=zero_mode)
     n, k = q.shape
     num_groups = s.shape[1]
-    g = k if num_groups == 1 else k // num_groups
+    g = k if (group_size == -1 or num_groups == 1) else group_size
     if n % 2:
         raise ValueError(f"N: must be even (the kernel stores pairs of outputs), got N={n}")
     if k % 8:

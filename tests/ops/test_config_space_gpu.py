@@ -219,3 +219,26 @@ def test_schedule_env_override(monkeypatch):
     y = mg.matmul(x, w)
     assert w._configs[64].name == "mg_sm80_f16_u4_zint_t64x64x128_w2x1x2_s4_kfused2_sw2"
     assert rel_err(y, mg.reference.matmul(x, q.cuda(), s, z, group_size=128, bits=4)) <= 2e-3
+
+
+@pytest.mark.parametrize("schedule", [None, "t16x64x128_w1x1x4_s4_kfused2", "t64x128x64_w2x2x1_s4", "dequant_mm"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_ragged_last_group(schedule, dtype):
+    """K = 576 at group 128 (SmolLM2): five groups, the last of 64 columns."""
+    n, k, g = 1536, 576, 128
+    tdtype = DTYPES[dtype]
+    torch.manual_seed(3)
+    w = torch.randn(n, k) * 0.05
+    q, s, z = mg.quantize(w.to(tdtype), bits=4, group_size=g)
+    assert s.shape == (n, 5)
+    packed = mg.pack(q, s, z, format="awq", bits=4, group_size=g)
+    pw = mg.prepack(*(t.cuda() for t in packed), format="awq", bits=4, group_size=g, dtype=tdtype)
+    cfg = None if schedule is None else mg.KernelConfig.from_schedule(schedule, dtype=dtype, bits=4, zero_mode="int")
+    for m in (1, 17):
+        x = torch.randn(m, k, device="cuda").to(tdtype)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=tdtype)
+        mg.matmul(x, pw, config=cfg, out=out)
+        ref = mg.reference.matmul(x, q.cuda(), s.cuda(), z.cuda(), group_size=g, bits=4)
+        assert rel_err(out, ref) <= TOL[dtype]
+    dq = mg.reference.dequantize(q.cuda(), s.cuda(), z.cuda(), group_size=g, bits=4).to(tdtype)
+    assert torch.equal(mg.dequantize(pw), dq)
