@@ -1,0 +1,2 @@
+"""Integrations with model libraries (transformers; GGUF Q4_1 files). Import the submodules:
+they need packages the core does not (``pip install 'mixed-gemm[hf]'``)."""

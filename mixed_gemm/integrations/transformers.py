@@ -1,0 +1,275 @@
+"""Quantized transformers models on mixed_gemm: load AutoAWQ / GPTQ checkpoints, quantize a loaded
+fp16 model in place, save AutoAWQ-style checkpoints.
+
+Checkpoint contract (what ``load_quantized`` reads and ``save_quantized`` writes): a directory with
+``config.json`` whose ``quantization_config`` is
+
+- AutoAWQ: ``{"quant_method": "awq", "bits": 4, "group_size": G, "zero_point": bool,
+  "version": "gemm", "modules_to_not_convert": [...] | null}``; tensors ``<linear>.qweight``
+  int32 ``(K, N/8)``, ``.qzeros`` int32 ``(K/G, N/8)`` (when zero_point), ``.scales`` ``(K/G, N)``;
+- GPTQ: ``{"quant_method": "gptq", "bits": 4|8, "group_size": G, "sym": bool, "desc_act": bool,
+  "checkpoint_format": "gptq" | "gptq_v2"}``; tensors ``.qweight`` ``(K/P, N)``, ``.qzeros``,
+  ``.scales``, ``.g_idx`` (used when desc_act);
+
+plus ``model.safetensors`` or shards listed in ``model.safetensors.index.json``. ``K/G`` is
+``ceil(K/G)`` when ``G`` does not divide ``K`` (a mixed_gemm extension; AutoAWQ needs K % G == 0).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..formats import make_g_idx, pack
+from ..nn import QuantLinear
+
+SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+
+
+# ------------------------------------------------------------------ quantization_config
+def parse_quant_config(qc: dict) -> dict:
+    """Validate a ``quantization_config``; returns ``dict(format, bits, group_size, symmetric,
+    act_order, skip)``. Unsupported settings raise ``ValueError`` naming the setting."""
+    if not isinstance(qc, dict):
+        qc = qc.to_dict()
+    method = qc.get("quant_method")
+    bits, group = qc.get("bits", 4), qc.get("group_size", 128)
+    if method == "awq":
+        version = str(qc.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ValueError(f"quantization_config.version: only AutoAWQ 'gemm' checkpoints are supported, got {version!r}")
+        if bits != 4:
+            raise ValueError(f"quantization_config.bits: AutoAWQ checkpoints are 4-bit, got {bits}")
+        return dict(format="awq", bits=4, group_size=group, symmetric=not qc.get("zero_point", True),
+                    act_order=False, skip=tuple(qc.get("modules_to_not_convert") or ()))
+    if method == "gptq":
+        if bits not in (4, 8):
+            raise ValueError(f"quantization_config.bits: expected 4 or 8, got {bits}")
+        fmt = qc.get("checkpoint_format", "gptq") or "gptq"
+        if fmt not in ("gptq", "gptq_v2"):
+            raise ValueError(f"quantization_config.checkpoint_format: expected 'gptq' or 'gptq_v2', got {fmt!r}")
+        return dict(format=fmt, bits=bits, group_size=group, symmetric=bool(qc.get("sym", True)),
+                    act_order=bool(qc.get("desc_act", False)), skip=tuple(qc.get("modules_to_not_convert") or ()))
+    raise ValueError(f"quantization_config.quant_method: expected 'awq' or 'gptq', got {method!r}")
+
+
+# ------------------------------------------------------------------ module surgery
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def _skipped(name: str, skip: Iterable[str]) -> bool:
+    return any(name == s or name.endswith("." + s) or name.startswith(s + ".") or ("." + s + ".") in name
+               for s in skip)
+
+
+def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, symmetric: bool = False,
+                   skip: Sequence[str] = ("lm_head",), progress: bool = True) -> nn.Module:
+    """Replace every ``nn.Linear`` of a loaded fp16/bf16 model (except names matching ``skip``) by a
+    :class:`QuantLinear` quantized round-to-nearest, in place, on the layer's device. Returns ``model``."""
+    from tqdm import tqdm
+
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not _skipped(n, skip)]
+    for name in tqdm(names, desc="quantize", unit="layer", disable=not progress):
+        _set_submodule(model, name, QuantLinear.from_linear(model.get_submodule(name), bits=bits,
+                                                           group_size=group_size, symmetric=symmetric))
+    model._mixed_gemm_quant = dict(bits=bits, group_size=group_size, symmetric=symmetric,
+                                   skip=[n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
+    return model
+
+
+def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
+    """Write ``model`` (with :class:`QuantLinear` layers) as a checkpoint ``load_quantized`` and
+    AutoAWQ-style loaders read: ``config.json`` with ``quantization_config`` and
+    ``model.safetensors``. ``format``: ``"awq"`` (4-bit) or ``"gptq"``."""
+    from safetensors.torch import save_file
+
+    if format not in ("awq", "gptq"):
+        raise ValueError(f"format: expected 'awq' or 'gptq', got {format!r}")
+    quant = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    if not quant:
+        raise ValueError("model: has no QuantLinear layers; run quantize_model first")
+    kinds = {(m.bits, m.group_size, m.zero_mode) for m in quant.values()}
+    if len(kinds) != 1:
+        raise ValueError(f"model: a checkpoint holds one bits/group_size/zero kind, the layers have {sorted(kinds)}")
+    bits, group, zero_mode = kinds.pop()
+    if zero_mode in ("float", "offset"):
+        raise ValueError(f"model: {zero_mode!r} zeros have no AWQ/GPTQ encoding (integer zero points only)")
+    if format == "awq" and bits != 4:
+        raise ValueError(f"format: 'awq' checkpoints are 4-bit, the layers are {bits}-bit; use format='gptq'")
+    tensors: Dict[str, torch.Tensor] = {}
+    for name, m in quant.items():
+        q, s, z = m.packed().unpack()
+        g_idx = None
+        if m.perm is not None:  # act-order: store the original K order with its g_idx (GPTQ only)
+            if format != "gptq":
+                raise ValueError("format: act-order layers need format='gptq'")
+            inv = torch.empty_like(m.perm).index_copy_(0, m.perm, torch.arange(len(m.perm), device=m.perm.device))
+            q = q.index_select(1, inv)
+            g_idx = make_g_idx(m.in_features, group, device=q.device).index_select(0, inv)
+        qweight, scales, qzeros = pack(q, s, z, format=format, bits=bits, group_size=group, g_idx=g_idx)
+        tensors[f"{name}.qweight"], tensors[f"{name}.scales"] = qweight, scales
+        if qzeros is not None:
+            tensors[f"{name}.qzeros"] = qzeros
+        if format == "gptq":
+            tensors[f"{name}.g_idx"] = g_idx if g_idx is not None else make_g_idx(m.in_features, group, device=q.device)
+        if m.bias is not None:
+            tensors[f"{name}.bias"] = m.bias
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    for key, t in model.state_dict().items():
+        owner = key.rpartition(".")[0]
+        if owner in quant or (tied and key == "lm_head.weight"):
+            continue
+        tensors[key] = t
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    config = model.config.to_dict()
+    skip = [n for n, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+    if format == "awq":
+        config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group,
+                                         "zero_point": zero_mode != "sym", "version": "gemm",
+                                         "modules_to_not_convert": skip or None}
+    else:
+        config["quantization_config"] = {"quant_method": "gptq", "bits": bits, "group_size": group,
+                                         "sym": zero_mode == "sym", "desc_act": any(m.perm is not None for m in quant.values()),
+                                         "checkpoint_format": "gptq", "modules_to_not_convert": skip or None}
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    return out
+
+
+# ------------------------------------------------------------------ loading
+def _shards(model_dir: Path):
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        return [model_dir / f for f in dict.fromkeys(json.loads(index.read_text())["weight_map"].values())]
+    single = model_dir / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise FileNotFoundError(f"model_dir: no model.safetensors or model.safetensors.index.json in {model_dir}")
+
+
+def _quantized_names(shards) -> Dict[str, Tuple[int, int]]:
+    from safetensors import safe_open
+
+    names = {}
+    for path in shards:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                if key.endswith(".qweight"):
+                    names[key[: -len(".qweight")]] = None
+    return names
+
+
+def empty_model(config, dtype: torch.dtype):
+    """The model of ``config`` on the meta device: no memory for weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return model.to(dtype)
+
+
+def _set_tensor(model: nn.Module, key: str, value: torch.Tensor) -> None:
+    owner_name, _, leaf = key.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    if leaf in owner._parameters:
+        owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    elif leaf in owner._buffers:
+        owner._buffers[leaf] = value
+    else:
+        raise KeyError(f"checkpoint tensor {key!r} has no place in the model")
+
+
+def materialize(model: nn.Module, device) -> None:
+    """Give parameters/buffers still on the meta device real (uninitialized) memory, and rebuild
+    non-persistent buffers (rotary ``inv_freq``) by constructing their module again on ``device``."""
+    for name, mod in model.named_modules():
+        for leaf, p in list(mod._parameters.items()):
+            if p is not None and p.is_meta:
+                mod._parameters[leaf] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=False)
+        transient = [b for b in mod._buffers if b in mod._non_persistent_buffers_set and mod._buffers[b] is not None
+                     and mod._buffers[b].is_meta]
+        if transient:
+            if not hasattr(mod, "config"):
+                raise RuntimeError(f"{name}: cannot rebuild non-persistent buffers {transient} (no config)")
+            with torch.device(device):
+                fresh = type(mod)(mod.config)
+            for b in transient:
+                mod._buffers[b] = fresh._buffers[b]
+            for attr, val in vars(fresh).items():  # e.g. attention_scaling
+                if not attr.startswith("_") and not isinstance(val, (torch.Tensor, nn.Module)):
+                    setattr(mod, attr, val)
+        for leaf, t in list(mod._buffers.items()):
+            if t is not None and t.is_meta:
+                mod._buffers[leaf] = torch.empty_like(t, device=device)
+
+
+def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda", progress: bool = True):
+    """Build the model of ``model_dir/config.json`` without allocating its fp16 weights, replace every
+    quantized ``nn.Linear`` by a :class:`QuantLinear`, stream the safetensors shards one by one,
+    prepack, and return the ``PreTrainedModel`` in eval mode on ``device``."""
+    from safetensors import safe_open
+    from tqdm import tqdm
+    from transformers import AutoConfig
+
+    model_dir = Path(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        raise ValueError(f"{model_dir}/config.json: has no quantization_config (not an AWQ/GPTQ checkpoint)")
+    spec = parse_quant_config(qc)
+    del config.quantization_config  # transformers must not try to quantize the empty model itself
+    shards = _shards(model_dir)
+    model = empty_model(config, dtype)
+    # Quantized layers keep 16-bit scales; a float32 model (CPU reference runs) uses float16 ones.
+    kdtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
+    qnames = _quantized_names(shards)
+    for name in qnames:
+        lin = model.get_submodule(name)
+        if not isinstance(lin, nn.Linear):
+            raise ValueError(f"checkpoint: {name}.qweight belongs to a {type(lin).__name__}, not an nn.Linear")
+        _set_submodule(model, name, QuantLinear(lin.in_features, lin.out_features, bits=spec["bits"],
+                                                group_size=spec["group_size"], bias=lin.bias is not None,
+                                                zero_mode="sym" if spec["symmetric"] else "int",
+                                                act_order=spec["act_order"], format=spec["format"],
+                                                dtype=kdtype, device="meta"))
+    pending: Dict[str, Dict[str, torch.Tensor]] = {}
+    loaded = set()
+    bar = tqdm(total=len(qnames), desc="load + prepack", unit="layer", disable=not progress)
+    for path in shards:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                owner, _, leaf = key.rpartition(".")
+                if owner in qnames and leaf in SUFFIXES:
+                    pending.setdefault(owner, {})[leaf] = f.get_tensor(key)
+                else:
+                    t = f.get_tensor(key)
+                    _set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
+                    loaded.add(key)
+        for owner in [o for o, parts in pending.items() if "qweight" in parts and "scales" in parts
+                      and ("qzeros" in parts or spec["symmetric"])]:
+            parts = pending.pop(owner)
+            new = QuantLinear.from_checkpoint(
+                parts["qweight"], parts["scales"].to(kdtype), None if spec["symmetric"] else parts["qzeros"],
+                parts.get("bias"), format=spec["format"], bits=spec["bits"], group_size=spec["group_size"],
+                g_idx=parts.get("g_idx") if spec["act_order"] else None, dtype=kdtype)
+            _set_submodule(model, owner, new)
+            bar.update()
+    bar.close()
+    if pending:
+        raise ValueError(f"checkpoint: incomplete quantized layers {sorted(pending)[:5]} (missing qweight/scales/qzeros)")
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    missing = [k for k, v in model.state_dict().items() if v.is_meta]
+    if missing:
+        raise ValueError(f"checkpoint: no tensors for {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    materialize(model, device)
+    model.config.quantization_config = qc
+    return model.eval()

@@ -1,0 +1,134 @@
+"""``QuantLinear``: a drop-in ``nn.Linear`` replacement holding a quantized weight."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..formats import quantize
+from ..formats.kernel_layout import ATOM_K, ATOM_N
+from ..ops import PackedWeight, matmul, matmul_packed_op, packed_view, prepack
+from ..reference import dequantize as reference_dequantize
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ W.T + bias`` with ``W`` an int4/int8 group-quantized ``(out_features, in_features)``
+    weight, stored prepacked in the kernel's layout (:class:`mixed_gemm.PackedWeight`).
+
+    Buffers (all in ``state_dict``): ``b`` int32 atoms, ``scales`` and ``zeros`` (``None`` when
+    symmetric) ``(num_groups, N_pad)`` in the activation dtype, ``perm`` (GPTQ act-order K
+    permutation, else ``None``), ``bias`` (``(N,)`` or ``None``). ``load_state_dict`` expects a
+    module built with the same arguments.
+
+    ``forward`` on CUDA runs :func:`mixed_gemm.matmul` (under ``torch.compile`` through the custom
+    op ``torch.ops.mixed_gemm.matmul``). On the CPU it computes the float32 reference
+    (:mod:`mixed_gemm.reference`) and casts back to ``x.dtype``; it caches the dense float32 weight.
+    That path exists for tests and debugging, not speed.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bits: int = 4, group_size: int = 128,
+                 zero_mode: str = "int", bias: bool = False, act_order: bool = False, format: str = "plain",
+                 dtype: torch.dtype = torch.float16, device=None):
+        super().__init__()
+        if zero_mode not in ("int", "sym", "float", "offset"):
+            raise ValueError(f"zero_mode: expected 'int', 'sym', 'float' or 'offset', got {zero_mode!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.bits, self.zero_mode, self.format = bits, zero_mode, format
+        self.group_size = group_size  # as given: -1 (per-channel) or the checkpoint's group size
+        groups = 1 if group_size == -1 else _ceil(in_features, group_size)
+        n_pad, k16 = _ceil(out_features, ATOM_N) * ATOM_N, _ceil(in_features, ATOM_K)
+        kw = dict(device=device)
+        self.register_buffer("b", torch.empty(n_pad // ATOM_N, k16, 128 * bits // 4, dtype=torch.int32, **kw))
+        self.register_buffer("scales", torch.empty(groups, n_pad, dtype=dtype, **kw))
+        self.register_buffer("zeros", None if zero_mode == "sym" else torch.empty(groups, n_pad, dtype=dtype, **kw))
+        self.register_buffer("perm", torch.empty(in_features, dtype=torch.int64, **kw) if act_order else None)
+        self.register_buffer("bias", torch.empty(out_features, dtype=dtype, **kw) if bias else None)
+        self._pw: Optional[PackedWeight] = None
+        self._dense: Optional[tuple] = None  # (buffers it was computed from, float32 weight)
+
+    # ---- construction ----
+    @classmethod
+    def from_packed(cls, w: PackedWeight, bias: Optional[torch.Tensor] = None, *, format: str = "plain",
+                    group_size: Optional[int] = None) -> "QuantLinear":
+        """Wrap an existing PackedWeight (tensors are shared, not copied). ``group_size``: the nominal
+        one (default: the weight's; give it when K <= group size made a single group)."""
+        if group_size is None:
+            group_size = -1 if w.num_groups == 1 else w.group_size
+        mod = cls(w.k, w.n, bits=w.bits, group_size=group_size,
+                  zero_mode=w.zero_mode, bias=bias is not None, act_order=w.perm is not None, format=format,
+                  dtype=w.dtype, device="meta")
+        mod.b, mod.scales, mod.zeros, mod.perm = w.b, w.scales, w.zeros, w.perm
+        mod.bias = None if bias is None else bias.detach().to(device=w.device, dtype=w.dtype)
+        return mod
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, bits: int = 4, group_size: int = 128,
+                    symmetric: bool = False) -> "QuantLinear":
+        """Quantize an ``nn.Linear`` (round to nearest, :func:`mixed_gemm.quantize`) on its device. The
+        module's dtype is the weight's for float16/bfloat16 weights, else float16 (a float32 model
+        keeps working on the CPU reference path; the GPU kernels need float16/bfloat16 activations)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight.detach()
+        if not weight.is_floating_point():
+            raise TypeError(f"linear: weight must be floating point, got {weight.dtype}")
+        dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        q, s, z = quantize(weight, bits=bits, group_size=group_size, symmetric=symmetric)
+        w = prepack(q, s, z, format="plain", bits=bits, group_size=group_size, dtype=dtype)
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls.from_packed(w, bias, format="plain", group_size=group_size)
+
+    @classmethod
+    def from_checkpoint(cls, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor] = None, *, format: str, bits: int, group_size: int,
+                        g_idx: Optional[torch.Tensor] = None, zero_mode: str = "int",
+                        dtype: Optional[torch.dtype] = None) -> "QuantLinear":
+        """From a checkpoint's tensors (see :func:`mixed_gemm.unpack` for ``format``), on their device."""
+        if dtype is None:
+            dtype = scales.dtype if scales.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        w = prepack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
+                    zero_mode=zero_mode, dtype=dtype)
+        return cls.from_packed(w, bias, format=format, group_size=group_size)
+
+    # ---- use ----
+    def packed(self) -> PackedWeight:
+        """The PackedWeight over this module's current buffers (rebuilt after ``.to()`` / loading)."""
+        pw = self._pw
+        if pw is None or pw.b is not self.b or pw.scales is not self.scales or pw.zeros is not self.zeros \
+                or pw.perm is not self.perm:
+            g = self.in_features if self.group_size == -1 or self.scales.shape[0] == 1 else self.group_size
+            pw = self._pw = packed_view(self.b, self.scales, self.zeros, self.perm, self.out_features,
+                                        self.in_features, self.bits, g, self.zero_mode)
+        return pw
+
+    def dense_weight(self) -> torch.Tensor:
+        """The float32 ``(N, K)`` weight of the reference, in the original K order (cached)."""
+        key = (self.b, self.scales, self.zeros, self.perm)
+        if self._dense is None or any(a is not b for a, b in zip(self._dense[0], key)):
+            pw = self.packed()
+            q, s, z = pw.unpack()
+            w = reference_dequantize(q, s, z, group_size=pw.group_size if pw.num_groups > 1 else -1, bits=self.bits,
+                                     zero_mode="offset" if self.zero_mode == "offset" else "int")
+            if self.perm is not None:
+                w = torch.empty_like(w).index_copy_(1, self.perm, w)
+            self._dense = (key, w)
+        return self._dense[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cuda":
+            if torch.compiler.is_compiling():
+                return matmul_packed_op(x, self.packed(), self.bias)
+            return matmul(x, self.packed(), bias=self.bias)
+        w = self.dense_weight().to(x.device)
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(x.float(), w, bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+                f"group_size={self.group_size}, zero_mode={self.zero_mode}, format={self.format}, "
+                f"act_order={self.perm is not None}, bias={self.bias is not None}, dtype={self.scales.dtype}")

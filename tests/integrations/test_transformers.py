@@ -1,0 +1,76 @@
+"""transformers integration on the CPU reference path: quantize -> save -> load round trips."""
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from mixed_gemm.integrations.transformers import (  # noqa: E402
+    load_quantized, parse_quant_config, quantize_model, save_quantized)
+from mixed_gemm.nn import QuantLinear  # noqa: E402
+
+
+def tiny_llama(seed=0, tie=True, dtype=torch.float32):
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                   max_position_embeddings=128, tie_word_embeddings=tie)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+@pytest.mark.parametrize("fmt,symmetric,group", [("awq", False, 32), ("awq", False, 128), ("gptq", True, 64),
+                                                 ("gptq", False, 32)])
+def test_quantize_save_load_round_trip(tmp_path, fmt, symmetric, group):
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        dense_logits = model(ids).logits
+    quantize_model(model, bits=4, group_size=group, symmetric=symmetric, progress=False)
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(linears) == 2 * 7 and not isinstance(model.lm_head, QuantLinear)
+    with torch.no_grad():
+        q_logits = model(ids).logits
+    # RTN int4 on random weights: close to the dense model, not equal.
+    assert ((q_logits - dense_logits).norm() / dense_logits.norm()).item() < 0.25
+    save_quantized(model, tmp_path, format=fmt)
+    qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == fmt and qc["group_size"] == group
+    loaded = load_quantized(tmp_path, dtype=torch.float32, device="cpu", progress=False)
+    assert sum(isinstance(m, QuantLinear) for m in loaded.modules()) == len(linears)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # tied again
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, q_logits)  # the same integers, scales and zeros
+
+
+def test_group_not_dividing_k_round_trips(tmp_path):
+    """K = 160 (down_proj) at group 128: a shorter last group, loadable by load_quantized."""
+    model = quantize_model(tiny_llama(), group_size=128, progress=False)
+    down = model.model.layers[0].mlp.down_proj
+    assert down.in_features == 160 and down.scales.shape[0] == 2
+    save_quantized(model, tmp_path)
+    loaded = load_quantized(tmp_path, dtype=torch.float32, device="cpu", progress=False)
+    ids = torch.randint(0, 256, (1, 7))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("qc,msg", [
+    ({"quant_method": "awq", "version": "gemv"}, "quantization_config.version"),
+    ({"quant_method": "awq", "bits": 8}, "quantization_config.bits"),
+    ({"quant_method": "gptq", "bits": 3}, "quantization_config.bits"),
+    ({"quant_method": "gptq", "checkpoint_format": "marlin"}, "quantization_config.checkpoint_format"),
+    ({"quant_method": "bitsandbytes"}, "quantization_config.quant_method"),
+])
+def test_unsupported_settings(qc, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_quant_config(qc)
+
+
+def test_load_errors(tmp_path):
+    tiny_llama().config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no quantization_config"):
+        load_quantized(tmp_path, device="cpu")
+    model = quantize_model(tiny_llama(), progress=False)
+    with pytest.raises(ValueError, match="format"):
+        save_quantized(model, tmp_path / "x", format="exl2")
