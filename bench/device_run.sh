@@ -26,6 +26,7 @@ for step in $steps; do
       timeout ${PROFILE_TIMEOUT:-420} python3 -m mixed_gemm.cli profile --model llama3-8b,llama3-70b --out "$OUT/h100.json" \
         --no-merge --quiet 2>&1 | tail -5
       echo "profile exit: $?" ;;
+    e2e) python3 bench/e2e_smollm2.py --out "$OUT" 2>&1 | grep -vE "Warning|warn" | tail -20 ;;
     bench-cli) python3 -m mixed_gemm.cli bench --compare --plot "$OUT/bench.png" --out "$OUT/bench.md" \
                  --json "$OUT/bench.json" 2>&1 | tail -30 ;;
     sanitize)
