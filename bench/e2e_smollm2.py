@@ -91,11 +91,11 @@ def main() -> int:
         top1 = (lq.argmax(-1) == lr.argmax(-1)).float().mean().item()
         res = dict(rel_err=rel, top1=top1, decode={})
         for mode in ("eager", "compiled"):
+            if mode == "compiled":
+                for m in (model, twin):
+                    m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
             for batch in (1, 16):
                 try:
-                    if mode == "compiled":
-                        for m in (model, twin):
-                            m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
                     a = decode_rate(model, batch, compiled=mode == "compiled")
                     b = decode_rate(twin, batch, compiled=mode == "compiled")
                 except Exception as exc:  # noqa: BLE001 - report and go on
