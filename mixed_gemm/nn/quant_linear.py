@@ -98,9 +98,9 @@ class QuantLinear(nn.Module):
     # ---- use ----
     def packed(self) -> PackedWeight:
         """The PackedWeight over this module's current buffers (rebuilt after ``.to()`` / loading)."""
-        pw = self._pw
-        if pw is None or pw.b is not self.b or pw.scales is not self.scales or pw.zeros is not self.zeros \
-                or pw.perm is not self.perm:
+        pw, buf = self._pw, self._buffers  # _buffers directly: nn.Module.__getattr__ is slow on a hot path
+        if pw is None or pw.b is not buf["b"] or pw.scales is not buf["scales"] or pw.zeros is not buf["zeros"] \
+                or pw.perm is not buf["perm"]:
             g = self.in_features if self.group_size == -1 or self.scales.shape[0] == 1 else self.group_size
             pw = self._pw = packed_view(self.b, self.scales, self.zeros, self.perm, self.out_features,
                                         self.in_features, self.bits, g, self.zero_mode)
@@ -120,10 +120,10 @@ class QuantLinear(nn.Module):
         return self._dense[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cuda":
+        if x.is_cuda:
             if torch.compiler.is_compiling():
-                return matmul_packed_op(x, self.packed(), self.bias)
-            return matmul(x, self.packed(), bias=self.bias)
+                return matmul_packed_op(x, self.packed(), self._buffers["bias"])
+            return matmul(x, self.packed(), bias=self._buffers["bias"])
         w = self.dense_weight().to(x.device)
         bias = None if self.bias is None else self.bias.float()
         return torch.nn.functional.linear(x.float(), w, bias).to(x.dtype)

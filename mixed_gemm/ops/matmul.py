@@ -128,6 +128,19 @@ def matmul(
     return y
 
 
+# (id(config), device) -> (config, gemm Function, reduce Function): one dict lookup per call instead of
+# hashing the config's fields; the config is kept in the value so its id stays unique.
+_PLANS: dict = {}
+
+
+def _plan(config: KernelConfig, device_index: int) -> tuple:
+    module = get_module(config, device_index)
+    plan = (config, module.function(config.kernel_name, GemmArgs, config.threads, config.smem_bytes),
+            module.function(config.kernel_name + "_reduce", ReduceArgs, 256))
+    _PLANS[(id(config), device_index)] = plan
+    return plan
+
+
 def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_index: int, grid) -> None:
     if config.method == "dequant_mm":
         # Large M: one dense weight (in the stored K order, which x already follows), then cuBLAS.
@@ -139,8 +152,10 @@ def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_in
         else:
             torch.addmm(bias, x2, dense.t(), out=y2)
         return
-    module = get_module(config, device_index)
-    gemm = module.function(config.kernel_name, GemmArgs, config.threads, config.smem_bytes)
+    plan = _PLANS.get((id(config), device_index))
+    if plan is None:
+        plan = _plan(config, device_index)
+    gemm = plan[1]
     stream = current_stream(device_index)
     mode = config.split_k_mode if config.split_k > 1 else "none"
     ws = sem = 0
@@ -167,7 +182,7 @@ def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_in
         a.log_tile = config.swizzle.bit_length() - 1
         gemm.launch(grid, stream)
     if mode == "parallel":
-        reduce = module.function(config.kernel_name + "_reduce", ReduceArgs, 256)
+        reduce = plan[2]
         with reduce.lock:
             r = reduce.args
             r.workspace, r.bias, r.c = ws, 0 if bias is None else bias.data_ptr(), y.data_ptr()

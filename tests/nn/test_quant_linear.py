@@ -95,7 +95,7 @@ def test_compile_fullgraph_and_cuda_graph_decode_step():
     x = torch.randn(1, 1, 576, device="cuda").half()
     eager = model(x)
     compiled = torch.compile(model, fullgraph=True)
-    assert torch.equal(compiled(x), eager)
+    assert _rel(compiled(x), eager) <= 2e-3  # Inductor fuses silu * up in fp32: not bit-equal to eager
     static_x = x.clone()
     for _ in range(2):  # warm up (compile, select) outside the capture
         compiled(static_x)
@@ -108,4 +108,4 @@ def test_compile_fullgraph_and_cuda_graph_decode_step():
         static_x.copy_(new)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_y, model(new))
+        assert torch.equal(static_y, compiled(new))
