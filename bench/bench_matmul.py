@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import statistics
 
 import torch
 
 import mixed_gemm as mg
+from mixed_gemm.profiler.timing import copy_bandwidth, time_graph
 from mixed_gemm.formats.kernel_layout import pack_b, pack_group_params
 
 SHAPES = {
@@ -27,42 +27,6 @@ SHAPES = {
     "70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
 }
 GROUP = 128
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written."""
-    n = 1 << 29  # 1 GiB of fp16
-    a = torch.empty(n, dtype=torch.float16, device="cuda")
-    b = torch.empty_like(a)
-    times = _time_graph(lambda: b.copy_(a), calls=5)
-    return 2 * a.numel() * 2 / times
-
-
-def _time_graph(fn, calls: int, replays: int = 7) -> float:
-    """Median seconds per call of ``fn`` captured ``calls`` times in one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / calls)
-    return statistics.median(samples)
 
 
 def _copies(nbytes: int, l2: int) -> int:
@@ -92,9 +56,9 @@ def bench_shape(n: int, k: int, ms, l2: int, bw: float):
         x = torch.randn(m, k, device="cuda").half()
         y = torch.empty(m, n, device="cuda").half()
         it = iter(range(1 << 62))
-        t_q = _time_graph(lambda: mg.matmul(x, ws[next(it) % len(ws)], out=y), calls=max(len(ws), 8))
+        t_q = time_graph(lambda i: mg.matmul(x, ws[next(it) % len(ws)], out=y), calls=max(len(ws), 8))
         it2 = iter(range(1 << 62))
-        t_f = _time_graph(lambda: torch.mm(x, fp16[next(it2) % len(fp16)].t(), out=y), calls=max(len(fp16), 8))
+        t_f = time_graph(lambda i: torch.mm(x, fp16[next(it2) % len(fp16)].t(), out=y), calls=max(len(fp16), 8))
         floor = (int4_bytes + 2 * m * k + 2 * m * n) / bw
         rows.append(dict(n=n, k=k, m=m, us=t_q * 1e6, fp16_us=t_f * 1e6, speedup=t_f / t_q,
                          floor_share=floor / t_q, tflops=2 * m * n * k / t_q / 1e12))
@@ -109,7 +73,7 @@ def bench_dequant(l2: int, bw: float):
         ws = _packed_weights(n, k, _copies(n * k // 2, l2))
         out = torch.empty(n, k, device="cuda").half()
         it = iter(range(1 << 62))
-        t = _time_graph(lambda: mg.dequantize(ws[next(it) % len(ws)], out=out), calls=max(len(ws), 4))
+        t = time_graph(lambda i: mg.dequantize(ws[next(it) % len(ws)], out=out), calls=max(len(ws), 4))
         nbytes = n * k // 2 + 4 * n * (k // GROUP) + 2 * n * k
         lines.append(f"| {n} | {k} | {t * 1e6:.1f} | {nbytes / t / 1e9:.0f} | {100 * nbytes / t / bw:.0f}% |")
         print(lines[-1], flush=True)
@@ -134,7 +98,7 @@ def bench_splitk(ms, l2: int):
             times = []
             for cfg in variants:
                 it = iter(range(1 << 62))
-                times.append(_time_graph(lambda: mg.matmul(x, ws[next(it) % len(ws)], out=y, config=cfg),
+                times.append(time_graph(lambda i: mg.matmul(x, ws[next(it) % len(ws)], out=y, config=cfg),
                                          calls=max(len(ws), 8)) * 1e6)
             lines.append(f"| {n} | {k} | {m} | {h.split_k_mode} {h.split_k} | " + " | ".join(f"{t:.1f}" for t in times)
                          + " |")

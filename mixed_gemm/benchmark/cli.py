@@ -6,21 +6,14 @@ import datetime
 import json
 import sys
 
-from ..profiler.cli import _common, problems_from
+from ..profiler.cli import _common, prepare
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from ..profiler.timing import gpu_missing
-
-    try:
-        problems, ms = problems_from(args, "llama3-8b,llama3-70b")
-    except ValueError as exc:
-        print(f"mixed-gemm bench: error: {exc}", file=sys.stderr)
-        return 2
-    why = gpu_missing()
-    if why:
-        print(f"mixed-gemm bench: {why}", file=sys.stderr)
-        return 1
+    ready = prepare(args, "bench")
+    if isinstance(ready, int):
+        return ready
+    problems, ms = ready
     import torch
 
     from ..profiler.timing import copy_bandwidth

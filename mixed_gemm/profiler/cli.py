@@ -24,18 +24,28 @@ def problems_from(args, default_models: str):
     return problems, parse_ints(args.ms, "--ms")
 
 
-def run_profile(args: argparse.Namespace) -> int:
+def prepare(args, command: str):
+    """Parse the problem arguments and check for a GPU: ``(problems, ms)``, or an exit code after
+    printing why (2: bad arguments, 1: no GPU)."""
     from .timing import gpu_missing
 
     try:
         problems, ms = problems_from(args, "llama3-8b,llama3-70b")
     except ValueError as exc:
-        print(f"mixed-gemm profile: error: {exc}", file=sys.stderr)
+        print(f"mixed-gemm {command}: error: {exc}", file=sys.stderr)
         return 2
     why = gpu_missing()
     if why:
-        print(f"mixed-gemm profile: {why}", file=sys.stderr)
+        print(f"mixed-gemm {command}: {why}", file=sys.stderr)
         return 1
+    return problems, ms
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    ready = prepare(args, "profile")
+    if isinstance(ready, int):
+        return ready
+    problems, ms = ready
     from .sweep import SweepSpec, run_sweep
 
     spec = SweepSpec(problems=problems, ms=ms, dtype=args.dtype, bits=args.bits, group_size=args.group_size,

@@ -112,17 +112,23 @@ def test_dequantize_matches_reference(dtype, bits, zero):
     assert torch.equal(got, ref)
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_act_order(dtype):
-    n, k, g = 512, 1024, 128
-    gen = torch.Generator().manual_seed(8)
-    tdtype = DTYPES[dtype]
+def act_order_case(n, k, g, seed, tdtype):
+    """A GPTQ act-order weight: canonical (q, s, z, g_idx) on the CPU and its PackedWeight on the GPU."""
+    gen = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
     s = ((torch.rand(n, k // g, generator=gen) + 0.5) * 0.01).to(tdtype)
     z = torch.randint(0, 16, (n, k // g), generator=gen).to(tdtype)
     g_idx = (torch.arange(k) // g)[torch.randperm(k, generator=gen)].int()
     packed = mg.pack(q, s, z, format="gptq", bits=4, group_size=g, g_idx=g_idx)
     w = mg.prepack(*(t.cuda() for t in packed), format="gptq", bits=4, group_size=g, g_idx=g_idx.cuda(), dtype=tdtype)
+    return q, s, z, g_idx, w
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_act_order(dtype):
+    n, k, g = 512, 1024, 128
+    tdtype = DTYPES[dtype]
+    q, s, z, g_idx, w = act_order_case(n, k, g, 8, tdtype)
     x = torch.randn(9, k, device="cuda").to(tdtype)
     ref = mg.reference.matmul(x, q.cuda(), s.cuda(), z.cuda(), group_size=g, bits=4, g_idx=g_idx.cuda())
     assert rel_err(mg.matmul(x, w), ref) <= TOL[dtype]
@@ -173,14 +179,8 @@ def test_fused_split_k_in_cuda_graph():
 def test_dequant_mm_method(dtype):
     """Large-M strategy: dense weight then cuBLAS, with bias, out= and act-order."""
     n, k, g = 384, 512, 128
-    gen = torch.Generator().manual_seed(21)
     tdtype = DTYPES[dtype]
-    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    s = ((torch.rand(n, k // g, generator=gen) + 0.5) * 0.01).to(tdtype)
-    z = torch.randint(0, 16, (n, k // g), generator=gen).to(tdtype)
-    g_idx = (torch.arange(k) // g)[torch.randperm(k, generator=gen)].int()
-    packed = mg.pack(q, s, z, format="gptq", bits=4, group_size=g, g_idx=g_idx)
-    w = mg.prepack(*(t.cuda() for t in packed), format="gptq", bits=4, group_size=g, g_idx=g_idx.cuda(), dtype=tdtype)
+    q, s, z, g_idx, w = act_order_case(n, k, g, 21, tdtype)
     cfg = mg.KernelConfig.from_schedule("dequant_mm", dtype=dtype, bits=4, zero_mode="int")
     x = torch.randn(2, 70, k, device="cuda").to(tdtype)
     bias = torch.randn(n, device="cuda").to(tdtype)
