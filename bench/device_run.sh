@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session: install the carried wheels, show the environment, run the whole test
-# suite and the benchmark. Logs go to $OUT. Usage: bash bench/device_run.sh [tests] [bench] [sass]
+# suite and the benchmark. Logs go to $OUT. Usage: bash bench/device_run.sh [tests] [bench-cli] [sass] ...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -9,13 +9,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target $T .whl/*.w
 export MIXED_GEMM_CACHE_DIR=${MIXED_GEMM_CACHE_DIR:-$PWD/.kcache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -m mixed_gemm.cli info 2>&1 | tee "$OUT/info.txt"
-steps=${*:-tests bench}
+steps=${*:-tests bench-cli}
 for step in $steps; do
   case $step in
     tests) python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/pytest.log" | grep -vE "^\s*$" | tail -25 ;;
     gpu-tests) python3 -m pytest -q -m gpu -x tests 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25 ;;
     new-tests) python3 -m pytest -q -x tests/ops/test_config_space_gpu.py 2>&1 | tee "$OUT/pytest-new.log" | tail -25 ;;
-    bench) python3 bench/bench_matmul.py --out "$OUT/bench.md" 2>&1 | tail -60 ;;
     bench-dequant) python3 bench/bench_matmul.py --mode dequant --out "$OUT/bench-dequant.md" 2>&1 | tail -10 ;;
     bench-splitk) python3 bench/bench_matmul.py --mode splitk --ms 1,16 --out "$OUT/bench-splitk.md" 2>&1 | tail -20 ;;
     build) python3 -m mixed_gemm.cli build --quiet 2>&1 | tail -3 ;;

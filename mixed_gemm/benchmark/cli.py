@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 
 from ..profiler.cli import _common, prepare
 

@@ -76,14 +76,22 @@ class KernelConfig:
             (self.split_k == 1 or self.split_k_mode != "none", "split_k > 1 needs split_k_mode serial or parallel"),
             (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
             (self.method in METHODS, f"method must be one of {METHODS}"),
-            (self.method == "mixed" or self.schedule_fields_default(),
+            (self.method == "mixed" or self._schedule_fields_default(),
              "method dequant_mm takes no tile, warps, stages, split-K or swizzle"),
         ], f"KernelConfig {self.tile}/{self.warps}")
 
-    def schedule_fields_default(self) -> bool:
+    def _schedule_fields_default(self) -> bool:
         base = KernelConfig.__dataclass_fields__
         return all(getattr(self, f) == base[f].default for f in
                    ("tile", "warps", "stages", "split_k_mode", "split_k", "swizzle"))
+
+    def __hash__(self) -> int:
+        # Configs key the module and launch-plan caches on every matmul call: hash the fields once.
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(dataclasses.astuple(self))
 
     # ---- derived quantities (kept in step with gemm_sm80.cuh; the rendered source asserts them) ----
     # Cached per instance (the config is frozen): matmul reads them on every call.

@@ -17,9 +17,8 @@ plus ``model.safetensors`` or shards listed in ``model.safetensors.index.json``.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence
 
 import torch
 from torch import nn
@@ -78,8 +77,6 @@ def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, sy
     for name in tqdm(names, desc="quantize", unit="layer", disable=not progress):
         _set_submodule(model, name, QuantLinear.from_linear(model.get_submodule(name), bits=bits,
                                                            group_size=group_size, symmetric=symmetric))
-    model._mixed_gemm_quant = dict(bits=bits, group_size=group_size, symmetric=symmetric,
-                                   skip=[n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
     return model
 
 
@@ -155,15 +152,14 @@ def _shards(model_dir: Path):
     raise FileNotFoundError(f"model_dir: no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
-def _quantized_names(shards) -> Dict[str, Tuple[int, int]]:
+def _quantized_names(shards) -> List[str]:
+    """Modules with a ``.qweight`` in any shard (reads the headers only)."""
     from safetensors import safe_open
 
-    names = {}
+    names = []
     for path in shards:
         with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                if key.endswith(".qweight"):
-                    names[key[: -len(".qweight")]] = None
+            names += [key[: -len(".qweight")] for key in f.keys() if key.endswith(".qweight")]
     return names
 
 
@@ -230,7 +226,7 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
     model = empty_model(config, dtype)
     # Quantized layers keep 16-bit scales; a float32 model (CPU reference runs) uses float16 ones.
     kdtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
-    qnames = _quantized_names(shards)
+    qnames = set(_quantized_names(shards))
     for name in qnames:
         lin = model.get_submodule(name)
         if not isinstance(lin, nn.Linear):

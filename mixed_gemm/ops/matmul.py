@@ -113,8 +113,8 @@ def matmul(
     elif (config.dtype, config.bits, config.zero_mode) != (w.kernel_dtype, w.bits, w.zero_mode):
         _fail(ValueError, f"config: {config.name} is for {config.dtype}/{config.bits}-bit/{config.zero_mode} "
                           f"weights, this weight is {w.kernel_dtype}/{w.bits}-bit/{w.zero_mode}")
-    grid = config.grid(m, w.n_pad)
-    if grid[1] > _MAX_GRID_Y:
+    grid = None if config.method == "dequant_mm" else config.grid(m, w.n_pad)
+    if grid is not None and grid[1] > _MAX_GRID_Y:
         _fail(ValueError, f"x: N={n} needs {grid[1]} column-tile groups, above the grid limit {_MAX_GRID_Y}")
     if w.perm is not None:  # act-order: K of the weight was reordered once at prepack
         x = x.index_select(-1, w.perm)
@@ -128,16 +128,15 @@ def matmul(
     return y
 
 
-# (id(config), device) -> (config, gemm Function, reduce Function): one dict lookup per call instead of
-# hashing the config's fields; the config is kept in the value so its id stays unique.
+# (config, device) -> (gemm Function, reduce Function): one dict lookup per call (configs cache their hash).
 _PLANS: dict = {}
 
 
 def _plan(config: KernelConfig, device_index: int) -> tuple:
     module = get_module(config, device_index)
-    plan = (config, module.function(config.kernel_name, GemmArgs, config.threads, config.smem_bytes),
-            module.function(config.kernel_name + "_reduce", ReduceArgs, 256))
-    _PLANS[(id(config), device_index)] = plan
+    plan = _PLANS[(config, device_index)] = (
+        module.function(config.kernel_name, GemmArgs, config.threads, config.smem_bytes),
+        module.function(config.kernel_name + "_reduce", ReduceArgs, 256))
     return plan
 
 
@@ -152,10 +151,10 @@ def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_in
         else:
             torch.addmm(bias, x2, dense.t(), out=y2)
         return
-    plan = _PLANS.get((id(config), device_index))
+    plan = _PLANS.get((config, device_index))
     if plan is None:
         plan = _plan(config, device_index)
-    gemm = plan[1]
+    gemm, reduce = plan
     stream = current_stream(device_index)
     mode = config.split_k_mode if config.split_k > 1 else "none"
     ws = sem = 0
@@ -182,7 +181,6 @@ def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_in
         a.log_tile = config.swizzle.bit_length() - 1
         gemm.launch(grid, stream)
     if mode == "parallel":
-        reduce = plan[2]
         with reduce.lock:
             r = reduce.args
             r.workspace, r.bias, r.c = ws, 0 if bias is None else bias.data_ptr(), y.data_ptr()

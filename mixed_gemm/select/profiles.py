@@ -61,7 +61,8 @@ class Profile:
         """Insert or replace the entry of (key, m)."""
         key, m = entry_key(entry), int(entry["m"])
         self._entries[(key, m)] = dict(entry)
-        self._index[key] = sorted((mm, e["schedule"]) for (k, mm), e in self._entries.items() if k == key)
+        rows = [r for r in self._index.get(key, []) if r[0] != m]
+        self._index[key] = sorted(rows + [(m, entry["schedule"])])
 
     def merge(self, other: "Profile") -> None:
         """Take ``other``'s entries, replacing those of the same key and M bucket."""

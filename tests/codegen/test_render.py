@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from mixed_gemm.codegen import KernelConfig, render
-from mixed_gemm.codegen.catalog import SHAPES, default_catalog, dequant_catalog, write_generated
+from mixed_gemm.codegen.catalog import default_catalog, dequant_catalog, write_generated
 from mixed_gemm.codegen.config import DequantConfig
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
