@@ -17,7 +17,8 @@ import mixed_gemm as mg
 from mixed_gemm.profiler.problems import MODELS, parse_ints
 from mixed_gemm.profiler.timing import copies_for, copy_bandwidth, time_graph
 from mixed_gemm.profiler.workload import packed_bytes, random_weights
-from mixed_gemm.select import heuristic_config
+from mixed_gemm.kernels.sm80.heuristics import heuristic_config
+from mixed_gemm.select import sm_count
 
 GROUP = 128
 SHAPES = [(n, k) for model in ("llama3-8b", "llama3-70b") for _, n, k in MODELS[model]]
@@ -50,7 +51,7 @@ def bench_splitk(ms, l2: int):
         for m in ms:
             x = torch.randn(m, k, device="cuda").half()
             y = torch.empty(m, n, device="cuda").half()
-            h = heuristic_config(m, n=n, k=k, bits=4, zero_mode="int")
+            h = heuristic_config(m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", sms=sm_count(0))
             times = [time_graph(lambda i: mg.matmul(x, ws[i % len(ws)], out=y, config=cfg), calls=max(len(ws), 8)) * 1e6
                      for cfg in [h] + [h.replace(split_k_mode=md, split_k=f) for md, f in variants]]
             lines.append(f"| {n} | {k} | {m} | {h.split_k_mode} {h.split_k} | " + " | ".join(f"{t:.1f}" for t in times)

@@ -1,21 +1,27 @@
 """mixed_gemm: CUTLASS mixed-input GEMMs for LLM weight-only quantization.
 
-fp16/bf16 activations times int4/int8 weights with group-wise scales and zero points (AWQ, GPTQ).
+fp16/bf16 activations times int4/int8 weights with group-wise scales and zero points (AWQ, GPTQ,
+HQQ, GGUF), served by kernel families (:mod:`mixed_gemm.kernels`) chosen per problem.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from . import reference  # float32 oracle
+from .formats import pack, quantize, unpack
+from .kernels.dequant_mm import DequantMMConfig
+from .kernels.sm80 import Sm80Config
+from .ops import PackedWeight, dequantize, explain, matmul, prepack
+from .version import __version__
 
-from . import reference  # noqa: E402  (float32 oracle)
-from .formats import pack, quantize, unpack  # noqa: E402
-from .codegen import KernelConfig  # noqa: E402
-from .ops import PackedWeight, dequantize, matmul, prepack  # noqa: E402
+KernelConfig = Sm80Config  # the sm80 family's config under its historical name
 
 __all__ = [
+    "DequantMMConfig",
     "KernelConfig",
     "PackedWeight",
+    "Sm80Config",
     "__version__",
     "dequantize",
+    "explain",
     "matmul",
     "pack",
     "prepack",

@@ -1,7 +1,7 @@
 """Versions of what kernels depend on (for `mixed-gemm info` and profile headers)."""
 from __future__ import annotations
 
-from .build.errors import BuildError
+from .compile.errors import BuildError
 
 
 def torch_version() -> str:
@@ -29,7 +29,7 @@ def driver() -> str:
 
 
 def nvcc() -> str:
-    from .build.nvcc import find_nvcc, nvcc_version
+    from .compile.nvcc import find_nvcc, nvcc_version
 
     try:
         path = find_nvcc()
@@ -39,6 +39,6 @@ def nvcc() -> str:
 
 
 def cutlass() -> str:
-    from .build.nvcc import cutlass_include_dir, cutlass_version
+    from .compile.nvcc import cutlass_include_dir, cutlass_version
 
     return f"{cutlass_version()} ({cutlass_include_dir()})"

@@ -13,13 +13,13 @@ import platform
 import sys
 from typing import Callable, Sequence
 
-from . import __version__
 from ._versions import cutlass as _cutlass
 from ._versions import driver as _driver_version
 from ._versions import nvcc as _nvcc
 from ._versions import torch_cuda as _torch_cuda
 from ._versions import torch_version as _torch_version
-from .build.errors import BuildError
+from .compile.errors import BuildError
+from .version import __version__
 
 _COMMANDS: dict[str, str] = {
     "info": f"{__name__}:add_info_parser",
@@ -54,6 +54,24 @@ def _gpus() -> list[str]:
     return lines
 
 
+def _families() -> list[str]:
+    """Each kernel family and whether it runs on each visible GPU (with the reason when not)."""
+    import torch
+
+    from .kernels import FAMILIES
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    lines = []
+    for fam in FAMILIES:
+        if not count:
+            lines.append(f"{fam.name}: layout {fam.layout}; no CUDA GPU visible")
+            continue
+        for i in range(count):
+            ok, why = fam.supports(i)
+            lines.append(f"{fam.name}: layout {fam.layout}; cuda:{i} " + ("available" if ok else f"unavailable ({why})"))
+    return lines
+
+
 def _path_of(name: str) -> Callable[[], str]:
     def probe() -> str:
         from . import _paths
@@ -65,10 +83,10 @@ def _path_of(name: str) -> Callable[[], str]:
 
 def run_info(args: argparse.Namespace) -> int:
     """Print versions and paths of everything a kernel build and launch depends on."""
-    import mixed_gemm
+    from pathlib import Path
 
     rows: list[tuple[str, str | list[str]]] = [
-        ("mixed_gemm", f"{__version__} ({mixed_gemm.__path__[0]})"),
+        ("mixed_gemm", f"{__version__} ({Path(__file__).resolve().parent})"),
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("torch", _probe(_torch_version)),
         ("CUDA runtime (torch)", _probe(_torch_cuda)),
@@ -80,8 +98,13 @@ def run_info(args: argparse.Namespace) -> int:
         gpus: str | list[str] = _gpus()
     except Exception as exc:  # noqa: BLE001
         gpus = f"unavailable ({type(exc).__name__}: {exc})"
+    try:
+        families: str | list[str] = _families()
+    except Exception as exc:  # noqa: BLE001
+        families = f"unavailable ({type(exc).__name__}: {exc})"
     rows += [
         ("GPU", gpus),
+        ("kernel families", families),
         ("templates", _probe(_path_of("templates_dir"))),
         ("profiles", _probe(_path_of("profiles_dir"))),
         ("kernel cache", _probe(_path_of("cache_dir"))),
@@ -96,7 +119,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 def add_info_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "info", help="show versions of the toolchain, the GPU and the cache directory"
+        "info", help="show versions of the toolchain, the GPU, the kernel families it runs and the cache directory"
     )
     parser.set_defaults(func=run_info)
     return parser

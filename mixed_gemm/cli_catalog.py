@@ -1,43 +1,47 @@
-"""``mixed-gemm build`` (precompile the catalog into the kernel cache) and ``mixed-gemm generate``
-(re-render ``generated/`` from the templates)."""
+"""``mixed-gemm build`` (precompile every family's catalog into the kernel cache) and
+``mixed-gemm generate`` (re-render ``generated/`` from the templates)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
 
-def _configs(args):
-    from .codegen.catalog import default_catalog, dequant_catalog
+def catalog(name_filter: str = ""):
+    """``(family, config)`` of every family's catalog, in registry order."""
+    from .kernels import FAMILIES
 
-    configs = default_catalog() + dequant_catalog()
-    if args.filter:
-        configs = [c for c in configs if args.filter in c.kernel_name]
-    return configs
+    return [(fam, c) for fam in FAMILIES for c in fam.catalog() if name_filter in c.kernel_name]
+
+
+def generated_sources():
+    """``(kernel name, source)`` of the default catalogs: what ``generated/`` holds."""
+    return [(c.kernel_name, fam.render(c)) for fam, c in catalog()]
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from .build import build_many
-    from .codegen import render
+    from .compile import build_many
 
-    configs = _configs(args)
-    paths = build_many([(c.kernel_name, render(c)) for c in configs], jobs=args.jobs, progress=not args.quiet)
-    for c, p in zip(configs, paths):
+    items = catalog(args.filter)
+    specs = [fam.build_spec(c) for fam, c in items]
+    paths = build_many([(name, source(), dict(arch_flags=arch, template_dirs=dirs)) for name, source, arch, dirs in specs],
+                       jobs=args.jobs, progress=not args.quiet)
+    for (name, *_), p in zip(specs, paths):
         if not args.quiet:
-            print(f"{c.kernel_name}  {p}")
+            print(f"{name}  {p}")
     print(f"{len(paths)} kernels in the cache")
     return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from .codegen.catalog import write_generated
+    from .codegen import write_generated
 
-    written = write_generated(Path(args.dir))
+    written = write_generated(Path(args.dir), generated_sources())
     print(f"{len(written)} file(s) rewritten in {args.dir}")
     return 0
 
 
 def add_build_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("build", help="compile the default kernel catalog into the cache")
+    p = subparsers.add_parser("build", help="compile every kernel family's default catalog into the cache")
     p.add_argument("--filter", default="", help="only configs whose name contains this text")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-kernel lines")

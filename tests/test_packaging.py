@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mixed_gemm.build.cache import TEMPLATE_SUFFIXES
+from mixed_gemm.compile.cache import TEMPLATE_SUFFIXES
 
 try:
     import tomllib
@@ -31,7 +31,7 @@ _ROOT_JUNK = {"build", "dist", "venv"}
 
 _CHECK = """
 import json, sys, sysconfig
-import mixed_gemm, mixed_gemm.build, mixed_gemm.cli
+import mixed_gemm, mixed_gemm.compile, mixed_gemm.cli
 from mixed_gemm import _paths
 print(json.dumps({
     "prefix": sys.prefix,

@@ -7,10 +7,9 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..ops import matmul
+from ..ops import explain, matmul
 from ..profiler.timing import calls_for, copies_for, host_overhead, time_graph
 from ..profiler.workload import TORCH_DTYPES, packed_bytes, random_weights
-from ..select import m_bucket
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKin
         y = torch.empty(m, n, device="cuda", dtype=td)
         t_mg = _timed(lambda i: matmul(x, ws[i % len(ws)], out=y), len(ws))
         t_fp = _timed(lambda i: torch.mm(x, dense[i % len(dense)].t(), out=y), len(dense))
-        row = dict(label=label, n=n, k=k, m=m, schedule=ws[0]._configs[m_bucket(m)].schedule,
+        row = dict(label=label, n=n, k=k, m=m, schedule=explain(m, ws[0]).schedule,
                    us=t_mg * 1e6, fp16_us=t_fp * 1e6, speedup=t_fp / t_mg,
                    floor_share=(qbytes + 2 * m * (k + n)) / bandwidth / t_mg, tflops=2 * m * n * k / t_mg / 1e12)
         if tiny is not None:

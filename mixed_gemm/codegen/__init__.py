@@ -1,5 +1,5 @@
-"""Config -> kernel name -> rendered CUDA source."""
-from .config import KernelConfig
-from .render import render
+"""Rendering: template + values -> CUDA source (family-agnostic; families own their configs)."""
+from .generated import write_generated
+from .render import render_template
 
-__all__ = ["KernelConfig", "render"]
+__all__ = ["render_template", "write_generated"]

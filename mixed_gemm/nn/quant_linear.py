@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..formats import quantize
-from ..formats.kernel_layout import ATOM_K, ATOM_N
+from ..kernels import LAYOUTS
 from ..ops import PackedWeight, matmul, matmul_packed_op, packed_view, prepack
 from ..reference import dequantize as reference_dequantize
 
@@ -33,7 +33,7 @@ class QuantLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, bits: int = 4, group_size: int = 128,
                  zero_mode: str = "int", bias: bool = False, act_order: bool = False, format: str = "plain",
-                 dtype: torch.dtype = torch.float16, device=None):
+                 dtype: torch.dtype = torch.float16, device=None, layout: str = "sm80"):
         super().__init__()
         if zero_mode not in ("int", "sym", "float", "offset"):
             raise ValueError(f"zero_mode: expected 'int', 'sym', 'float' or 'offset', got {zero_mode!r}")
@@ -41,11 +41,14 @@ class QuantLinear(nn.Module):
         self.bits, self.zero_mode, self.format = bits, zero_mode, format
         self.group_size = group_size  # as given: -1 (per-channel) or the checkpoint's group size
         groups = 1 if group_size == -1 else _ceil(in_features, group_size)
-        n_pad, k16 = _ceil(out_features, ATOM_N) * ATOM_N, _ceil(in_features, ATOM_K)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: must be one of {tuple(LAYOUTS)}, got {layout!r}")
+        self.layout = layout
+        b_shape, p_shape = LAYOUTS[layout].shapes(out_features, in_features, bits, groups)
         kw = dict(device=device)
-        self.register_buffer("b", torch.empty(n_pad // ATOM_N, k16, 128 * bits // 4, dtype=torch.int32, **kw))
-        self.register_buffer("scales", torch.empty(groups, n_pad, dtype=dtype, **kw))
-        self.register_buffer("zeros", None if zero_mode == "sym" else torch.empty(groups, n_pad, dtype=dtype, **kw))
+        self.register_buffer("b", torch.empty(b_shape, dtype=torch.int32, **kw))
+        self.register_buffer("scales", torch.empty(p_shape, dtype=dtype, **kw))
+        self.register_buffer("zeros", None if zero_mode == "sym" else torch.empty(p_shape, dtype=dtype, **kw))
         self.register_buffer("perm", torch.empty(in_features, dtype=torch.int64, **kw) if act_order else None)
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype, **kw) if bias else None)
         self._pw: Optional[PackedWeight] = None
@@ -61,7 +64,7 @@ class QuantLinear(nn.Module):
             group_size = -1 if w.num_groups == 1 else w.group_size
         mod = cls(w.k, w.n, bits=w.bits, group_size=group_size,
                   zero_mode=w.zero_mode, bias=bias is not None, act_order=w.perm is not None, format=format,
-                  dtype=w.dtype, device="meta")
+                  dtype=w.dtype, device="meta", layout=w.layout)
         mod.b, mod.scales, mod.zeros, mod.perm = w.b, w.scales, w.zeros, w.perm
         mod.bias = None if bias is None else bias.detach().to(device=w.device, dtype=w.dtype)
         return mod
@@ -103,7 +106,7 @@ class QuantLinear(nn.Module):
                 or pw.perm is not buf["perm"]:
             g = self.in_features if self.group_size == -1 or self.scales.shape[0] == 1 else self.group_size
             pw = self._pw = packed_view(self.b, self.scales, self.zeros, self.perm, self.out_features,
-                                        self.in_features, self.bits, g, self.zero_mode)
+                                        self.in_features, self.bits, g, self.zero_mode, self.layout)
         return pw
 
     def dense_weight(self) -> torch.Tensor:

@@ -5,10 +5,11 @@ from typing import Optional
 
 import torch
 
-from ..codegen.abi import DequantArgs
-from ..codegen.config import DequantConfig
-from ..runtime import current_stream, get_module
+from ..kernels import dequant_mm
+from ..runtime import current_stream
 from .packed import PackedWeight
+
+_DEQUANTIZERS: dict = {}  # (DequantMMConfig, device) -> Dequantizer
 
 
 def dequantize(w: PackedWeight, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -20,6 +21,9 @@ def dequantize(w: PackedWeight, *, out: Optional[torch.Tensor] = None) -> torch.
         raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
     if w.device.type != "cuda":
         raise ValueError(f"w: must be on a CUDA device, got {w.device}")
+    if w.layout != dequant_mm.FAMILY.layout:
+        raise ValueError(f"w: the dequantize kernel reads the {dequant_mm.FAMILY.layout!r} layout, "
+                         f"this weight is in {w.layout!r}")
     shape = (w.n, w.k)
     if out is None:
         y = torch.empty(shape, dtype=w.dtype, device=w.device)
@@ -39,14 +43,9 @@ def dequantize(w: PackedWeight, *, out: Optional[torch.Tensor] = None) -> torch.
 def launch_dequantize(w: PackedWeight, y: torch.Tensor) -> None:
     """Write ``w``'s dense weight, in its stored (act-order: permuted) K order, into the contiguous
     ``(N, K)`` tensor ``y`` on the current stream. No checks: callers validate."""
-    cfg = DequantConfig(dtype=w.kernel_dtype, bits=w.bits, zero_mode=w.zero_mode)
     dev = w.device.index
-    fn = get_module(cfg, dev).function(cfg.kernel_name, DequantArgs, cfg.threads)
-    with fn.lock:
-        a = fn.args
-        a.b, a.scales = w.b.data_ptr(), w.scales.data_ptr()
-        a.zeros = 0 if w.zeros is None else w.zeros.data_ptr()
-        a.out = y.data_ptr()
-        a.n, a.k, a.n_pad, a.k16, a.ldo = w.n, w.k, w.n_pad, w.k16, w.k
-        a.group_shift, a.num_groups = w.group_shift, w.num_groups
-        fn.launch(cfg.grid(w.n_pad, w.k16), current_stream(dev))
+    config = dequant_mm.DequantMMConfig(dtype=w.kernel_dtype, bits=w.bits, zero_mode=w.zero_mode)
+    fn = _DEQUANTIZERS.get((config, dev))
+    if fn is None:
+        fn = _DEQUANTIZERS[(config, dev)] = dequant_mm.FAMILY.dequantizer(config, dev)
+    fn(w, y, current_stream(dev))

@@ -5,15 +5,10 @@ from typing import Optional
 
 import torch
 
-from ..codegen import KernelConfig
-from ..codegen.abi import GemmArgs, ReduceArgs
-from ..codegen.config import SPLIT_K_MODES
-from ..runtime import current_stream, get_module, semaphores, workspace
-from ..select import choose_config, m_bucket
-from .dequantize import launch_dequantize
+from ..kernels import Problem
+from ..runtime import current_stream
+from ..select import SELECTED, Choice, forced, m_bucket, selected
 from .packed import PackedWeight, prepack
-
-_MAX_GRID_Y = 65535
 
 
 def _fail(exc: type, msg: str):
@@ -57,7 +52,7 @@ def matmul(
     bits: int = 4,
     group_size: int = 128,
     bias: Optional[torch.Tensor] = None,
-    config: Optional[KernelConfig] = None,
+    config=None,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``y = x @ W.T + bias`` with ``W`` dequantized on the fly (``(q - z) s`` or ``q s + m``).
@@ -72,10 +67,11 @@ def matmul(
     the weight's CUDA device; any number of rows ``M >= 0``. Returns ``(..., N)`` in that dtype;
     fp32 accumulation. ``bias``: ``(N,)`` in that dtype. ``out``: optional contiguous result
     tensor (no allocation). Rules on ``N``/``K``/``group_size`` are those of :func:`prepack`.
-    ``config`` forces a kernel configuration (sweeps, debugging); its dtype, bits and zero mode
-    must match the weight. Otherwise the configuration comes from the GPU's profile, else the
-    heuristics (:func:`mixed_gemm.select.choose_config`), once per weight and power-of-two M
-    bucket. Every rule is checked before anything is launched.
+    ``config`` forces a kernel configuration of any family (sweeps, debugging); its dtype, bits and
+    zero mode must match the weight. Otherwise the kernel comes from ``$MIXED_GEMM_SCHEDULE``, the
+    GPU's profile, else the families' heuristics (:func:`mixed_gemm.select.choose`), once per weight
+    signature and power-of-two M bucket (:func:`explain` says which). Every rule is checked before
+    anything is launched.
     """
     if not isinstance(w, PackedWeight):
         if not isinstance(w, torch.Tensor):
@@ -103,89 +99,46 @@ def matmul(
     if m == 0:
         return y
 
+    device_index = x.device.index
     if config is None:
         bucket = m_bucket(m)
-        config = w._configs.get(bucket)
-        if config is None:
-            config = w._configs[bucket] = choose_config(bucket, n=n, k=k, bits=w.bits, zero_mode=w.zero_mode,
-                                                        dtype=w.kernel_dtype, group_size=w.group_size,
-                                                        device_index=x.device.index)
-    elif (config.dtype, config.bits, config.zero_mode) != (w.kernel_dtype, w.bits, w.zero_mode):
-        _fail(ValueError, f"config: {config.name} is for {config.dtype}/{config.bits}-bit/{config.zero_mode} "
-                          f"weights, this weight is {w.kernel_dtype}/{w.bits}-bit/{w.zero_mode}")
-    grid = None if config.method == "dequant_mm" else config.grid(m, w.n_pad)
-    if grid is not None and grid[1] > _MAX_GRID_Y:
-        _fail(ValueError, f"x: N={n} needs {grid[1]} column-tile groups, above the grid limit {_MAX_GRID_Y}")
+        choice = SELECTED.get((w.signature, bucket))
+        if choice is None:
+            choice = selected(w.signature, bucket, problem(w, bucket), device_index)
+    else:
+        choice = forced(config, problem(w, m), device_index)
     if w.perm is not None:  # act-order: K of the weight was reordered once at prepack
         x = x.index_select(-1, w.perm)
-
-    device_index = x.device.index
     if device_index != torch.cuda.current_device():
         with torch.cuda.device(device_index):  # the launch goes to the current context
-            _launch(config, x, w, bias, y, m, device_index, grid)
+            choice.launch(x, w, bias, y, m, current_stream(device_index))
     else:
-        _launch(config, x, w, bias, y, m, device_index, grid)
+        choice.launch(x, w, bias, y, m, current_stream(device_index))
     return y
 
 
-# (config, device) -> (gemm Function, reduce Function): one dict lookup per call (configs cache their hash).
-_PLANS: dict = {}
+def problem(w: PackedWeight, m: int) -> Problem:
+    """The selection problem of ``m`` rows times ``w``."""
+    return Problem(m=m, n=w.n, k=w.k, dtype=w.kernel_dtype, bits=w.bits, zero_mode=w.zero_mode,
+                   group_size=w.group_size, layout=w.layout)
 
 
-def _plan(config: KernelConfig, device_index: int) -> tuple:
-    module = get_module(config, device_index)
-    plan = _PLANS[(config, device_index)] = (
-        module.function(config.kernel_name, GemmArgs, config.threads, config.smem_bytes),
-        module.function(config.kernel_name + "_reduce", ReduceArgs, 256))
-    return plan
-
-
-def _launch(config: KernelConfig, x, w: PackedWeight, bias, y, m: int, device_index: int, grid) -> None:
-    if config.method == "dequant_mm":
-        # Large M: one dense weight (in the stored K order, which x already follows), then cuBLAS.
-        dense = torch.empty((w.n, w.k), dtype=w.dtype, device=y.device)
-        launch_dequantize(w, dense)
-        x2, y2 = x.reshape(m, w.k), y.view(m, w.n)
-        if bias is None:
-            torch.mm(x2, dense.t(), out=y2)
-        else:
-            torch.addmm(bias, x2, dense.t(), out=y2)
-        return
-    plan = _PLANS.get((config, device_index))
-    if plan is None:
-        plan = _plan(config, device_index)
-    gemm, reduce = plan
-    stream = current_stream(device_index)
-    mode = config.split_k_mode if config.split_k > 1 else "none"
-    ws = sem = 0
-    if mode == "serial" or mode == "fused":
-        ws = workspace(device_index, stream, m * w.n * (config.split_k if mode == "fused" else 1)).data_ptr()
-        sem = semaphores(device_index, stream, grid[0] * grid[1]).data_ptr()
-    elif mode == "parallel":
-        ws = workspace(device_index, stream, config.split_k * m * w.n).data_ptr()
-    with gemm.lock:
-        a = gemm.args
-        a.a = x.data_ptr()
-        a.b = w.b.data_ptr()
-        a.scales = w.scales.data_ptr()
-        a.zeros = 0 if w.zeros is None else w.zeros.data_ptr()
-        a.bias = 0 if bias is None else bias.data_ptr()
-        a.c = y.data_ptr()
-        a.workspace = ws
-        a.semaphores = sem
-        a.m, a.n, a.k = m, w.n, w.k
-        a.n_pad, a.k16 = w.n_pad, w.k16
-        a.lda, a.ldc = w.k, w.n
-        a.group_shift, a.num_groups = w.group_shift, w.num_groups
-        a.split_mode = SPLIT_K_MODES[mode]
-        a.log_tile = config.swizzle.bit_length() - 1
-        gemm.launch(grid, stream)
-    if mode == "parallel":
-        with reduce.lock:
-            r = reduce.args
-            r.workspace, r.bias, r.c = ws, 0 if bias is None else bias.data_ptr(), y.data_ptr()
-            r.m, r.n, r.ldc, r.splits = m, w.n, w.n, config.split_k
-            pairs = m * w.n // 2
-            reduce.launch((min(max(1, (pairs + 255) // 256), 4096), 1, 1), stream)
-
-
+def explain(x_or_m, w: PackedWeight) -> Choice:
+    """What :func:`matmul` runs for ``x`` (or ``m`` rows) times ``w`` on ``w``'s device: a
+    :class:`~mixed_gemm.select.Choice` with ``family``, ``config``, ``schedule``
+    (``"family:schedule"``) and ``source`` (``"override"``, ``"profile <file> M=<bucket>"`` or
+    ``"heuristic"``). Chooses (and caches) as ``matmul`` would, without building or launching."""
+    if not isinstance(w, PackedWeight):
+        raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
+    if isinstance(x_or_m, torch.Tensor):
+        if x_or_m.dim() < 1 or x_or_m.shape[-1] != w.k:
+            raise ValueError(f"x: last dimension must equal the weight's K={w.k}, got shape {tuple(x_or_m.shape)}")
+        m = x_or_m.numel() // w.k
+    elif isinstance(x_or_m, int) and not isinstance(x_or_m, bool) and x_or_m >= 1:
+        m = x_or_m
+    else:
+        raise TypeError(f"x_or_m: expected a tensor or a number of rows >= 1, got {x_or_m!r}")
+    if w.device.type != "cuda":
+        raise ValueError(f"w: must be on a CUDA device (selection depends on the GPU), got {w.device}")
+    bucket = m_bucket(m)
+    return selected(w.signature, bucket, problem(w, bucket), w.device.index)

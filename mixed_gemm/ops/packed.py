@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Optional, Tuple
 
 import torch
 
 from ..formats import make_g_idx, unpack
-from ..formats.kernel_layout import ATOM_N, pack_b, pack_group_params, unpack_b, unpack_group_params
+from ..kernels import LAYOUTS, layout_for
+from ..kernels.common import ATOM_N, PER_CHANNEL_SHIFT
 
-PER_CHANNEL_SHIFT = 30  # group_shift meaning "one group per column": k >> 30 is 0 for every k
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
@@ -17,7 +17,9 @@ KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 class PackedWeight:
     """A quantized ``(N, K)`` weight prepared for :func:`mixed_gemm.matmul`.
 
-    Tensors (all on one device; see :mod:`mixed_gemm.formats.kernel_layout` for the exact layout):
+    ``layout`` names the weight layout the tensors are in (``"sm80"``: see
+    :mod:`mixed_gemm.kernels.sm80.layout` for the exact contract); the families that read it can
+    run this weight. One copy per device. Tensors (all on one device):
 
     - ``b``: int32 atoms ``(N_pad/64, K_pad/16, 128 * bits / 4)``, ``N_pad = ceil(N/64)*64``,
       ``K_pad = ceil(K/16)*16``;
@@ -42,11 +44,17 @@ class PackedWeight:
     group_size: int
     zero_mode: str = "int"
     perm: Optional[torch.Tensor] = None
-    _configs: Dict[int, object] = field(default_factory=dict, repr=False)  # M bucket -> KernelConfig
+    layout: str = "sm80"
+    signature: Tuple = field(init=False, repr=False)
 
     def __post_init__(self):
         if self.zeros is None:
             self.zero_mode = "sym"
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: must be one of {tuple(LAYOUTS)}, got {self.layout!r}")
+        # What selection depends on, computed once: the key of the selection cache (with M's bucket).
+        self.signature = (self.n, self.k, self.bits, self.group_size, self.zero_mode, KERNEL_DTYPES[self.dtype],
+                          self.layout, self.device.index)
 
     @property
     def device(self) -> torch.device:
@@ -78,16 +86,13 @@ class PackedWeight:
 
     def unpack(self):
         """The canonical ``(q, s, z)`` back, in the kernel's (possibly act-order permuted) K order."""
-        q = unpack_b(self.b, self.bits, self.n, self.k)
-        s = unpack_group_params(self.scales, self.n)
-        z = None if self.zeros is None else unpack_group_params(self.zeros, self.n)
-        return q, s, z
+        return LAYOUTS[self.layout].unpack(self.b, self.scales, self.zeros, self.bits, self.n, self.k)
 
     def __repr__(self) -> str:
         return (
             f"PackedWeight(n={self.n}, k={self.k}, bits={self.bits}, group_size={self.group_size}, "
             f"zero_mode={self.zero_mode!r}, dtype={self.dtype}, act_order={self.perm is not None}, "
-            f"device={self.device})"
+            f"layout={self.layout!r}, device={self.device})"
         )
 
 
@@ -101,7 +106,8 @@ def _act_order_perm(g_idx: torch.Tensor, k: int, group_size: int) -> torch.Tenso
 
 
 def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, group_size: int = 128,
-            g_idx=None, zero_mode: str = "int", dtype: torch.dtype = torch.float16) -> PackedWeight:
+            g_idx=None, zero_mode: str = "int", dtype: torch.dtype = torch.float16,
+            layout: str = "auto") -> PackedWeight:
     """Convert a checkpoint's tensors (see :func:`mixed_gemm.unpack` for ``format``) into a
     :class:`PackedWeight` on the same device, for activations of ``dtype`` (float16 or bfloat16).
 
@@ -109,7 +115,9 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     integer zero points, ``w = (q - z) s``; ``"float"`` any float zero point, same formula (HQQ);
     ``"offset"``: ``w = q s + m`` (GGUF Q4_1). The last two need ``format="plain"``.
     ``g_idx`` (GPTQ act-order): K is reordered once here so groups are contiguous; ``matmul``
-    reorders ``x`` the same way on every call.
+    reorders ``x`` the same way on every call. ``layout``: the weight layout to pack into;
+    ``"auto"`` takes the layout of the highest-priority kernel family that runs on the tensors'
+    device (:func:`mixed_gemm.kernels.layout_for`); one copy per device.
 
     Rules (each raises ``ValueError`` naming it): ``K`` is a multiple of 8 (rows of ``x`` are
     copied 16 bytes at a time); ``N`` is even (outputs are stored in pairs); ``group_size`` is -1
@@ -119,6 +127,8 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     """
     if dtype not in KERNEL_DTYPES:
         raise TypeError(f"dtype: must be torch.float16 or torch.bfloat16, got {dtype}")
+    if layout != "auto" and layout not in LAYOUTS:
+        raise ValueError(f"layout: must be 'auto' or one of {tuple(LAYOUTS)}, got {layout!r}")
     q, s, z = unpack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
                      zero_mode=zero_mode)
     n, k = q.shape
@@ -137,9 +147,8 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
         perm = _act_order_perm(torch.as_tensor(g_idx, device=q.device), k, g)
         q = q.index_select(1, perm)
     mode = "sym" if z is None else zero_mode
-    return PackedWeight(
-        b=pack_b(q, bits),
-        scales=pack_group_params(s, dtype),
-        zeros=None if z is None else pack_group_params(z, dtype),
-        n=n, k=k, bits=bits, group_size=g, zero_mode=mode, perm=perm,
-    )
+    if layout == "auto":
+        layout = layout_for(q.device.index if q.device.type == "cuda" else None)
+    b, sp, zp = LAYOUTS[layout].pack(q, s, z, bits, dtype)
+    return PackedWeight(b=b, scales=sp, zeros=zp, n=n, k=k, bits=bits, group_size=g, zero_mode=mode, perm=perm,
+                        layout=layout)

@@ -1,37 +1,21 @@
-"""The schedules ``mixed-gemm profile`` tries for one problem: catalog tiles that fit M, fused
-split-K factors where the grid under-fills the GPU, swizzles where there are many tile rows,
-and "dequantize, then cuBLAS" from M = 128 up."""
+"""The schedules ``mixed-gemm profile`` times for one problem: every family that runs on the GPU
+offers its own (:meth:`Family.candidates`), qualified as ``family:schedule``."""
 from __future__ import annotations
 
 from typing import List, Optional
 
-from ..codegen.catalog import SHAPES
-
-SPLITS = (2, 3, 4, 6, 8)        # fused split-K factors
-PARALLEL_SPLITS = (2, 4)        # parallel split-K (a reduce kernel), for comparison
-SWIZZLES = (4,)
-DEQUANT_MM_FROM_M = 128
-MIN_K_TILES_PER_SLICE = 2
+from ..kernels import FAMILIES, Problem, split_schedule
 
 
-def candidate_schedules(m: int, n: int, k: int, sms: int, shapes=SHAPES,
+def candidate_schedules(problem: Problem, sms: int, device_index: Optional[int] = None,
                         only: Optional[List[str]] = None) -> List[str]:
-    """Schedules (see :attr:`KernelConfig.schedule`) worth timing for an ``m`` x ``n`` x ``k`` problem."""
+    """``family:schedule`` strings worth timing for ``problem``. ``only`` replaces the list (bare
+    schedules read as sm80's); ``device_index`` drops families that do not run there."""
     if only:
-        return list(only)
+        return [f"{fam.name}:{sched}" for fam, sched in map(split_schedule, only)]
     out: List[str] = []
-    for (bm, bn, bk), (wm, wn, wk), stages in shapes:
-        # Tiles much taller than M only multiply padding work; tiny tiles at large M re-read B too often.
-        if bm > max(16, 2 * m) or (m >= 1024 and bm < 128) or (m >= 256 and bm < 64):
+    for fam in FAMILIES:
+        if device_index is not None and not fam.supports(device_index)[0]:
             continue
-        base = f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{stages}"
-        out.append(base)
-        tiles_m, tiles_n, k_tiles = -(-m // bm), -(-n // bn), -(-k // bk)
-        if tiles_m * tiles_n < 2 * sms:
-            out += [f"{base}_kfused{f}" for f in SPLITS if k_tiles // f >= MIN_K_TILES_PER_SLICE]
-            out += [f"{base}_kparallel{f}" for f in PARALLEL_SPLITS if k_tiles // f >= MIN_K_TILES_PER_SLICE]
-        if tiles_m >= 4:
-            out += [f"{base}_sw{t}" for t in SWIZZLES]
-    if m >= DEQUANT_MM_FROM_M:
-        out.append("dequant_mm")
+        out += [f"{fam.name}:{s}" for s in fam.candidates(problem, sms)]
     return out

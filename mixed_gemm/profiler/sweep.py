@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import __version__, _versions
-from ..codegen import KernelConfig
+from .. import _versions
+from ..kernels import Problem, parse_schedule
 from ..select.profiles import Profile, default_profile_path
+from ..version import __version__
 from .candidates import candidate_schedules
 from .timing import calls_for, copies_for, time_graph
 from .workload import TORCH_DTYPES, packed_bytes, random_weights
@@ -34,7 +35,8 @@ class SweepSpec:
     bits: int = 4
     group_size: int = 128
     zero_mode: str = "int"                         # "int" | "sym" | "float" | "offset"
-    schedules: Optional[List[str]] = None          # fixed candidate list (default: candidates.py)
+    schedules: Optional[List[str]] = None          # fixed candidate list (default: each family's candidates)
+    layout: str = "sm80"                           # the weight layout the sweep packs
     out: Optional[Path] = None                     # default: the user profile of this GPU
     merge: bool = True                             # keep the existing profile's other entries
     fresh: bool = False                            # ignore a partial sweep instead of resuming
@@ -86,7 +88,11 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
             spec.log(f"resuming: {len(done)} measurements from {partial}")
     partial.parent.mkdir(parents=True, exist_ok=True)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
-    plan = [(label, n, k, m, candidate_schedules(m, n, k, sms, only=spec.schedules))
+    gs = spec.group_size
+    plan = [(label, n, k, m, candidate_schedules(
+                Problem(m=m, n=n, k=k, dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode,
+                        group_size=k if gs == -1 else gs, layout=spec.layout),
+                sms, torch.cuda.current_device(), only=spec.schedules))
             for label, n, k in spec.problems for m in spec.ms]
     total = sum(len(c) for *_, c in plan)
     winners: List[dict] = []
@@ -108,14 +114,13 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
                     weights = None
                     torch.cuda.empty_cache()
                     nbytes = packed_bytes(n, k, spec.bits, spec.group_size, spec.zero_mode != "sym")
-                    weights = random_weights(n, k, bits=spec.bits, group_size=spec.group_size,
+                    weights = random_weights(n, k, bits=spec.bits, group_size=spec.group_size, layout=spec.layout,
                                              zero_mode=spec.zero_mode, dtype=spec.dtype,
                                              copies=copies_for(nbytes, l2))
                 x = torch.randn(m, k, device="cuda").to(TORCH_DTYPES[spec.dtype])
                 y = torch.empty(m, n, device="cuda", dtype=TORCH_DTYPES[spec.dtype])
             for schedule in need:
-                cfg = KernelConfig.from_schedule(schedule, dtype=spec.dtype, bits=spec.bits,
-                                                 zero_mode=weights[0].zero_mode)
+                cfg = parse_schedule(schedule, dtype=spec.dtype, bits=spec.bits, zero_mode=weights[0].zero_mode)
                 ws = weights
 
                 def call(i, cfg=cfg, ws=ws):
@@ -137,8 +142,8 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
                 if row["us"] is None:
                     break
                 if row["disposition"] == "not_verified":
-                    cfg = KernelConfig.from_schedule(row["schedule"], dtype=spec.dtype, bits=spec.bits,
-                                                     zero_mode=weights[0].zero_mode)
+                    cfg = parse_schedule(row["schedule"], dtype=spec.dtype, bits=spec.bits,
+                                         zero_mode=weights[0].zero_mode)
                     y.fill_(float("nan"))
                     matmul(x, weights[0], config=cfg, out=y)
                     ref = torch.mm(x, dequantize(weights[0]).t())
@@ -159,30 +164,29 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     for w in winners:
         profile.add(w)
     profile.save(out)
-    _write_csv(out.with_suffix(".csv"), done.values())
+    _write_csv(out.with_suffix(".csv"), done.values(), spec.layout)
     partial.unlink()
     return profile, out
 
 
-def _write_csv(path: Path, rows) -> None:
+def _write_csv(path: Path, rows, layout: str) -> None:
     """Every measurement, one line each, in the manner of the CUTLASS profiler's CSV."""
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         for r in sorted(rows, key=lambda r: (r["n"], r["k"], r["m"], r["us"] if r["us"] is not None else math.inf)):
-            cfg = KernelConfig.from_schedule(r["schedule"], dtype=r["dtype"], bits=r["bits"],
-                                             zero_mode=r["zero_mode"])
+            cfg = parse_schedule(r["schedule"], dtype=r["dtype"], bits=r["bits"], zero_mode=r["zero_mode"])
             m, n, k = r["m"], r["n"], r["k"]
             nbytes = packed_bytes(n, k, r["bits"], r["group_size"], r["zero_mode"] != "sym") + 2 * m * (k + n)
             flops = 2 * m * n * k
             sec = None if r["us"] is None else r["us"] * 1e-6
             w.writerow({
-                "Problem": r.get("label", ""), "Provider": "cublas+dequant" if cfg.method == "dequant_mm" else "mixed_gemm",
+                "Problem": r.get("label", ""), "Provider": f"mixed_gemm:{cfg.family}",
                 "OperationKind": "gemm", "Operation": cfg.name, "Disposition": r["disposition"],
                 "Status": r["status"], "m": m, "n": n, "k": k, "A": f"{r['dtype']}:row",
-                "B": f"u{r['bits']}:atoms", "C": f"{r['dtype']}:row", "group_size": r["group_size"],
-                "zero_mode": r["zero_mode"], "schedule": r["schedule"], "split_k_mode": cfg.split_k_mode,
-                "split_k_slices": cfg.split_k, "swizzle": cfg.swizzle, "Bytes": nbytes, "Flops": flops,
+                "B": f"u{r['bits']}:{layout}", "C": f"{r['dtype']}:row", "group_size": r["group_size"],
+                "zero_mode": r["zero_mode"], "schedule": r["schedule"], "split_k_mode": getattr(cfg, "split_k_mode", "none"),
+                "split_k_slices": getattr(cfg, "split_k", 1), "swizzle": getattr(cfg, "swizzle", 1), "Bytes": nbytes, "Flops": flops,
                 "Runtime": "" if sec is None else f"{r['us'] / 1e3:.6f}",
                 "GB/s": "" if sec is None else f"{nbytes / sec / 1e9:.1f}",
                 "GFLOPs": "" if sec is None else f"{flops / sec / 1e9:.1f}",

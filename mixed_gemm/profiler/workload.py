@@ -5,7 +5,7 @@ from typing import List
 
 import torch
 
-from ..formats.kernel_layout import pack_b, pack_group_params
+from ..kernels import LAYOUTS
 from ..ops import PackedWeight
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
@@ -18,7 +18,7 @@ def packed_bytes(n: int, k: int, bits: int, group_size: int, zeros: bool = True)
 
 
 def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero_mode: str = "int",
-                   dtype: str = "f16", copies: int = 1) -> List[PackedWeight]:
+                   dtype: str = "f16", copies: int = 1, layout: str = "sm80") -> List[PackedWeight]:
     """``copies`` PackedWeights with the same random contents in separate memory."""
     gs = k if group_size == -1 else group_size
     groups = -(-k // gs)
@@ -32,13 +32,12 @@ def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero
         z = (torch.rand(n, groups, device="cuda") * (2**bits - 1)).to(td)
     elif zero_mode == "offset":
         z = (-torch.rand(n, groups, device="cuda") * 2**bits * s.float()).to(td)
-    b = pack_b(q, bits)
+    b, sp, zp = LAYOUTS[layout].pack(q, s, z, bits, td)
     del q
-    sp = pack_group_params(s, td)
-    zp = None if z is None else pack_group_params(z, td)
     out = []
     for i in range(copies):
         out.append(PackedWeight(b=b if i == 0 else b.clone(), scales=sp if i == 0 else sp.clone(),
                                 zeros=None if zp is None else (zp if i == 0 else zp.clone()), n=n, k=k, bits=bits,
-                                group_size=gs, zero_mode="int" if zero_mode == "sym" else zero_mode))
+                                group_size=gs, zero_mode="int" if zero_mode == "sym" else zero_mode,
+                                layout=layout))
     return out

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 
-from ..build import build_fatbin, load_bytes
-from ..codegen import render
+from ..compile import build_fatbin, load_bytes
 from .driver import CudaDriverError, check, driver, primary_context
 
 try:  # the raw-stream accessor Triton and Inductor use: an int, no Stream object
@@ -66,14 +65,20 @@ class Function:
 
 
 class Module:
-    """The fatbin of one config, loaded into torch's primary context of one device."""
+    """One fatbin, loaded into torch's primary context of one device.
 
-    def __init__(self, config, device_index: int):
+    The runtime knows no kernel families: it gets the kernel's name, a thunk that renders its
+    source (called only when the cache must key or build it), the arch flags and the template
+    folders that feed the cache key.
+    """
+
+    def __init__(self, name: str, source: Callable[[], str], arch_flags: Sequence[str],
+                 template_dirs: Sequence[str], device_index: int):
         drv = driver()
-        self.config = config
-        fatbin = load_bytes(build_fatbin(config.kernel_name, render(config)))
+        self.name = name
+        fatbin = load_bytes(build_fatbin(name, source(), arch_flags=arch_flags, template_dirs=template_dirs))
         with primary_context(device_index):
-            self._module = check(drv.cuModuleLoadData(fatbin), f"cuModuleLoadData({config.kernel_name})")
+            self._module = check(drv.cuModuleLoadData(fatbin), f"cuModuleLoadData({name})")
         self._functions: Dict[str, Function] = {}
         self._device_index = device_index
 
@@ -86,17 +91,19 @@ class Module:
         return fn
 
 
-_MODULES: Dict[Tuple[object, int], Module] = {}
+_MODULES: Dict[Tuple[str, int], Module] = {}
 _MODULES_LOCK = threading.Lock()
 
 
-def get_module(config, device_index: int) -> Module:
-    """The loaded module of ``config`` (its compiled identity) on ``device_index``; builds on first use."""
-    key = (getattr(config, "kernel", config), device_index)
+def get_module(spec: Tuple[str, Callable[[], str], Sequence[str], Sequence[str]], device_index: int) -> Module:
+    """The loaded module of ``spec = (name, source thunk, arch flags, template dirs)`` on
+    ``device_index``; built (or read from the kernel cache) and loaded on first use. Kernel names
+    derive from configs, so the name identifies the module."""
+    key = (spec[0], device_index)
     module = _MODULES.get(key)
     if module is None:
         with _MODULES_LOCK:
             module = _MODULES.get(key)
             if module is None:
-                module = _MODULES[key] = Module(key[0], device_index)
+                module = _MODULES[key] = Module(*spec, device_index)
     return module

@@ -1,7 +1,7 @@
-"""Choosing a kernel configuration for a problem: override, profile, heuristics (see choose.py)."""
-from .choose import SCHEDULE_ENV, choose_config
-from .heuristics import HEURISTICS, heuristic_config, m_bucket
+"""Choosing the kernel of a problem across families: override, profile, heuristics (selection.py)."""
+from .selection import SCHEDULE_ENV, SELECTED, Choice, choose, clear_selection, forced, selected
+from .heuristics import heuristic_choice, m_bucket, sm_count
 from .profiles import PROFILE_ENV, Profile, device_profile, gpu_slug
 
-__all__ = ["HEURISTICS", "PROFILE_ENV", "Profile", "SCHEDULE_ENV", "choose_config", "device_profile",
-           "gpu_slug", "heuristic_config", "m_bucket"]
+__all__ = ["PROFILE_ENV", "SCHEDULE_ENV", "SELECTED", "Choice", "Profile", "choose", "clear_selection", "device_profile",
+           "forced", "gpu_slug", "heuristic_choice", "m_bucket", "selected", "sm_count"]

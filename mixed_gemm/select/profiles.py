@@ -2,15 +2,17 @@
 
 A profile is a JSON file named for the GPU (``profiles/h100.json``)::
 
-    {"format": 1,
+    {"format": 2,
      "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sms": 132},
      "versions": {"driver": ..., "nvcc": ..., "cutlass": ..., "mixed_gemm": ..., "torch": ...},
      "entries": [{"dtype": "f16", "bits": 4, "zero_mode": "int", "group_size": 128,
-                  "n": 4096, "k": 4096, "m": 16, "schedule": "t16x64x128_w1x1x4_s4_kfused4",
+                  "n": 4096, "k": 4096, "m": 16, "schedule": "sm80:t16x64x128_w1x1x4_s4_kfused4",
                   "us": 7.9}, ...]}
 
 The key of an entry is the weight kind (dtype, bits, zero mode, group size) and the shape (N, K);
-``m`` is an M bucket. Lookups take the nearest measured bucket in log2(M) (ties: the larger).
+``m`` is an M bucket; ``schedule`` is ``family:schedule``. Format 1 (bare schedules, all of the
+sm80 family or ``dequant_mm``) still loads. Lookups take the nearest measured bucket in log2(M)
+(ties: the larger).
 
 Which file: ``$MIXED_GEMM_PROFILE`` if set, else ``<cache dir>/profiles/<gpu>.json`` (where
 ``mixed-gemm profile`` writes by default), else the one shipped in the package.
@@ -25,9 +27,12 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .._paths import cache_dir, profiles_dir
+from ..kernels import split_schedule
 
 PROFILE_ENV = "MIXED_GEMM_PROFILE"
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)  # format 1: bare schedules
+ENTRY_FIELDS = ("dtype", "bits", "zero_mode", "group_size", "n", "k", "m", "schedule")
 Key = Tuple[str, int, str, int, int, int]  # dtype, bits, zero_mode, group_size, n, k
 
 
@@ -58,9 +63,11 @@ class Profile:
             self.add(e)
 
     def add(self, entry: dict) -> None:
-        """Insert or replace the entry of (key, m)."""
+        """Insert or replace the entry of (key, m); the schedule is stored as ``family:schedule``."""
         key, m = entry_key(entry), int(entry["m"])
-        self._entries[(key, m)] = dict(entry)
+        fam, schedule = split_schedule(entry["schedule"])
+        entry = dict(entry, schedule=f"{fam.name}:{schedule}")
+        self._entries[(key, m)] = entry
         rows = [r for r in self._index.get(key, []) if r[0] != m]
         self._index[key] = sorted(rows + [(m, entry["schedule"])])
 
@@ -76,13 +83,13 @@ class Profile:
     def has(self, key: Key, m: int) -> bool:
         return (key, m) in self._entries
 
-    def lookup(self, key: Key, m: int) -> Optional[str]:
-        """The schedule of the nearest measured M bucket for ``key``, or None."""
+    def lookup(self, key: Key, m: int) -> Optional[Tuple[int, str]]:
+        """``(bucket, "family:schedule")`` of the nearest measured M bucket for ``key``, or None."""
         rows = self._index.get(key)
         if not rows:
             return None
         lm = math.log2(max(m, 1))
-        return min(rows, key=lambda r: (abs(math.log2(r[0]) - lm), -r[0]))[1]
+        return min(rows, key=lambda r: (abs(math.log2(r[0]) - lm), -r[0]))
 
     # ---- files ----
     def to_json(self) -> dict:
@@ -103,9 +110,21 @@ class Profile:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ValueError(f"profile {path}: cannot read it as JSON ({exc})") from exc
-        if data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
-            raise ValueError(f"profile {path}: expected format {FORMAT} with an 'entries' list")
-        return cls(data.get("gpu"), data.get("versions"), data["entries"], path)
+        if not isinstance(data, dict) or data.get("format") not in READS or not isinstance(data.get("entries"), list):
+            raise ValueError(f"profile {path}: expected a JSON object of format {' or '.join(map(str, READS))} "
+                             "with an 'entries' list")
+        for i, e in enumerate(data["entries"]):
+            missing = [f for f in ENTRY_FIELDS if not isinstance(e, dict) or f not in e]
+            if missing:
+                raise ValueError(f"profile {path}: entry {i} lacks {', '.join(missing)} "
+                                 f"(every entry needs {', '.join(ENTRY_FIELDS)})")
+        profile = cls(data.get("gpu"), data.get("versions"), path=path)
+        for i, e in enumerate(data["entries"]):
+            try:
+                profile.add(e)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"profile {path}: entry {i}: {exc}") from None
+        return profile
 
 
 def default_profile_path(gpu_name: str) -> Path:

@@ -1,8 +1,8 @@
 """Problem presets, argument parsing and candidate schedules (CPU)."""
 import pytest
 
-from mixed_gemm.codegen import KernelConfig
-from mixed_gemm.codegen.catalog import default_catalog
+from mixed_gemm.cli_catalog import catalog
+from mixed_gemm.kernels import Problem, base, family_of, parse_schedule
 from mixed_gemm.profiler.candidates import candidate_schedules
 from mixed_gemm.profiler.problems import DEFAULT_MS, MODELS, parse_ints, parse_shapes, resolve
 
@@ -29,23 +29,37 @@ def test_resolve_dedups_and_parses():
         parse_ints("0", "--ms")
 
 
+def _problem(m, n, k):
+    return Problem(m=m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm80")
+
+
 @pytest.mark.parametrize("m", [1, 16, 64, 256, 4096])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (57344, 8192), (8192, 28672)])
 def test_candidates_are_valid_catalog_schedules(m, n, k):
-    compiled = {c.kernel_name for c in default_catalog()}
-    cands = candidate_schedules(m, n, k, sms=132)
+    compiled = {c.kernel_name for _, c in catalog()}
+    cands = candidate_schedules(_problem(m, n, k), sms=132)
     assert cands and len(cands) == len(set(cands))
     for s in cands:
-        c = KernelConfig.from_schedule(s)
-        assert c.method == "dequant_mm" or c.kernel_name in compiled
-        if c.method == "mixed":
+        c = parse_schedule(s, dtype="f16", bits=4, zero_mode="int")
+        assert c.kernel.kernel_name in compiled and s == f"{c.family}:{c.schedule}"
+        assert family_of(c).can_implement(c, _problem(m, n, k)) == (True, "")
+        if c.family == "sm80":
             assert c.tile[0] <= max(16, 2 * m)
             assert c.split_k == 1 or -(-k // c.tile[2]) // c.split_k >= 2
-    assert ("dequant_mm" in cands) == (m >= 128)
+    assert ("dequant_mm:dequant_mm" in cands) == (m >= 128)
 
 
 def test_candidates_split_only_small_grids():
-    assert not any("_kfused" in s for s in candidate_schedules(1, 57344, 8192, sms=132)
-                   if s.startswith("t16x64x128"))  # 896 blocks: no split
-    assert any("_kfused" in s for s in candidate_schedules(1, 4096, 4096, sms=132))
-    assert candidate_schedules(1, 4096, 4096, sms=132, only=["dequant_mm"]) == ["dequant_mm"]
+    assert not any("_kfused" in s for s in candidate_schedules(_problem(1, 57344, 8192), sms=132)
+                   if s.startswith("sm80:t16x64x128"))  # 896 blocks: no split
+    assert any("_kfused" in s for s in candidate_schedules(_problem(1, 4096, 4096), sms=132))
+    assert candidate_schedules(_problem(1, 4096, 4096), sms=132, only=["dequant_mm", "t16x64x128_w1x1x4_s4"]) \
+        == ["dequant_mm:dequant_mm", "sm80:t16x64x128_w1x1x4_s4"]
+
+
+def test_candidates_skip_families_the_device_lacks(monkeypatch):
+    monkeypatch.setattr(base, "compute_capability", lambda i: (7, 5))
+    assert candidate_schedules(_problem(256, 4096, 4096), sms=40, device_index=0) == []
+    monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    assert candidate_schedules(_problem(256, 4096, 4096), sms=132, device_index=0) \
+        == candidate_schedules(_problem(256, 4096, 4096), sms=132)

@@ -24,7 +24,7 @@ def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
     # A partial sweep left by an interrupted run: one measurement, plus a line cut in half.
     partial = tmp_path / "gpu.partial.jsonl"
     row = dict(dtype="f16", bits=4, zero_mode="int", group_size=128, n=1024, k=2048, m=1, label="1024x2048",
-               schedule="t64x128x64_w2x2x1_s4", us=1e6, status="success", disposition="not_verified")
+               schedule="sm80:t64x128x64_w2x2x1_s4", us=1e6, status="success", disposition="not_verified")
     partial.write_text(json.dumps(row) + "\n" + '{"dtype": "f1')
     rc = main(["profile", "--shapes", "1024:2048", "--ms", "1,200", "--schedules", SCHEDULES,
                "--out", str(out), "--replays", "3", "--quiet"])
@@ -36,20 +36,31 @@ def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
     assert set(prof.versions) == {"driver", "nvcc", "cutlass", "torch", "mixed_gemm"}
     key = ("f16", 4, "int", 128, 1024, 2048)
     assert prof.has(key, 1) and prof.has(key, 200) and prof.has(("f16", 4, "int", 128, 512, 512), 1)  # merged
-    assert prof.lookup(key, 1) != "t64x128x64_w2x2x1_s4"  # the resumed row's 1 s never wins
+    assert prof.lookup(key, 1)[1] != "sm80:t64x128x64_w2x2x1_s4"  # the resumed row's 1 s never wins
     with open(out.with_suffix(".csv")) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 8 and {r["schedule"] for r in rows} == set(SCHEDULES.split(","))
-    assert sum(r["Disposition"] == "passed" for r in rows) >= 2
+    assert len(rows) == 8 and {r["schedule"] for r in rows} == {
+        "sm80:t16x64x128_w1x1x4_s4", "sm80:t16x64x128_w1x1x4_s4_kfused2", "sm80:t64x128x64_w2x2x1_s4",
+        "dequant_mm:dequant_mm"}
+    resumed = [r for r in rows if r["m"] == "1" and r["schedule"] == "sm80:t64x128x64_w2x2x1_s4"]
+    assert resumed[0]["Runtime"] == f"{1e6 / 1e3:.6f}"  # taken from the partial file, not re-measured
+    for m in ("1", "200"):  # per M, the fastest timed schedule is verified and wins; no other is verified
+        timed = sorted((r for r in rows if r["m"] == m and r["Runtime"]), key=lambda r: float(r["Runtime"]))
+        assert [r["Disposition"] for r in timed][0] == "passed"
+        assert all(r["Disposition"] == "not_verified" for r in timed[1:])
+        assert prof.lookup(key, int(m))[1] == timed[0]["schedule"]
     # Selection reads it.
     monkeypatch.setenv(PROFILE_ENV, str(out))
     profiles.clear_cache()
+    mg.select.clear_selection()
     try:
         w = random_weights(1024, 2048)[0]
         mg.matmul(torch.randn(1, 2048, device="cuda").half(), w)
-        assert w._configs[1].schedule == prof.lookup(key, 1)
+        chosen = mg.explain(1, w)
+        assert (chosen.schedule, chosen.source) == (prof.lookup(key, 1)[1], "profile gpu.json M=1")
     finally:
         profiles.clear_cache()
+        mg.select.clear_selection()
 
 
 def test_bench_runs_and_plots(tmp_path, capsys):
@@ -61,4 +72,8 @@ def test_bench_runs_and_plots(tmp_path, capsys):
     assert "| 1024x1024 | 1024 | 1024 | 1 |" in text and "Eager host overhead" in text
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
-    assert len(rows) == 2 and all(r["us"] > 0 and r["fp16_us"] > 0 for r in rows)
+    assert [r["m"] for r in rows] == [1, 64]
+    for r in rows:  # microsecond-scale kernels, and the speedup is the ratio of the two timings
+        assert 0.5 < r["us"] < 1000 and 0.5 < r["fp16_us"] < 1000
+        assert r["speedup"] == pytest.approx(r["fp16_us"] / r["us"], rel=1e-6)
+        assert r["schedule"].startswith(("sm80:", "dequant_mm:"))

@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from mixed_gemm.codegen import KernelConfig
-from mixed_gemm.codegen.catalog import default_catalog
-from mixed_gemm.select import PROFILE_ENV, SCHEDULE_ENV, Profile, choose_config, gpu_slug
-from mixed_gemm.select import choose as C
+from mixed_gemm.cli_catalog import catalog
+from mixed_gemm.kernels import Problem, base, family_of, parse_schedule
+from mixed_gemm.select import PROFILE_ENV, SCHEDULE_ENV, Profile, choose, gpu_slug
+from mixed_gemm.select import selection as C
 from mixed_gemm.select import profiles as P
 
 KEY = ("f16", 4, "int", 128, 4096, 4096)
@@ -29,8 +29,9 @@ def test_gpu_slug(name, slug):
 def test_lookup_takes_the_nearest_bucket_in_log_space():
     p = Profile(entries=[_entry(1, "a"), _entry(16, "b"), _entry(256, "c"), _entry(4096, "d")])
     got = {m: p.lookup(KEY, m) for m in (1, 2, 4, 8, 32, 64, 128, 512, 1024, 2048, 8192)}
-    assert got == {1: "a", 2: "a", 4: "b", 8: "b", 32: "b", 64: "c", 128: "c", 512: "c", 1024: "d", 2048: "d",
-                   8192: "d"}  # 4, 64, 1024: ties (equal octaves each side): the larger bucket wins
+    a, b, c, d = (1, "sm80:a"), (16, "sm80:b"), (256, "sm80:c"), (4096, "sm80:d")  # bare: sm80 (format 1)
+    assert got == {1: a, 2: a, 4: b, 8: b, 32: b, 64: c, 128: c, 512: c, 1024: d, 2048: d,
+                   8192: d}  # 4, 64, 1024: ties (equal octaves each side): the larger bucket wins
     assert p.lookup(("f16", 4, "int", 64, 4096, 4096), 16) is None  # another group size: no entry
 
 
@@ -39,7 +40,7 @@ def test_add_replaces_merge_and_round_trip(tmp_path):
     p.add(_entry(16, "b2"))
     other = Profile(entries=[_entry(16, "b3"), _entry(64, "c")])
     p.merge(other)
-    assert [(e["m"], e["schedule"]) for e in p.entries] == [(1, "a"), (16, "b3"), (64, "c")]
+    assert [(e["m"], e["schedule"]) for e in p.entries] == [(1, "sm80:a"), (16, "sm80:b3"), (64, "sm80:c")]
     p.save(tmp_path / "x.json")
     q = Profile.load(tmp_path / "x.json")
     assert q.entries == p.entries and q.gpu == p.gpu and q.versions == p.versions
@@ -52,8 +53,29 @@ def test_load_errors(tmp_path):
     with pytest.raises(ValueError, match="cannot read it as JSON"):
         Profile.load(bad)
     bad.write_text(json.dumps({"format": 99, "entries": []}))
-    with pytest.raises(ValueError, match="format 1"):
+    with pytest.raises(ValueError, match="format 1 or 2"):
         Profile.load(bad)
+    entry = _entry(1, "a")
+    del entry["dtype"], entry["m"]
+    bad.write_text(json.dumps({"format": 2, "entries": [_entry(2, "b"), entry]}))
+    with pytest.raises(ValueError, match=r"bad.json: entry 1 lacks dtype, m \(every entry needs"):
+        Profile.load(bad)
+    bad.write_text(json.dumps({"format": 2, "entries": [_entry(2, "sm99:t1")]}))
+    with pytest.raises(ValueError, match="bad.json: entry 0: family: 'sm99'"):
+        Profile.load(bad)
+    bad.write_text(json.dumps({"format": 2, "entries": [_entry("many", "b")]}))
+    with pytest.raises(ValueError, match="bad.json: entry 0"):
+        Profile.load(bad)
+
+
+def test_format_1_reads_as_sm80_and_saves_as_format_2(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": 1, "entries": [_entry(1, "t16x64x128_w1x1x4_s4"), _entry(4096, "dequant_mm")]}))
+    p = Profile.load(old)
+    assert p.lookup(KEY, 1) == (1, "sm80:t16x64x128_w1x1x4_s4")
+    assert p.lookup(KEY, 4096) == (4096, "dequant_mm:dequant_mm")
+    p.save(tmp_path / "new.json")
+    assert json.loads((tmp_path / "new.json").read_text())["format"] == 2
 
 
 def test_profile_env_must_exist(monkeypatch, tmp_path):
@@ -75,41 +97,68 @@ def test_find_profile_prefers_user_then_shipped(monkeypatch, tmp_path):
 def test_shipped_profiles_parse_and_name_catalog_kernels():
     from mixed_gemm._paths import profiles_dir
 
-    compiled = {c.kernel_name for c in default_catalog()}
+    compiled = {c.kernel_name for _, c in catalog()}
     files = sorted(profiles_dir().glob("*.json"))
     assert files, "no shipped profile"
     for path in files:
         prof = Profile.load(path)
         assert prof.gpu.get("name") and prof.gpu.get("compute_capability")
         for e in prof.entries:
-            c = KernelConfig.from_schedule(e["schedule"], dtype=e["dtype"], bits=e["bits"], zero_mode=e["zero_mode"])
-            assert c.method == "dequant_mm" or c.kernel_name in compiled, (path.name, e)
+            c = parse_schedule(e["schedule"], dtype=e["dtype"], bits=e["bits"], zero_mode=e["zero_mode"])
+            assert c.kernel.kernel_name in compiled, (path.name, e)
 
 
-def test_choose_order(monkeypatch):
-    prof = Profile(entries=[_entry(16, "t32x64x128_w1x1x4_s4_kfused2")])
-    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+def _problem(m, **kw):
+    base_ = dict(m=m, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm80")
+    return Problem(**dict(base_, **kw))
+
+
+@pytest.fixture
+def h100(monkeypatch):
+    """Selection as on an H100 (compute capability 9.0), with no profile unless a test sets one."""
+    monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    monkeypatch.setattr(C, "device_profile", lambda device_index: None)
     monkeypatch.delenv(SCHEDULE_ENV, raising=False)
-    kw = dict(n=4096, k=4096, bits=4, zero_mode="int", dtype="f16", group_size=128, device_index=0)
-    assert choose_config(8, **kw).schedule == "t32x64x128_w1x1x4_s4_kfused2"           # profile
-    assert choose_config(8, **dict(kw, n=8192)).schedule.startswith("t16x64x128")      # heuristics
+
+
+def test_choose_order(h100, monkeypatch):
+    prof = Profile(entries=[_entry(16, "sm80:t32x64x128_w1x1x4_s4_kfused2")], path=None)
+    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+    got = choose(_problem(8), 0)
+    assert (got.family.name, got.schedule, got.source) == ("sm80", "sm80:t32x64x128_w1x1x4_s4_kfused2",
+                                                           "profile profile M=16")
+    got = choose(_problem(8, n=8192), 0)                                              # no entry: heuristics
+    assert got.schedule.startswith("sm80:t16x64x128") and got.source == "heuristic"
+    assert choose(_problem(4096, n=8192), 0).schedule == "dequant_mm:dequant_mm"     # sm80 passes on big M
     monkeypatch.setenv(SCHEDULE_ENV, "dequant_mm")
-    assert choose_config(8, **kw).method == "dequant_mm"                                # override
+    got = choose(_problem(8), 0)
+    assert (got.family.name, got.source) == ("dequant_mm", "override")
+    monkeypatch.setenv(SCHEDULE_ENV, "sm80:t16x64x128_w1x1x4_s4_kfused4")
+    assert choose(_problem(8), 0).config.split_k == 4
     monkeypatch.setenv(SCHEDULE_ENV, "t1x2")
     with pytest.raises(ValueError, match=SCHEDULE_ENV):
-        choose_config(8, **kw)
+        choose(_problem(8), 0)
 
 
-@pytest.mark.parametrize("schedule", ["t16x64x128_w1x1x4_s4", "t128x256x64_w2x4x1_s3_kfused4_sw8",
-                                      "t64x128x64_w2x2x1_s4_sw2", "t16x64x128_w1x1x4_s6_kparallel3", "dequant_mm"])
-def test_schedule_round_trip(schedule):
-    c = KernelConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="offset")
-    assert c.schedule == schedule and c.name.endswith(schedule) and c.dtype == "bf16"
-    assert KernelConfig.from_schedule(c.schedule, dtype="bf16", bits=8, zero_mode="offset") == c
+def test_override_that_cannot_run_raises(h100, monkeypatch):
+    monkeypatch.setenv(SCHEDULE_ENV, "sm80:t16x64x128_w1x1x4_s4_sw8")
+    with pytest.raises(ValueError, match=r"MIXED_GEMM_SCHEDULE=.*sm80 cannot run this problem: .*layout"):
+        choose(_problem(8, layout="other"), 0)
 
 
-def test_dequant_mm_takes_no_tile():
-    with pytest.raises(ValueError, match="dequant_mm takes no tile"):
-        KernelConfig(method="dequant_mm", tile=(16, 64, 128), warps=(1, 1, 4))
-    with pytest.raises(ValueError, match="split_k_mode must be one of"):
-        KernelConfig(split_k_mode="atomic", split_k=2)
+def test_profile_entry_that_cannot_run_falls_back_with_reason(h100, monkeypatch):
+    prof = Profile(entries=[_entry(16, "sm80:t16x64x128_w1x1x4_s4")])
+    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+    monkeypatch.setattr(base, "compute_capability", lambda i: (7, 5))  # no family runs on a T4 here
+    with pytest.raises(ValueError) as info:
+        choose(_problem(16), 0)
+    msg = str(info.value)
+    assert msg.startswith("no kernel family can run M=16 N=4096 K=4096 f16/4-bit/int group 128")
+    # one reason per family, and the profile entry's
+    assert "profile entry sm80:t16x64x128_w1x1x4_s4" in msg
+    assert "sm80: needs compute capability 8.0" in msg and "dequant_mm: needs compute capability 8.0" in msg
+
+
+def test_no_family_reads_the_layout(h100):
+    with pytest.raises(ValueError, match="sm80: reads the 'sm80' weight layout.*dequant_mm: reads the 'sm80'"):
+        choose(_problem(16, layout="other"), 0)

@@ -1,0 +1,40 @@
+"""Compiling generated CUDA C++ to fatbins with nvcc, and caching them on disk.
+
+``build_fatbin(name, source, arch_flags=...)`` is the entry point; ``build_many`` runs several at
+once. Nothing here knows about kernel families: they hand in source text, arch flags and the
+template folders their source includes.
+"""
+from __future__ import annotations
+
+from .cache import build_fatbin, build_many, cache_key, load_bytes, toolchain
+from .errors import BuildError
+from .fatbin import FATBIN_MAGIC, fatbin_targets
+from .nvcc import (
+    compile_cubin,
+    compile_fatbin,
+    compile_flags,
+    cutlass_include_dir,
+    cutlass_version,
+    find_nvcc,
+    key_flags,
+    nvcc_version,
+)
+
+__all__ = [
+    "FATBIN_MAGIC",
+    "BuildError",
+    "build_fatbin",
+    "build_many",
+    "cache_key",
+    "compile_cubin",
+    "compile_fatbin",
+    "compile_flags",
+    "cutlass_include_dir",
+    "cutlass_version",
+    "fatbin_targets",
+    "find_nvcc",
+    "key_flags",
+    "load_bytes",
+    "nvcc_version",
+    "toolchain",
+]

@@ -1,0 +1,242 @@
+"""Content-addressed on-disk cache of compiled fatbins.
+
+An entry is ``cache_dir()/<name>-<key[:16]>/`` with ``<name>.cu``, ``<name>.fatbin`` and
+``meta.json``. ``meta.json`` is written last and records the fatbin's sha256, so an entry is
+either complete and verified or rebuilt: a crash, a full disk or a concurrent writer can leave
+junk behind but never a hit on it (which is also why no fsync is needed).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Tuple
+
+from filelock import FileLock
+from tqdm.auto import tqdm
+
+from .. import _paths
+from .errors import BuildError
+from .nvcc import compile_fatbin, compile_flags, cutlass_version, find_nvcc, key_flags, nvcc_version
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_SUFFIXES = frozenset({".cuh", ".h", ".j2"})
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def _template_files(template_dirs: Optional[Sequence[str]]) -> list[tuple[str, Path]]:
+    root = _paths.templates_dir()
+    tops = [root] if template_dirs is None else [root / d for d in template_dirs]
+    files = {
+        (p.relative_to(root).as_posix(), p)
+        for top in tops
+        for p in top.rglob("*")
+        if p.suffix in TEMPLATE_SUFFIXES and p.is_file()
+    }
+    return sorted(files)
+
+
+def cache_key(source: str, flags: Sequence[str], template_dirs: Optional[Sequence[str]] = None) -> str:
+    """sha256 (hex) over the source, the flags and the templates under ``template_dirs`` (folders of
+    ``templates/``; None: all of them), with their relative paths since kernels ``#include`` them by
+    name. It names the cache entry and needs no toolchain, so a verified entry loads on a machine
+    without nvcc or the CUTLASS headers; the toolchain that built it is recorded in the entry and
+    checked where one is installed (see :func:`build_fatbin`).
+    """
+    h = hashlib.sha256()
+
+    def feed(data: bytes | str) -> None:
+        # Length-prefix every field so that no two different inputs concatenate to the same bytes.
+        if isinstance(data, str):
+            data = data.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    feed("mixed_gemm-fatbin-v2")
+    feed(source)
+    # Include directories enter through what they hold (template bytes below; CUTLASS through the
+    # recorded toolchain), not their absolute paths, so a cache built on one machine is valid on another.
+    feed(json.dumps([f for f in flags if not f.startswith("-I")]))
+    for rel, path in _template_files(template_dirs):
+        feed(rel)
+        feed(path.read_bytes())
+    return h.hexdigest()
+
+
+def toolchain() -> Tuple[Optional[dict], str]:
+    """``({"nvcc": version, "cutlass": version}, "")`` when both are installed, else ``(None, why)``."""
+    try:
+        return {"nvcc": nvcc_version(), "cutlass": cutlass_version()}, ""
+    except BuildError as exc:
+        return None, str(exc)
+
+
+def _tmp_path(path: Path) -> Path:
+    # Same directory, so os.replace is an atomic rename on one filesystem; a unique name rather
+    # than tempfile.mkstemp because mkstemp's 0600 mode would make a shared cache unreadable.
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = _tmp_path(path)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_valid(entry: Path, name: str, key: str, tools: Optional[dict]) -> bool:
+    """True when meta.json parses, matches ``name``/``key`` (and ``tools``, the installed toolchain,
+    unless None), and the fatbin's bytes match it."""
+    try:
+        meta = json.loads((entry / "meta.json").read_bytes())
+        data = (entry / f"{name}.fatbin").read_bytes()
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(meta, dict)
+        and meta.get("name") == name
+        and meta.get("key") == key
+        and (tools is None or meta.get("toolchain") == tools)
+        and meta.get("size") == len(data)
+        and meta.get("sha256") == hashlib.sha256(data).hexdigest()
+    )
+
+
+def _build_entry(entry: Path, name: str, key: str, source: str, flags: list[str], tools: dict) -> Path:
+    entry.mkdir(parents=True, exist_ok=True)
+    meta_path = entry / "meta.json"
+    # Drop the old meta first: from here until the new one lands the entry must read as invalid.
+    meta_path.unlink(missing_ok=True)
+
+    src = entry / f"{name}.cu"
+    src_bytes = source.encode()
+    try:
+        same = src.read_bytes() == src_bytes
+    except OSError:
+        same = False
+    if not same:  # rewriting identical text would only churn mtimes seen by editors and tools
+        _atomic_write(src, src_bytes)
+
+    fatbin = entry / f"{name}.fatbin"
+    tmp = _tmp_path(fatbin)
+    try:
+        compile_fatbin(src, tmp, flags)
+        data = tmp.read_bytes()
+        if not data:
+            raise BuildError(f"nvcc exited 0 but wrote an empty fatbin for {src}", source_path=src)
+        os.replace(tmp, fatbin)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    meta = {
+        "name": name,
+        "key": key,
+        "nvcc": str(find_nvcc()),
+        "toolchain": tools,
+        "flags": flags,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+    }
+    _atomic_write(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
+    return fatbin
+
+
+def build_fatbin(
+    name: str,
+    source: str,
+    *,
+    arch_flags: Sequence[str],
+    template_dirs: Optional[Sequence[str]] = None,
+    extra_flags: Sequence[str] = (),
+) -> Path:
+    """Compile ``source`` (CUDA C++ text) for ``arch_flags`` to a fatbin, or return the cached one.
+
+    ``name`` names the entry and its files (letters, digits, ``_.-``); ``template_dirs`` are the
+    folders of ``templates/`` the source includes (they feed the key; None: all). A verified entry
+    loads without any toolchain; where nvcc and the CUTLASS headers are installed, an entry built by
+    other versions of them is rebuilt. Safe to call from several threads and processes at once:
+    builds of one entry are serialized on a file lock.
+    """
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(f"kernel name {name!r} must match {_NAME_RE.pattern}")
+    key = cache_key(source, key_flags(extra_flags, arch_flags=arch_flags), template_dirs)
+    root = _paths.cache_dir()
+    entry = root / f"{name}-{key[:16]}"
+    fatbin = entry / f"{name}.fatbin"
+    tools, missing = toolchain()
+
+    # Lock-free fast path: meta.json is written last and verified against the fatbin's bytes, so a
+    # reader racing a writer sees either a verified entry or a miss, never a half-written fatbin.
+    if _read_valid(entry, name, key, tools):
+        return fatbin
+    if tools is None:
+        raise BuildError(f"{name}: no verified build in the kernel cache {root} and no toolchain to "
+                         f"build one: {missing}")
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{entry.name}.lock")):
+        if _read_valid(entry, name, key, tools):  # another process built it while we waited
+            return fatbin
+        if entry.exists():
+            log.info("rebuilding invalid cache entry %s", entry)
+        flags = compile_flags(extra_flags, arch_flags=arch_flags)
+        return _build_entry(entry, name, key, source, flags, tools)
+
+
+def build_many(
+    items: Iterable[tuple[str, str, dict]], *, jobs: int | None = None, progress: bool = True
+) -> list[Path]:
+    """:func:`build_fatbin` for each ``(name, source, keyword arguments)``, ``jobs`` at a time;
+    paths in input order.
+
+    nvcc does the work in subprocesses, so threads are enough. On the first failure the builds not
+    yet started are cancelled, the running ones finish, and that first error is raised.
+    """
+    items = list(items)
+    if not items:
+        return []
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    results: list[Path | None] = [None] * len(items)
+    first_error: BaseException | None = None
+    failed: list[str] = []
+    # disable=None lets tqdm hide itself when stderr is not a terminal (CI logs).
+    with ThreadPoolExecutor(max_workers=min(jobs, len(items))) as pool, tqdm(
+        total=len(items), desc="nvcc", unit="kernel", disable=None if progress else True
+    ) as bar:
+        futures = {pool.submit(build_fatbin, name, src, **kw): i for i, (name, src, kw) in enumerate(items)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            if fut.cancelled():
+                continue
+            exc = fut.exception()
+            if exc is None:
+                results[i] = fut.result()
+                bar.set_postfix_str(items[i][0], refresh=False)
+                bar.update(1)
+                continue
+            failed.append(items[i][0])
+            if first_error is None:
+                first_error = exc
+                for other in futures:
+                    other.cancel()
+    if first_error is not None:
+        if len(failed) > 1:
+            log.error("%d kernels failed to build: %s", len(failed), ", ".join(failed))
+        if isinstance(first_error, BuildError):
+            raise first_error
+        raise BuildError(f"building {failed[0]} failed: {first_error!r}") from first_error
+    return results  # type: ignore[return-value]
+
+
+def load_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of a built fatbin (for ``cuModuleLoadData``/``cuLibraryLoadData``)."""
+    return Path(path).read_bytes()

@@ -1,0 +1,187 @@
+"""Locating nvcc and the CUTLASS headers, and running nvcc."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+from .. import _paths
+from .errors import BuildError
+
+log = logging.getLogger(__name__)
+
+# CUTLASS template errors can run to megabytes; the exception message keeps the head (where the
+# first error is) and BuildError.stderr keeps everything.
+_MAX_MESSAGE_CHARS = 20_000
+
+_NVCC_NAMES = ("nvcc.exe", "nvcc") if os.name == "nt" else ("nvcc",)
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def find_nvcc() -> Path:
+    """``$CUDA_HOME/bin/nvcc``, else ``$CUDA_PATH/bin/nvcc``, else ``nvcc`` on ``PATH``."""
+    tried = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(var)
+        if not root:
+            tried.append(f"${var} (unset)")
+            continue
+        for exe in _NVCC_NAMES:
+            candidate = Path(root).expanduser() / "bin" / exe
+            if _executable(candidate):
+                return candidate
+        tried.append(f"${var}/bin ({Path(root) / 'bin'}: no nvcc)")
+    for exe in _NVCC_NAMES:
+        found = shutil.which(exe)
+        if found:
+            return Path(found)
+    tried.append("PATH (no nvcc)")
+    raise BuildError(
+        "nvcc not found; looked in " + ", ".join(tried) + ". Install the CUDA toolkit (12.4 or "
+        "newer) and set CUDA_HOME to its root (e.g. export CUDA_HOME=/usr/local/cuda) or put its "
+        "bin/ directory on PATH."
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version_of(nvcc: str) -> str:
+    try:
+        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True, errors="replace")
+    except OSError as exc:
+        raise BuildError(f"could not run {nvcc} --version: {exc}") from exc
+    out = proc.stdout + proc.stderr
+    # "Cuda compilation tools, release 13.0, V13.0.88"
+    match = re.search(r"\bV(\d+\.\d+\.\d+)", out) or re.search(r"release (\d+\.\d+)", out)
+    if proc.returncode != 0 or not match:
+        raise BuildError(f"could not read the version of {nvcc} (exit {proc.returncode}):\n{out}")
+    return match.group(1)
+
+
+def nvcc_version() -> str:
+    """Version of the nvcc that :func:`find_nvcc` picks, e.g. ``"13.0.88"`` (cached per path)."""
+    return _nvcc_version_of(str(find_nvcc()))
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_include_dir() -> Path:
+    """The CUTLASS/CuTe headers shipped by the ``nvidia-cutlass`` wheel."""
+    try:
+        import cutlass_library
+    except ImportError as exc:
+        raise BuildError(
+            "the CUTLASS headers come from the nvidia-cutlass package: pip install nvidia-cutlass"
+        ) from exc
+    include = Path(cutlass_library.source_path) / "include"
+    if not (include / "cutlass" / "cutlass.h").is_file():
+        raise BuildError(
+            f"nvidia-cutlass is installed but {include}/cutlass/cutlass.h is missing; "
+            "reinstall it: pip install --force-reinstall nvidia-cutlass"
+        )
+    return include
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_version() -> str:
+    """``MAJOR.MINOR.PATCH`` from the headers' ``cutlass/version.h`` (what nvcc actually sees)."""
+    header = cutlass_include_dir() / "cutlass" / "version.h"
+    text = header.read_text(errors="replace")
+    parts = {}
+    for field in ("MAJOR", "MINOR", "PATCH"):
+        match = re.search(rf"#define\s+CUTLASS_{field}\s+(\d+)", text)
+        if not match:
+            raise BuildError(f"no CUTLASS_{field} in {header}")
+        parts[field] = match.group(1)
+    return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+
+
+def _base_flags(output_kind: str, verbose: bool) -> list[str]:
+    flags = ["-std=c++17", "-O3", output_kind, "--expt-relaxed-constexpr", "-DNDEBUG"]
+    if verbose:
+        flags.append("-Xptxas=-v")  # per-kernel register/spill report on stderr
+    return flags
+
+
+def _include_flags() -> list[str]:
+    return [f"-I{cutlass_include_dir()}", f"-I{_paths.templates_dir()}"]
+
+
+def key_flags(extra: Sequence[str] = (), *, arch_flags: Sequence[str]) -> list[str]:
+    """The flags that feed the cache key: :func:`compile_flags` without the include directories
+    (so no toolchain is needed to compute it)."""
+    return _base_flags("--fatbin", False) + list(arch_flags) + list(extra)
+
+
+def compile_flags(
+    extra: Sequence[str] = (), *, arch_flags: Sequence[str], verbose: bool = False
+) -> list[str]:
+    """Full nvcc flag list for a fatbin build (everything but ``-o`` and the source file).
+    ``arch_flags`` (``-gencode=...``) belong to the kernel family being built."""
+    return _base_flags("--fatbin", verbose) + _include_flags() + list(arch_flags) + list(extra)
+
+
+def _run_nvcc(cmd: list[str], source_path: Path) -> str:
+    log.debug("running %s", shlex.join(cmd))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    except OSError as exc:
+        raise BuildError(
+            f"could not run {cmd[0]}: {exc}", source_path=source_path, cmd=cmd
+        ) from exc
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        shown = output
+        if len(shown) > _MAX_MESSAGE_CHARS:
+            shown = (
+                shown[:_MAX_MESSAGE_CHARS]
+                + f"\n... [{len(output) - _MAX_MESSAGE_CHARS} more characters in BuildError.stderr]"
+            )
+        raise BuildError(
+            f"nvcc failed (exit {proc.returncode}) compiling {source_path}\n"
+            f"command: {shlex.join(cmd)}\n{shown}",
+            source_path=source_path,
+            cmd=cmd,
+            stderr=output,
+        )
+    if output:
+        log.debug("nvcc output for %s:\n%s", source_path, output)
+    return output
+
+
+def compile_fatbin(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str]) -> str:
+    """Compile ``source_path`` to ``out_path`` with ``flags`` (see :func:`compile_flags`).
+
+    Returns nvcc's (usually empty) output, e.g. the ``-Xptxas=-v`` report; raises
+    :class:`BuildError` carrying nvcc's error text and the source path on failure.
+    """
+    source_path = Path(source_path)
+    cmd = [str(find_nvcc()), *flags, "-o", str(out_path), str(source_path)]
+    return _run_nvcc(cmd, source_path)
+
+
+def compile_cubin(
+    source_path: str | os.PathLike,
+    out_path: str | os.PathLike | None = None,
+    *,
+    arch: str = "sm_90",
+    extra: Sequence[str] = (),
+    verbose: bool = False,
+) -> Path:
+    """Compile one architecture's cubin (for ``cuobjdump -sass``/``nvdisasm``); not cached.
+
+    ``out_path`` defaults to the source path with suffix ``.<arch>.cubin``.
+    """
+    source_path = Path(source_path)
+    out = Path(out_path) if out_path is not None else source_path.with_suffix(f".{arch}.cubin")
+    flags = _base_flags("--cubin", verbose) + _include_flags() + [f"-arch={arch}", *extra]
+    cmd = [str(find_nvcc()), *flags, "-o", str(out), str(source_path)]
+    _run_nvcc(cmd, source_path)
+    return out

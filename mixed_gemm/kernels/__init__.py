@@ -1,0 +1,78 @@
+"""Kernel families and their registry.
+
+``FAMILIES`` lists the families in priority order: when no override or profile decides, selection
+asks each in turn for its heuristic choice and takes the first it can implement. Adding a family:
+a sub-package here with a :class:`~.base.Family` (see docs/DESIGN.md), its ``templates/<name>/``,
+and one entry below.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Dict, List, Optional, Tuple
+
+from . import dequant_mm, sm80
+from .base import OK, Family, Problem, Verdict, compute_capability
+
+FAMILIES: Tuple[Family, ...] = (sm80.FAMILY, dequant_mm.FAMILY)
+# The weight layouts families read, by name (one layout module per name).
+LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout}
+LEGACY_FAMILY = "sm80"  # a schedule without "family:" (profile format 1, old overrides)
+
+_BY_NAME = {f.name: f for f in FAMILIES}
+
+
+def family(name: str) -> Family:
+    """The family called ``name``; ``ValueError`` listing the known ones otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"family: {name!r} is not one of {tuple(_BY_NAME)}") from None
+
+
+def family_of(config) -> Family:
+    """The family a config belongs to (its ``family`` attribute)."""
+    name = getattr(config, "family", None)
+    if name not in _BY_NAME:
+        raise TypeError(f"config: expected a kernel family's config, got {type(config).__name__}")
+    return _BY_NAME[name]
+
+
+def split_schedule(text: str) -> Tuple[Family, str]:
+    """``"family:schedule"`` -> (family, schedule). A bare schedule is the sm80 family's, except a
+    family's own name (``dequant_mm``, whose one schedule is its name)."""
+    name, sep, schedule = text.partition(":")
+    if sep:
+        return family(name), schedule
+    if text in _BY_NAME:
+        return _BY_NAME[text], text
+    return _BY_NAME[LEGACY_FAMILY], text
+
+
+def parse_schedule(text: str, *, dtype: str, bits: int, zero_mode: str):
+    """The config of ``"family:schedule"`` (or a bare sm80 schedule) for one weight kind."""
+    fam, schedule = split_schedule(text)
+    return fam.from_schedule(schedule, dtype=dtype, bits=bits, zero_mode=zero_mode)
+
+
+def qualified(config) -> str:
+    """``"family:schedule"`` of a config: what profiles store and overrides take."""
+    return f"{config.family}:{config.schedule}"
+
+
+def available(device_index: int) -> List[Tuple[Family, Verdict]]:
+    """Each family with ``supports(device_index)``, in priority order."""
+    return [(f, f.supports(device_index)) for f in FAMILIES]
+
+
+def layout_for(device_index: Optional[int]) -> str:
+    """The layout prepack uses on a device: that of the first family (in priority order) that
+    runs there; on the CPU (``None``) or where none runs, the first family's."""
+    if device_index is not None:
+        for f, (ok, _) in available(device_index):
+            if ok:
+                return f.layout
+    return FAMILIES[0].layout
+
+
+__all__ = ["FAMILIES", "LAYOUTS", "OK", "Family", "Problem", "Verdict", "available", "compute_capability",
+           "family", "family_of", "layout_for", "parse_schedule", "qualified", "split_schedule"]

@@ -1,0 +1,119 @@
+"""What every kernel family provides: the contract the registry, selection and ``matmul`` rely on.
+
+A family is one sub-package of :mod:`mixed_gemm.kernels` holding a :class:`Family` subclass. It
+owns its frozen config class (name, schedule string, ``from_schedule``), its catalog, the schedules
+the profiler tries, its argument structs and launch plan, its templates (``templates/<family>/``
+plus ``templates/common/``), its arch flags, and the weight layout it reads. docs/DESIGN.md has the
+checklist for adding one.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+Verdict = Tuple[bool, str]  # (ok, reason when not ok)
+OK: Verdict = (True, "")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One GEMM as selection sees it: ``y (m, n) = x (m, k) @ W.T`` for a weight of this kind."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str          # "f16" | "bf16" (activations, output, scales)
+    bits: int
+    zero_mode: str      # "sym" | "int" | "float" | "offset"
+    group_size: int     # K for per-channel
+    layout: str         # the weight layout the PackedWeight holds
+
+    @property
+    def kind(self) -> dict:
+        return dict(dtype=self.dtype, bits=self.bits, zero_mode=self.zero_mode)
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(device_index: int) -> Optional[Tuple[int, int]]:
+    """``(major, minor)`` of CUDA device ``device_index``, or None without a visible GPU."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and device_index < torch.cuda.device_count():
+            return torch.cuda.get_device_capability(device_index)
+    except Exception:  # noqa: BLE001 - a CPU-only or broken torch means "no GPU" here
+        pass
+    return None
+
+
+class Family:
+    """Base class of a kernel family; subclasses set the class attributes and override the hooks."""
+
+    name: str = ""                        # "sm80": kernel names are mg_<name>_..., schedules "<name>:..."
+    config_class: type = object           # its frozen config (has dtype, bits, zero_mode, schedule, name)
+    layout: str = ""                      # the weight layout it reads (see kernels.layouts())
+    arch_flags: Tuple[str, ...] = ()      # nvcc -gencode flags of its fatbins
+    template_dirs: Tuple[str, ...] = ()   # folders of templates/ its sources include (feed the cache key)
+    min_capability: Tuple[int, int] = (8, 0)
+    max_capability: Tuple[int, int] = (99, 9)
+
+    # ---- where it runs ----
+    def supports(self, device_index: int) -> Verdict:
+        """Can this family's binaries run on CUDA device ``device_index``?"""
+        cc = compute_capability(device_index)
+        if cc is None:
+            return False, "no CUDA GPU visible"
+        if not self.min_capability <= cc <= self.max_capability:
+            lo, hi = self.min_capability, self.max_capability
+            return False, (f"needs compute capability {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, "
+                           f"device {device_index} is {cc[0]}.{cc[1]}")
+        return OK
+
+    def can_implement(self, config, problem: Problem) -> Verdict:
+        """Can ``config`` (one of this family's) compute ``problem``? Layout and weight kind here;
+        families add their own rules."""
+        if problem.layout != self.layout:
+            return False, f"reads the {self.layout!r} weight layout, the weight is in {problem.layout!r}"
+        if (config.dtype, config.bits, config.zero_mode) != (problem.dtype, problem.bits, problem.zero_mode):
+            return False, (f"{config.name} is for {config.dtype}/{config.bits}-bit/{config.zero_mode} weights, "
+                           f"this weight is {problem.dtype}/{problem.bits}-bit/{problem.zero_mode}")
+        return OK
+
+    # ---- configs ----
+    def from_schedule(self, schedule: str, *, dtype: str, bits: int, zero_mode: str):
+        return self.config_class.from_schedule(schedule, dtype=dtype, bits=bits, zero_mode=zero_mode)
+
+    def catalog(self) -> List:
+        """The compiled configs ``mixed-gemm build`` precompiles and ``generated/`` shows."""
+        return []
+
+    def candidates(self, problem: Problem, sms: int) -> List[str]:
+        """Schedules (without the family prefix) the profiler times for ``problem``."""
+        return []
+
+    def heuristic(self, problem: Problem, sms: int):
+        """This family's config for ``problem`` when no profile covers it, or None to pass."""
+        return None
+
+    # ---- building and launching ----
+    def render(self, config) -> str:
+        """The .cu source of ``config``'s compiled identity."""
+        raise NotImplementedError
+
+    def build_spec(self, config) -> Tuple[str, Callable[[], str], Sequence[str], Sequence[str]]:
+        """``(kernel name, source thunk, arch flags, template dirs)`` for the runtime."""
+        kernel = config.kernel
+        return kernel.kernel_name, (lambda: self.render(kernel)), self.arch_flags, self.template_dirs
+
+    def launcher(self, config, device_index: int):
+        """A callable ``launch(x, w, bias, y, m, stream)`` for ``config`` on ``device_index``
+        (loads the module; callers cache it). ``x`` is contiguous and in the weight's K order."""
+        raise NotImplementedError
+
+    def check_launch(self, config, problem: Problem) -> None:
+        """Raise ``ValueError`` naming the argument when ``config`` cannot launch for ``problem``
+        (hardware limits that depend on M); called before every launch, so keep it O(1)."""
+
+    def __repr__(self) -> str:
+        return f"<kernel family {self.name}>"

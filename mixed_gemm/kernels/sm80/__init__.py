@@ -1,0 +1,75 @@
+"""The ``sm80`` family: a CUTLASS 2.x-style multistage mma.sync mixed-input GEMM
+(templates/sm80/gemm_sm80.cuh). One fatbin runs on sm_80 and sm_90 (plus compute_90 PTX for newer
+GPUs); it reads the ``sm80`` weight layout (:mod:`.layout`)."""
+from __future__ import annotations
+
+from typing import List
+
+from ...codegen import render_template
+from ..base import OK, Family, Problem, Verdict
+from ..common import DTYPES, ZERO_MODES, constant_checks
+from . import layout
+from .abi import GEMM_ARGS_BYTES, REDUCE_ARGS_BYTES
+from .candidates import candidate_schedules
+from .catalog import default_catalog
+from .config import Sm80Config
+from .heuristics import heuristic_config
+from .launch import Sm80Launcher
+
+MAX_GRID_Y = 65535  # gridDim.y limit: column-tile groups of one launch
+
+
+class Sm80Family(Family):
+    name = "sm80"
+    config_class = Sm80Config
+    layout = layout.NAME
+    # SASS for A100-class (sm_80) and H100-class (sm_90), compute_90 PTX for newer GPUs to JIT.
+    # Plain sm_90 has no wgmma/setmaxnreg (those need sm_90a); mma.sync needs none of them.
+    arch_flags = (
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    )
+    template_dirs = ("common", "sm80")
+    min_capability = (8, 0)
+
+    def can_implement(self, config: Sm80Config, problem: Problem) -> Verdict:
+        ok, why = super().can_implement(config, problem)
+        if not ok:
+            return ok, why
+        groups_y = config.grid(max(problem.m, 1), -(-problem.n // 64) * 64)[1]
+        if groups_y > MAX_GRID_Y:
+            return False, (f"N={problem.n} needs {groups_y} column-tile groups with {config.schedule}, "
+                           f"above the grid limit {MAX_GRID_Y}")
+        return OK
+
+    def catalog(self) -> List[Sm80Config]:
+        return default_catalog()
+
+    def candidates(self, problem: Problem, sms: int) -> List[str]:
+        return candidate_schedules(problem.m, problem.n, problem.k, sms)
+
+    def heuristic(self, problem: Problem, sms: int):
+        return heuristic_config(problem.m, n=problem.n, k=problem.k, sms=sms, **problem.kind)
+
+    def render(self, config: Sm80Config) -> str:
+        kernel = config.kernel
+        bm, bn, bk = kernel.tile
+        wm, wn, wk = kernel.warps
+        return render_template(
+            "sm80/kernel.cu.j2",
+            family=self.name, config=repr(kernel), name=kernel.kernel_name,
+            element=DTYPES[kernel.dtype][0], bits=kernel.bits, zero_mode_id=ZERO_MODES[kernel.zero_mode],
+            threads=kernel.threads, smem_bytes=kernel.smem_bytes,
+            bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=kernel.stages,
+            inst_m=kernel.instruction[0], inst_n=kernel.instruction[1], inst_k=kernel.instruction[2],
+            args_bytes=GEMM_ARGS_BYTES, reduce_args_bytes=REDUCE_ARGS_BYTES, constants=constant_checks(),
+        )
+
+    def launcher(self, config: Sm80Config, device_index: int) -> Sm80Launcher:
+        return Sm80Launcher(config, self.build_spec(config), device_index)
+
+
+FAMILY = Sm80Family()
+
+__all__ = ["FAMILY", "Sm80Config", "Sm80Family", "layout"]

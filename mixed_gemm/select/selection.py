@@ -1,0 +1,133 @@
+"""Pick the kernel of one problem: override, then profile, then heuristics, each filtered by the
+family's ``supports`` and ``can_implement``; and the one cache of those picks.
+
+Selection runs once per (weight signature, M bucket); :func:`selected` keeps the answer, so the
+hot path of ``matmul`` is one dict lookup.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Optional, Tuple
+
+from ..kernels import Family, Problem, family_of, parse_schedule, qualified
+from .heuristics import heuristic_choice
+from .profiles import device_profile
+
+SCHEDULE_ENV = "MIXED_GEMM_SCHEDULE"
+
+
+class Choice:
+    """What runs for a problem: ``family``, ``config``, ``schedule`` (``"family:schedule"``) and
+    ``source`` (``"override"``, ``"profile <file> M=<bucket>"`` or ``"heuristic"``).
+    ``launch(x, w, bias, y, m, stream)`` builds and loads the kernel on first use."""
+
+    __slots__ = ("family", "config", "source", "device_index", "_launch")
+
+    def __init__(self, family: Family, config, source: str, device_index: int):
+        self.family, self.config, self.source, self.device_index = family, config, source, device_index
+        self._launch = None
+
+    @property
+    def schedule(self) -> str:
+        return qualified(self.config)
+
+    def launch(self, x, w, bias, y, m: int, stream: int) -> None:
+        fn = self._launch
+        if fn is None:
+            fn = self._launch = self.family.launcher(self.config, self.device_index)
+        fn(x, w, bias, y, m, stream)
+
+    def __repr__(self) -> str:
+        return f"Choice(family={self.family.name!r}, schedule={self.schedule!r}, source={self.source!r})"
+
+
+def _usable(fam: Family, config, problem: Problem, device_index: int) -> Tuple[bool, str]:
+    ok, why = fam.supports(device_index)
+    return fam.can_implement(config, problem) if ok else (ok, why)
+
+
+def choose(problem: Problem, device_index: int) -> Choice:
+    """The kernel for ``problem`` on ``device_index``:
+
+    1. ``$MIXED_GEMM_SCHEDULE`` (``family:schedule``, or a bare sm80 schedule) for every weight
+       (sweeps, debugging); an override that cannot run raises;
+    2. the GPU's profile (:mod:`mixed_gemm.select.profiles`), nearest measured M bucket;
+    3. the families' heuristics in priority order (:func:`heuristic_choice`).
+
+    Raises ``ValueError`` listing each family's reason when nothing fits.
+    """
+    kind = problem.kind
+    forced = os.environ.get(SCHEDULE_ENV)
+    if forced:
+        try:
+            config = parse_schedule(forced, **kind)
+        except ValueError as exc:
+            raise ValueError(f"{SCHEDULE_ENV}: {exc}") from None
+        fam = family_of(config)
+        ok, why = _usable(fam, config, problem, device_index)
+        if not ok:
+            raise ValueError(f"{SCHEDULE_ENV}={forced}: {fam.name} cannot run this problem: {why}")
+        return Choice(fam, config, "override", device_index)
+    reasons = []
+    profile = device_profile(device_index)
+    if profile is not None:
+        hit = profile.lookup((problem.dtype, problem.bits, problem.zero_mode, problem.group_size, problem.n,
+                              problem.k), problem.m)
+        if hit is not None:
+            bucket, schedule = hit
+            config = parse_schedule(schedule, **kind)
+            fam = family_of(config)
+            ok, why = _usable(fam, config, problem, device_index)
+            name = profile.path.name if profile.path is not None else "profile"
+            if ok:
+                return Choice(fam, config, f"profile {name} M={bucket}", device_index)
+            reasons.append(f"profile entry {schedule} ({name}): {why}")
+    picked, why_not = heuristic_choice(problem, device_index)
+    if picked is not None:
+        return Choice(picked[0], picked[1], "heuristic", device_index)
+    raise ValueError(f"no kernel family can run M={problem.m} N={problem.n} K={problem.k} "
+                     f"{problem.dtype}/{problem.bits}-bit/{problem.zero_mode} group {problem.group_size} "
+                     f"({problem.layout} layout) on cuda:{device_index}: " + "; ".join(reasons + why_not))
+
+
+# (weight signature, M bucket) -> Choice. The signature holds the device, so choices never cross GPUs.
+SELECTED: Dict[Tuple, Choice] = {}  # read by matmul's hot path; written only here
+_FORCED: Dict[Tuple, Choice] = {}
+_LOCK = threading.Lock()
+
+
+def selected(signature: Tuple, bucket: int, problem: Problem, device_index: int) -> Choice:
+    """The cached choice of ``(signature, bucket)``, choosing (for ``problem``) on a miss."""
+    key = (signature, bucket)
+    choice = SELECTED.get(key)
+    if choice is None:
+        choice = choose(problem, device_index)
+        with _LOCK:
+            choice = SELECTED.setdefault(key, choice)
+    return choice
+
+
+def forced(config, problem: Problem, device_index: int) -> Choice:
+    """The choice for an explicit ``config`` (``matmul(config=...)``), checked against ``problem``."""
+    fam = family_of(config)
+    ok, why = _usable(fam, config, problem, device_index)
+    if not ok:
+        raise ValueError(f"config: {config.name} cannot run this problem: {why}")
+    key = (config, device_index)
+    choice = _FORCED.get(key)
+    if choice is None:
+        with _LOCK:
+            choice = _FORCED.setdefault(key, Choice(fam, config, "config argument", device_index))
+    return choice
+
+
+def cached(signature: Tuple, bucket: int) -> Optional[Choice]:
+    return SELECTED.get((signature, bucket))
+
+
+def clear_selection() -> None:
+    """Forget every cached choice (after changing ``$MIXED_GEMM_SCHEDULE`` or a profile)."""
+    with _LOCK:
+        SELECTED.clear()
+        _FORCED.clear()

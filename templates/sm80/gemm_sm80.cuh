@@ -1,0 +1,477 @@
+// Mixed-input GEMM, CUTLASS 2.x style for sm80+ (runs on sm_80 and sm_90 via the fatbin):
+//   C[M, N] = A[M, K] (fp16 or bf16, row-major) x dequant(B)[K, N] (+ bias[N]),
+//   dequant(B)[k, n] = (q[n, k] - z[g, n]) * s[g, n] (or q s + m, see dequant.cuh), g = k / group_size.
+//
+// Split-K (blockIdx.z = slice): "none" writes C; "serial" accumulates fp32 partials in a
+// workspace, slices taking turns behind a per-tile semaphore (deterministic order; the last slice
+// writes C and resets the semaphore to 0, so the workspace stays ready for the next call and for
+// graph replays); "parallel" writes each slice's fp32 partial to its own workspace plane and a
+// second kernel (reduce.cuh) sums them; "fused" writes the planes too, but the last slice of a tile
+// to finish (a per-tile arrival counter) sums them in slice order and writes C: one launch, no
+// waiting, deterministic (the order of the sum does not depend on which slice arrives last), and
+// the counter is reset by that slice. Tiles map to blocks through CUTLASS's
+// GemmIdentityThreadblockSwizzle with a run-time log2 tile-group size.
+//
+// Structure: a multistage cp.async pipeline (Stages deep) carries four operands per k-tile:
+// A (swizzled rows), B (pre-permuted atoms, copied verbatim), scales and zeros (one smem row per
+// group the k-tile touches). Each warp then loads A with ldmatrix, B with ldmatrix, converts B in
+// registers (dequant.cuh) and issues mma.sync.m16n8k16 with fp32 accumulation.
+//
+// B layout contract (built by mixed_gemm/kernels/sm80/layout.py). B is cut into atoms of
+// 16 (k) x 64 (n) elements; atom (na, ka) starts at byte (na * K16 + ka) * kAtomBytes, K16 = K_pad/16,
+// so an n-block's atoms are contiguous along K and each stage copies BK/16 atoms per 64 columns
+// as one run. Inside an atom: [chunk c < bits/4][register i < 4][lane t < 32][4 bytes]. With lane
+// t pointing ldmatrix.x4 at chunk + 16 t, lane t receives register i from byte 128 i + 4 t, i.e.
+// exactly the word prepack filled for it. int4 register i holds n8 tiles 2i, 2i+1; int8 chunk c
+// register i holds n8 tile 4c + i (see dequant.cuh for the order inside a word).
+//
+// Scales/zeros contract: fp16 (num_groups, N_pad) row-major; inside each 64-column block column
+// 8 t + g is stored at position 8 g + t, so lane (g = lane / 4) reads its 8 tiles' values as one
+// 16-byte vector.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/array.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/arch/memory_sm75.h"
+#include "cutlass/arch/memory_sm80.h"
+#include "cutlass/arch/mma_sm80.h"
+#include "cutlass/gemm/gemm.h"
+#include "cutlass/gemm/threadblock/threadblock_swizzle.h"
+
+#include "common/dequant.cuh"
+
+namespace mixed_gemm {
+
+// Plain kernel arguments; the kernel derives everything else on the device.
+struct GemmArgs {
+  void const* a;        // (M, K) fp16, row stride lda elements
+  void const* b;        // atoms, see the layout contract above
+  void const* scales;   // (num_groups, n_pad) fp16, permuted
+  void const* zeros;    // same shape as scales, or nullptr for symmetric weights
+  void const* bias;     // (N,) fp16 or nullptr
+  void* c;              // (M, N) fp16/bf16, row stride ldc elements
+  float* workspace;     // split-K partials: (M, N) serial, (splits, M, N) parallel and fused
+  int* semaphores;      // serial / fused split-K: one per output tile, zero between calls
+  int m, n, k;          // logical sizes
+  int n_pad;            // N rounded up to 64: columns present in B, scales and zeros
+  int k16;              // K rounded up to 16, divided by 16: atoms per 64-column strip
+  int lda, ldc;
+  int group_shift;      // log2(group_size); kPerChannelShift for one group per column
+  int num_groups;       // rows of scales/zeros
+  int split_mode;       // a SplitKMode
+  int log_tile;         // threadblock swizzle: log2 of the tile-group size
+};
+
+template <typename Element_, int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
+          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>>
+struct MixedGemmSm80 {
+  using Element = Element_;
+  using P = Pair<Element>;
+  using raw = typename P::raw;
+  using raw2 = typename P::raw2;
+  static constexpr int kBits = kBits_;
+  static constexpr ZeroMode kZeroMode = static_cast<ZeroMode>(kZeroMode_);
+  static constexpr int BM = BM_, BN = BN_, BK = BK_;
+  static constexpr int WarpsM = WarpsM_, WarpsN = WarpsN_, WarpsK = WarpsK_;
+  static constexpr int Stages = Stages_;
+  static constexpr int kWarps = WarpsM * WarpsN * WarpsK;
+  static constexpr int kThreads = 32 * kWarps;
+
+  static constexpr int WM = BM / WarpsM;     // warp tile rows
+  static constexpr int WN = BN / WarpsN;     // warp tile columns
+  static constexpr int kMmaM = WM / 16;      // m16 tiles per warp
+  static constexpr int kAtomsN = WN / 64;    // 64-column atoms per warp
+  static constexpr int kTilesN = WN / 8;     // n8 tiles per warp
+  static constexpr int kK16 = BK / 16;       // k16 steps per k-tile
+  static constexpr int kK16PerWarp = kK16 / WarpsK;
+
+  static_assert(kBits == 4 || kBits == 8, "4- or 8-bit weights");
+  static_assert(BM % (16 * WarpsM) == 0, "warp tile rows must be a multiple of 16");
+  static_assert(BN % (kAtomN * WarpsN) == 0, "warp tile columns must be a multiple of the 64-column atom");
+  static_assert(BK == 64 || BK == 128, "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks)");
+  static_assert(kK16 % WarpsK == 0, "k16 steps must split evenly over the K warps");
+  static_assert(Stages >= 2, "a pipeline needs at least two stages");
+  using InstructionShape = InstructionShape_;
+  // The B atom layout hands each lane exactly the fragments of mma.sync.m16n8k16 (k16 steps,
+  // n8 tiles, m16 rows of A per ldmatrix.x4); other shapes would need another layout.
+  static_assert(InstructionShape::kM == 16 && InstructionShape::kN == 8 && InstructionShape::kK == 16,
+                "the B layout is built for mma.sync.m16n8k16");
+
+  // Bytes of one atom (16 x 64 elements) and of one chunk that a single ldmatrix.x4 reads.
+  static constexpr int kAtomBytes = 16 * 64 * kBits / 8;
+  static constexpr int kChunks = kBits / 4;
+
+  // Shared memory per stage. Group sizes are >= 32, so a k-tile touches at most BK/32 groups.
+  static constexpr int kGroupRows = BK / 32;
+  static constexpr int kSmemA = BM * BK * 2;
+  static constexpr int kSmemB = BK * BN * kBits / 8;
+  static constexpr int kSmemS = kGroupRows * BN * 2;
+  static constexpr int kSmemZ = kZeroMode == ZeroMode::kSymmetric ? 0 : kSmemS;
+  using Deq = Dequantizer<Element, kBits, kZeroMode>;
+  static constexpr int kSmemStage = kSmemA + kSmemB + kSmemS + kSmemZ;
+  static constexpr int kSmemMainloop = Stages * kSmemStage;
+  // Cross-warp K reduction reuses the pipeline buffers: (WarpsK - 1) partial accumulators.
+  static constexpr int kAccumPerThread = kMmaM * kTilesN * 4;
+  static constexpr int kSmemReduce = (WarpsK - 1) * WarpsM * WarpsN * 32 * kAccumPerThread * 4;
+  static constexpr int kSmemBytes = kSmemMainloop > kSmemReduce ? kSmemMainloop : kSmemReduce;
+
+  using MmaOp = cutlass::arch::Mma<InstructionShape, 32, Element,
+                                   cutlass::layout::RowMajor, Element, cutlass::layout::ColumnMajor,
+                                   float, cutlass::layout::RowMajor, cutlass::arch::OpMultiplyAdd>;
+
+  struct Tile {
+    int m0, n0;  // first row / column of this threadblock's output tile
+  };
+
+  // ---------------------------------------------------------------------------------------------
+  // Global -> shared (cp.async). Every copy is 16 bytes; rows/atoms outside the problem zero-fill,
+  // so the math never sees garbage and needs no predicates.
+  // ---------------------------------------------------------------------------------------------
+  static __device__ __forceinline__ int a_swizzle(int row, int chunk) {
+    // XOR the 16-byte chunk index with the row: the 8 rows an ldmatrix phase reads hit 8 different
+    // bank groups instead of one (rows are 128 or 256 bytes apart).
+    return row * (BK / 8) + (chunk ^ (row & 7));
+  }
+
+  static __device__ __forceinline__ void load_stage(GemmArgs const& p, Tile const& t, int ktile, char* stage,
+                                                    int tid) {
+    using cutlass::arch::CacheOperation;
+    // A: BM x BK halves = BM * BK / 8 chunks.
+    {
+      constexpr int kChunksA = BM * BK / 8;
+      raw const* a = static_cast<raw const*>(p.a);
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < (kChunksA + kThreads - 1) / kThreads; ++it) {
+        int const i = tid + it * kThreads;
+        if (kChunksA % kThreads != 0 && i >= kChunksA) break;
+        int row = i / (BK / 8), chunk = i % (BK / 8);
+        int gm = t.m0 + row, gk = ktile * BK + chunk * 8;
+        bool ok = gm < p.m && gk < p.k;
+        raw const* src = ok ? a + (size_t)gm * p.lda + gk : a;
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_swizzle(row, chunk) * 16, src, ok);
+      }
+    }
+    // B: BN / 64 strips, each BK / 16 consecutive atoms.
+    {
+      constexpr int kStripBytes = (BK / 16) * kAtomBytes;
+      constexpr int kChunksB = (BN / 64) * kStripBytes / 16;
+      char const* b = static_cast<char const*>(p.b);
+      char* sb = stage + kSmemA;
+      int const n_atoms = p.n_pad / 64;
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < (kChunksB + kThreads - 1) / kThreads; ++it) {
+        int const i = tid + it * kThreads;
+        if (kChunksB % kThreads != 0 && i >= kChunksB) break;
+        int strip = i / (kStripBytes / 16), off = (i % (kStripBytes / 16)) * 16;
+        int na = t.n0 / 64 + strip;
+        int ka = ktile * (BK / 16) + off / kAtomBytes;
+        bool ok = na < n_atoms && ka < p.k16;
+        char const* src = ok ? b + ((size_t)na * p.k16 + ka) * kAtomBytes + off % kAtomBytes : b;
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(sb + strip * kStripBytes + off, src, ok);
+      }
+    }
+    // Scales and zeros: the groups this k-tile touches. Rows past the last group repeat it (they
+    // only meet the zero-filled tail of A).
+    {
+      constexpr int kChunksRow = BN / 8;
+      char* ss = stage + kSmemA + kSmemB;
+      int const first = (ktile * BK) >> p.group_shift;
+      int const rows = p.group_shift >= kPerChannelShift ? 1 : max(1, BK >> p.group_shift);
+      constexpr int kChunksS = kGroupRows * kChunksRow;
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < (kChunksS + kThreads - 1) / kThreads; ++it) {
+        int const i = tid + it * kThreads;
+        if (kChunksS % kThreads != 0 && i >= kChunksS) break;
+        int r = i / kChunksRow, col = (i % kChunksRow) * 8;
+        if (r < rows) {
+          int g = min(first + r, p.num_groups - 1);
+          int gn = t.n0 + col;
+          bool ok = gn < p.n_pad;
+          size_t idx = ok ? (size_t)g * p.n_pad + gn : 0;
+          cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
+              ss + (r * BN + col) * 2, static_cast<raw const*>(p.scales) + idx, ok);
+          if (kZeroMode != ZeroMode::kSymmetric) {
+            cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
+                ss + kSmemS + (r * BN + col) * 2, static_cast<raw const*>(p.zeros) + idx, ok);
+          }
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // One k16 step of one warp: ldmatrix A and B, dequantize B, mma.
+  // ---------------------------------------------------------------------------------------------
+  static __device__ __forceinline__ void mma_k16(GemmArgs const& p, char const* stage, int kk, int warp_m,
+                                                 int warp_n, int lane, float (&acc)[kMmaM][kTilesN][4]) {
+    // A fragments: lane supplies row (lane % 16), chunk 2 kk + lane / 16.
+    cutlass::Array<unsigned, 4> a_frag[kMmaM];
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kMmaM; ++mi) {
+      int row = warp_m * WM + mi * 16 + (lane & 15);
+      int chunk = kk * 2 + (lane >> 4);
+      cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(a_frag[mi], stage + a_swizzle(row, chunk) * 16);
+    }
+
+    // Scales / zeros of this lane's columns for the group of this k16 step.
+    int const grow = (kk * 16) >> p.group_shift;  // 0 unless groups are smaller than BK
+    char const* ss = stage + kSmemA + kSmemB + grow * BN * 2;
+    char const* sb = stage + kSmemA;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int a = 0; a < kAtomsN; ++a) {
+      int const atom_col = warp_n * kAtomsN + a;  // atom index within the block
+      int const lane_cols = atom_col * 64 + (lane >> 2) * 8;
+      uint4 const s8 = *reinterpret_cast<uint4 const*>(ss + lane_cols * 2);
+      uint4 z8 = s8;  // symmetric: unused
+      if (kZeroMode != ZeroMode::kSymmetric) z8 = *reinterpret_cast<uint4 const*>(ss + kSmemS + lane_cols * 2);
+      raw const* s_h = reinterpret_cast<raw const*>(&s8);
+      raw const* z_h = reinterpret_cast<raw const*>(&z8);
+      ColumnDequant cd[8];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 8; ++j) cd[j] = Deq::column(s_h[j], z_h[j]);
+
+      char const* atom = sb + (atom_col * kK16 + kk) * kAtomBytes;
+      uint32_t bfrag[8][2];  // B fragments of the atom's 8 n8 tiles
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kChunks; ++c) {
+        cutlass::Array<unsigned, 4> w;
+        cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(w, atom + c * 512 + lane * 16);
+        Deq::chunk(reinterpret_cast<uint32_t const*>(&w), c, cd, bfrag);
+      }
+
+      MmaOp mma;
+      CUTLASS_PRAGMA_UNROLL
+      for (int mi = 0; mi < kMmaM; ++mi) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 8; ++j) {
+          auto& d = *reinterpret_cast<cutlass::Array<float, 4>*>(acc[mi][a * 8 + j]);
+          mma(d, *reinterpret_cast<typename MmaOp::FragmentA const*>(&a_frag[mi]),
+              *reinterpret_cast<typename MmaOp::FragmentB const*>(bfrag[j]), d);
+        }
+      }
+    }
+  }
+
+  // Offset row * N + col of this lane's accumulator pair acc[mi][ni][2h], [2h+1] (mma layout: row
+  // g + 8h, columns 2tq, 2tq + 1 of the warp's n8 tile); false when outside the problem.
+  static __device__ __forceinline__ bool output_offset(GemmArgs const& p, Tile const& t, int warp_m, int warp_n,
+                                                       int lane, int mi, int ni, int h, size_t& offset) {
+    int const col = t.n0 + warp_n * WN + ni * 8 + 2 * (lane & 3);
+    int const row = t.m0 + warp_m * WM + mi * 16 + (lane >> 2) + 8 * h;
+    offset = (size_t)row * p.n + col;
+    return row < p.m && col < p.n;  // N is even, so col + 1 < N too
+  }
+
+  static __device__ __forceinline__ int ld_acquire(int const* ptr) {
+    int v;
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+    return v;
+  }
+  static __device__ __forceinline__ void st_release(int* ptr, int v) {
+    asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+  }
+
+  static __device__ void run(GemmArgs const& p, char* smem) {
+    int const tid = threadIdx.x;
+    int const lane = tid & 31;
+    int const warp = tid >> 5;
+    // Warp roles: K-warps outermost so each K slice is a whole group of M x N warps.
+    int const warp_k = warp / (WarpsM * WarpsN);
+    int const warp_mn = warp % (WarpsM * WarpsN);
+    int const warp_m = warp_mn / WarpsN;
+    int const warp_n = warp_mn % WarpsN;
+
+    // Tile of this block: CUTLASS's identity swizzle (M in blockIdx.x, groups of 2^log_tile N tiles).
+    int const tiles_m = (p.m + BM - 1) / BM;
+    int const tiles_n = (p.n_pad + BN - 1) / BN;
+    cutlass::gemm::GemmCoord const tc =
+        cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>::get_tile_offset(p.log_tile);
+    if (tc.m() >= tiles_m || tc.n() >= tiles_n) return;  // padding blocks of the swizzled grid
+    Tile t;
+    t.m0 = tc.m() * BM;
+    t.n0 = tc.n() * BN;
+
+    // K range of this split-K slice (whole k-tiles; a slice may be empty).
+    int const splits = gridDim.z, slice = tc.k();
+    int const k_tiles_total = (p.k16 * 16 + BK - 1) / BK;
+    int const per_slice = (k_tiles_total + splits - 1) / splits;
+    int const kt_begin = min(slice * per_slice, k_tiles_total);
+    int const kt_end = min(kt_begin + per_slice, k_tiles_total);
+    int const k_tiles = kt_end - kt_begin;
+
+    float acc[kMmaM][kTilesN][4];
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kMmaM; ++mi)
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < kTilesN; ++ni)
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+
+    // Prologue: fill Stages - 1 stages. A group is committed even when empty so the
+    // wait_group count below stays in step with the k-tile index.
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < Stages - 1; ++s) {
+      if (s < k_tiles) load_stage(p, t, kt_begin + s, smem + s * kSmemStage, tid);
+      cutlass::arch::cp_async_fence();
+    }
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cutlass::arch::cp_async_wait<Stages - 2>();
+      // Also guarantees every warp is done with the stage the next load overwrites.
+      __syncthreads();
+      int const next = kt + Stages - 1;
+      if (next < k_tiles) load_stage(p, t, kt_begin + next, smem + (next % Stages) * kSmemStage, tid);
+      cutlass::arch::cp_async_fence();
+
+      char const* stage = smem + (kt % Stages) * kSmemStage;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kK16PerWarp; ++j) {
+        mma_k16(p, stage, warp_k * kK16PerWarp + j, warp_m, warp_n, lane, acc);
+      }
+    }
+    cutlass::arch::cp_async_wait<0>();
+
+    // Cross-warp K reduction through shared memory; K-warps > 0 stay for the barriers below.
+    if (WarpsK > 1) {
+      __syncthreads();
+      float* red = reinterpret_cast<float*>(smem);
+      if (warp_k > 0) {
+        float* dst = red + ((warp_k - 1) * WarpsM * WarpsN + warp_mn) * 32 * kAccumPerThread;
+        int e = 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kMmaM; ++mi)
+          CUTLASS_PRAGMA_UNROLL
+          for (int ni = 0; ni < kTilesN; ++ni)
+            CUTLASS_PRAGMA_UNROLL
+            for (int q = 0; q < 4; ++q, ++e) dst[e * 32 + lane] = acc[mi][ni][q];  // lane-minor: no conflicts
+      }
+      __syncthreads();
+      if (warp_k == 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < WarpsK - 1; ++s) {
+          float const* src = red + (s * WarpsM * WarpsN + warp_mn) * 32 * kAccumPerThread;
+          int e = 0;
+          CUTLASS_PRAGMA_UNROLL
+          for (int mi = 0; mi < kMmaM; ++mi)
+            CUTLASS_PRAGMA_UNROLL
+            for (int ni = 0; ni < kTilesN; ++ni)
+              CUTLASS_PRAGMA_UNROLL
+              for (int q = 0; q < 4; ++q, ++e) acc[mi][ni][q] += src[e * 32 + lane];
+        }
+      }
+    }
+    bool const writer = warp_k == 0;
+
+    // Serial split-K: wait for this tile's turn.
+    int* sem = p.semaphores + tc.m() * tiles_n + tc.n();
+    bool const serial = p.split_mode == int(SplitKMode::kSerial) && splits > 1;
+    if (serial) {
+      if (tid == 0) {
+        while (ld_acquire(sem) != slice) {
+        }
+      }
+      __syncthreads();
+    }
+
+    // Fused split-K: publish this slice's plane, then count arrivals; the last slice to arrive
+    // sums every plane (its own included) in slice order, so the result does not depend on which
+    // slice came last, and resets the counter for the next call.
+    if (p.split_mode == int(SplitKMode::kFused) && splits > 1) {
+      if (writer) {
+        float* plane = p.workspace + (size_t)slice * p.m * p.n;
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kMmaM; ++mi)
+          CUTLASS_PRAGMA_UNROLL
+          for (int ni = 0; ni < kTilesN; ++ni)
+            CUTLASS_PRAGMA_UNROLL
+            for (int h = 0; h < 2; ++h) {
+              size_t wi;
+              if (output_offset(p, t, warp_m, warp_n, lane, mi, ni, h, wi))
+                __stcg(reinterpret_cast<float2*>(plane + wi), make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]));
+            }
+      }
+      __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
+      int last = 0;
+      if (tid == 0) {
+        last = atomicAdd(sem, 1) == splits - 1;
+        if (last) *sem = 0;  // every slice has arrived: nobody else touches it in this launch
+      }
+      if (!__syncthreads_or(last)) return;
+      __threadfence();  // acquire side: the other slices' planes, read below, are not stale
+      // The whole block sums the tile's planes in slice order and writes C: coalesced pairs, and no
+      // registers beyond a few per thread (summing into the accumulators would spill the big tiles).
+      raw const* bias = static_cast<raw const*>(p.bias);
+      raw* c = static_cast<raw*>(p.c);
+      size_t const plane = (size_t)p.m * p.n;
+      for (int i = tid; i < BM * BN / 2; i += kThreads) {
+        int const row = t.m0 + i / (BN / 2), col = t.n0 + 2 * (i % (BN / 2));
+        if (row >= p.m || col >= p.n) continue;
+        float const* src = p.workspace + (size_t)row * p.n + col;
+        float2 v = __ldcg(reinterpret_cast<float2 const*>(src));
+#pragma unroll 4
+        for (int s = 1; s < splits; ++s) {
+          float2 const part = __ldcg(reinterpret_cast<float2 const*>(src + s * plane));
+          v.x += part.x;
+          v.y += part.y;
+        }
+        if (bias != nullptr) {
+          float2 const b = P::to_floats(*reinterpret_cast<raw2 const*>(bias + col));
+          v.x += b.x;
+          v.y += b.y;
+        }
+        *reinterpret_cast<raw2*>(c + (size_t)row * p.ldc + col) = P::from_floats(v.x, v.y);
+      }
+      return;
+    }
+
+    // Epilogue: mma accumulator layout, c0 c1 at (row g, cols 2 tq, 2 tq + 1), c2 c3 at row g + 8.
+    if (writer) {
+      bool const to_workspace = (p.split_mode == int(SplitKMode::kParallel) && splits > 1) || (serial && slice + 1 < splits);
+      bool const add_workspace = serial && slice > 0;
+      float* ws = p.workspace + (p.split_mode == int(SplitKMode::kParallel) ? (size_t)slice * p.m * p.n : 0);
+      raw const* bias = static_cast<raw const*>(p.bias);
+      raw* c = static_cast<raw*>(p.c);
+      int const g = lane >> 2, tq = lane & 3;
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < kTilesN; ++ni) {
+        int const col = t.n0 + warp_n * WN + ni * 8 + 2 * tq;
+        if (col >= p.n) continue;  // N is even, so col + 1 < N too
+        float2 b = make_float2(0.f, 0.f);
+        if (bias != nullptr && !to_workspace) b = P::to_floats(*reinterpret_cast<raw2 const*>(bias + col));
+        CUTLASS_PRAGMA_UNROLL
+        for (int mi = 0; mi < kMmaM; ++mi) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            int const row = t.m0 + warp_m * WM + mi * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+            float2 v = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+            size_t const wi = (size_t)row * p.n + col;
+            if (add_workspace) {
+              float2 prev = *reinterpret_cast<float2 const*>(ws + wi);
+              v.x += prev.x;
+              v.y += prev.y;
+            }
+            if (to_workspace) {
+              *reinterpret_cast<float2*>(ws + wi) = v;
+            } else {
+              *reinterpret_cast<raw2*>(c + (size_t)row * p.ldc + col) = P::from_floats(v.x + b.x, v.y + b.y);
+            }
+          }
+        }
+      }
+    }
+
+    if (serial) {
+      __threadfence();  // this slice's partials are visible before the next slice is let in
+      __syncthreads();
+      if (tid == 0) st_release(sem, slice + 1 < splits ? slice + 1 : 0);
+    }
+  }
+};
+
+}  // namespace mixed_gemm

@@ -1,0 +1,70 @@
+"""Sm80Config: naming, validation, launch geometry."""
+import pytest
+
+from mixed_gemm.kernels import sm80
+from mixed_gemm.kernels.sm80 import Sm80Config
+
+
+def test_names():
+    assert Sm80Config().name == "mg_sm80_f16_u4_zint_t128x128x64_w2x2x1_s4"
+    assert Sm80Config(dtype="bf16", bits=8, zero_mode="offset", tile=(16, 64, 128), warps=(1, 1, 4)).kernel_name \
+        == "mg_sm80_bf16_u8_zoffset_t16x64x128_w1x1x4_s4"
+
+
+def test_configs_are_values():
+    a, b = Sm80Config(tile=(64, 128, 64)), Sm80Config(tile=(64, 128, 64))
+    assert a is not b and a == b and hash(a) == hash(b)
+    assert {a: 1}[b] == 1
+    assert a != Sm80Config(tile=(64, 128, 64), stages=3) and a != a.replace(split_k_mode="fused", split_k=2)
+
+
+def test_launch_fields_change_name_not_kernel():
+    c = Sm80Config(split_k_mode="serial", split_k=4, swizzle=8)
+    assert c.name == "mg_sm80_f16_u4_zint_t128x128x64_w2x2x1_s4_kserial4_sw8"
+    assert c.kernel_name == Sm80Config().kernel_name and c.kernel == Sm80Config()
+    assert sm80.FAMILY.render(c) == sm80.FAMILY.render(Sm80Config())
+    # CUTLASS identity swizzle: M tiles times the group size in x, N tile groups in y, slices in z.
+    assert c.grid(m=300, n_pad=1024) == (3 * 8, 1, 4)
+    assert Sm80Config().grid(m=1, n_pad=4096) == (1, 32, 1)
+
+
+@pytest.mark.parametrize("schedule", ["t16x64x128_w1x1x4_s4", "t64x128x64_w2x2x1_s4_kfused3",
+                                      "t128x128x64_w2x2x1_s4_kparallel2_sw4", "t128x256x64_w2x4x1_s3_sw8"])
+def test_schedule_round_trip(schedule):
+    c = Sm80Config.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
+    assert c.schedule == schedule and (c.dtype, c.bits, c.zero_mode) == ("bf16", 8, "float")
+
+
+@pytest.mark.parametrize("bad", ["dequant_mm", "t16x64_w1x1x4_s4", "t16x64x128_w1x1x4_s4_ktree2"])
+def test_bad_schedule(bad):
+    with pytest.raises(ValueError, match="schedule|split_k_mode"):
+        Sm80Config.from_schedule(bad)
+
+
+@pytest.mark.parametrize("bad,msg", [
+    (dict(bits=3), "bits"),
+    (dict(zero_mode="hqq"), "zero_mode"),
+    (dict(dtype="f32"), "dtype"),
+    (dict(split_k=2), "split_k > 1 needs"),
+    (dict(split_k_mode="serial", split_k=0), "split_k must be"),
+    (dict(split_k_mode="tree"), "split_k_mode"),
+    (dict(swizzle=3), "swizzle"),
+    (dict(tile=(128, 128, 32)), "BK"),
+    (dict(tile=(24, 128, 64), warps=(1, 2, 1)), "BM"),
+    (dict(tile=(64, 96, 64), warps=(1, 1, 1)), "BN"),
+    (dict(tile=(16, 64, 64), warps=(1, 1, 3)), "warps K"),
+    (dict(stages=1), "stages"),
+])
+def test_config_rules(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        Sm80Config(**bad)
+
+
+@pytest.mark.parametrize("c", [Sm80Config(bits=8, zero_mode="sym", tile=(64, 128, 64), warps=(2, 2, 1)),
+                               Sm80Config(dtype="bf16", zero_mode="offset", tile=(16, 64, 128), warps=(1, 1, 4))])
+def test_render_asserts(c):
+    src = sm80.FAMILY.render(c)
+    assert f"Kernel::kSmemBytes == {c.smem_bytes}" in src
+    assert f'extern "C" __global__ void __launch_bounds__({c.threads}) {c.kernel_name}(' in src
+    assert f"{c.kernel_name}_reduce(" in src
+    assert ("cutlass::bfloat16_t" in src) == (c.dtype == "bf16")

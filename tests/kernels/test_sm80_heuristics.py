@@ -1,0 +1,52 @@
+"""The sm80 heuristics are data: check the table's invariants and a few decisions by hand; and the
+walk across families in select."""
+import pytest
+
+from mixed_gemm.kernels import Problem, base
+from mixed_gemm.kernels.sm80.catalog import SHAPES
+from mixed_gemm.kernels.sm80.config import Sm80Config
+from mixed_gemm.kernels.sm80.heuristics import ROWS, heuristic_config
+from mixed_gemm.select import heuristic_choice, m_bucket
+
+
+def test_m_bucket():
+    assert [m_bucket(m) for m in (1, 2, 3, 16, 17, 1000, 4096)] == [1, 2, 4, 16, 32, 1024, 4096]
+
+
+def test_table_is_sorted_and_in_catalog():
+    assert [row[0] for row in ROWS] == sorted(row[0] for row in ROWS)
+    for _, schedule in ROWS:
+        c = Sm80Config.from_schedule(schedule)
+        assert (c.tile, c.warps, c.stages) in set(SHAPES), schedule
+
+
+@pytest.mark.parametrize("n,k,m,expect", [
+    (4096, 4096, 1, ("fused", 4)),    # 64 column blocks: split to fill 132 SMs
+    (10240, 8192, 16, ("fused", 4)),
+    (28672, 4096, 1, ("none", 1)),       # 448 blocks already cover the GPU
+    (4096, 256, 1, ("none", 1)),         # 2 k-tiles: nothing to split
+    (4096, 4096, 512, ("fused", 4)),     # 128 tiles of 128x128 < 2 waves: split 4
+    (8192, 8192, 512, ("fused", 3)),     # 256 tiles: 4 waves need 3 slices
+])
+def test_split_k_decisions(n, k, m, expect):
+    c = heuristic_config(m, n=n, k=k, bits=4, zero_mode="int", dtype="f16", sms=132)
+    assert (c.split_k_mode, c.split_k) == expect
+
+
+def test_tile_by_m_and_pass_above_the_table():
+    kw = dict(n=8192, k=8192, sms=132)
+    assert heuristic_config(1, bits=8, zero_mode="sym", dtype="bf16", **kw).tile == (16, 64, 128)
+    assert heuristic_config(64, bits=4, zero_mode="int", dtype="f16", **kw).tile == (64, 128, 64)
+    assert heuristic_config(512, bits=4, zero_mode="int", dtype="f16", **kw).tile == (128, 128, 64)
+    assert heuristic_config(513, bits=4, zero_mode="int", dtype="f16", **kw) is None
+
+
+def test_walk_takes_the_first_family_that_wants_and_can(monkeypatch):
+    monkeypatch.setattr(base, "compute_capability", lambda i: (8, 0))
+    p = dict(n=8192, k=8192, dtype="bf16", bits=4, zero_mode="int", group_size=128, layout="sm80")
+    (fam, config), why = heuristic_choice(Problem(m=16, **p), 0)
+    assert fam.name == "sm80" and config.tile == (16, 64, 128) and why == []
+    (fam, config), _ = heuristic_choice(Problem(m=4096, **p), 0)
+    assert fam.name == "dequant_mm" and config.dtype == "bf16"
+    picked, why = heuristic_choice(Problem(m=16, **dict(p, layout="x")), 0)
+    assert picked is None and len(why) == 2 and all("layout" in w for w in why)
