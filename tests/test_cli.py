@@ -20,6 +20,7 @@ LABELS = (
     "nvcc",
     "CUTLASS headers",
     "GPU",
+    "kernel families",
     "kernel cache",
 )
 
@@ -37,6 +38,14 @@ def _check_info(out: str, cache: Path) -> None:
         assert "none (CPU build)" in lines["CUDA runtime (torch)"]
     if not torch.cuda.is_available():
         assert "no CUDA GPU visible" in lines["GPU"]
+    # One line per family (the first carries the label), each saying whether it runs here.
+    from mixed_gemm.kernels import FAMILIES
+
+    fam_lines = out.split("kernel families", 1)[1].splitlines()[: len(FAMILIES) * max(1, torch.cuda.device_count())]
+    for fam in FAMILIES:
+        assert any(line.strip().startswith(f"{fam.name}: layout {fam.layout};") for line in fam_lines), out
+    if not torch.cuda.is_available():
+        assert all(line.rstrip().endswith("no CUDA GPU visible") for line in fam_lines)
     # Driver and nvcc vary by machine, but each must print a result, not a traceback.
     assert "Traceback" not in out
 

@@ -84,3 +84,15 @@ def test_matmul_rejects_cpu_input_before_launch():
         mg.matmul(torch.randn(4, 256).half(), w)
     with pytest.raises(ValueError, match="scales/zeros"):
         mg.matmul(torch.randn(4, 256).half(), w, packed[1])
+
+
+def test_prepack_layout_argument():
+    q = torch.randint(0, 16, (64, 128), dtype=torch.uint8)
+    s = torch.rand(64, 1) + 0.5
+    w = mg.prepack(q, s, None, format="plain", bits=4, group_size=-1)
+    assert w.layout == "sm80"  # "auto" on the CPU: the first family's layout
+    assert mg.prepack(q, s, None, format="plain", bits=4, group_size=-1, layout="sm80").layout == "sm80"
+    with pytest.raises(ValueError, match="layout: must be 'auto' or one of \\('sm80',\\), got 'hopper'"):
+        mg.prepack(q, s, None, format="plain", bits=4, group_size=-1, layout="hopper")
+    q2, s2, z2 = w.unpack()
+    assert torch.equal(q2, q) and z2 is None
