@@ -64,17 +64,57 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _exposes_source(path: Path) -> bool:
+    """Whether ``path`` on the new venv's import path would let the source tree be imported: the
+    repository root, or any directory directly holding a ``mixed_gemm`` source package (another
+    checkout, a worktree). Site-packages directories are kept even inside the repository (CI's
+    ``.ci/run`` puts its ``.venv`` with torch there); an installed ``mixed_gemm`` in one comes after
+    the new venv's own purelib, and the test asserts that the import is the new copy."""
+    if path.name in ("site-packages", "dist-packages"):
+        return False
+    return path == REPO or (path / PACKAGE / "__init__.py").is_file()
+
+
 def _outer_paths() -> list[str]:
-    """This interpreter's import path minus the repository (torch, numpy, ... live there)."""
+    """This interpreter's import path (torch, numpy, ... live there) minus the source tree.
+
+    They are written as lines of a .pth file: ``site`` does not process .pth files inside
+    directories added that way, so the outer venv's editable-install finder does not leak in."""
     paths = []
     for entry in sys.path:
         if not entry or not Path(entry).is_dir():
             continue
         resolved = Path(entry).resolve()
-        if resolved == REPO or REPO in resolved.parents:
-            continue
-        paths.append(str(resolved))
+        if not _exposes_source(resolved):
+            paths.append(str(resolved))
     return paths
+
+
+def test_outer_paths_keep_site_packages_inside_the_repository(tmp_path, monkeypatch):
+    """A fake checkout with its CI venv inside it: only the source tree entries are dropped."""
+    repo = tmp_path / "repo"
+    (repo / PACKAGE).mkdir(parents=True)
+    (repo / PACKAGE / "__init__.py").touch()
+    in_repo_site = repo / ".venv" / "lib" / "python3.11" / "site-packages"
+    (in_repo_site / "torch").mkdir(parents=True)
+    (in_repo_site / PACKAGE).mkdir()  # a regular (non-editable) install: still kept
+    (in_repo_site / PACKAGE / "__init__.py").touch()
+    tests_dir = repo / "tests"
+    tests_dir.mkdir()
+    other_checkout = tmp_path / "other-checkout"
+    (other_checkout / PACKAGE).mkdir(parents=True)
+    (other_checkout / PACKAGE / "__init__.py").touch()
+    outside_site = tmp_path / "base" / "site-packages"
+    outside_site.mkdir(parents=True)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", repo.resolve())
+    monkeypatch.setattr(sys, "path", [
+        "", str(repo), str(in_repo_site), str(tests_dir), str(other_checkout), str(outside_site),
+        str(tmp_path / "missing"), str(repo / ".venv" / "lib" / "python3.11" / ".." / "python3.11" / "site-packages"),
+    ])
+    kept = [Path(p) for p in _outer_paths()]
+    resolved = in_repo_site.resolve()
+    assert kept == [resolved, tests_dir.resolve(), outside_site.resolve(), resolved]
+    assert repo.resolve() not in kept and other_checkout.resolve() not in kept
 
 
 # Files the code reads at run time, wherever they sit below the data directory: the templates

@@ -90,6 +90,17 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], why: str) -
         raise ValueError(f"{name}: expected shape {tuple(expected)}{why}, got {tuple(t.shape)}")
 
 
+def weight_has_wrong_n(weight_n: int, scales_n: int, scales_groups_fit: bool, zeros_n: Optional[int]) -> bool:
+    """Whether an N disagreement between the weight and the scales is the weight's fault.
+
+    N is stored in up to three tensors (weight, scales, zeros) but K only in the weight, so the
+    weight is the only source of K and the scales the reference for N. Blame the weight unless the
+    evidence points at the scales: their group count does not fit the weight's K (e.g. scales
+    passed transposed), or the zeros carry the weight's N (two tensors against one).
+    """
+    return weight_n != scales_n and scales_groups_fit and zeros_n != weight_n
+
+
 def check_multiple(name: str, what: str, value: int, factor: int, why: str) -> None:
     if value % factor != 0:
         raise ValueError(f"{name}: {what}={value} must be a multiple of {factor} ({why})")

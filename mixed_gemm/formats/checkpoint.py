@@ -78,6 +78,9 @@ def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s
     C.check_same_device(**{qn: q, sn: s, zn: z})
     n, k = q.shape
     g = C.resolve_group_size(group_size, k)
+    # q is checked first: a q with the wrong N used to be reported as an s shape error.
+    if C.weight_has_wrong_n(n, s.shape[0], s.shape[1] == C.num_groups(k, g), None if z is None else z.shape[0]):
+        C.check_shape(qn, q, (s.shape[0], k), f" = (N, K) for format {fmt!r}, N={s.shape[0]} (from {sn} {tuple(s.shape)}), K={k}")
     C.check_shape(sn, s, (n, C.num_groups(k, g)), f" = (N, ceil(K / group_size)) for N={n}, K={k}, group_size={group_size}")
     if z is not None:
         C.check_shape(zn, z, tuple(s.shape), f" (same as {sn})")
@@ -110,6 +113,17 @@ def _validate_packed(qweight, scales, zeros, *, bits, group_size, g_idx, fmt):
     else:
         k, n = qweight.shape[0] * p, qweight.shape[1]
     g = C.resolve_group_size(group_size, k)
+    # qweight is checked first: one with the wrong N used to be reported as a scales shape error.
+    # Only the N side of qweight can be checked (K is stored nowhere else): its packed columns
+    # for awq (K, N // P), its unpacked columns for gptq (K // P, N).
+    n_s = scales.shape[1]
+    if C.weight_has_wrong_n(n, n_s, scales.shape[0] == C.num_groups(k, g), None if zeros is None else zeros.shape[1] * p):
+        if fmt == "awq" and n_s % p == 0:
+            C.check_shape("qweight", qweight, (k, n_s // p),
+                          f" = (K, N // {p}) for format 'awq', N={n_s} (from scales {tuple(scales.shape)}), K={k}")
+        elif fmt != "awq":  # (an awq N that is no multiple of P is the scales' fault: checked below)
+            C.check_shape("qweight", qweight, (qweight.shape[0], n_s),
+                          f" = (K // {p}, N) for format {fmt!r}, N={n_s} (from scales {tuple(scales.shape)}), K={k}")
     C.check_shape("scales", scales, (C.num_groups(k, g), n), f" = (ceil(K / group_size), N) for K={k}, N={n}, group_size={group_size}")
     if zeros is not None:
         C.check_multiple("zeros", "N", n, p, f"{bits}-bit zeros pack {p} per int32 along N")

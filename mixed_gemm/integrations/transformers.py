@@ -30,30 +30,63 @@ SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 
 
 # ------------------------------------------------------------------ quantization_config
+# A quantization_config is data read from a checkpoint's config.json, so every bad field (wrong type
+# included) is a ValueError naming ``quantization_config.<field>``: callers catch one exception for
+# "this checkpoint cannot be loaded", and nothing downstream (e.g. K / group_size) sees a bad value.
+
+
+def _int_field(qc: dict, name: str, default) -> int:
+    value = qc.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"quantization_config.{name}: expected an int, got {value!r}")
+    return value
+
+
+def _bool_field(qc: dict, name: str, default: bool) -> bool:
+    # No bool(): a JSON string "false" would read as True.
+    value = qc.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"quantization_config.{name}: expected true or false, got {value!r}")
+    return value
+
+
+def _skip_field(qc: dict) -> tuple:
+    value = qc.get("modules_to_not_convert") or ()  # null: convert everything
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"quantization_config.modules_to_not_convert: expected a list of module names or null, "
+                         f"got {value!r}")
+    return tuple(value)
+
+
 def parse_quant_config(qc: dict) -> dict:
     """Validate a ``quantization_config``; returns ``dict(format, bits, group_size, symmetric,
-    act_order, skip)``. Unsupported settings raise ``ValueError`` naming the setting."""
+    act_order, skip)``. Unsupported or malformed settings raise ``ValueError`` naming the setting."""
     if not isinstance(qc, dict):
         qc = qc.to_dict()
     method = qc.get("quant_method")
-    bits, group = qc.get("bits", 4), qc.get("group_size", 128)
+    if method not in ("awq", "gptq"):
+        raise ValueError(f"quantization_config.quant_method: expected 'awq' or 'gptq', got {method!r}")
+    bits = _int_field(qc, "bits", 4)
+    group = _int_field(qc, "group_size", 128)
+    if group != -1 and group <= 0:  # 0 would divide K by zero when the layers are built
+        raise ValueError(f"quantization_config.group_size: expected -1 (one group spanning K) or a positive int, "
+                         f"got {group}")
+    skip = _skip_field(qc)
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()
         if version != "gemm":
             raise ValueError(f"quantization_config.version: only AutoAWQ 'gemm' checkpoints are supported, got {version!r}")
         if bits != 4:
             raise ValueError(f"quantization_config.bits: AutoAWQ checkpoints are 4-bit, got {bits}")
-        return dict(format="awq", bits=4, group_size=group, symmetric=not qc.get("zero_point", True),
-                    act_order=False, skip=tuple(qc.get("modules_to_not_convert") or ()))
-    if method == "gptq":
-        if bits not in (4, 8):
-            raise ValueError(f"quantization_config.bits: expected 4 or 8, got {bits}")
-        fmt = qc.get("checkpoint_format", "gptq") or "gptq"
-        if fmt not in ("gptq", "gptq_v2"):
-            raise ValueError(f"quantization_config.checkpoint_format: expected 'gptq' or 'gptq_v2', got {fmt!r}")
-        return dict(format=fmt, bits=bits, group_size=group, symmetric=bool(qc.get("sym", True)),
-                    act_order=bool(qc.get("desc_act", False)), skip=tuple(qc.get("modules_to_not_convert") or ()))
-    raise ValueError(f"quantization_config.quant_method: expected 'awq' or 'gptq', got {method!r}")
+        return dict(format="awq", bits=4, group_size=group, symmetric=not _bool_field(qc, "zero_point", True),
+                    act_order=False, skip=skip)
+    if bits not in (4, 8):
+        raise ValueError(f"quantization_config.bits: expected 4 or 8, got {bits}")
+    fmt = qc.get("checkpoint_format") or "gptq"
+    if fmt not in ("gptq", "gptq_v2"):
+        raise ValueError(f"quantization_config.checkpoint_format: expected 'gptq' or 'gptq_v2', got {fmt!r}")
+    return dict(format=fmt, bits=bits, group_size=group, symmetric=_bool_field(qc, "sym", True),
+                act_order=_bool_field(qc, "desc_act", False), skip=skip)
 
 
 # ------------------------------------------------------------------ module surgery

@@ -72,6 +72,25 @@ CASES = {
     "qweight-type": (lambda: gptq(qweight=[[0]]), TypeError, "qweight: expected a torch.Tensor"),
     "qweight-ndim": (lambda: awq(qweight=zeros_(K)), ValueError, "qweight: expected a 2-D tensor"),
     "qweight-empty": (lambda: awq(qweight=zeros_(0, 2)), ValueError, "qweight: expected a non-empty"),
+    # A qweight of the wrong width names qweight (not scales) and the shape the scales' N implies:
+    # awq packs N into qweight's columns, gptq/gptq_v2 keep N unpacked there, plain has N as rows.
+    "qweight-N-awq": (lambda: awq(qweight=zeros_(K, N // 8 + 1)), ValueError,
+                      "qweight: expected shape (64, 2) = (K, N // 8) for format 'awq', N=16 (from scales (2, 16)), "
+                      "K=64, got (64, 3)"),
+    "qweight-N-awq-symmetric": (lambda: awq(qweight=zeros_(K, N // 8 - 1), zeros=None), ValueError,
+                                "qweight: expected shape (64, 2) = (K, N // 8)"),
+    "qweight-N-awq-8bit": (lambda: awq(qweight=zeros_(K, 5), zeros=zeros_(2, 4), bits=8), ValueError,
+                           "qweight: expected shape (64, 4) = (K, N // 4)"),
+    "qweight-N-gptq": (lambda: gptq(qweight=zeros_(K // 8, N + 1)), ValueError,
+                       "qweight: expected shape (8, 16) = (K // 8, N) for format 'gptq', N=16 (from scales (2, 16)), "
+                       "K=64, got (8, 17)"),
+    "qweight-N-gptq_v2": (lambda: gptq(qweight=zeros_(K // 8, N - 1), format="gptq_v2"), ValueError,
+                          "qweight: expected shape (8, 16) = (K // 8, N) for format 'gptq_v2'"),
+    "qweight-N-plain": (lambda: plain(qweight=zeros_(N + 1, K, dtype=U8)), ValueError,
+                        "qweight: expected shape (16, 64) = (N, K) for format 'plain', N=16 (from scales (16, 2)), "
+                        "K=64, got (17, 64)"),
+    "q-N-pack": (lambda: canon(q=zeros_(N - 8, K, dtype=U8)), ValueError,
+                 "q: expected shape (16, 64) = (N, K) for format 'awq', N=16 (from s (16, 2))"),
     "scales-dtype": (lambda: awq(scales=zeros_(2, N)), TypeError, "scales: expected dtype torch.float16"),
     "scales-shape": (lambda: awq(scales=ones_(2, N + 8)), ValueError, "scales: expected shape (2, 16) = (ceil(K / group_size), N) for K=64, N=16"),
     "scales-shape-gptq": (lambda: gptq(scales=ones_(N, 2)), ValueError, "scales: expected shape (2, 16)"),

@@ -1,5 +1,6 @@
 """transformers integration on the CPU reference path: quantize -> save -> load round trips."""
 import json
+import re
 
 import pytest
 import torch
@@ -61,10 +62,36 @@ def test_group_not_dividing_k_round_trips(tmp_path):
     ({"quant_method": "gptq", "bits": 3}, "quantization_config.bits"),
     ({"quant_method": "gptq", "checkpoint_format": "marlin"}, "quantization_config.checkpoint_format"),
     ({"quant_method": "bitsandbytes"}, "quantization_config.quant_method"),
+    ({"quant_method": "awq", "group_size": 0}, "quantization_config.group_size: expected -1"),
+    ({"quant_method": "gptq", "group_size": -2}, "quantization_config.group_size: expected -1"),
+    ({"quant_method": "gptq", "group_size": "128"}, "quantization_config.group_size: expected an int"),
+    ({"quant_method": "gptq", "group_size": None}, "quantization_config.group_size: expected an int"),
+    ({"quant_method": "gptq", "bits": True}, "quantization_config.bits: expected an int"),
+    ({"quant_method": "gptq", "sym": "false"}, "quantization_config.sym: expected true or false"),
+    ({"quant_method": "gptq", "desc_act": 1}, "quantization_config.desc_act: expected true or false"),
+    ({"quant_method": "awq", "zero_point": None}, "quantization_config.zero_point: expected true or false"),
+    ({"quant_method": "awq", "modules_to_not_convert": "lm_head"}, "quantization_config.modules_to_not_convert"),
 ])
 def test_unsupported_settings(qc, msg):
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
         parse_quant_config(qc)
+
+
+def test_valid_settings_parse():
+    assert parse_quant_config({"quant_method": "gptq", "group_size": -1, "bits": 8, "sym": False,
+                               "checkpoint_format": None, "modules_to_not_convert": None}) == dict(
+        format="gptq", bits=8, group_size=-1, symmetric=False, act_order=False, skip=())
+    assert parse_quant_config({"quant_method": "awq", "modules_to_not_convert": ["lm_head"]})["skip"] == ("lm_head",)
+
+
+def test_group_size_zero_checkpoint_is_rejected_before_loading(tmp_path):
+    """group_size 0 used to reach the layer constructors and raise ZeroDivisionError."""
+    save_quantized(quantize_model(tiny_llama(), group_size=32, progress=False), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"]["group_size"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=re.escape("quantization_config.group_size: expected -1")):
+        load_quantized(tmp_path, dtype=torch.float32, device="cpu", progress=False)
 
 
 def test_load_errors(tmp_path):
