@@ -199,9 +199,9 @@ def test_wheel_installs_package_and_data(tmp_path):
     installed = Path(info["file"]).resolve().parent
     assert installed == site / PACKAGE, f"imported {info['file']}, not the copy installed in {site}"
 
-    # pyproject.toml lists the packages by hand: a new subpackage left out of it fails here.
+    # setup.py finds the packages: a sub-package it misses (no __init__.py, say) fails here.
     missing = _repo_modules() - _relative_files(installed)
-    assert not missing, f"not in the wheel (list the package in pyproject.toml): {sorted(missing)}"
+    assert not missing, f"not in the wheel (give the folder an __init__.py; setup.py finds packages): {sorted(missing)}"
 
     expected = _expected_data_files()
     assert set(expected) >= {"templates", "profiles"}
@@ -214,3 +214,9 @@ def test_wheel_installs_package_and_data(tmp_path):
     # The console script runs from the venv too.
     script = bin_dir / ("mixed-gemm.exe" if os.name == "nt" else "mixed-gemm")
     assert str(Path(info["file"]).parent) in _run([script, "info"], cwd=outside, env=env)
+
+
+def test_version_module_matches_pyproject():
+    from mixed_gemm.version import __version__
+
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"] == __version__
