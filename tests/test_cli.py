@@ -94,19 +94,22 @@ def test_version(capsys):
     assert mixed_gemm.__version__ in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", ["profile", "bench"])
-def test_gpu_commands_without_a_gpu(command, monkeypatch, capsys):
+@pytest.mark.parametrize("argv", [["profile", "--shapes", "256:256", "--ms", "1"],
+                                  ["bench", "--shapes", "256:256", "--ms", "1"], ["bench", "--e2e", "--layers", "2"]])
+def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
     from mixed_gemm.profiler import timing
 
     monkeypatch.setattr(timing, "gpu_missing", lambda: "no CUDA GPU is visible (test)")
-    assert cli.main([command, "--shapes", "256:256", "--ms", "1"]) == 1
-    assert f"mixed-gemm {command}: no CUDA GPU is visible" in capsys.readouterr().err
+    assert cli.main(argv) == 1
+    assert f"mixed-gemm {argv[0]}: no CUDA GPU is visible" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,msg", [
     (["bench", "--model", "gpt5"], "unknown preset 'gpt5'"),
     (["profile", "--shapes", "4096"], "N:K pairs"),
     (["profile", "--ms", "1,x"], "--ms"),
+    (["bench", "--e2e", "--model", "gpt5"], "--model must be one of llama3-8b"),
+    (["bench", "--e2e", "--batches", "1,0"], "--batches must be positive integers"),
 ])
 def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
     assert cli.main(argv) == 2

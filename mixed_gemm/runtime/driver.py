@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import os
 
 import torch
 
@@ -47,3 +49,20 @@ def primary_context(device_index: int):
     finally:
         check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
         check(drv.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+
+
+@functools.lru_cache(maxsize=1)
+def raw_launch():
+    """``cuLaunchKernel`` called straight from libcuda through ctypes with fixed argument types, or
+    None where libcuda cannot be opened this way. cuda-python's wrapper converts and checks every
+    argument object on each call; with raw handles and a pre-built argument array the hot path
+    is one foreign call (see bench/NOTES.md for the measured host cost)."""
+    try:
+        lib = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
+        fn = lib.cuLaunchKernel
+    except (OSError, AttributeError):
+        return None
+    u = ctypes.c_uint
+    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn

@@ -1,10 +1,10 @@
 """Loaded kernels: one module load per (kernel, device) per process, and a lean launch path.
 
 Each :class:`Function` keeps its ctypes argument block and the one-element pointer array that
-``cuLaunchKernel`` wants alive, so a launch only fills fields and calls the driver (measured on an
-H100: ~4.7 us host cost with pre-built ctypes pointers vs ~6.1 us for the tuple form). A lock
-guards the block: the driver copies the arguments during the call, so the critical section is
-exactly fill + launch.
+``cuLaunchKernel`` wants alive, so a launch only fills fields and calls the driver: libcuda's
+``cuLaunchKernel`` through ctypes with raw handles (:func:`.driver.raw_launch`), else cuda-python's
+wrapper. A lock guards the block: the driver copies the arguments during the call, so the critical
+section is exactly fill + launch.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable, Dict, Sequence, Tuple
 import torch
 
 from ..compile import build_fatbin, load_bytes
-from .driver import CudaDriverError, check, driver, primary_context
+from .driver import CudaDriverError, check, driver, primary_context, raw_launch
 
 try:  # the raw-stream accessor Triton and Inductor use: an int, no Stream object
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -52,12 +52,21 @@ class Function:
         self._threads = threads
         self._smem = smem
         self.lock = threading.Lock()
+        self._raw = raw_launch()
+        self._handle = int(self._function)
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
 
     def launch(self, grid: Tuple[int, int, int], stream: int) -> None:
         """Launch with the current contents of ``self.args`` on ``stream`` (a raw handle).
         Callers fill ``self.args`` and launch while holding ``self.lock``."""
+        raw = self._raw
+        if raw is not None:
+            err = raw(self._handle, grid[0], grid[1], grid[2], self._threads, 1, 1, self._smem, stream,
+                      self._argv_addr, None)
+            if err:
+                check((driver().CUresult(err),), f"cuLaunchKernel({self.name})")
+            return
         err = self._launch(self._function, grid[0], grid[1], grid[2], self._threads, 1, 1, self._smem,
                            stream, self._argv_addr, 0)[0]
         if err != self._ok:

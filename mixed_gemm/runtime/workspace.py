@@ -1,11 +1,21 @@
-"""Per-stream split-K scratch: an fp32 partial-sum buffer and zeroed semaphores, reused by every call.
+"""Scratch memory for the kernels: split-K partial sums, zeroed semaphores, dequantized weights.
 
-Keyed by (device, stream) so that two streams in flight never share a semaphore or a partial sum.
+Allocated with ``cuMemAlloc`` outside torch's caching allocator, so it never lands in a CUDA-graph
+memory pool: torch.compile's CUDA-graph trees require every live allocation in their pool to be a
+tracked output, and a workspace that outlives the call would break that rule.
 
-Buffers only grow (doubling), and a replaced buffer is retired, never freed: kernels still in
-flight, or recorded in a CUDA graph, keep valid memory without any host synchronization, so growth
-is safe during graph capture too. Semaphores are zeroed once; the serial split-K kernel leaves
-them at zero when it finishes.
+Keyed by (device, slot, kind). Eager calls use one slot per stream, so two streams in flight never
+share a semaphore or a partial sum. Calls under stream capture use the device's ``GRAPH`` slot:
+memory cannot be allocated while a stream captures, so every eager growth also grows the graph slot
+to the same size, and the warm-up call that CUDA-graph trees (and manual capture) make eagerly
+sizes it before capture. Graph replays of one device share the graph slot: replaying two graphs
+concurrently on different streams is not supported.
+
+Memory cost: per stream (and once more for graphs) the largest split-K partials and, where
+dequant_mm runs, the largest dense weight it has dequantized. Buffers only grow and a replaced
+buffer is retired, never freed: kernels still in flight,
+or recorded in a CUDA graph, keep valid memory without any host synchronization. Semaphores are
+zeroed once; the split-K kernels leave them at zero.
 """
 from __future__ import annotations
 
@@ -14,31 +24,86 @@ from typing import Dict, List, Tuple
 
 import torch
 
-_BUFFERS: Dict[Tuple[int, int, str], torch.Tensor] = {}
-_RETIRED: List[torch.Tensor] = []
+from .driver import check, driver, primary_context
+
+GRAPH = "graph"
+_MIN_BYTES = {"partials": 4 << 20, "semaphores": 64 << 10, "dense": 0}
 _LOCK = threading.Lock()
-_MIN_FLOATS = 1 << 20
-_MIN_SEMAPHORES = 1 << 14
 
 
-def _get(device_index: int, stream: int, kind: str, numel: int, dtype, minimum: int, zero: bool) -> torch.Tensor:
-    key = (device_index, stream, kind)
-    buf = _BUFFERS.get(key)
-    if buf is None or buf.numel() < numel:
-        with _LOCK:
-            buf = _BUFFERS.get(key)
-            if buf is None or buf.numel() < numel:
-                size = max(numel, minimum, 0 if buf is None else 2 * buf.numel())
-                make = torch.zeros if zero else torch.empty
-                if buf is not None:
-                    _RETIRED.append(buf)
-                buf = _BUFFERS[key] = make(size, dtype=dtype, device=f"cuda:{device_index}")
+class _Buffer:
+    """One raw device allocation; ``tensor`` is a uint8 torch view of it (zero-copy)."""
+
+    __slots__ = ("ptr", "nbytes", "device_index", "_tensor", "__cuda_array_interface__")
+
+    def __init__(self, device_index: int, nbytes: int, zero: bool):
+        drv = driver()
+        with primary_context(device_index):
+            self.ptr = int(check(drv.cuMemAlloc(nbytes), "cuMemAlloc"))
+            if zero:
+                check(drv.cuMemsetD8(self.ptr, 0, nbytes), "cuMemsetD8")
+                check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        self.nbytes, self.device_index, self._tensor = nbytes, device_index, None
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            self._tensor = torch.as_tensor(self, device=f"cuda:{self.device_index}")
+        return self._tensor
+
+
+_BUFFERS: Dict[Tuple[int, object, str], _Buffer] = {}
+_RETIRED: List[_Buffer] = []
+
+
+def _grow(key: Tuple[int, object, str], nbytes: int, zero: bool) -> _Buffer:
+    old = _BUFFERS.get(key)
+    if old is not None and old.nbytes >= nbytes:
+        return old
+    # Small buffers double (few regrowths); the dense weight of dequant_mm grows to exactly the
+    # largest N x K seen, since doubling a 1 GB weight would waste a gigabyte.
+    doubled = 0 if old is None or key[2] == "dense" else 2 * old.nbytes
+    size = max(nbytes, _MIN_BYTES[key[2]], doubled)
+    buf = _BUFFERS[key] = _Buffer(key[0], size, zero)
+    if old is not None:
+        _RETIRED.append(old)
     return buf
 
 
-def workspace(device_index: int, stream: int, floats: int) -> torch.Tensor:
-    return _get(device_index, stream, "partials", floats, torch.float32, _MIN_FLOATS, zero=False)
+def _get(device_index: int, stream: int, kind: str, nbytes: int, zero: bool) -> _Buffer:
+    capturing = torch.cuda.is_current_stream_capturing()
+    key = (device_index, GRAPH if capturing else stream, kind)
+    buf = _BUFFERS.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        if capturing:
+            raise RuntimeError(
+                f"mixed_gemm: the {kind} workspace needs {nbytes} bytes during CUDA-graph capture, more than "
+                "any eager call has used; memory cannot be allocated while a stream captures. Run the same "
+                "call once eagerly (a warm-up) before capturing it.")
+        with _LOCK:
+            buf = _grow(key, nbytes, zero)
+            _grow((device_index, GRAPH, kind), buf.nbytes, zero)  # what a later capture of this call needs
+    return buf
 
 
-def semaphores(device_index: int, stream: int, count: int) -> torch.Tensor:
-    return _get(device_index, stream, "semaphores", count, torch.int32, _MIN_SEMAPHORES, zero=True)
+def workspace(device_index: int, stream: int, floats: int) -> int:
+    """Device pointer to at least ``floats`` fp32 partial sums for this stream (or graph capture)."""
+    return _get(device_index, stream, "partials", 4 * floats, zero=False).ptr
+
+
+def semaphores(device_index: int, stream: int, count: int) -> int:
+    """Device pointer to at least ``count`` int32 semaphores, zero between calls."""
+    return _get(device_index, stream, "semaphores", 4 * count, zero=True).ptr
+
+
+def scratch(device_index: int, stream: int, shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` over this stream's scratch (no allocation after the first
+    call of a size; its contents are garbage and valid until the next call on the stream)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    buf = _get(device_index, stream, "dense", nbytes, zero=False)
+    return buf.tensor[:nbytes].view(dtype).view(shape)

@@ -9,7 +9,7 @@ from typing import List
 import torch
 
 from ...codegen import render_template
-from ...runtime import get_module
+from ...runtime import get_module, scratch
 from ..base import Family, Problem
 from ..common import DTYPES, ZERO_MODES, constant_checks
 from ..sm80 import layout as sm80_layout
@@ -82,7 +82,9 @@ class DequantMMLauncher:
         self.dequantize = dequantizer
 
     def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
-        dense = torch.empty((w.n, w.k), dtype=w.dtype, device=y.device)
+        # The dense weight lives in per-stream scratch: no allocation per call, and none in a
+        # CUDA-graph pool (torch.mm below runs on the same stream, so reuse is ordered).
+        dense = scratch(y.device.index, stream, (w.n, w.k), w.dtype)
         self.dequantize(w, dense, stream)
         x2, y2 = x.reshape(m, w.k), y.view(m, w.n)
         if bias is None:

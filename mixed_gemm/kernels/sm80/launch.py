@@ -29,10 +29,10 @@ class Sm80Launcher:
         grid = config.grid(m, w.n_pad)
         ws = sem = 0
         if mode == "serial" or mode == "fused":
-            ws = workspace(dev, stream, m * w.n * (config.split_k if mode == "fused" else 1)).data_ptr()
-            sem = semaphores(dev, stream, grid[0] * grid[1]).data_ptr()
+            ws = workspace(dev, stream, m * w.n * (config.split_k if mode == "fused" else 1))
+            sem = semaphores(dev, stream, grid[0] * grid[1])
         elif mode == "parallel":
-            ws = workspace(dev, stream, config.split_k * m * w.n).data_ptr()
+            ws = workspace(dev, stream, config.split_k * m * w.n)
         gemm = self.gemm
         with gemm.lock:
             a = gemm.args
