@@ -64,7 +64,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from ..profiler.timing import copy_bandwidth
     from ..select import gpu_slug
     from . import report
-    from .measure import WeightKind, bench_problem, eager_overhead
+    from .measure import WeightKind, bench_problem, eager_overhead, host_cost
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     kind = WeightKind(args.dtype, args.bits, args.group_size, "sym" if args.symmetric else "int")
@@ -80,8 +80,12 @@ def run_bench(args: argparse.Namespace) -> int:
             print(line, flush=True)
         rows += new
     overhead = eager_overhead(kind)
+    cost = host_cost(kind)
     tail = report.summary(rows, ms, args.compare) + ["", "Eager host overhead (tiny problem, µs per call): "
                                                      + ", ".join(f"{name} {sec * 1e6:.1f}" for name, sec in overhead.items())]
+    tail += ["", "Host cost per call, M=1 x 4096 x 4096, 2000 calls (µs): "
+             + ", ".join(f"{name} loop {c['loop_us']:.1f} / eager-graph {c['eager_minus_graph_us']:.1f}"
+                         for name, c in cost.items())]
     errors = {r["tinygemm_error"] for r in rows if "tinygemm_error" in r}
     if errors:
         tail.append("tinygemm unavailable or failed: " + "; ".join(sorted(errors)))
@@ -92,7 +96,7 @@ def run_bench(args: argparse.Namespace) -> int:
             f.write(text)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"title": title, "rows": rows, "eager_overhead_s": overhead}, f, indent=1)
+            json.dump({"title": title, "rows": rows, "eager_overhead_s": overhead, "host_cost": cost}, f, indent=1)
     plot_path = args.plot or f"mixed_gemm_bench_{gpu_slug(props.name)}.png"
     why_not = report.plot(rows, ms, plot_path, title, args.compare)
     print(f"plot: {why_not}" if why_not else f"plot: {plot_path}")

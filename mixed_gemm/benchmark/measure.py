@@ -72,15 +72,52 @@ def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKin
     return rows
 
 
-def eager_overhead(kind: WeightKind, n: int = 256, k: int = 256) -> Dict[str, float]:
-    """Host seconds per eager call on a tiny problem, with torch's own calls for scale."""
+def _calls(kind: WeightKind, n: int, k: int) -> Dict[str, object]:
+    """Tiny M=1 problems: mg.matmul both ways, and torch's F.linear / add for scale."""
     td = TORCH_DTYPES[kind.dtype]
     w = random_weights(n, k, bits=kind.bits, group_size=min(kind.group_size, k), zero_mode=kind.zero_mode,
                        dtype=kind.dtype)[0]
     x = torch.randn(1, k, device="cuda").to(td)
     y = torch.empty(1, n, device="cuda", dtype=td)
     dense = torch.randn(n, k, device="cuda").to(td)
-    return {"mg.matmul(out=)": host_overhead(lambda: matmul(x, w, out=y)),
-            "mg.matmul": host_overhead(lambda: matmul(x, w)),
-            "torch.mm": host_overhead(lambda: torch.mm(x, dense.t())),
-            "torch.add": host_overhead(lambda: torch.add(x, x))}
+    return {"mg.matmul(out=)": lambda: matmul(x, w, out=y), "mg.matmul": lambda: matmul(x, w),
+            "F.linear": lambda: torch.nn.functional.linear(x, dense), "torch.add": lambda: torch.add(x, x)}
+
+
+def eager_overhead(kind: WeightKind, n: int = 256, k: int = 256) -> Dict[str, float]:
+    """Host seconds per eager call on a tiny problem, with torch's own calls for scale."""
+    return {name: host_overhead(fn) for name, fn in _calls(kind, n, k).items()}
+
+
+def host_cost(kind: WeightKind, n: int = 4096, k: int = 4096, calls: int = 2000, repeats: int = 5) -> Dict[str, Dict]:
+    """Host cost per call measured two ways, median of ``repeats``: ``loop`` = wall time per call of
+    ``calls`` back-to-back eager calls (the kernels take less time than their launches, so the GPU
+    keeps up and the host is what is timed), and ``eager_minus_graph`` = that minus the per-call
+    time of the same calls replayed from one CUDA graph (what the GPU itself needs)."""
+    import statistics
+    import time
+
+    out = {}
+    for name, fn in _calls(kind, n, k).items():
+        for _ in range(50):
+            fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        loops, graphs = [], []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            loops.append((time.perf_counter() - t0) / calls)
+            t0 = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            graphs.append((time.perf_counter() - t0) / calls)
+        loop, replay = statistics.median(loops), statistics.median(graphs)
+        out[name] = {"loop_us": loop * 1e6, "graph_us": replay * 1e6, "eager_minus_graph_us": (loop - replay) * 1e6}
+        del graph
+    return out
