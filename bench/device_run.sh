@@ -7,6 +7,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --target $T .whl/*.whl && export PYTHONPATH=$PWD:$T || exit 1
 export MIXED_GEMM_CACHE_DIR=${MIXED_GEMM_CACHE_DIR:-$PWD/.kcache}
+# A kernel cache built earlier (same nvcc and CUTLASS) travels as kcache/*.tgz: entries verify and load.
+if [ -f kcache/kcache.tgz ] && [ ! -d "$MIXED_GEMM_CACHE_DIR" ]; then mkdir -p "$MIXED_GEMM_CACHE_DIR" && tar xzf kcache/kcache.tgz -C "$MIXED_GEMM_CACHE_DIR"; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -m mixed_gemm.cli info 2>&1 | tee "$OUT/info.txt"
 steps=${*:-tests bench-cli}
@@ -18,6 +20,14 @@ for step in $steps; do
     bench-dequant) python3 bench/bench_matmul.py --mode dequant --out "$OUT/bench-dequant.md" 2>&1 | tail -10 ;;
     bench-splitk) python3 bench/bench_matmul.py --mode splitk --ms 1,16 --out "$OUT/bench-splitk.md" 2>&1 | tail -20 ;;
     build) python3 -m mixed_gemm.cli build --quiet 2>&1 | tail -3 ;;
+    pack-cache) tar czf "$OUT/kcache.tgz" -C "$MIXED_GEMM_CACHE_DIR" --exclude='*.lock' . && ls -la "$OUT/kcache.tgz" ;;
+    serving-tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -x tests/integrations/test_compiled_generation_gpu.py \
+                     tests/ops/test_families_gpu.py tests/nn 2>&1 | tee "$OUT/pytest-serving.log" | tail -25 ;;
+    bench-small) python3 -m mixed_gemm.cli bench --shapes 4096:4096,1024:4096 --ms 1,16 --json "$OUT/bench-small.json" \
+                   2>&1 | tail -8 ;;
+    e2e-smoke) timeout ${E2E_TIMEOUT:-300} python3 -m mixed_gemm.cli bench --e2e --layers ${E2E_LAYERS:-4} \
+                 --batches ${E2E_BATCHES:-1,16} --reps ${E2E_REPS:-1} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" \
+                 --out "$OUT/e2e.md" 2>&1 | grep -vE "Warning|warn\(" | tail -20 ;;
     quick-gpu) python3 -m pytest -q -x -m gpu tests/ops/test_config_space_gpu.py tests/profiler tests/select 2>&1 \
                  | tee "$OUT/pytest-quick.log" | tail -15 ;;
     profile)  # resumable: a partial sweep left in $OUT by a cut-off run is carried back as profiles/
