@@ -8,7 +8,7 @@ from torch import nn
 
 from ..formats import quantize
 from ..kernels import LAYOUTS
-from ..ops import PackedWeight, matmul, matmul_packed_op, packed_view, prepack
+from ..ops import PackedWeight, matmul, packed_view, prepack
 from ..reference import dequantize as reference_dequantize
 
 
@@ -124,8 +124,12 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
-            if torch.compiler.is_compiling():
-                return matmul_packed_op(x, self.packed(), self._buffers["bias"])
+            if torch.compiler.is_compiling():  # traced: the op takes the buffers, no PackedWeight here
+                buf = self._buffers
+                g = self.in_features if self.group_size == -1 or buf["scales"].shape[0] == 1 else self.group_size
+                return torch.ops.mixed_gemm.matmul(x, buf["b"], buf["scales"], buf["zeros"], buf["perm"], buf["bias"],
+                                                   self.out_features, self.in_features, self.bits, g, self.zero_mode,
+                                                   self.layout)
             return matmul(x, self.packed(), bias=self._buffers["bias"])
         w = self.dense_weight().to(x.device)
         bias = None if self.bias is None else self.bias.float()

@@ -15,13 +15,20 @@ def _fail(exc: type, msg: str):
     raise exc(msg)
 
 
+try:  # the current device without torch.cuda.current_device()'s Python-side lazy-init checks
+    _current_device = torch._C._cuda_getDevice
+except AttributeError:  # pragma: no cover - a CPU-only torch
+    _current_device = torch.cuda.current_device
+
+
 def _check_x(x, w: PackedWeight) -> None:
     if not isinstance(x, torch.Tensor):
         _fail(TypeError, f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.device != w.device:
-        _fail(ValueError, f"x: must be on the weight's device {w.device}, got {x.device}")
-    if x.device.type != "cuda":
-        _fail(ValueError, f"x: must be a CUDA tensor (the kernels run on the GPU), got device {x.device}")
+    dev = x.device
+    if dev != w.device:
+        _fail(ValueError, f"x: must be on the weight's device {w.device}, got {dev}")
+    if dev.type != "cuda":
+        _fail(ValueError, f"x: must be a CUDA tensor (the kernels run on the GPU), got device {dev}")
     if x.dtype != w.dtype:
         _fail(TypeError, f"x: expected dtype {w.dtype} (the dtype the weight was prepacked for), got {x.dtype}")
     if x.dim() < 1 or x.shape[-1] != w.k:
@@ -90,7 +97,7 @@ def matmul(
     m = x.numel() // k
     shape = (*x.shape[:-1], n)
     if out is None:
-        y = torch.empty(shape, dtype=w.dtype, device=x.device)
+        y = x.new_empty(shape)  # x has the weight's dtype and device (checked)
     else:
         if not isinstance(out, torch.Tensor) or out.device != x.device or out.dtype != w.dtype \
                 or tuple(out.shape) != shape or not out.is_contiguous() or out.data_ptr() % 4:
@@ -99,9 +106,9 @@ def matmul(
     if m == 0:
         return y
 
-    device_index = x.device.index
+    device_index = w.device.index
     if config is None:
-        bucket = m_bucket(m)
+        bucket = 1 << (m - 1).bit_length()  # m_bucket(m), inlined: m >= 1 here
         choice = SELECTED.get((w.signature, bucket))
         if choice is None:
             choice = selected(w.signature, bucket, problem(w, bucket), device_index)
@@ -109,7 +116,7 @@ def matmul(
         choice = forced(config, problem(w, m), device_index)
     if w.perm is not None:  # act-order: K of the weight was reordered once at prepack
         x = x.index_select(-1, w.perm)
-    if device_index != torch.cuda.current_device():
+    if device_index != _current_device():
         with torch.cuda.device(device_index):  # the launch goes to the current context
             choice.launch(x, w, bias, y, m, current_stream(device_index))
     else:

@@ -13,7 +13,7 @@ from ..kernels.common import ATOM_N, PER_CHANNEL_SHIFT
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, frozen=True)
 class PackedWeight:
     """A quantized ``(N, K)`` weight prepared for :func:`mixed_gemm.matmul`.
 
@@ -32,7 +32,7 @@ class PackedWeight:
       on every call), else ``None``.
 
     ``group_size`` is the number of consecutive (permuted) K elements sharing a scale (``K`` for
-    per-channel).
+    per-channel). Frozen: build a new one (cheap, no copy) rather than swapping its tensors.
     """
 
     b: torch.Tensor
@@ -45,44 +45,37 @@ class PackedWeight:
     zero_mode: str = "int"
     perm: Optional[torch.Tensor] = None
     layout: str = "sm80"
-    signature: Tuple = field(init=False, repr=False)
+    # Derived once (the hot path reads them on every call; the weight is frozen):
+    device: torch.device = field(init=False, repr=False)
+    dtype: torch.dtype = field(init=False, repr=False)
+    kernel_dtype: str = field(init=False, repr=False)
+    n_pad: int = field(init=False, repr=False)
+    k16: int = field(init=False, repr=False)
+    num_groups: int = field(init=False, repr=False)
+    group_shift: int = field(init=False, repr=False)
+    signature: Tuple = field(init=False, repr=False)   # what selection depends on (with M's bucket)
+    launch_key: Tuple = field(init=False, repr=False)  # what a kernel's argument block depends on
 
     def __post_init__(self):
+        put = object.__setattr__
         if self.zeros is None:
-            self.zero_mode = "sym"
+            put(self, "zero_mode", "sym")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: must be one of {tuple(LAYOUTS)}, got {self.layout!r}")
-        # What selection depends on, computed once: the key of the selection cache (with M's bucket).
-        self.signature = (self.n, self.k, self.bits, self.group_size, self.zero_mode, KERNEL_DTYPES[self.dtype],
-                          self.layout, self.device.index)
-
-    @property
-    def device(self) -> torch.device:
-        return self.b.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.scales.dtype
-
-    @property
-    def kernel_dtype(self) -> str:
-        return KERNEL_DTYPES[self.scales.dtype]
-
-    @property
-    def n_pad(self) -> int:
-        return self.b.shape[0] * ATOM_N
-
-    @property
-    def k16(self) -> int:
-        return self.b.shape[1]
-
-    @property
-    def num_groups(self) -> int:
-        return self.scales.shape[0]
-
-    @property
-    def group_shift(self) -> int:
-        return PER_CHANNEL_SHIFT if self.num_groups == 1 else self.group_size.bit_length() - 1
+        if self.scales.dtype not in KERNEL_DTYPES:
+            raise TypeError(f"scales: must be float16 or bfloat16 (the activation dtype), got {self.scales.dtype}")
+        num_groups = self.scales.shape[0]
+        derived = dict(
+            device=self.b.device, dtype=self.scales.dtype, kernel_dtype=KERNEL_DTYPES[self.scales.dtype],
+            n_pad=self.b.shape[0] * ATOM_N, k16=self.b.shape[1], num_groups=num_groups,
+            group_shift=PER_CHANNEL_SHIFT if num_groups == 1 else self.group_size.bit_length() - 1)
+        for name, value in derived.items():
+            put(self, name, value)
+        put(self, "signature", (self.n, self.k, self.bits, self.group_size, self.zero_mode, self.kernel_dtype,
+                                self.layout, self.device.index))
+        put(self, "launch_key", (self.b.data_ptr(), self.scales.data_ptr(),
+                                 0 if self.zeros is None else self.zeros.data_ptr(), self.n, self.k, self.n_pad,
+                                 self.k16, self.group_shift, self.num_groups))
 
     def unpack(self):
         """The canonical ``(q, s, z)`` back, in the kernel's (possibly act-order permuted) K order."""

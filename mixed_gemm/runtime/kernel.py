@@ -57,18 +57,28 @@ class Function:
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
 
-    def launch(self, grid: Tuple[int, int, int], stream: int) -> None:
-        """Launch with the current contents of ``self.args`` on ``stream`` (a raw handle).
-        Callers fill ``self.args`` and launch while holding ``self.lock``."""
+    def block(self):
+        """A fresh argument block of this kernel and the address of its one-element pointer array:
+        ``(args, argv_address)``, for callers that keep one block per weight (see launch)."""
+        args = self.args.__class__()
+        argv = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        args._argv = argv  # keep the array alive as long as the block
+        return args, ctypes.addressof(argv)
+
+    def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0) -> None:
+        """Launch on ``stream`` (a raw handle) with ``self.args``, or with the block whose pointer
+        array is at ``argv_addr`` (from :meth:`block`). Callers fill the block and launch while
+        holding ``self.lock``."""
+        argv_addr = argv_addr or self._argv_addr
         raw = self._raw
         if raw is not None:
             err = raw(self._handle, grid[0], grid[1], grid[2], self._threads, 1, 1, self._smem, stream,
-                      self._argv_addr, None)
+                      argv_addr, None)
             if err:
                 check((driver().CUresult(err),), f"cuLaunchKernel({self.name})")
             return
         err = self._launch(self._function, grid[0], grid[1], grid[2], self._threads, 1, 1, self._smem,
-                           stream, self._argv_addr, 0)[0]
+                           stream, argv_addr, 0)[0]
         if err != self._ok:
             check((err,), f"cuLaunchKernel({self.name})")
 

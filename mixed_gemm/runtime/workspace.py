@@ -72,8 +72,14 @@ def _grow(key: Tuple[int, object, str], nbytes: int, zero: bool) -> _Buffer:
     return buf
 
 
+try:  # torch.cuda.is_current_stream_capturing without its Python wrapper
+    _capturing = torch._C._cuda_isCurrentStreamCapturing
+except AttributeError:  # pragma: no cover - a CPU-only torch
+    _capturing = torch.cuda.is_current_stream_capturing
+
+
 def _get(device_index: int, stream: int, kind: str, nbytes: int, zero: bool) -> _Buffer:
-    capturing = torch.cuda.is_current_stream_capturing()
+    capturing = _capturing()
     key = (device_index, GRAPH if capturing else stream, kind)
     buf = _BUFFERS.get(key)
     if buf is None or buf.nbytes < nbytes:

@@ -23,10 +23,25 @@ class Sm80Launcher:
         self.mode = config.split_k_mode if config.split_k > 1 else "none"
         self.mode_id = SPLIT_K_MODES[self.mode]
         self.log_tile = config.swizzle.bit_length() - 1
+        self._blocks = {}  # weight launch_key -> (argument block, its pointer array's address)
+
+    def _block(self, w):
+        """The argument block of weight ``w``: every field that depends only on the weight is
+        filled once, so a call writes just x, y, bias, M and the split-K scratch."""
+        args, argv = self.gemm.block()
+        b_ptr, s_ptr, z_ptr, n, k, n_pad, k16, group_shift, num_groups = w.launch_key
+        args.b, args.scales, args.zeros = b_ptr, s_ptr, z_ptr
+        args.n, args.k, args.n_pad, args.k16, args.lda, args.ldc = n, k, n_pad, k16, k, n
+        args.group_shift, args.num_groups = group_shift, num_groups
+        args.split_mode, args.log_tile = self.mode_id, self.log_tile
+        blk = self._blocks[w.launch_key] = (args, argv)
+        return blk
 
     def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
         config, dev, mode = self.config, self.device_index, self.mode
-        grid = config.grid(m, w.n_pad)
+        bm, bn, _ = config.tile
+        t = config.swizzle  # CUTLASS's identity swizzle, as Sm80Config.grid
+        grid = (-(-m // bm) * t, -(-(-(-w.n_pad // bn)) // t), config.split_k)
         ws = sem = 0
         if mode == "serial" or mode == "fused":
             ws = workspace(dev, stream, m * w.n * (config.split_k if mode == "fused" else 1))
@@ -34,23 +49,18 @@ class Sm80Launcher:
         elif mode == "parallel":
             ws = workspace(dev, stream, config.split_k * m * w.n)
         gemm = self.gemm
+        blk = self._blocks.get(w.launch_key)
+        if blk is None:
+            blk = self._block(w)
+        a, argv = blk
         with gemm.lock:
-            a = gemm.args
             a.a = x.data_ptr()
-            a.b = w.b.data_ptr()
-            a.scales = w.scales.data_ptr()
-            a.zeros = 0 if w.zeros is None else w.zeros.data_ptr()
             a.bias = 0 if bias is None else bias.data_ptr()
             a.c = y.data_ptr()
             a.workspace = ws
             a.semaphores = sem
-            a.m, a.n, a.k = m, w.n, w.k
-            a.n_pad, a.k16 = w.n_pad, w.k16
-            a.lda, a.ldc = w.k, w.n
-            a.group_shift, a.num_groups = w.group_shift, w.num_groups
-            a.split_mode = self.mode_id
-            a.log_tile = self.log_tile
-            gemm.launch(grid, stream)
+            a.m = m
+            gemm.launch(grid, stream, argv)
         if mode == "parallel":
             reduce = self.reduce
             with reduce.lock:
