@@ -25,6 +25,7 @@ from torch import nn
 
 from ..formats import make_g_idx, pack
 from ..nn import QuantLinear
+from .fuse import fuse_projections  # noqa: F401  (re-exported: quantize/load, then fuse for inference)
 
 SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
 

@@ -74,3 +74,27 @@ def test_static_cache_generate_matches_eager(schedule):
     fp16 = transformers.LlamaForCausalLM(model.config).half().cuda().eval()
     with torch.no_grad():
         fp16.generate(ids, cache_implementation="static", **kw)
+
+
+def test_fused_projections_eager_compiled_and_generate():
+    from mixed_gemm.integrations.fuse import fuse_projections
+
+    mg.select.clear_selection()
+    torch._dynamo.reset()
+    model = quantized_llama(seed=4)
+    ids = torch.randint(0, 512, (3, 6), device="cuda")
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        unfused = model(ids).logits
+        unfused_tokens = model.generate(ids, **kw)
+        assert fuse_projections(model) == 2 * 2
+        fused = model(ids).logits
+        torch.testing.assert_close(fused, unfused, rtol=0, atol=1e-2 * unfused.abs().max().item())
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):
+            got = compiled(ids).logits.clone()
+        torch.testing.assert_close(got, fused, rtol=0, atol=2e-2 * fused.abs().max().item())
+        for _ in range(2):
+            static = model.generate(ids, cache_implementation="static", **kw)
+    assert static[:, :ids.shape[1] + 4].equal(unfused_tokens[:, :ids.shape[1] + 4])
+    torch._dynamo.reset()

@@ -101,3 +101,30 @@ def test_load_errors(tmp_path):
     model = quantize_model(tiny_llama(), progress=False)
     with pytest.raises(ValueError, match="format"):
         save_quantized(model, tmp_path / "x", format="exl2")
+
+
+def test_fuse_projections_keeps_logits(monkeypatch):
+    from mixed_gemm.integrations.fuse import FusedGateUpMLP, FusedQKV, QKVSlice, fuse_projections
+
+    model = tiny_llama(seed=3)
+    quantize_model(model, bits=4, group_size=32, progress=False)
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        before = model(ids).logits
+    assert fuse_projections(model) == 2 * 2  # q|k|v and gate|up in each of 2 layers
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.q_proj, FusedQKV) and isinstance(layer.self_attn.v_proj, QKVSlice)
+    assert isinstance(layer.mlp, FusedGateUpMLP) and layer.mlp.gate_up.out_features == 2 * 160
+    assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 2 * 4  # qkv, o, gate_up, down
+    with torch.no_grad():
+        after = model(ids).logits
+        again = model(ids).logits
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+    assert torch.equal(after, again)
+    assert layer.self_attn.q_proj._handover is None  # nothing kept between forwards
+    # A slice called on another input computes its own projection rather than a stale hand-over.
+    x = torch.randn(1, 3, 64)
+    head = layer.self_attn.q_proj
+    head(torch.randn(1, 3, 64))
+    torch.testing.assert_close(layer.self_attn.k_proj(x), head.split(x)[1])
+    assert fuse_projections(model) == 0  # idempotent

@@ -1,0 +1,129 @@
+"""One launch where a decoder block makes several: q/k/v and gate/up projections of Llama-,
+Mistral- and Qwen2-family blocks fused into one prepacked weight each (outputs split as views).
+
+- MLP: ``gate_proj``/``up_proj``/``down_proj`` with ``act_fn`` become :class:`FusedGateUpMLP`, whose
+  own forward runs one gate-up matmul, splits it, and calls ``down_proj``.
+- Attention: the attention module's forward (rotary, cache, kernels) stays transformers'. Its
+  ``q_proj`` becomes a :class:`FusedQKV` that runs the q|k|v matmul once and hands ``k_proj`` and
+  ``v_proj`` (:class:`QKVSlice`) their slices of that output. The hand-over is cleared by ``v_proj``,
+  so no tensor outlives the forward (CUDA-graph trees require that), and a slice called with
+  another input than q's computes the fused matmul itself instead of handing back stale data.
+
+Fusing needs the projections to share bits, group size, zero mode, dtype and layout, and no
+act-order permutation (each projection has its own); blocks that do not qualify stay as they were.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..nn import QuantLinear
+from ..ops import prepack
+
+
+def _fusable(layers: Sequence[nn.Module]) -> bool:
+    if not all(isinstance(m, QuantLinear) for m in layers):
+        return False
+    first = layers[0]
+    same = all((m.in_features, m.bits, m.group_size, m.zero_mode, m.layout, m.scales.dtype, m.scales.device)
+               == (first.in_features, first.bits, first.group_size, first.zero_mode, first.layout,
+                   first.scales.dtype, first.scales.device) for m in layers)
+    return same and all(m.perm is None for m in layers)
+
+
+def concat(layers: Sequence[QuantLinear]) -> QuantLinear:
+    """One QuantLinear whose output is the layers' outputs side by side (same input)."""
+    parts = [m.packed().unpack() for m in layers]
+    q = torch.cat([p[0] for p in parts])
+    s = torch.cat([p[1] for p in parts])
+    z = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+    first = layers[0]
+    pw0 = first.packed()
+    mode = "int" if pw0.zero_mode == "sym" else pw0.zero_mode
+    w = prepack(q, s, z, format="plain", bits=first.bits, group_size=first.group_size, zero_mode=mode,
+                dtype=first.scales.dtype, layout=first.layout)
+    biases = [m.bias for m in layers]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([torch.zeros(m.out_features, dtype=w.dtype, device=w.device) if b is None else b
+                          for m, b in zip(layers, biases)])
+    return QuantLinear.from_packed(w, bias, format=first.format, group_size=first.group_size)
+
+
+class FusedGateUpMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with gate and up in one matmul."""
+
+    def __init__(self, gate_up: QuantLinear, down_proj: nn.Module, act_fn, intermediate: int):
+        super().__init__()
+        self.gate_up, self.down_proj, self.act_fn, self.intermediate = gate_up, down_proj, act_fn, intermediate
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+class FusedQKV(nn.Module):
+    """Stands in for ``q_proj``: one q|k|v matmul; keeps k and v for :class:`QKVSlice` until read."""
+
+    def __init__(self, qkv: QuantLinear, sizes: Sequence[int]):
+        super().__init__()
+        self.qkv, self.sizes = qkv, tuple(sizes)
+        self._handover: Optional[list] = None
+
+    def split(self, x) -> List[torch.Tensor]:
+        return list(self.qkv(x).split(self.sizes, dim=-1))
+
+    def forward(self, x):
+        q, k, v = self.split(x)
+        self._handover = [x, k, v]
+        return q
+
+
+class QKVSlice(nn.Module):
+    """Stands in for ``k_proj`` (index 1) or ``v_proj`` (index 2)."""
+
+    def __init__(self, owner: FusedQKV, index: int):
+        super().__init__()
+        self._owner = [owner]  # a list: not registered as a child twice
+        self.index = index
+
+    def forward(self, x):
+        owner = self._owner[0]
+        hand = owner._handover
+        out = hand[self.index] if hand is not None and hand[0] is x else owner.split(x)[self.index]
+        if self.index == 2:
+            owner._handover = None  # nothing outlives the attention's projections
+        return out
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse q/k/v and gate/up of every qualifying block of ``model`` in place (QuantLinear
+    projections, see the module docstring); returns how many groups were fused."""
+    fused = 0
+    for module in list(model.modules()):
+        names = ("q_proj", "k_proj", "v_proj")
+        if all(isinstance(getattr(module, n, None), nn.Module) for n in names):
+            layers = [getattr(module, n) for n in names]
+            if _fusable(layers):
+                head = FusedQKV(concat(layers), [m.out_features for m in layers])
+                module.q_proj, module.k_proj, module.v_proj = head, QKVSlice(head, 1), QKVSlice(head, 2)
+                fused += 1
+        names = ("gate_proj", "up_proj", "down_proj")
+        if all(isinstance(getattr(module, n, None), nn.Module) for n in names) and hasattr(module, "act_fn"):
+            gate, up = module.gate_proj, module.up_proj
+            if _fusable([gate, up]) and gate.out_features == up.out_features:
+                mlp = FusedGateUpMLP(concat([gate, up]), module.down_proj, module.act_fn, gate.out_features)
+                _replace(model, module, mlp)
+                fused += 1
+    return fused
+
+
+def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if child is old:
+                setattr(parent, name, new)
+                return
+    raise ValueError("module not found in model")  # pragma: no cover
