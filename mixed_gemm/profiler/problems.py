@@ -14,6 +14,11 @@ MODELS: Dict[str, List[Tuple[str, int, int]]] = {
     "qwen2.5-7b": [("qkv", 4608, 3584), ("o", 3584, 3584), ("gate_up", 37888, 3584), ("down", 3584, 18944)],
     # hidden 4096, 32 heads / 8 KV heads of 128, intermediate 14336 (the shapes of Llama-3-8B)
     "mistral-7b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
+    # The same models as transformers runs them without fuse_projections: q, k/v and gate/up separately.
+    "llama3-8b-unfused": [("q", 4096, 4096), ("k_v", 1024, 4096), ("gate/up", 14336, 4096)],
+    "llama3-70b-unfused": [("q", 8192, 8192), ("k_v", 1024, 8192), ("gate/up", 28672, 8192)],
+    "qwen2.5-7b-unfused": [("q", 3584, 3584), ("k_v", 512, 3584), ("gate/up", 18944, 3584)],
+    "mistral-7b-unfused": [("q", 4096, 4096), ("k_v", 1024, 4096), ("gate/up", 14336, 4096)],
 }
 DEFAULT_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 

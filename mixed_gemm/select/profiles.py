@@ -91,6 +91,20 @@ class Profile:
         lm = math.log2(max(m, 1))
         return min(rows, key=lambda r: (abs(math.log2(r[0]) - lm), -r[0]))
 
+    def nearest_shape(self, key: Key) -> Optional[Key]:
+        """The measured key of the same weight kind whose (N, K) is nearest to ``key``'s in log
+        space (K counts double: it sets the split-K and pipeline depth), or None. For shapes
+        nobody profiled; exact keys win in :meth:`lookup`'s callers."""
+        kind, (n, k) = key[:4], key[4:]
+        best, best_d = None, math.inf
+        for other in self._index:
+            if other[:4] != kind:
+                continue
+            d = abs(math.log2(other[4] / n)) + 2 * abs(math.log2(other[5] / k))
+            if d < best_d or (d == best_d and other < best):
+                best, best_d = other, d
+        return best
+
     # ---- files ----
     def to_json(self) -> dict:
         return {"format": FORMAT, "gpu": self.gpu, "versions": self.versions, "entries": self.entries}

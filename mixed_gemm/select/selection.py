@@ -72,17 +72,21 @@ def choose(problem: Problem, device_index: int) -> Choice:
     reasons = []
     profile = device_profile(device_index)
     if profile is not None:
-        hit = profile.lookup((problem.dtype, problem.bits, problem.zero_mode, problem.group_size, problem.n,
-                              problem.k), problem.m)
-        if hit is not None:
+        key = (problem.dtype, problem.bits, problem.zero_mode, problem.group_size, problem.n, problem.k)
+        name = profile.path.name if profile.path is not None else "profile"
+        # This shape's own entries, else those of the nearest profiled shape of the same weight kind.
+        for shape_key in (key, profile.nearest_shape(key)):
+            hit = None if shape_key is None else profile.lookup(shape_key, problem.m)
+            if hit is None:
+                continue
             bucket, schedule = hit
             config = parse_schedule(schedule, **kind)
             fam = family_of(config)
             ok, why = _usable(fam, config, problem, device_index)
-            name = profile.path.name if profile.path is not None else "profile"
+            where = f"profile {name} M={bucket}" + ("" if shape_key == key else f" of {shape_key[4]}x{shape_key[5]}")
             if ok:
-                return Choice(fam, config, f"profile {name} M={bucket}", device_index)
-            reasons.append(f"profile entry {schedule} ({name}): {why}")
+                return Choice(fam, config, where, device_index)
+            reasons.append(f"{where} entry {schedule}: {why}")
     picked, why_not = heuristic_choice(problem, device_index)
     if picked is not None:
         return Choice(picked[0], picked[1], "heuristic", device_index)

@@ -8,7 +8,11 @@ from mixed_gemm.profiler.problems import DEFAULT_MS, MODELS, parse_ints, parse_s
 
 
 def test_presets_cover_the_issue_models():
-    assert set(MODELS) == {"llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b"}
+    fused = {"llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b"}
+    assert set(MODELS) == fused | {f"{m}-unfused" for m in fused}
+    for m in fused:  # unfused q + 2 k_v = fused qkv; 2 gate/up = fused gate_up
+        (q, nq, kq), (kv, nkv, _), (gu, ngu, _) = MODELS[f"{m}-unfused"]
+        assert nq + 2 * nkv == MODELS[m][0][1] and 2 * ngu == MODELS[m][2][1] and kq == MODELS[m][0][2]
     assert [(n, k) for _, n, k in MODELS["llama3-70b"]] == [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
     assert DEFAULT_MS == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 

@@ -127,9 +127,11 @@ def test_choose_order(h100, monkeypatch):
     got = choose(_problem(8), 0)
     assert (got.family.name, got.schedule, got.source) == ("sm80", "sm80:t32x64x128_w1x1x4_s4_kfused2",
                                                            "profile profile M=16")
-    got = choose(_problem(8, n=8192), 0)                                              # no entry: heuristics
+    got = choose(_problem(8, n=8192), 0)                                  # no entry: the nearest shape's
+    assert (got.schedule, got.source) == ("sm80:t32x64x128_w1x1x4_s4_kfused2", "profile profile M=16 of 4096x4096")
+    got = choose(_problem(8, dtype="bf16"), 0)                             # no entry of this kind: heuristics
     assert got.schedule.startswith("sm80:t16x64x128") and got.source == "heuristic"
-    assert choose(_problem(4096, n=8192), 0).schedule == "dequant_mm:dequant_mm"     # sm80 passes on big M
+    assert choose(_problem(4096, dtype="bf16"), 0).schedule == "dequant_mm:dequant_mm"  # sm80 passes on big M
     monkeypatch.setenv(SCHEDULE_ENV, "dequant_mm")
     got = choose(_problem(8), 0)
     assert (got.family.name, got.source) == ("dequant_mm", "override")
@@ -155,10 +157,32 @@ def test_profile_entry_that_cannot_run_falls_back_with_reason(h100, monkeypatch)
     msg = str(info.value)
     assert msg.startswith("no kernel family can run M=16 N=4096 K=4096 f16/4-bit/int group 128")
     # one reason per family, and the profile entry's
-    assert "profile entry sm80:t16x64x128_w1x1x4_s4" in msg
+    assert "profile profile M=16 entry sm80:t16x64x128_w1x1x4_s4" in msg
     assert "sm80: needs compute capability 8.0" in msg and "dequant_mm: needs compute capability 8.0" in msg
 
 
 def test_no_family_reads_the_layout(h100):
     with pytest.raises(ValueError, match="sm80: reads the 'sm80' weight layout.*dequant_mm: reads the 'sm80'"):
         choose(_problem(16, layout="other"), 0)
+
+
+def test_nearest_profiled_shape_for_an_unprofiled_one(h100, monkeypatch):
+    prof = Profile(entries=[_entry(16, "sm80:t16x64x128_w1x1x4_s4_kfused4"),
+                            _entry(16, "sm80:t16x128x128_w1x2x2_s4", n=28672, k=4096),
+                            _entry(16, "sm80:t16x128x128_w1x1x4_s4_kfused8", n=8192, k=28672)], path=None)
+    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+    assert prof.nearest_shape(("f16", 4, "int", 128, 14336, 4096))[4:] == (28672, 4096)
+    assert prof.nearest_shape(("f16", 4, "int", 128, 1024, 4096))[4:] == (4096, 4096)
+    assert prof.nearest_shape(("bf16", 4, "int", 128, 1024, 4096)) is None  # another weight kind
+    got = choose(_problem(16, n=14336), 0)
+    assert (got.schedule, got.source) == ("sm80:t16x128x128_w1x2x2_s4", "profile profile M=16 of 28672x4096")
+    exact = choose(_problem(16), 0)
+    assert exact.source == "profile profile M=16"  # its own entry first
+
+
+def test_split_k_beyond_k_tiles_is_refused():
+    from mixed_gemm.kernels import sm80
+
+    c = sm80.Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_kfused8")
+    ok, why = sm80.FAMILY.can_implement(c, _problem(1, k=512))
+    assert not ok and "split-K 8 needs K >= 8 k-tiles of 128, K=512" in why
