@@ -25,8 +25,12 @@ for step in $steps; do
                      tests/ops/test_families_gpu.py tests/nn 2>&1 | tee "$OUT/pytest-serving.log" | tail -25 ;;
     bench-small) python3 -m mixed_gemm.cli bench --shapes 4096:4096,1024:4096 --ms 1,16 --json "$OUT/bench-small.json" \
                    2>&1 | tail -8 ;;
+    profile-new)  # the shapes the shipped profile lacks: unfused presets and Qwen2.5
+      timeout ${PROFILE_TIMEOUT:-300} python3 -m mixed_gemm.cli profile --model ${PROFILE_MODELS:-llama3-8b-unfused,llama3-70b-unfused,qwen2.5-7b,qwen2.5-7b-unfused} \
+        --ms 1,2,4,8,16,32,64,128,256 --out "$OUT/h100-new.json" --no-merge --quiet 2>&1 | tail -5
+      echo "profile exit: $?" ;;
     e2e-smoke) timeout ${E2E_TIMEOUT:-300} python3 -m mixed_gemm.cli bench --e2e --layers ${E2E_LAYERS:-4} \
-                 --batches ${E2E_BATCHES:-1,16} --reps ${E2E_REPS:-1} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" \
+                 --batches ${E2E_BATCHES:-1,16} --reps ${E2E_REPS:-1} ${E2E_ARGS:-} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" \
                  --out "$OUT/e2e.md" 2>&1 | grep -vE "Warning|warn\(" | tail -20 ;;
     quick-gpu) python3 -m pytest -q -x -m gpu tests/ops/test_config_space_gpu.py tests/profiler tests/select 2>&1 \
                  | tee "$OUT/pytest-quick.log" | tail -15 ;;

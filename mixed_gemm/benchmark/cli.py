@@ -33,10 +33,10 @@ def run_e2e(args: argparse.Namespace) -> int:
 
     compiled = not args.no_compiled
     title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
-             f"mixed_gemm int4 g128 — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
+             f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused)'} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
              f"alternating; {e2e.PROMPT}-token prompt, {e2e.NEW_TOKENS} new tokens")
     print(f"# {title}", flush=True)
-    result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled,
+    result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled, fuse=not args.no_fuse,
                      log=lambda line: print(line, flush=True))
     text = "\n".join([f"# {title}", ""] + e2e.table(result, compiled)) + "\n"
     print(text)
@@ -124,5 +124,6 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     e2e.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes (default: %(default)s)")
     e2e.add_argument("--reps", type=int, default=3, help="alternating repetitions, median (default: %(default)s)")
     e2e.add_argument("--no-compiled", action="store_true", help="skip the compiled (static cache) generate runs")
+    e2e.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate int4 launches")
     parser.set_defaults(func=run_bench)
     return parser

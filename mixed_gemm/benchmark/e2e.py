@@ -26,10 +26,12 @@ PRESETS = {
 PROMPT, NEW_TOKENS, TTFT_PROMPT = 16, 48, 512
 
 
-def build_models(preset: str, layers: int, group_size: int = 128):
-    """(fp16 model, int4 model): random weights made on the GPU, the int4 one by quantize_model."""
+def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = True):
+    """(fp16 model, int4 model): random weights made on the GPU, the int4 one by quantize_model
+    (and fuse_projections: one launch for q|k|v and one for gate|up)."""
     import transformers
 
+    from ..integrations.fuse import fuse_projections
     from ..integrations.transformers import quantize_model
 
     fields = dict(PRESETS[preset], max_position_embeddings=4096, tie_word_embeddings=False)
@@ -48,6 +50,8 @@ def build_models(preset: str, layers: int, group_size: int = 128):
         gen.eos_token_id, gen.pad_token_id = None, 0  # random weights: never stop early
     int4 = copy.deepcopy(fp16)
     quantize_model(int4, bits=4, group_size=group_size, progress=False)
+    if fuse:
+        fuse_projections(int4)
     torch.cuda.empty_cache()
     return fp16, int4
 
@@ -102,11 +106,12 @@ def ttft_ms(model) -> float:
 
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compiled: bool = True,
-        log=print) -> Dict:
+        fuse: bool = True, log=print) -> Dict:
     """Every measurement, fp16 and int4 alternating within each repetition; medians."""
-    fp16, int4 = build_models(preset, layers)
+    fp16, int4 = build_models(preset, layers, fuse=fuse)
     models = {"fp16": fp16, "mixed_gemm": int4}
     result: Dict = {"preset": preset, "layers": fp16.config.num_hidden_layers, "gpu": torch.cuda.get_device_name(),
+                    "fused": fuse,
                     "weight_bytes": {k: weight_bytes(m) for k, m in models.items()}, "rows": []}
     warm = {}
     for name, model in models.items():  # warm-ups (module loads, selection, compilation) out of the timing
