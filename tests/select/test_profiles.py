@@ -178,11 +178,3 @@ def test_nearest_profiled_shape_for_an_unprofiled_one(h100, monkeypatch):
     assert (got.schedule, got.source) == ("sm80:t16x128x128_w1x2x2_s4", "profile profile M=16 of 28672x4096")
     exact = choose(_problem(16), 0)
     assert exact.source == "profile profile M=16"  # its own entry first
-
-
-def test_split_k_beyond_k_tiles_is_refused():
-    from mixed_gemm.kernels import sm80
-
-    c = sm80.Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_kfused8")
-    ok, why = sm80.FAMILY.can_implement(c, _problem(1, k=512))
-    assert not ok and "split-K 8 needs K >= 8 k-tiles of 128, K=512" in why

@@ -37,9 +37,6 @@ class Sm80Family(Family):
         ok, why = super().can_implement(config, problem)
         if not ok:
             return ok, why
-        k_tiles = -(-problem.k // config.tile[2])
-        if config.split_k > k_tiles:
-            return False, f"split-K {config.split_k} needs K >= {config.split_k} k-tiles of {config.tile[2]}, K={problem.k}"
         groups_y = config.grid(max(problem.m, 1), -(-problem.n // 64) * 64)[1]
         if groups_y > MAX_GRID_Y:
             return False, (f"N={problem.n} needs {groups_y} column-tile groups with {config.schedule}, "
