@@ -29,6 +29,11 @@ for step in $steps; do
       timeout ${PROFILE_TIMEOUT:-300} python3 -m mixed_gemm.cli profile --model ${PROFILE_MODELS:-llama3-8b-unfused,llama3-70b-unfused,qwen2.5-7b,qwen2.5-7b-unfused} \
         --ms 1,2,4,8,16,32,64,128,256 --out "$OUT/h100-new.json" --no-merge --quiet 2>&1 | tail -5
       echo "profile exit: $?" ;;
+    heldout)  # shapes no preset has: how close selection (nearest profiled shape) gets to their best
+      timeout ${HELDOUT_TIMEOUT:-150} python3 -m mixed_gemm.cli profile --shapes 5120:5120,13824:5120,5120:13824,2048:2048,3072:3072 \
+        --ms 1,4,16,64,256 --out "$OUT/heldout.json" --no-merge --quiet 2>&1 | tail -3 ;;
+    decode-profile) timeout ${DECODE_TIMEOUT:-200} python3 bench/profile_decode.py --layers ${DECODE_LAYERS:-32} 2>&1 \
+                      | grep -vE "Warning|warn\(" | tee "$OUT/decode-profile.txt" | tail -20 ;;
     e2e-smoke) timeout ${E2E_TIMEOUT:-300} python3 -m mixed_gemm.cli bench --e2e --layers ${E2E_LAYERS:-4} \
                  --batches ${E2E_BATCHES:-1,16} --reps ${E2E_REPS:-1} ${E2E_ARGS:-} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" \
                  --out "$OUT/e2e.md" 2>&1 | grep -vE "Warning|warn\(" | tail -20 ;;
