@@ -34,7 +34,7 @@ for step in $steps; do
         --ms 1,4,16,64,256 --out "$OUT/heldout.json" --no-merge --quiet 2>&1 | tail -3 ;;
     decode-profile) timeout ${DECODE_TIMEOUT:-200} python3 bench/profile_decode.py --layers ${DECODE_LAYERS:-32} 2>&1 \
                       | grep -vE "Warning|warn\(" | tee "$OUT/decode-profile.txt" | tail -20 ;;
-    e2e-smoke) timeout ${E2E_TIMEOUT:-300} python3 -m mixed_gemm.cli bench --e2e --layers ${E2E_LAYERS:-4} \
+    e2e-smoke) timeout ${E2E_TIMEOUT:-300} python3 -m mixed_gemm.cli e2e --layers ${E2E_LAYERS:-4} \
                  --batches ${E2E_BATCHES:-1,16} --reps ${E2E_REPS:-1} ${E2E_ARGS:-} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" \
                  --out "$OUT/e2e.md" 2>&1 | grep -vE "Warning|warn\(" | tail -20 ;;
     quick-gpu) python3 -m pytest -q -x -m gpu tests/ops/test_config_space_gpu.py tests/profiler tests/select 2>&1 \

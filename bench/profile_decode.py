@@ -9,7 +9,7 @@ import collections
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mixed_gemm.benchmark import e2e
+from mixed_gemm.integrations import e2e
 
 
 def _bucket(name: str) -> str:

@@ -27,6 +27,7 @@ _COMMANDS: dict[str, str] = {
     "generate": "mixed_gemm.cli_catalog:add_generate_parser",
     "profile": "mixed_gemm.profiler.cli:add_profile_parser",
     "bench": "mixed_gemm.benchmark.cli:add_bench_parser",
+    "e2e": "mixed_gemm.cli_e2e:add_e2e_parser",
 }
 
 

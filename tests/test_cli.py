@@ -95,7 +95,7 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("argv", [["profile", "--shapes", "256:256", "--ms", "1"],
-                                  ["bench", "--shapes", "256:256", "--ms", "1"], ["bench", "--e2e", "--layers", "2"]])
+                                  ["bench", "--shapes", "256:256", "--ms", "1"], ["e2e", "--layers", "2"]])
 def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
     from mixed_gemm.profiler import timing
 
@@ -108,8 +108,8 @@ def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
     (["bench", "--model", "gpt5"], "unknown preset 'gpt5'"),
     (["profile", "--shapes", "4096"], "N:K pairs"),
     (["profile", "--ms", "1,x"], "--ms"),
-    (["bench", "--e2e", "--model", "gpt5"], "--model must be one of llama3-8b"),
-    (["bench", "--e2e", "--batches", "1,0"], "--batches must be positive integers"),
+    (["e2e", "--model", "gpt5"], "--model must be one of llama3-8b"),
+    (["e2e", "--batches", "1,0"], "--batches must be positive integers"),
 ])
 def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
     assert cli.main(argv) == 2

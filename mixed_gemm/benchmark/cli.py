@@ -8,53 +8,7 @@ import json
 from ..profiler.cli import _common, prepare
 
 
-def run_e2e(args: argparse.Namespace) -> int:
-    import sys
-
-    from ..profiler.timing import gpu_missing
-    from . import e2e
-
-    preset = args.model or "llama3-8b"
-    if preset not in e2e.PRESETS:
-        print(f"mixed-gemm bench --e2e: error: --model must be one of {', '.join(e2e.PRESETS)}", file=sys.stderr)
-        return 2
-    try:
-        batches = [int(b) for b in args.batches.split(",")]
-        assert batches and all(b > 0 for b in batches)
-    except (ValueError, AssertionError):
-        print(f"mixed-gemm bench --e2e: error: --batches must be positive integers, got {args.batches!r}",
-              file=sys.stderr)
-        return 2
-    why = gpu_missing()
-    if why:
-        print(f"mixed-gemm bench: {why}", file=sys.stderr)
-        return 1
-    import torch
-
-    compiled = not args.no_compiled
-    title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
-             f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused)'} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
-             f"alternating; {e2e.PROMPT}-token prompt, {e2e.NEW_TOKENS} new tokens")
-    print(f"# {title}", flush=True)
-    result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled, fuse=not args.no_fuse,
-                     log=lambda line: print(line, flush=True))
-    text = "\n".join([f"# {title}", ""] + e2e.table(result, compiled)) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(result, title=title), f, indent=1)
-    if args.plot:
-        why_not = e2e.plot(result, args.plot, title, compiled)
-        print(f"plot: {why_not}" if why_not else f"plot: {args.plot}")
-    return 0
-
-
 def run_bench(args: argparse.Namespace) -> int:
-    if args.e2e:
-        return run_e2e(args)
     ready = prepare(args, "bench")
     if isinstance(ready, int):
         return ready
@@ -116,14 +70,5 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--plot", default="", help="PNG path (default: mixed_gemm_bench_<gpu>.png)")
     parser.add_argument("--out", default="", help="also write the tables (markdown) here")
     parser.add_argument("--json", default="", help="also write every measurement (JSON) here")
-    e2e = parser.add_argument_group("end to end (--e2e)")
-    e2e.add_argument("--e2e", action="store_true",
-                     help="a transformers model of --model's shapes (default llama3-8b), random weights: decode "
-                          "step, eager and compiled generate, time to first token, memory; fp16 vs int4")
-    e2e.add_argument("--layers", type=int, default=0, help="decoder layers (default: the preset's)")
-    e2e.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes (default: %(default)s)")
-    e2e.add_argument("--reps", type=int, default=3, help="alternating repetitions, median (default: %(default)s)")
-    e2e.add_argument("--no-compiled", action="store_true", help="skip the compiled (static cache) generate runs")
-    e2e.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate int4 launches")
     parser.set_defaults(func=run_bench)
     return parser

@@ -1,7 +1,6 @@
 """Compiled generation on the GPU: transformers' static-cache ``generate`` (torch.compile with
 CUDA-graph trees) and ``torch.compile(mode="reduce-overhead", fullgraph=True)`` run QuantLinear
 models for every family and split-K mode, equal to the eager run, across M-bucket changes."""
-import os
 
 import pytest
 import torch

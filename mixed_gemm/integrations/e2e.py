@@ -1,4 +1,4 @@
-"""``mixed-gemm bench --e2e``: a transformers model with random weights, fp16 against its int4
+"""``mixed-gemm e2e``: a transformers model with random weights, fp16 against its int4
 (mixed_gemm) twin, both alive, their runs alternating and repeated (median), because the host is
 noisy. Per batch: the decode step (one token's forward, no KV cache) replayed in a CUDA graph, and
 ``generate`` tokens/s eager and compiled (static cache: torch.compile with CUDA-graph trees); time
@@ -31,8 +31,8 @@ def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = T
     (and fuse_projections: one launch for q|k|v and one for gate|up)."""
     import transformers
 
-    from ..integrations.fuse import fuse_projections
-    from ..integrations.transformers import quantize_model
+    from .fuse import fuse_projections
+    from .transformers import quantize_model
 
     fields = dict(PRESETS[preset], max_position_embeddings=4096, tie_word_embeddings=False)
     if layers:
