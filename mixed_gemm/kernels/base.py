@@ -96,6 +96,11 @@ class Family:
         """This family's config for ``problem`` when no profile covers it, or None to pass."""
         return None
 
+    def refit(self, config, problem: Problem, sms: int):
+        """``config`` measured best on a similar shape, adjusted to ``problem``'s (selection calls
+        this when it borrows the nearest profiled shape's entry). Default: unchanged."""
+        return config
+
     # ---- building and launching ----
     def render(self, config) -> str:
         """The .cu source of ``config``'s compiled identity."""

@@ -11,7 +11,7 @@ import threading
 from typing import Dict, Optional, Tuple
 
 from ..kernels import Family, Problem, family_of, parse_schedule, qualified
-from .heuristics import heuristic_choice
+from .heuristics import heuristic_choice, sm_count
 from .profiles import device_profile
 
 SCHEDULE_ENV = "MIXED_GEMM_SCHEDULE"
@@ -82,6 +82,8 @@ def choose(problem: Problem, device_index: int) -> Choice:
             bucket, schedule = hit
             config = parse_schedule(schedule, **kind)
             fam = family_of(config)
+            if shape_key != key:  # borrowed from a similar shape: fit its launch to this one
+                config = fam.refit(config, Problem(**dict(problem.__dict__, m=bucket)), sm_count(device_index))
             ok, why = _usable(fam, config, problem, device_index)
             where = f"profile {name} M={bucket}" + ("" if shape_key == key else f" of {shape_key[4]}x{shape_key[5]}")
             if ok:

@@ -50,3 +50,16 @@ def test_walk_takes_the_first_family_that_wants_and_can(monkeypatch):
     assert fam.name == "dequant_mm" and config.dtype == "bf16"
     picked, why = heuristic_choice(Problem(m=16, **dict(p, layout="x")), 0)
     assert picked is None and len(why) == 2 and all("layout" in w for w in why)
+
+
+def test_refit_saves_a_wave_or_keeps_the_measured_factor():
+    from mixed_gemm.kernels.sm80.heuristics import refit_split_k
+
+    c = Sm80Config.from_schedule("t128x256x64_w2x4x1_s3_kparallel4")
+    # 2 x 20 tiles x 4 slices = 160 blocks: 2 waves on 132 SMs; 3 slices make 120 blocks, 1 wave.
+    assert refit_split_k(c, 256, 5120, 13824, 132).split_k == 3
+    assert refit_split_k(c, 256, 4096, 14336, 132) is c          # 128 blocks: one wave already
+    wide = Sm80Config.from_schedule("t64x256x64_w1x4x1_s3_kparallel4")
+    assert refit_split_k(wide, 64, 5120, 5120, 132) is wide        # 80 blocks: nothing to save
+    thin = Sm80Config.from_schedule("t16x128x128_w1x1x4_s4_kfused8")
+    assert refit_split_k(thin, 1, 5120, 13824, 132) is thin        # decode tiles: never refitted

@@ -178,3 +178,13 @@ def test_nearest_profiled_shape_for_an_unprofiled_one(h100, monkeypatch):
     assert (got.schedule, got.source) == ("sm80:t16x128x128_w1x2x2_s4", "profile profile M=16 of 28672x4096")
     exact = choose(_problem(16), 0)
     assert exact.source == "profile profile M=16"  # its own entry first
+
+
+def test_borrowed_entry_is_refitted_to_the_shape(h100, monkeypatch):
+    prof = Profile(entries=[_entry(256, "sm80:t128x256x64_w2x4x1_s3_kparallel4", n=4096, k=14336)], path=None)
+    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+    own = choose(_problem(256, n=4096, k=14336), 0)
+    assert own.schedule == "sm80:t128x256x64_w2x4x1_s3_kparallel4"  # measured: used as is
+    borrowed = choose(_problem(256, n=5120, k=13824), 0)
+    assert (borrowed.schedule, borrowed.source) == ("sm80:t128x256x64_w2x4x1_s3_kparallel3",
+                                                    "profile profile M=256 of 4096x14336")

@@ -13,7 +13,7 @@ from .abi import GEMM_ARGS_BYTES, REDUCE_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog
 from .config import Sm80Config
-from .heuristics import heuristic_config
+from .heuristics import heuristic_config, refit_split_k
 from .launch import Sm80Launcher
 
 MAX_GRID_Y = 65535  # gridDim.y limit: column-tile groups of one launch
@@ -51,6 +51,9 @@ class Sm80Family(Family):
 
     def heuristic(self, problem: Problem, sms: int):
         return heuristic_config(problem.m, n=problem.n, k=problem.k, sms=sms, **problem.kind)
+
+    def refit(self, config: Sm80Config, problem: Problem, sms: int) -> Sm80Config:
+        return refit_split_k(config, problem.m, problem.n, problem.k, sms)
 
     def render(self, config: Sm80Config) -> str:
         kernel = config.kernel

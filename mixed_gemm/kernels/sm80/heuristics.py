@@ -52,3 +52,27 @@ def heuristic_config(m: int, *, n: int, k: int, dtype: str, bits: int, zero_mode
     if splits > 1:
         config = config.replace(split_k_mode=SPLIT_K_MODE, split_k=splits)
     return config
+
+
+REFIT_FROM_BM = 64  # tiles this tall fill an SM alone (shared memory), so blocks run in whole waves
+
+
+def refit_split_k(config: Sm80Config, m: int, n: int, k: int, sms: int) -> Sm80Config:
+    """Re-choose, within one of the measured factor, the split-K factor of a split config borrowed
+    from another shape, when a neighbour saves a whole wave: the one that minimizes waves per
+    slice, ``ceil(tiles * s / sms) / s`` (a slice's work falls like 1/s while a started wave costs
+    whole), ties to the measured factor, then the smaller. Wave quantization is what a borrowed factor gets wrong: 4 slices of 40 tiles
+    make 160 blocks, 2 waves on 132 SMs, where 3 slices make 1 (measured: bench/NOTES.md, held-out
+    shapes). Only for tiles of REFIT_FROM_BM rows and up: thin decode tiles share an SM with
+    others and stream memory, so waves do not quantize their time."""
+    bm, bn, bk = config.tile
+    if config.split_k == 1 or bm < REFIT_FROM_BM:
+        return config
+    tiles = -(-m // bm) * -(-n // bn)
+    k_tiles = -(-k // bk)
+    s0 = config.split_k
+    waves = lambda s: -(-tiles * s // sms)  # noqa: E731
+    # Only a factor that saves a whole wave is worth leaving the measured one for.
+    options = [s for s in (s0 - 1, s0 + 1) if 2 <= s <= k_tiles and waves(s) < waves(s0)] + [s0]
+    best = min(options, key=lambda s: (waves(s) / s, s != s0, s))
+    return config if best == config.split_k else config.replace(split_k=best)
