@@ -12,6 +12,7 @@ from ...codegen import render_template
 from ...runtime import get_module, scratch
 from ..base import Family, Problem
 from ..common import DTYPES, ZERO_MODES, constant_checks
+from .. import sm80
 from ..sm80 import layout as sm80_layout
 from ..sm80.catalog import WEIGHT_KINDS
 from .abi import DEQUANT_ARGS_BYTES, DequantArgs
@@ -24,11 +25,7 @@ class DequantMMFamily(Family):
     name = "dequant_mm"
     config_class = DequantMMConfig
     layout = sm80_layout.NAME
-    arch_flags = (
-        "-gencode=arch=compute_80,code=sm_80",
-        "-gencode=arch=compute_90,code=sm_90",
-        "-gencode=arch=compute_90,code=compute_90",
-    )
+    arch_flags = sm80.Sm80Family.arch_flags  # the same GPUs as the sm80 kernels it stands in for
     template_dirs = ("common", "dequant_mm")
     min_capability = (8, 0)
 
