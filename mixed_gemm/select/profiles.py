@@ -92,15 +92,18 @@ class Profile:
         return min(rows, key=lambda r: (abs(math.log2(r[0]) - lm), -r[0]))
 
     def nearest_shape(self, key: Key) -> Optional[Key]:
-        """The measured key of the same weight kind whose (N, K) is nearest to ``key``'s in log
-        space (K counts double: it sets the split-K and pipeline depth), or None. For shapes
-        nobody profiled; exact keys win in :meth:`lookup`'s callers."""
-        kind, (n, k) = key[:4], key[4:]
+        """The measured key nearest to ``key``, or None: same bit width (the bytes a kernel streams),
+        nearest (N, K) in log space (K counts double: it sets the split-K and pipeline depth), and a
+        penalty per other weight-kind field (dtype 4, zero mode 2, group size 1, in octaves), so an
+        entry of the same kind wins unless its shape is far. For shapes (and kinds) nobody
+        profiled; exact keys win in :meth:`lookup`'s callers."""
+        dtype, bits, zero_mode, group, n, k = key
         best, best_d = None, math.inf
         for other in self._index:
-            if other[:4] != kind:
+            if other[1] != bits:
                 continue
-            d = abs(math.log2(other[4] / n)) + 2 * abs(math.log2(other[5] / k))
+            d = (abs(math.log2(other[4] / n)) + 2 * abs(math.log2(other[5] / k)) + 4 * (other[0] != dtype)
+                 + 2 * (other[2] != zero_mode) + 1 * (other[3] != group))
             if d < best_d or (d == best_d and other < best):
                 best, best_d = other, d
         return best

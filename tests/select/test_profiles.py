@@ -129,9 +129,11 @@ def test_choose_order(h100, monkeypatch):
                                                            "profile profile M=16")
     got = choose(_problem(8, n=8192), 0)                                  # no entry: the nearest shape's
     assert (got.schedule, got.source) == ("sm80:t32x64x128_w1x1x4_s4_kfused2", "profile profile M=16 of 4096x4096")
-    got = choose(_problem(8, dtype="bf16"), 0)                             # no entry of this kind: heuristics
+    got = choose(_problem(8, bits=8), 0)                                    # no entry of this width: heuristics
     assert got.schedule.startswith("sm80:t16x64x128") and got.source == "heuristic"
-    assert choose(_problem(4096, dtype="bf16"), 0).schedule == "dequant_mm:dequant_mm"  # sm80 passes on big M
+    got = choose(_problem(8, dtype="bf16"), 0)                             # bf16 borrows the f16 entry
+    assert (got.schedule, got.config.dtype) == ("sm80:t32x64x128_w1x1x4_s4_kfused2", "bf16")
+    assert choose(_problem(4096, bits=8), 0).schedule == "dequant_mm:dequant_mm"  # sm80 passes on big M
     monkeypatch.setenv(SCHEDULE_ENV, "dequant_mm")
     got = choose(_problem(8), 0)
     assert (got.family.name, got.source) == ("dequant_mm", "override")
@@ -173,7 +175,9 @@ def test_nearest_profiled_shape_for_an_unprofiled_one(h100, monkeypatch):
     monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
     assert prof.nearest_shape(("f16", 4, "int", 128, 14336, 4096))[4:] == (28672, 4096)
     assert prof.nearest_shape(("f16", 4, "int", 128, 1024, 4096))[4:] == (4096, 4096)
-    assert prof.nearest_shape(("bf16", 4, "int", 128, 1024, 4096)) is None  # another weight kind
+    assert prof.nearest_shape(("f16", 8, "int", 128, 1024, 4096)) is None  # another bit width: never
+    # Another dtype / zero mode / group size: the nearest of the same bit width, shape first.
+    assert prof.nearest_shape(("bf16", 4, "sym", 64, 28672, 4096))[4:] == (28672, 4096)
     got = choose(_problem(16, n=14336), 0)
     assert (got.schedule, got.source) == ("sm80:t16x128x128_w1x2x2_s4", "profile profile M=16 of 28672x4096")
     exact = choose(_problem(16), 0)
