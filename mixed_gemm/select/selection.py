@@ -6,6 +6,7 @@ hot path of ``matmul`` is one dict lookup.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Dict, Optional, Tuple
@@ -74,7 +75,7 @@ def choose(problem: Problem, device_index: int) -> Choice:
     if profile is not None:
         key = (problem.dtype, problem.bits, problem.zero_mode, problem.group_size, problem.n, problem.k)
         name = profile.path.name if profile.path is not None else "profile"
-        # This shape's own entries, else those of the nearest profiled shape of the same weight kind.
+        # This shape's own entries, else those of the nearest profiled shape (same bit width).
         for shape_key in (key, profile.nearest_shape(key)):
             hit = None if shape_key is None else profile.lookup(shape_key, problem.m)
             if hit is None:
@@ -83,7 +84,7 @@ def choose(problem: Problem, device_index: int) -> Choice:
             config = parse_schedule(schedule, **kind)
             fam = family_of(config)
             if shape_key != key:  # borrowed from a similar shape: fit its launch to this one
-                config = fam.refit(config, Problem(**dict(problem.__dict__, m=bucket)), sm_count(device_index))
+                config = fam.refit(config, dataclasses.replace(problem, m=bucket), sm_count(device_index))
             ok, why = _usable(fam, config, problem, device_index)
             where = f"profile {name} M={bucket}" + ("" if shape_key == key else f" of {shape_key[4]}x{shape_key[5]}")
             if ok:
