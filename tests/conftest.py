@@ -1,9 +1,12 @@
 """Shared fixtures: an isolated kernel cache, and skipping of ``@pytest.mark.gpu`` tests on CPU."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/tolerance.py
 
 
 def _skip_nvcc_tests_without_nvcc(items):

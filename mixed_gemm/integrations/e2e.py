@@ -46,8 +46,8 @@ def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = T
             fp16 = transformers.LlamaForCausalLM(cfg).eval()
     finally:
         torch.set_default_dtype(default)
-    for gen in (fp16.generation_config,):
-        gen.eos_token_id, gen.pad_token_id = None, 0  # random weights: never stop early
+    gen = fp16.generation_config
+    gen.eos_token_id, gen.pad_token_id = None, 0  # random weights: never stop early
     int4 = copy.deepcopy(fp16)
     quantize_model(int4, bits=4, group_size=group_size, progress=False)
     if fuse:

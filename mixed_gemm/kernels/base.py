@@ -116,9 +116,5 @@ class Family:
         (loads the module; callers cache it). ``x`` is contiguous and in the weight's K order."""
         raise NotImplementedError
 
-    def check_launch(self, config, problem: Problem) -> None:
-        """Raise ``ValueError`` naming the argument when ``config`` cannot launch for ``problem``
-        (hardware limits that depend on M); called before every launch, so keep it O(1)."""
-
     def __repr__(self) -> str:
         return f"<kernel family {self.name}>"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 from ..kernels import Family, Problem, family_of, parse_schedule, qualified
 from .heuristics import heuristic_choice, sm_count
@@ -127,10 +127,6 @@ def forced(config, problem: Problem, device_index: int) -> Choice:
         with _LOCK:
             choice = _FORCED.setdefault(key, Choice(fam, config, "config argument", device_index))
     return choice
-
-
-def cached(signature: Tuple, bucket: int) -> Optional[Choice]:
-    return SELECTED.get((signature, bucket))
 
 
 def clear_selection() -> None:

@@ -6,19 +6,13 @@ from torch import nn
 
 import mixed_gemm as mg
 from mixed_gemm.nn import QuantLinear
+from tolerance import assert_elementwise
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def _elementwise(y, ref, k):
-    """Every element within 16 fp16 rounding steps of a K-term dot product: atol = 16 eps sqrt(K) t,
-    t = rms(ref) / sqrt(K) the size of one product term (see tests/ops/weights.py)."""
-    term = ref.float().pow(2).mean().sqrt().item() / k ** 0.5
-    torch.testing.assert_close(y.float(), ref.float(), rtol=0, atol=16 * 2.0**-11 * k ** 0.5 * term)
 
 
 def _gptq_act_order(n=96, k=256, g=64, seed=0):
@@ -68,7 +62,7 @@ def test_cuda_forward_matches_reference_and_moves():
     ref = mg.reference.matmul(x.cuda(), q.cuda(), s.cuda(), z.cuda(), group_size=64, bits=4, g_idx=g_idx.cuda(),
                               bias=bias.cuda())
     assert _rel(y, ref) <= 2e-3 and _rel(y.cpu(), y_cpu) <= 2e-3
-    _elementwise(y, ref, 256)
+    assert_elementwise(y, ref, 256)
 
 
 @GPU

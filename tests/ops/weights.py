@@ -1,12 +1,12 @@
 """Random quantized weights for the ops tests, in canonical and checkpoint form."""
 from __future__ import annotations
 
-import math
 import zlib
 
 import torch
 
 import mixed_gemm as mg
+from tolerance import assert_elementwise
 
 # (name, format, bits, symmetric)
 SCHEMES = (
@@ -34,19 +34,12 @@ def seed_of(*parts) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-_EPS = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
-ELEMENT_SLACK = 16  # rounding steps allowed per element: dequantized terms, fp32 sums, output rounding
-
-
 def rel_err(y: torch.Tensor, ref: torch.Tensor, k: int | None = None) -> float:
     """Norm-wise relative error of ``y`` against the float32 ``ref``; with ``k`` (the reduction
-    length) also asserts every element is within ``atol = ELEMENT_SLACK * eps * sqrt(K) * t``, where
-    ``t = rms(ref) / sqrt(K)`` is the size of one product term for random data: a dot product of K
-    rounded terms errs like sqrt(K) terms' rounding, and one wrong element cannot hide in the norm."""
+    length) also asserts every element is close (:func:`tolerance.assert_elementwise`): one wrong
+    element cannot hide in the norm."""
     assert not torch.isnan(y).any(), "output has NaN: an element was never written (or inf/nan math)"
     ref = ref.float()
-    if k is not None and ref.numel():
-        term = ref.pow(2).mean().sqrt().item() / math.sqrt(k)
-        atol = ELEMENT_SLACK * _EPS[y.dtype] * math.sqrt(k) * term + 1e-6
-        torch.testing.assert_close(y.float(), ref, rtol=0, atol=atol)
+    if k is not None:
+        assert_elementwise(y, ref, k)
     return ((y.float() - ref).norm() / ref.norm()).item()

@@ -23,7 +23,8 @@ class Sm80Launcher:
         self.mode = config.split_k_mode if config.split_k > 1 else "none"
         self.mode_id = SPLIT_K_MODES[self.mode]
         self.log_tile = config.swizzle.bit_length() - 1
-        self._blocks = {}  # weight launch_key -> (argument block, its pointer array's address)
+        self.bm, self.swizzle = config.tile[0], config.swizzle
+        self._blocks = {}  # weight launch_key -> (argument block, its pointer array's address, grid y, grid z)
 
     def _block(self, w):
         """The argument block of weight ``w``: every field that depends only on the weight is
@@ -34,14 +35,18 @@ class Sm80Launcher:
         args.n, args.k, args.n_pad, args.k16, args.lda, args.ldc = n, k, n_pad, k16, k, n
         args.group_shift, args.num_groups = group_shift, num_groups
         args.split_mode, args.log_tile = self.mode_id, self.log_tile
-        blk = self._blocks[w.launch_key] = (args, argv)
+        # The grid's y (column-tile groups) and z (slices) depend on the weight only; x depends on M.
+        _, grid_y, grid_z = self.config.grid(1, n_pad)
+        blk = self._blocks[w.launch_key] = (args, argv, grid_y, grid_z)
         return blk
 
     def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
         config, dev, mode = self.config, self.device_index, self.mode
-        bm, bn, _ = config.tile
-        t = config.swizzle  # CUTLASS's identity swizzle, as Sm80Config.grid
-        grid = (-(-m // bm) * t, -(-(-(-w.n_pad // bn)) // t), config.split_k)
+        blk = self._blocks.get(w.launch_key)
+        if blk is None:
+            blk = self._block(w)
+        a, argv, grid_y, grid_z = blk
+        grid = (-(-m // self.bm) * self.swizzle, grid_y, grid_z)  # as Sm80Config.grid
         ws = sem = 0
         if mode == "serial" or mode == "fused":
             ws = workspace(dev, stream, m * w.n * (config.split_k if mode == "fused" else 1))
@@ -49,10 +54,6 @@ class Sm80Launcher:
         elif mode == "parallel":
             ws = workspace(dev, stream, config.split_k * m * w.n)
         gemm = self.gemm
-        blk = self._blocks.get(w.launch_key)
-        if blk is None:
-            blk = self._block(w)
-        a, argv = blk
         with gemm.lock:
             a.a = x.data_ptr()
             a.bias = 0 if bias is None else bias.data_ptr()
