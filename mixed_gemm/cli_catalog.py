@@ -23,7 +23,8 @@ def run_build(args: argparse.Namespace) -> int:
 
     items = catalog(args.filter)
     specs = [fam.build_spec(c) for fam, c in items]
-    paths = build_many([(name, source(), dict(arch_flags=arch, template_dirs=dirs)) for name, source, arch, dirs in specs],
+    paths = build_many([(name, source(), dict(arch_flags=arch, template_dirs=dirs, output=fam.output))
+                        for (fam, _), (name, source, arch, dirs) in zip(items, specs)],
                        jobs=args.jobs, progress=not args.quiet)
     for (name, *_), p in zip(specs, paths):
         if not args.quiet:

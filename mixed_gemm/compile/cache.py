@@ -1,7 +1,7 @@
-"""Content-addressed on-disk cache of compiled fatbins.
+"""Content-addressed on-disk cache of compiled fatbins and kernel shared libraries.
 
-An entry is ``cache_dir()/<name>-<key[:16]>/`` with ``<name>.cu``, ``<name>.fatbin`` and
-``meta.json``. ``meta.json`` is written last and records the fatbin's sha256, so an entry is
+An entry is ``cache_dir()/<name>-<key[:16]>/`` with ``<name>.cu``, the binary (``<name>.fatbin``
+or ``<name>.so``) and ``meta.json``. ``meta.json`` is written last and records the binary's sha256, so an entry is
 either complete and verified or rebuilt: a crash, a full disk or a concurrent writer can leave
 junk behind but never a hit on it (which is also why no fsync is needed).
 """
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from .. import _paths
 from .errors import BuildError
-from .nvcc import compile_fatbin, compile_flags, cutlass_version, find_nvcc, key_flags, nvcc_version
+from .nvcc import compile_fatbin, compile_flags, cutlass_version, find_nvcc, key_flags, nvcc_version, output_suffix
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _read_valid(entry: Path, name: str, key: str, tools: Optional[dict]) -> bool:
+def _read_valid(entry: Path, binary: Path, name: str, key: str, tools: Optional[dict]) -> bool:
     """True when meta.json parses, matches ``name``/``key`` (and ``tools``, the installed toolchain,
-    unless None), and the fatbin's bytes match it."""
+    unless None), and the binary's bytes match it."""
     try:
         meta = json.loads((entry / "meta.json").read_bytes())
-        data = (entry / f"{name}.fatbin").read_bytes()
+        data = binary.read_bytes()
     except (OSError, ValueError):
         return False
     return (
@@ -112,7 +112,8 @@ def _read_valid(entry: Path, name: str, key: str, tools: Optional[dict]) -> bool
     )
 
 
-def _build_entry(entry: Path, name: str, key: str, source: str, flags: list[str], tools: dict) -> Path:
+def _build_entry(entry: Path, binary: Path, name: str, key: str, source: str, flags: list[str],
+                 tools: dict) -> Path:
     entry.mkdir(parents=True, exist_ok=True)
     meta_path = entry / "meta.json"
     # Drop the old meta first: from here until the new one lands the entry must read as invalid.
@@ -127,14 +128,13 @@ def _build_entry(entry: Path, name: str, key: str, source: str, flags: list[str]
     if not same:  # rewriting identical text would only churn mtimes seen by editors and tools
         _atomic_write(src, src_bytes)
 
-    fatbin = entry / f"{name}.fatbin"
-    tmp = _tmp_path(fatbin)
+    tmp = _tmp_path(binary)
     try:
         compile_fatbin(src, tmp, flags)
         data = tmp.read_bytes()
         if not data:
-            raise BuildError(f"nvcc exited 0 but wrote an empty fatbin for {src}", source_path=src)
-        os.replace(tmp, fatbin)
+            raise BuildError(f"nvcc exited 0 but wrote an empty {binary.suffix} for {src}", source_path=src)
+        os.replace(tmp, binary)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -148,7 +148,7 @@ def _build_entry(entry: Path, name: str, key: str, source: str, flags: list[str]
         "size": len(data),
     }
     _atomic_write(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
-    return fatbin
+    return binary
 
 
 def build_fatbin(
@@ -158,8 +158,10 @@ def build_fatbin(
     arch_flags: Sequence[str],
     template_dirs: Optional[Sequence[str]] = None,
     extra_flags: Sequence[str] = (),
+    output: str = "fatbin",
 ) -> Path:
-    """Compile ``source`` (CUDA C++ text) for ``arch_flags`` to a fatbin, or return the cached one.
+    """Compile ``source`` (CUDA C++ text) for ``arch_flags`` to a fatbin (``output="shared"``: a
+    shared library), or return the cached one.
 
     ``name`` names the entry and its files (letters, digits, ``_.-``); ``template_dirs`` are the
     folders of ``templates/`` the source includes (they feed the key; None: all). A verified entry
@@ -169,27 +171,27 @@ def build_fatbin(
     """
     if not _NAME_RE.fullmatch(name):
         raise ValueError(f"kernel name {name!r} must match {_NAME_RE.pattern}")
-    key = cache_key(source, key_flags(extra_flags, arch_flags=arch_flags), template_dirs)
+    key = cache_key(source, key_flags(extra_flags, arch_flags=arch_flags, output=output), template_dirs)
     root = _paths.cache_dir()
     entry = root / f"{name}-{key[:16]}"
-    fatbin = entry / f"{name}.fatbin"
+    binary = entry / f"{name}{output_suffix(output)}"
     tools, missing = toolchain()
 
     # Lock-free fast path: meta.json is written last and verified against the fatbin's bytes, so a
     # reader racing a writer sees either a verified entry or a miss, never a half-written fatbin.
-    if _read_valid(entry, name, key, tools):
-        return fatbin
+    if _read_valid(entry, binary, name, key, tools):
+        return binary
     if tools is None:
         raise BuildError(f"{name}: no verified build in the kernel cache {root} and no toolchain to "
                          f"build one: {missing}")
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{entry.name}.lock")):
-        if _read_valid(entry, name, key, tools):  # another process built it while we waited
-            return fatbin
+        if _read_valid(entry, binary, name, key, tools):  # another process built it while we waited
+            return binary
         if entry.exists():
             log.info("rebuilding invalid cache entry %s", entry)
-        flags = compile_flags(extra_flags, arch_flags=arch_flags)
-        return _build_entry(entry, name, key, source, flags, tools)
+        flags = compile_flags(extra_flags, arch_flags=arch_flags, output=output)
+        return _build_entry(entry, binary, name, key, source, flags, tools)
 
 
 def build_many(

@@ -103,8 +103,20 @@ def cutlass_version() -> str:
     return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
 
 
-def _base_flags(output_kind: str, verbose: bool) -> list[str]:
-    flags = ["-std=c++17", "-O3", output_kind, "--expt-relaxed-constexpr", "-DNDEBUG"]
+# What nvcc writes: a fatbin (loaded with cuModuleLoadData) or a shared library (kernel plus host
+# code, loaded with ctypes: the CUTLASS 3.x families build their kernel parameters on the host).
+OUTPUTS = {"fatbin": (("--fatbin",), ".fatbin"), "shared": (("--shared", "-Xcompiler=-fPIC"), ".so")}
+
+
+def output_suffix(output: str) -> str:
+    if output not in OUTPUTS:
+        raise ValueError(f"output: must be one of {tuple(OUTPUTS)}, got {output!r}")
+    return OUTPUTS[output][1]
+
+
+def _base_flags(output: str, verbose: bool) -> list[str]:
+    output_suffix(output)
+    flags = ["-std=c++17", "-O3", *OUTPUTS[output][0], "--expt-relaxed-constexpr", "-DNDEBUG"]
     if verbose:
         flags.append("-Xptxas=-v")  # per-kernel register/spill report on stderr
     return flags
@@ -114,18 +126,18 @@ def _include_flags() -> list[str]:
     return [f"-I{cutlass_include_dir()}", f"-I{_paths.templates_dir()}"]
 
 
-def key_flags(extra: Sequence[str] = (), *, arch_flags: Sequence[str]) -> list[str]:
+def key_flags(extra: Sequence[str] = (), *, arch_flags: Sequence[str], output: str = "fatbin") -> list[str]:
     """The flags that feed the cache key: :func:`compile_flags` without the include directories
     (so no toolchain is needed to compute it)."""
-    return _base_flags("--fatbin", False) + list(arch_flags) + list(extra)
+    return _base_flags(output, False) + list(arch_flags) + list(extra)
 
 
 def compile_flags(
-    extra: Sequence[str] = (), *, arch_flags: Sequence[str], verbose: bool = False
+    extra: Sequence[str] = (), *, arch_flags: Sequence[str], verbose: bool = False, output: str = "fatbin"
 ) -> list[str]:
-    """Full nvcc flag list for a fatbin build (everything but ``-o`` and the source file).
+    """Full nvcc flag list for a build (everything but ``-o`` and the source file).
     ``arch_flags`` (``-gencode=...``) belong to the kernel family being built."""
-    return _base_flags("--fatbin", verbose) + _include_flags() + list(arch_flags) + list(extra)
+    return _base_flags(output, verbose) + _include_flags() + list(arch_flags) + list(extra)
 
 
 def _run_nvcc(cmd: list[str], source_path: Path) -> str:
@@ -181,7 +193,7 @@ def compile_cubin(
     """
     source_path = Path(source_path)
     out = Path(out_path) if out_path is not None else source_path.with_suffix(f".{arch}.cubin")
-    flags = _base_flags("--cubin", verbose) + _include_flags() + [f"-arch={arch}", *extra]
+    flags = ["-std=c++17", "-O3", "--cubin", "--expt-relaxed-constexpr", "-DNDEBUG"] + (["-Xptxas=-v"] if verbose else []) + _include_flags() + [f"-arch={arch}", *extra]
     cmd = [str(find_nvcc()), *flags, "-o", str(out), str(source_path)]
     _run_nvcc(cmd, source_path)
     return out

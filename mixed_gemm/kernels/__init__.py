@@ -10,12 +10,15 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
-from . import dequant_mm, sm80
+from . import dequant_mm, sm80, sm90a
 from .base import OK, Family, Problem, Verdict, compute_capability
 
-FAMILIES: Tuple[Family, ...] = (sm80.FAMILY, dequant_mm.FAMILY)
-# The weight layouts families read, by name (one layout module per name).
-LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout}
+FAMILIES: Tuple[Family, ...] = (sm90a.FAMILY, sm80.FAMILY, dequant_mm.FAMILY)
+# The weight layouts families read, by name (one layout module per name). The first is the
+# primary one: a PackedWeight always holds it (it is exactly invertible to the canonical weight);
+# GPUs whose families read others get those as extra copies (see layout_for).
+LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout, sm90a.layout.NAME: sm90a.layout}
+PRIMARY_LAYOUT = sm80.layout.NAME
 LEGACY_FAMILY = "sm80"  # a schedule without "family:" (profile format 1, old overrides)
 
 _BY_NAME = {f.name: f for f in FAMILIES}
@@ -64,15 +67,28 @@ def available(device_index: int) -> List[Tuple[Family, Verdict]]:
     return [(f, f.supports(device_index)) for f in FAMILIES]
 
 
+def layout_names(layout: str) -> Tuple[str, ...]:
+    """The layouts a (possibly combined, ``"sm80+sm90a"``) layout string names, checked: the
+    primary layout first, each known, no repeats."""
+    names = tuple(layout.split("+")) if isinstance(layout, str) else ()
+    if not names or names[0] != PRIMARY_LAYOUT or len(set(names)) != len(names) or \
+            any(n not in LAYOUTS for n in names) or len(names) > 2:
+        raise ValueError(f"layout: must be {PRIMARY_LAYOUT!r} optionally followed by '+' and one other of "
+                         f"{tuple(LAYOUTS)} (e.g. 'sm80+sm90a'), got {layout!r}")
+    return names
+
+
 def layout_for(device_index: Optional[int]) -> str:
-    """The layout prepack uses on a device: that of the first family (in priority order) that
-    runs there; on the CPU (``None``) or where none runs, the first family's."""
+    """The layout string prepack uses on a device: the primary layout, plus the layout of every
+    family that runs there and reads another (on the H100: ``"sm80+sm90a"``, two copies of the
+    weight until one layout serves all families). On the CPU (``None``): the primary layout."""
+    names = [PRIMARY_LAYOUT]
     if device_index is not None:
         for f, (ok, _) in available(device_index):
-            if ok:
-                return f.layout
-    return FAMILIES[0].layout
+            if ok and f.layout not in names:
+                names.append(f.layout)
+    return "+".join(names)
 
 
-__all__ = ["FAMILIES", "LAYOUTS", "OK", "Family", "Problem", "Verdict", "available", "compute_capability",
+__all__ = ["FAMILIES", "LAYOUTS", "OK", "PRIMARY_LAYOUT", "layout_names", "Family", "Problem", "Verdict", "available", "compute_capability",
            "family", "family_of", "layout_for", "parse_schedule", "qualified", "split_schedule"]

@@ -27,7 +27,7 @@ class Problem:
     bits: int
     zero_mode: str      # "sym" | "int" | "float" | "offset"
     group_size: int     # K for per-channel
-    layout: str         # the weight layout the PackedWeight holds
+    layout: str         # the weight layouts the PackedWeight holds ("sm80" or "sm80+sm90a")
 
     @property
     def kind(self) -> dict:
@@ -55,6 +55,7 @@ class Family:
     layout: str = ""                      # the weight layout it reads (see kernels.layouts())
     arch_flags: Tuple[str, ...] = ()      # nvcc -gencode flags of its fatbins
     template_dirs: Tuple[str, ...] = ()   # folders of templates/ its sources include (feed the cache key)
+    output: str = "fatbin"                # what nvcc builds: "fatbin" or "shared" (kernel + host code, ctypes)
     min_capability: Tuple[int, int] = (8, 0)
     max_capability: Tuple[int, int] = (99, 9)
 
@@ -73,8 +74,8 @@ class Family:
     def can_implement(self, config, problem: Problem) -> Verdict:
         """Can ``config`` (one of this family's) compute ``problem``? Layout and weight kind here;
         families add their own rules."""
-        if problem.layout != self.layout:
-            return False, f"reads the {self.layout!r} weight layout, the weight is in {problem.layout!r}"
+        if self.layout not in problem.layout.split("+"):
+            return False, f"reads the {self.layout!r} weight layout, the weight holds {problem.layout!r}"
         if (config.dtype, config.bits, config.zero_mode) != (problem.dtype, problem.bits, problem.zero_mode):
             return False, (f"{config.name} is for {config.dtype}/{config.bits}-bit/{config.zero_mode} weights, "
                            f"this weight is {problem.dtype}/{problem.bits}-bit/{problem.zero_mode}")

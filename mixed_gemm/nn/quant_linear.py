@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..formats import quantize
-from ..kernels import LAYOUTS
+from ..kernels import LAYOUTS, layout_names
 from ..ops import PackedWeight, matmul, packed_view, prepack
 from ..reference import dequantize as reference_dequantize
 
@@ -22,8 +22,9 @@ class QuantLinear(nn.Module):
 
     Buffers (all in ``state_dict``): ``b`` int32 atoms, ``scales`` and ``zeros`` (``None`` when
     symmetric) ``(num_groups, N_pad)`` in the activation dtype, ``perm`` (GPTQ act-order K
-    permutation, else ``None``), ``bias`` (``(N,)`` or ``None``). ``load_state_dict`` expects a
-    module built with the same arguments.
+    permutation, else ``None``), ``bias`` (``(N,)`` or ``None``); with ``layout="sm80+sm90a"``
+    (what prepack picks on the H100) also ``aux_b``, ``aux_scales``, ``aux_zeros``: the second copy
+    in the sm90a layout. ``load_state_dict`` expects a module built with the same arguments.
 
     ``forward`` on CUDA runs :func:`mixed_gemm.matmul` (under ``torch.compile`` through the custom
     op ``torch.ops.mixed_gemm.matmul``). On the CPU it computes the float32 reference
@@ -41,14 +42,16 @@ class QuantLinear(nn.Module):
         self.bits, self.zero_mode, self.format = bits, zero_mode, format
         self.group_size = group_size  # as given: -1 (per-channel) or the checkpoint's group size
         groups = 1 if group_size == -1 else _ceil(in_features, group_size)
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout: must be one of {tuple(LAYOUTS)}, got {layout!r}")
+        names = layout_names(layout)
         self.layout = layout
-        b_shape, p_shape = LAYOUTS[layout].shapes(out_features, in_features, bits, groups)
+        b_shape, p_shape = LAYOUTS[names[0]].shapes(out_features, in_features, bits, groups)
         kw = dict(device=device)
         self.register_buffer("b", torch.empty(b_shape, dtype=torch.int32, **kw))
         self.register_buffer("scales", torch.empty(p_shape, dtype=dtype, **kw))
         self.register_buffer("zeros", None if zero_mode == "sym" else torch.empty(p_shape, dtype=dtype, **kw))
+        aux_shapes = LAYOUTS[names[1]].shapes(out_features, in_features, bits, groups) if len(names) > 1 else None
+        for name, shape, dt in (("aux_b", 0, torch.int32), ("aux_scales", 1, dtype), ("aux_zeros", 1, dtype)):
+            self.register_buffer(name, None if aux_shapes is None else torch.empty(aux_shapes[shape], dtype=dt, **kw))
         self.register_buffer("perm", torch.empty(in_features, dtype=torch.int64, **kw) if act_order else None)
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype, **kw) if bias else None)
         self._pw: Optional[PackedWeight] = None
@@ -66,6 +69,8 @@ class QuantLinear(nn.Module):
                   zero_mode=w.zero_mode, bias=bias is not None, act_order=w.perm is not None, format=format,
                   dtype=w.dtype, device="meta", layout=w.layout)
         mod.b, mod.scales, mod.zeros, mod.perm = w.b, w.scales, w.zeros, w.perm
+        if w.aux:
+            mod.aux_b, mod.aux_scales, mod.aux_zeros = w.aux
         mod.bias = None if bias is None else bias.detach().to(device=w.device, dtype=w.dtype)
         return mod
 
@@ -103,11 +108,15 @@ class QuantLinear(nn.Module):
         """The PackedWeight over this module's current buffers (rebuilt after ``.to()`` / loading)."""
         pw, buf = self._pw, self._buffers  # _buffers directly: nn.Module.__getattr__ is slow on a hot path
         if pw is None or pw.b is not buf["b"] or pw.scales is not buf["scales"] or pw.zeros is not buf["zeros"] \
-                or pw.perm is not buf["perm"]:
+                or pw.perm is not buf["perm"] or (pw.aux and pw.aux[0] is not buf["aux_b"]):
             g = self.in_features if self.group_size == -1 or self.scales.shape[0] == 1 else self.group_size
             pw = self._pw = packed_view(self.b, self.scales, self.zeros, self.perm, self.out_features,
-                                        self.in_features, self.bits, g, self.zero_mode, self.layout)
+                                        self.in_features, self.bits, g, self.zero_mode, self.layout, self._aux())
         return pw
+
+    def _aux(self) -> list:
+        buf = self._buffers
+        return [] if buf["aux_b"] is None else [buf["aux_b"], buf["aux_scales"], buf["aux_zeros"]]
 
     def dense_weight(self) -> torch.Tensor:
         """The float32 ``(N, K)`` weight of the reference, in the original K order (cached)."""
@@ -129,7 +138,7 @@ class QuantLinear(nn.Module):
                 g = self.in_features if self.group_size == -1 or buf["scales"].shape[0] == 1 else self.group_size
                 return torch.ops.mixed_gemm.matmul(x, buf["b"], buf["scales"], buf["zeros"], buf["perm"], buf["bias"],
                                                    self.out_features, self.in_features, self.bits, g, self.zero_mode,
-                                                   self.layout)
+                                                   self.layout, self._aux())
             return matmul(x, self.packed(), bias=self._buffers["bias"])
         w = self.dense_weight().to(x.device)
         bias = None if self.bias is None else self.bias.float()

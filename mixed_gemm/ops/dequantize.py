@@ -21,7 +21,7 @@ def dequantize(w: PackedWeight, *, out: Optional[torch.Tensor] = None) -> torch.
         raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
     if w.device.type != "cuda":
         raise ValueError(f"w: must be on a CUDA device, got {w.device}")
-    if w.layout != dequant_mm.FAMILY.layout:
+    if dequant_mm.FAMILY.layout not in w.layouts:
         raise ValueError(f"w: the dequantize kernel reads the {dequant_mm.FAMILY.layout!r} layout, "
                          f"this weight is in {w.layout!r}")
     shape = (w.n, w.k)

@@ -45,8 +45,8 @@ def _check_bias(bias, w: PackedWeight) -> None:
     if bias.device != w.device or bias.dtype != w.dtype or tuple(bias.shape) != (w.n,):
         _fail(ValueError, f"bias: expected a {w.dtype} ({w.n},) tensor on {w.device}, "
                           f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
-    if not bias.is_contiguous() or bias.data_ptr() % 4:
-        _fail(ValueError, "bias: must be contiguous and 4-byte aligned")
+    if not bias.is_contiguous() or bias.data_ptr() % 16:
+        _fail(ValueError, "bias: must be contiguous and 16-byte aligned (the sm90a epilogue loads it in 16-byte units)")
 
 
 def matmul(
@@ -72,8 +72,8 @@ def matmul(
 
     ``x``: ``(..., K)`` in the weight's dtype (float16 or bfloat16), contiguous, 16-byte aligned, on
     the weight's CUDA device; any number of rows ``M >= 0``. Returns ``(..., N)`` in that dtype;
-    fp32 accumulation. ``bias``: ``(N,)`` in that dtype. ``out``: optional contiguous result
-    tensor (no allocation). Rules on ``N``/``K``/``group_size`` are those of :func:`prepack`.
+    fp32 accumulation. ``bias``: ``(N,)`` in that dtype, 16-byte aligned. ``out``: optional
+    contiguous, 16-byte aligned result tensor (no allocation). Rules on ``N``/``K``/``group_size`` are those of :func:`prepack`.
     ``config`` forces a kernel configuration of any family (sweeps, debugging); its dtype, bits and
     zero mode must match the weight. Otherwise the kernel comes from ``$MIXED_GEMM_SCHEDULE``, the
     GPU's profile, else the families' heuristics (:func:`mixed_gemm.select.choose`), once per weight
@@ -100,8 +100,9 @@ def matmul(
         y = x.new_empty(shape)  # x has the weight's dtype and device (checked)
     else:
         if not isinstance(out, torch.Tensor) or out.device != x.device or out.dtype != w.dtype \
-                or tuple(out.shape) != shape or not out.is_contiguous() or out.data_ptr() % 4:
-            _fail(ValueError, f"out: expected a contiguous {w.dtype} tensor of shape {shape} on {x.device}")
+                or tuple(out.shape) != shape or not out.is_contiguous() or out.data_ptr() % 16:
+            _fail(ValueError, f"out: expected a contiguous, 16-byte aligned {w.dtype} tensor of shape {shape} on "
+                              f"{x.device} (TMA stores the sm90a kernels' output in 16-byte units)")
         y = out
     if m == 0:
         return y

@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..formats import make_g_idx, unpack
-from ..kernels import LAYOUTS, layout_for
+from ..kernels import LAYOUTS, layout_for, layout_names
 from ..kernels.common import ATOM_N, PER_CHANNEL_SHIFT
 
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -17,9 +17,12 @@ KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 class PackedWeight:
     """A quantized ``(N, K)`` weight prepared for :func:`mixed_gemm.matmul`.
 
-    ``layout`` names the weight layout the tensors are in (``"sm80"``: see
-    :mod:`mixed_gemm.kernels.sm80.layout` for the exact contract); the families that read it can
-    run this weight. One copy per device. Tensors (all on one device):
+    ``layout`` names the weight layouts held: ``"sm80"`` (the tensors below; see
+    :mod:`mixed_gemm.kernels.sm80.layout` for the exact contract), or ``"sm80+sm90a"`` where the
+    GPU runs the Hopper family too: then ``aux`` holds a second copy in the ``sm90a`` layout
+    (:mod:`mixed_gemm.kernels.sm90a.layout`: ``(b, scales, additive zeros)``), about the weight's
+    size again. The families that read one of the held layouts can run this weight. Tensors (all
+    on one device):
 
     - ``b``: int32 atoms ``(N_pad/64, K_pad/16, 128 * bits / 4)``, ``N_pad = ceil(N/64)*64``,
       ``K_pad = ceil(K/16)*16``;
@@ -45,6 +48,7 @@ class PackedWeight:
     zero_mode: str = "int"
     perm: Optional[torch.Tensor] = None
     layout: str = "sm80"
+    aux: Tuple[torch.Tensor, ...] = ()
     # Derived once (the hot path reads them on every call; the weight is frozen):
     device: torch.device = field(init=False, repr=False)
     dtype: torch.dtype = field(init=False, repr=False)
@@ -55,13 +59,17 @@ class PackedWeight:
     group_shift: int = field(init=False, repr=False)
     signature: Tuple = field(init=False, repr=False)   # what selection depends on (with M's bucket)
     launch_key: Tuple = field(init=False, repr=False)  # what a kernel's argument block depends on
+    aux_key: Tuple = field(init=False, repr=False)     # the same for the aux copy (empty without)
+    aux_n_pad: int = field(init=False, repr=False)     # rows of the aux copy's tensors
 
     def __post_init__(self):
         put = object.__setattr__
         if self.zeros is None:
             put(self, "zero_mode", "sym")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout: must be one of {tuple(LAYOUTS)}, got {self.layout!r}")
+        names = layout_names(self.layout)
+        if len(self.aux) != 3 * (len(names) - 1):
+            raise ValueError(f"aux: layout {self.layout!r} needs {3 * (len(names) - 1)} aux tensors "
+                             f"(b, scales, zeros of the second layout), got {len(self.aux)}")
         if self.scales.dtype not in KERNEL_DTYPES:
             raise TypeError(f"scales: must be float16 or bfloat16 (the activation dtype), got {self.scales.dtype}")
         num_groups = self.scales.shape[0]
@@ -76,10 +84,23 @@ class PackedWeight:
         put(self, "launch_key", (self.b.data_ptr(), self.scales.data_ptr(),
                                  0 if self.zeros is None else self.zeros.data_ptr(), self.n, self.k, self.n_pad,
                                  self.k16, self.group_shift, self.num_groups))
+        put(self, "aux_key", tuple(t.data_ptr() for t in self.aux) + ((self.n, self.k) if self.aux else ()))
+        put(self, "aux_n_pad", self.aux[1].shape[1] if self.aux else 0)
+
+    @property
+    def layouts(self) -> Tuple[str, ...]:
+        """The layouts held, primary first."""
+        return tuple(self.layout.split("+"))
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of every tensor held (both copies where there are two)."""
+        tensors = (self.b, self.scales, self.zeros, self.perm) + tuple(self.aux)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def unpack(self):
         """The canonical ``(q, s, z)`` back, in the kernel's (possibly act-order permuted) K order."""
-        return LAYOUTS[self.layout].unpack(self.b, self.scales, self.zeros, self.bits, self.n, self.k)
+        return LAYOUTS[self.layouts[0]].unpack(self.b, self.scales, self.zeros, self.bits, self.n, self.k)
 
     def __repr__(self) -> str:
         return (
@@ -108,9 +129,10 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     integer zero points, ``w = (q - z) s``; ``"float"`` any float zero point, same formula (HQQ);
     ``"offset"``: ``w = q s + m`` (GGUF Q4_1). The last two need ``format="plain"``.
     ``g_idx`` (GPTQ act-order): K is reordered once here so groups are contiguous; ``matmul``
-    reorders ``x`` the same way on every call. ``layout``: the weight layout to pack into;
-    ``"auto"`` takes the layout of the highest-priority kernel family that runs on the tensors'
-    device (:func:`mixed_gemm.kernels.layout_for`); one copy per device.
+    reorders ``x`` the same way on every call. ``layout``: the weight layouts to pack into
+    (``"sm80"`` or ``"sm80+sm90a"``); ``"auto"`` takes every layout a kernel family running on the
+    tensors' device reads (:func:`mixed_gemm.kernels.layout_for`): ``"sm80"`` on Ampere/Ada and
+    the CPU, ``"sm80+sm90a"`` on the H100 (two copies: about twice the packed bytes).
 
     Rules (each raises ``ValueError`` naming it): ``K`` is a multiple of 8 (rows of ``x`` are
     copied 16 bytes at a time); ``N`` is even (outputs are stored in pairs); ``group_size`` is -1
@@ -120,8 +142,8 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     """
     if dtype not in KERNEL_DTYPES:
         raise TypeError(f"dtype: must be torch.float16 or torch.bfloat16, got {dtype}")
-    if layout != "auto" and layout not in LAYOUTS:
-        raise ValueError(f"layout: must be 'auto' or one of {tuple(LAYOUTS)}, got {layout!r}")
+    if layout != "auto":
+        layout_names(layout)
     q, s, z = unpack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
                      zero_mode=zero_mode)
     n, k = q.shape
@@ -142,6 +164,8 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     mode = "sym" if z is None else zero_mode
     if layout == "auto":
         layout = layout_for(q.device.index if q.device.type == "cuda" else None)
-    b, sp, zp = LAYOUTS[layout].pack(q, s, z, bits, dtype)
+    names = layout_names(layout)
+    b, sp, zp = LAYOUTS[names[0]].pack(q, s, z, bits, dtype)
+    aux = tuple(LAYOUTS[names[1]].pack(q, s, z, bits, dtype, mode)) if len(names) > 1 else ()
     return PackedWeight(b=b, scales=sp, zeros=zp, n=n, k=k, bits=bits, group_size=g, zero_mode=mode, perm=perm,
-                        layout=layout)
+                        layout=layout, aux=aux)

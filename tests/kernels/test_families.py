@@ -4,8 +4,8 @@ import re
 import pytest
 
 from mixed_gemm.compile import build_fatbin, fatbin_targets, load_bytes
-from mixed_gemm.kernels import (FAMILIES, LAYOUTS, Problem, family, family_of, layout_for, parse_schedule,
-                                qualified, split_schedule)
+from mixed_gemm.kernels import (FAMILIES, LAYOUTS, PRIMARY_LAYOUT, Problem, family, family_of, layout_for,
+                                parse_schedule, qualified, split_schedule)
 from mixed_gemm.kernels.common import constant_checks
 from mixed_gemm.version import __version__
 
@@ -18,7 +18,7 @@ def _problem(fam, m=64, **kw):
 
 
 def test_registry_names_unique_and_lookup():
-    assert len(set(IDS)) == len(IDS) and IDS[0] == "sm80"
+    assert len(set(IDS)) == len(IDS) and IDS[0] == "sm90a"
     for fam in FAMILIES:
         assert family(fam.name) is fam and fam.layout in LAYOUTS
     with pytest.raises(ValueError, match="family: 'nope' is not one of"):
@@ -34,7 +34,9 @@ def test_catalog_names_schedules_and_sources(fam):
     names = [c.kernel_name for c in cat]
     assert len(set(names)) == len(names)
     for c in cat:
-        assert re.fullmatch(r"mg_[a-z0-9]+_(f16|bf16)_u(4|8)_z(sym|int|float|offset)(_\w+)?", c.kernel_name), c.kernel_name
+        # The zero mode is in the name where it is compiled in (sm90a folds it into the weight).
+        assert re.fullmatch(r"mg_[a-z0-9]+_(f16|bf16)_u(4|8)(_z(sym|int|float|offset))?(_\w+)?", c.kernel_name), \
+            c.kernel_name
         assert family_of(c) is fam and c.kernel == c.kernel.kernel
         again = parse_schedule(qualified(c), dtype=c.dtype, bits=c.bits, zero_mode=c.zero_mode)
         assert again == c and qualified(again) == f"{fam.name}:{c.schedule}"
@@ -82,8 +84,14 @@ def test_split_schedule_legacy_forms():
         split_schedule("sm99:t16x64x128_w1x1x4_s4")
 
 
-def test_layout_for_cpu_is_first_family():
-    assert layout_for(None) == FAMILIES[0].layout
+def test_layout_for_cpu_is_the_primary_layout(monkeypatch):
+    from mixed_gemm.kernels import base
+
+    assert layout_for(None) == PRIMARY_LAYOUT == "sm80"
+    monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    assert layout_for(0) == "sm80+sm90a"  # the H100: both copies
+    monkeypatch.setattr(base, "compute_capability", lambda i: (8, 9))
+    assert layout_for(0) == "sm80"
 
 
 @pytest.mark.nvcc
@@ -91,5 +99,16 @@ def test_layout_for_cpu_is_first_family():
 def test_compile_one_per_family(tmp_cache, fam):
     c = fam.catalog()[0]
     name, thunk, arch, dirs = fam.build_spec(c)
-    targets = fatbin_targets(load_bytes(build_fatbin(name, thunk(), arch_flags=arch, template_dirs=dirs)))
-    assert sorted(targets) == sorted(re.search(r",code=(\w+)", a).group(1) for a in arch)
+    path = build_fatbin(name, thunk(), arch_flags=arch, template_dirs=dirs, output=fam.output)
+    if fam.output == "fatbin":
+        targets = fatbin_targets(load_bytes(path))
+        assert sorted(targets) == sorted(re.search(r",code=(\w+)", a).group(1) for a in arch)
+    else:  # a kernel library: loads without a GPU and reports what it was built as
+        import ctypes
+
+        from mixed_gemm.kernels.sm90a import abi
+
+        assert path.suffix == ".so" and load_bytes(path)[:4] == b"\x7fELF"
+        info = abi.info(abi.bind(ctypes.CDLL(str(path))))
+        assert info["abi"] == abi.ABI_VERSION and info["bits"] == c.bits
+        assert (info["tile_m"], info["tile_n"], info["tile_k"]) == c.tile

@@ -72,7 +72,8 @@ def test_custom_op_opcheck():
                                                 format="awq", group_size=64)), format="awq", group_size=64)
     x = torch.randn(3, 256, device="cuda").half()
     bias = torch.randn(128, device="cuda").half()
-    args = (x, w.b, w.scales, w.zeros, w.perm, bias, w.n, w.k, w.bits, w.group_size, w.zero_mode, w.layout)
+    args = (x, w.b, w.scales, w.zeros, w.perm, bias, w.n, w.k, w.bits, w.group_size, w.zero_mode, w.layout,
+            list(w.aux))
     torch.library.opcheck(torch.ops.mixed_gemm.matmul.default, args)
     assert torch.equal(torch.ops.mixed_gemm.matmul(*args), mg.matmul(x, w, bias=bias))
 

@@ -92,7 +92,35 @@ def test_prepack_layout_argument():
     w = mg.prepack(q, s, None, format="plain", bits=4, group_size=-1)
     assert w.layout == "sm80"  # "auto" on the CPU: the first family's layout
     assert mg.prepack(q, s, None, format="plain", bits=4, group_size=-1, layout="sm80").layout == "sm80"
-    with pytest.raises(ValueError, match="layout: must be 'auto' or one of \\('sm80',\\), got 'hopper'"):
+    with pytest.raises(ValueError, match="layout: must be 'sm80' optionally followed by .* got 'hopper'"):
         mg.prepack(q, s, None, format="plain", bits=4, group_size=-1, layout="hopper")
     q2, s2, z2 = w.unpack()
     assert torch.equal(q2, q) and z2 is None
+
+
+def test_prepack_two_layouts_on_the_cpu_and_quant_linear_round_trip():
+    """``layout="sm80+sm90a"`` (what an H100 gets): the aux copy is the sm90a packing of the same
+    weight, unpack reads the primary copy exactly, and QuantLinear carries both in its state dict."""
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randint(0, 16, (96, 256), generator=gen, dtype=torch.uint8)
+    s = torch.rand(96, 2, generator=gen) + 0.5
+    z = torch.randint(0, 16, (96, 2), generator=gen).float()
+    w = mg.prepack(q, s, z, format="plain", bits=4, group_size=128, layout="sm80+sm90a")
+    assert w.layouts == ("sm80", "sm90a") and w.aux_n_pad == 96
+    b, sp, zp = w.aux
+    assert torch.equal(mg.kernels.sm90a.layout.unpack_b(b, 4, 96, 256), q)
+    assert torch.equal(sp[:, :96].t().float(), s.half().float())
+    expect = ((8 - z) * s.half().float()).half()
+    assert torch.equal(zp[:, :96].t(), expect)  # additive zero: (2^(bits-1) - z) s, rounded once
+    q2, s2, z2 = w.unpack()
+    assert torch.equal(q2, q) and torch.equal(z2.float(), z)
+    with pytest.raises(ValueError, match="aux: layout 'sm80\\+sm90a' needs 3 aux tensors"):
+        mg.ops.packed_view(w.b, w.scales, w.zeros, None, 96, 256, 4, 128, "int", "sm80+sm90a")
+    from mixed_gemm.nn import QuantLinear
+
+    lin = QuantLinear.from_packed(w)
+    sd = lin.state_dict()
+    assert {"aux_b", "aux_scales", "aux_zeros"} <= set(sd)
+    other = QuantLinear(256, 96, bits=4, group_size=128, layout="sm80+sm90a")
+    other.load_state_dict(sd)
+    assert other.packed().aux_key[-2:] == (96, 256) and torch.equal(other.aux_b, b)

@@ -1,0 +1,35 @@
+"""The sm90a schedules ``mixed-gemm profile`` tries for one problem: catalog tiles whose token
+tile M fills reasonably, their tile K compatible with the group size, and for cooperative kernels
+the stream-K scheduler's decompositions (data-parallel, stream-K, split-K factors) where the tiles
+leave SMs idle."""
+from __future__ import annotations
+
+from typing import List
+
+from .catalog import SHAPES
+
+SPLITS = (2, 3, 4, 6, 8)
+MIN_K_TILES = 4
+FROM_M = 33
+
+
+def candidate_schedules(m: int, n: int, k: int, group_size: int, sms: int, shapes=SHAPES) -> List[str]:
+    if m < FROM_M:
+        return []
+    out: List[str] = []
+    for (tm, tn, tk), kind, (cm, cn), stages in shapes:
+        if group_size != k and group_size % tk:
+            continue
+        # Token tiles far wider than M only multiply padding work; thin ones at large M re-read W.
+        if tn > max(16, 2 * m) or (m >= 512 and tn < 128) or (m >= 128 and tn < 64):
+            continue
+        base = f"t{tm}x{tn}x{tk}_{kind}_c{cm}x{cn}_s{stages}"
+        if kind == "pp":
+            out.append(base)
+            continue
+        out.append(base + "_dp")
+        tiles = -(-n // tm) * -(-m // tn)
+        if tiles < 2 * sms:
+            out.append(base + "_sk")
+            out += [f"{base}_split{s}" for s in SPLITS if -(-k // tk) // s >= MIN_K_TILES and tiles * s <= 4 * sms]
+    return out

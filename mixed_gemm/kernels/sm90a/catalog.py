@@ -1,0 +1,37 @@
+"""The sm90a family's default catalog: the compiled identities ``mixed-gemm build`` precompiles.
+
+Its rendered sources are checked into ``generated/``. Cooperative kernels are compiled with the
+stream-K tile scheduler, which also runs data-parallel and split-K (a launch-time choice), so one
+binary serves every decomposition of its tile; ping-pong kernels take the persistent scheduler
+(CUTLASS has no stream-K ping-pong)."""
+from __future__ import annotations
+
+from typing import List
+
+from ..common import DTYPES
+from .config import Sm90aConfig
+
+# (tile (TM weight rows, TN tokens, TK), kind, cluster, stages), from small M to large M.
+SHAPES = (
+    ((128, 16, 128), "coop", (1, 1), 0),    # M <= 16 rows of tokens: thin token tile
+    ((128, 32, 128), "coop", (1, 1), 0),
+    ((128, 64, 128), "coop", (1, 1), 0),    # M = 64: the weight streams once
+    ((128, 64, 64), "coop", (1, 1), 0),     # group 64 needs TK = 64
+    ((64, 64, 128), "pp", (1, 1), 0),       # twice the weight tiles of 128 x 64: fills 132 SMs
+    ((64, 128, 64), "pp", (1, 1), 0),
+    ((128, 128, 64), "coop", (1, 1), 0),
+    ((128, 128, 128), "coop", (1, 1), 0),
+    ((128, 128, 64), "coop", (2, 1), 0),    # activation tile multicast to two weight tiles
+    ((128, 256, 64), "coop", (1, 1), 0),    # prefill
+    ((256, 128, 64), "coop", (1, 1), 0),
+)
+BITS = (4, 8)
+
+
+def kernel_of(tile, kind, cluster, stages, *, dtype: str, bits: int) -> Sm90aConfig:
+    return Sm90aConfig(dtype=dtype, bits=bits, tile=tile, kind=kind, cluster=cluster, stages=stages,
+                       decomposition="sk" if kind == "coop" else "persistent").kernel
+
+
+def default_catalog() -> List[Sm90aConfig]:
+    return [kernel_of(*shape, dtype=dtype, bits=bits) for dtype in DTYPES for bits in BITS for shape in SHAPES]

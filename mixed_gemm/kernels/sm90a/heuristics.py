@@ -1,0 +1,43 @@
+"""The sm90a family's choice when no profile covers a problem, kept as data.
+
+Below ``FROM_M`` rows the sm80 family's decode kernels stream the weight faster (the wgmma token
+tile is at least 8 wide and the register-A pipeline has a longer prologue), so this family passes.
+From there on it takes every M: a token tile that M fills, and split-K when the weight tiles alone
+leave most SMs idle (a 4096-row weight is 32 tiles of 128 rows for 132 SMs).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from ..base import Problem
+from .config import Sm90aConfig
+
+FROM_M = 33
+# (max M, schedule with TK = 128, schedule with TK = 64 for groups that are not a multiple of 128)
+ROWS: Tuple[Tuple[int, str, str], ...] = (
+    (64, "t128x64x128_coop_c1x1_s0_dp", "t128x64x64_coop_c1x1_s0_dp"),
+    (128, "t128x128x128_coop_c1x1_s0_dp", "t128x128x64_coop_c1x1_s0_dp"),
+    (1 << 62, "t128x256x64_coop_c1x1_s0_dp", "t128x256x64_coop_c1x1_s0_dp"),
+)
+SPLIT_BELOW = 0.5       # split K when the tiles cover less than this share of the SMs
+MIN_K_TILES = 4         # k-tiles each split keeps at least
+
+
+def heuristic_config(problem: Problem, sms: int) -> Optional[Sm90aConfig]:
+    m, n, k, g = problem.m, problem.n, problem.k, problem.group_size
+    if m < FROM_M:
+        return None
+    for max_m, wide, narrow in ROWS:
+        if m <= max_m:
+            break
+    schedule = wide if (g == k or g % 128 == 0) else narrow
+    if g != k and g % 64:
+        return None  # group 32: no tile K divides it (TK >= 64); the sm80 family serves it
+    config = Sm90aConfig.from_schedule(schedule, **problem.kind)
+    tm, tn, tk = config.tile
+    tiles = -(-n // tm) * -(-m // tn)
+    if config.kind == "coop" and tiles < SPLIT_BELOW * sms:
+        splits = min(sms // tiles, -(-k // tk) // MIN_K_TILES, 16)
+        if splits > 1:
+            config = config.replace(decomposition="split", splits=splits)
+    return config
