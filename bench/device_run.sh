@@ -9,6 +9,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target $T .whl/*.w
 export MIXED_GEMM_CACHE_DIR=${MIXED_GEMM_CACHE_DIR:-$PWD/.kcache}
 # A kernel cache built earlier (same nvcc and CUTLASS) travels as kcache/*.tgz: entries verify and load.
 if [ -f kcache/kcache.tgz ] && [ ! -d "$MIXED_GEMM_CACHE_DIR" ]; then mkdir -p "$MIXED_GEMM_CACHE_DIR" && tar xzf kcache/kcache.tgz -C "$MIXED_GEMM_CACHE_DIR"; fi
+# sm90a kernel libraries (1 MB each, mostly the same static cudart: xz over the tar dedupes them).
+if [ -f kcache/kcache90.txz ]; then mkdir -p "$MIXED_GEMM_CACHE_DIR" && xz -dc kcache/kcache90.txz | tar xf - -C "$MIXED_GEMM_CACHE_DIR"; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -m mixed_gemm.cli info 2>&1 | tee "$OUT/info.txt"
 steps=${*:-tests bench-cli}
@@ -20,6 +22,16 @@ for step in $steps; do
     bench-dequant) python3 bench/bench_matmul.py --mode dequant --out "$OUT/bench-dequant.md" 2>&1 | tail -10 ;;
     bench-splitk) python3 bench/bench_matmul.py --mode splitk --ms 1,16 --out "$OUT/bench-splitk.md" 2>&1 | tail -20 ;;
     build) python3 -m mixed_gemm.cli build --quiet 2>&1 | tail -3 ;;
+    build-sm90a) timeout ${BUILD_TIMEOUT:-480} python3 -m mixed_gemm.cli build --filter ${BUILD_FILTER:-mg_sm90a} --jobs 16 \
+                   --quiet 2>&1 | tail -3 ;;
+    pack-sm90a) (cd "$MIXED_GEMM_CACHE_DIR" && tar cf - --exclude='*.lock' mg_sm90a_*) | xz -9 -T0 > "$OUT/kcache90.txz"
+                ls -la "$OUT/kcache90.txz" ;;
+    sm90a-tests) timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -x ${SM90A_TESTS:-tests/ops/test_sm90a_gpu.py} 2>&1 \
+                   | tee "$OUT/pytest-sm90a.log" | tail -25 ;;
+    profile-sm90a)  # the 8 Llama-3 shapes at the Ms, every family's candidates
+      timeout ${PROFILE_TIMEOUT:-300} python3 -m mixed_gemm.cli profile --model llama3-8b,llama3-70b --ms ${PROFILE_MS:-64,256,4096} \
+        --dtype ${PROFILE_DTYPE:-f16} --out "$OUT/h100-90.json" --no-merge --quiet 2>&1 | tail -5
+      echo "profile exit: $?" ;;
     pack-cache) tar czf "$OUT/kcache.tgz" -C "$MIXED_GEMM_CACHE_DIR" --exclude='*.lock' . && ls -la "$OUT/kcache.tgz" ;;
     serving-tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -x tests/integrations/test_compiled_generation_gpu.py \
                      tests/ops/test_families_gpu.py tests/nn 2>&1 | tee "$OUT/pytest-serving.log" | tail -25 ;;

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _versions
-from ..kernels import Problem, parse_schedule
+from ..kernels import Problem, layout_for, parse_schedule
 from ..select.profiles import Profile, default_profile_path
 from ..version import __version__
 from .candidates import candidate_schedules
@@ -36,7 +36,7 @@ class SweepSpec:
     group_size: int = 128
     zero_mode: str = "int"                         # "int" | "sym" | "float" | "offset"
     schedules: Optional[List[str]] = None          # fixed candidate list (default: each family's candidates)
-    layout: str = "sm80"                           # the weight layout the sweep packs
+    layout: str = "auto"                           # the weight layouts the sweep packs (prepack's "auto")
     out: Optional[Path] = None                     # default: the user profile of this GPU
     merge: bool = True                             # keep the existing profile's other entries
     fresh: bool = False                            # ignore a partial sweep instead of resuming
@@ -89,6 +89,8 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     partial.parent.mkdir(parents=True, exist_ok=True)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
     gs = spec.group_size
+    if spec.layout == "auto":
+        spec.layout = layout_for(torch.cuda.current_device())
     plan = [(label, n, k, m, candidate_schedules(
                 Problem(m=m, n=n, k=k, dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode,
                         group_size=k if gs == -1 else gs, layout=spec.layout),

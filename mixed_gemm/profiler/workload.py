@@ -5,8 +5,7 @@ from typing import List
 
 import torch
 
-from ..kernels import LAYOUTS
-from ..ops import PackedWeight
+from ..ops import PackedWeight, prepack
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -18,8 +17,9 @@ def packed_bytes(n: int, k: int, bits: int, group_size: int, zeros: bool = True)
 
 
 def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero_mode: str = "int",
-                   dtype: str = "f16", copies: int = 1, layout: str = "sm80") -> List[PackedWeight]:
-    """``copies`` PackedWeights with the same random contents in separate memory."""
+                   dtype: str = "f16", copies: int = 1, layout: str = "auto") -> List[PackedWeight]:
+    """``copies`` PackedWeights with the same random contents in separate memory (``layout`` as
+    :func:`mixed_gemm.prepack` takes it: ``"auto"`` packs what the GPU's families read)."""
     gs = k if group_size == -1 else group_size
     groups = -(-k // gs)
     td = TORCH_DTYPES[dtype]
@@ -32,12 +32,13 @@ def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero
         z = (torch.rand(n, groups, device="cuda") * (2**bits - 1)).to(td)
     elif zero_mode == "offset":
         z = (-torch.rand(n, groups, device="cuda") * 2**bits * s.float()).to(td)
-    b, sp, zp = LAYOUTS[layout].pack(q, s, z, bits, td)
+    w = prepack(q, s, z, format="plain", bits=bits, group_size=group_size, dtype=td, layout=layout,
+                zero_mode="int" if zero_mode == "sym" else zero_mode)
     del q
-    out = []
-    for i in range(copies):
-        out.append(PackedWeight(b=b if i == 0 else b.clone(), scales=sp if i == 0 else sp.clone(),
-                                zeros=None if zp is None else (zp if i == 0 else zp.clone()), n=n, k=k, bits=bits,
-                                group_size=gs, zero_mode="int" if zero_mode == "sym" else zero_mode,
-                                layout=layout))
+    out = [w]
+    clone = lambda t: None if t is None else t.clone()  # noqa: E731
+    for _ in range(copies - 1):
+        out.append(PackedWeight(b=w.b.clone(), scales=w.scales.clone(), zeros=clone(w.zeros), n=n, k=k, bits=bits,
+                                group_size=w.group_size, zero_mode=w.zero_mode, layout=w.layout,
+                                aux=tuple(t.clone() for t in w.aux)))
     return out

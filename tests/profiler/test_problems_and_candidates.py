@@ -34,7 +34,7 @@ def test_resolve_dedups_and_parses():
 
 
 def _problem(m, n, k):
-    return Problem(m=m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm80")
+    return Problem(m=m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm80+sm90a")
 
 
 @pytest.mark.parametrize("m", [1, 16, 64, 256, 4096])

@@ -8,7 +8,7 @@ from typing import List
 
 from .catalog import SHAPES
 
-SPLITS = (2, 3, 4, 6, 8)
+SPLITS = (2, 3, 4, 6)
 MIN_K_TILES = 4
 FROM_M = 33
 
