@@ -28,9 +28,12 @@ for step in $steps; do
                 ls -la "$OUT/kcache90.txz" ;;
     sm90a-tests) timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -x ${SM90A_TESTS:-tests/ops/test_sm90a_gpu.py} 2>&1 \
                    | tee "$OUT/pytest-sm90a.log" | tail -25 ;;
-    profile-sm90a)  # the 8 Llama-3 shapes at the Ms, every family's candidates
-      timeout ${PROFILE_TIMEOUT:-300} python3 -m mixed_gemm.cli profile --model llama3-8b,llama3-70b --ms ${PROFILE_MS:-64,256,4096} \
-        --dtype ${PROFILE_DTYPE:-f16} --out "$OUT/h100-90.json" --no-merge --quiet 2>&1 | tail -5
+    profile-merge)  # the 8 Llama-3 shapes at PROFILE_MS, every family's candidates, merged into a copy
+      # of the shipped profile ($OUT/h100.json; resumable from a carried profiles/h100.partial.jsonl)
+      [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
+      [ -f profiles/h100.partial.jsonl ] && cp profiles/h100.partial.jsonl "$OUT/"
+      timeout ${PROFILE_TIMEOUT:-300} python3 -m mixed_gemm.cli profile --model ${PROFILE_MODELS:-llama3-8b,llama3-70b} \
+        --ms ${PROFILE_MS:-64,256,4096} --dtype ${PROFILE_DTYPE:-f16} --out "$OUT/h100.json" --quiet 2>&1 | tail -5
       echo "profile exit: $?" ;;
     pack-cache) tar czf "$OUT/kcache.tgz" -C "$MIXED_GEMM_CACHE_DIR" --exclude='*.lock' . && ls -la "$OUT/kcache.tgz" ;;
     serving-tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -x tests/integrations/test_compiled_generation_gpu.py \
@@ -57,7 +60,7 @@ for step in $steps; do
         --no-merge --quiet 2>&1 | tail -5
       echo "profile exit: $?" ;;
     e2e) python3 bench/e2e_smollm2.py --out "$OUT" 2>&1 | grep -vE "Warning|warn" | tail -20 ;;
-    bench-cli) python3 -m mixed_gemm.cli bench --compare --plot "$OUT/bench.png" --out "$OUT/bench.md" \
+    bench-cli) python3 -m mixed_gemm.cli bench --compare --dtype ${BENCH_DTYPE:-f16} --plot "$OUT/bench.png" --out "$OUT/bench.md" \
                  --json "$OUT/bench.json" 2>&1 | tail -30 ;;
     sanitize)
       for tool in memcheck racecheck; do

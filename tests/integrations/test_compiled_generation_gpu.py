@@ -16,6 +16,9 @@ pytestmark = pytest.mark.gpu
 # Every launch path: fused / parallel (second kernel) / serial split-K, no split, dequant + cuBLAS.
 SCHEDULES = [None, "sm80:t16x64x128_w1x1x4_s4_kfused4", "sm80:t16x64x128_w1x1x4_s4_kparallel2",
              "sm80:t16x64x128_w1x1x4_s4_kserial2", "sm80:t64x128x64_w2x2x1_s4", "dequant_mm:dequant_mm"]
+if torch.cuda.is_available() and mg.kernels.compute_capability(0) == (9, 0):
+    # The Hopper family: ctypes-launched CUTLASS 3.x kernels, cached Params, split-K workspace memsets.
+    SCHEDULES += ["sm90a:t128x64x64_coop_c1x1_s0_split2", "sm90a:t64x128x64_pp_c1x1_s0"]
 
 
 def quantized_llama(layers=2, seed=0):

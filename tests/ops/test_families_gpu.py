@@ -23,9 +23,12 @@ def _weight(n=1024, k=2048, g=128, seed=0):
 
 def test_prepack_records_the_devices_layout():
     _, w = _weight()
-    assert w.layout == mg.kernels.layout_for(0) == "sm80"
-    assert "layout='sm80'" in repr(w)
-    assert [f.name for f, (ok, _) in available(0) if ok] == [f.name for f in FAMILIES]  # all run on sm_80+
+    hopper = mg.kernels.compute_capability(0) == (9, 0)
+    expect = "sm80+sm90a" if hopper else "sm80"
+    assert w.layout == mg.kernels.layout_for(0) == expect and len(w.aux) == (3 if hopper else 0)
+    assert f"layout='{expect}'" in repr(w)
+    runs = [f.name for f, (ok, _) in available(0) if ok]
+    assert runs == [f.name for f in FAMILIES if hopper or f.name != "sm90a"]  # the others run on sm_80+
 
 
 @pytest.mark.parametrize("fam", FAMILIES, ids=[f.name for f in FAMILIES])
@@ -48,7 +51,10 @@ def test_explain_names_family_schedule_and_source(monkeypatch):
         _, w = _weight(n=4096, k=4096)
         small, big = mg.explain(1, w), mg.explain(torch.empty(3000, 4096, device="cuda").half(), w)
         assert (small.family.name, small.source) == ("sm80", "heuristic") and small.schedule.startswith("sm80:t16x")
-        assert (big.family.name, big.schedule) == ("dequant_mm", "dequant_mm:dequant_mm")
+        if mg.kernels.compute_capability(0) == (9, 0):  # wgmma takes large M on the H100
+            assert big.family.name == "sm90a" and big.schedule.startswith("sm90a:t128x256x64_coop")
+        else:
+            assert (big.family.name, big.schedule) == ("dequant_mm", "dequant_mm:dequant_mm")
         assert mg.explain(1, w) is small  # the one selection cache: matmul reads the same entry
         with pytest.raises(TypeError, match="x_or_m"):
             mg.explain(0, w)
