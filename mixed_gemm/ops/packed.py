@@ -84,8 +84,9 @@ class PackedWeight:
         put(self, "launch_key", (self.b.data_ptr(), self.scales.data_ptr(),
                                  0 if self.zeros is None else self.zeros.data_ptr(), self.n, self.k, self.n_pad,
                                  self.k16, self.group_shift, self.num_groups))
-        put(self, "aux_key", tuple(t.data_ptr() for t in self.aux) + ((self.n, self.k) if self.aux else ()))
         put(self, "aux_n_pad", self.aux[1].shape[1] if self.aux else 0)
+        put(self, "aux_key", tuple(t.data_ptr() for t in self.aux)
+            + ((self.n, self.k, self.group_size, self.aux_n_pad) if self.aux else ()))
 
     @property
     def layouts(self) -> Tuple[str, ...]:

@@ -123,7 +123,8 @@ struct Gemm {
   // scales and zeros (a multiple of 16); k: the true K (x's row length; the weight is stored with
   // K rounded up to 16, and TMA zero-fills x beyond k, so the padding never reaches a sum).
   static Arguments make_args(const void* w, const void* s, const void* z, const void* x, void* y, const void* bias,
-                             int m, int n, int n_pad, int k, int group, int sm_count, int splits) {
+                             int m, int n, int n_pad, int k, int group, int sm_count, int splits, int swizzle,
+                             int raster) {
     int k16 = (k + 15) / 16 * 16;
     int64_t groups = (k + group - 1) / group;
     auto layout_w = tile_to_shape(LayoutAtomW{}, make_shape(n_pad, k16, 1));
@@ -140,6 +141,11 @@ struct Gemm {
     args.epilogue.thread.bias_ptr = static_cast<MmaType const*>(bias);
     // Given explicitly: otherwise to_underlying_arguments queries the device on every call.
     args.hw_info.sm_count = sm_count;
+    // Tile order: groups of `swizzle` tiles along the other dimension share operand tiles in L2;
+    // raster 0 lets CUTLASS pick the direction, 1 walks weight tiles first, 2 token tiles first.
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.max_swizzle_size = swizzle;
+    args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
     if constexpr (StreamK) {
       using Mode = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams::DecompositionMode;
       // splits 0: CUTLASS's stream-K heuristic; 1: data-parallel; > 1: split-K into that many slices.
@@ -185,8 +191,9 @@ enum : int { kErrNoReplace = -1, kErrReplaceX = -2, kErrReplaceY = -3, kErrWorks
 
 template <class G>
 int init(Slot<G>* slot, const void* w, const void* s, const void* z, const void* x, void* y, const void* bias, int m,
-         int n, int n_pad, int k, int group, int sm_count, int splits, void* workspace, size_t workspace_bytes) {
-  slot->args = G::make_args(w, s, z, x, y, bias, m, n, n_pad, k, group, sm_count, splits);
+         int n, int n_pad, int k, int group, int sm_count, int splits, int swizzle, int raster, void* workspace,
+         size_t workspace_bytes) {
+  slot->args = G::make_args(w, s, z, x, y, bias, m, n, n_pad, k, group, sm_count, splits, swizzle, raster);
   if (!G::GemmKernel::can_implement(slot->args)) return int(cutlass::Status::kInvalid);
   if (G::GemmKernel::get_workspace_size(slot->args) > workspace_bytes) return kErrWorkspace;
   slot->params = G::GemmKernel::to_underlying_arguments(slot->args, workspace);

@@ -123,4 +123,4 @@ def test_prepack_two_layouts_on_the_cpu_and_quant_linear_round_trip():
     assert {"aux_b", "aux_scales", "aux_zeros"} <= set(sd)
     other = QuantLinear(256, 96, bits=4, group_size=128, layout="sm80+sm90a")
     other.load_state_dict(sd)
-    assert other.packed().aux_key[-2:] == (96, 256) and torch.equal(other.aux_b, b)
+    assert other.packed().aux_key[-4:] == (96, 256, 128, 96) and torch.equal(other.aux_b, b)

@@ -52,7 +52,7 @@ class Sm90aFamily(Family):
         return default_catalog()
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:
-        return candidate_schedules(problem.m, problem.n, problem.k, problem.group_size, sms)
+        return candidate_schedules(problem.m, problem.n, problem.k, problem.group_size, sms, problem.bits)
 
     def heuristic(self, problem: Problem, sms: int):
         return heuristic_config(problem, sms)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+RASTERS = {"h": 0, "m": 1, "n": 2}  # tile order: CUTLASS's heuristic, weight tiles first, token tiles first
 # mg_info's fields, in order.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "cluster_m", "cluster_n", "stages", "bits",
                "tile_m", "tile_n", "tile_k")
@@ -28,9 +29,9 @@ SIGNATURES = {
     "mg_create": (_P, []),
     "mg_destroy": (None, [_P]),
     "mg_can_implement": (_I, [_I, _I, _I, _I, _I]),
-    "mg_workspace_bytes": (_LL, [_I, _I, _I, _I, _I, _I, _I]),
+    "mg_workspace_bytes": (_LL, [_I, _I, _I, _I, _I, _I, _I, _I, _I]),
     "mg_prepare": (_I, []),
-    "mg_init": (_I, [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _P, _LL]),
+    "mg_init": (_I, [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I, _P, _LL]),
     "mg_run": (_I, [_P, _P, _P, _P]),
     "mg_layout_offset": (_LL, [_I, _I, _I, _I]),
 }

@@ -13,17 +13,23 @@ from .config import Sm90aConfig
 
 # (tile (TM weight rows, TN tokens, TK), kind, cluster, stages), from small M to large M.
 SHAPES = (
-    ((128, 16, 128), "coop", (1, 1), 0),    # M <= 16 rows of tokens: thin token tile
-    ((128, 32, 128), "coop", (1, 1), 0),
+    ((128, 32, 128), "coop", (1, 1), 0),    # M <= 32 rows of tokens, with split-K
     ((128, 64, 128), "coop", (1, 1), 0),    # M = 64: the weight streams once
     ((128, 64, 64), "coop", (1, 1), 0),     # group 64 needs TK = 64
     ((64, 64, 128), "pp", (1, 1), 0),       # twice the weight tiles of 128 x 64: fills 132 SMs
     ((64, 128, 64), "pp", (1, 1), 0),
     ((128, 128, 64), "coop", (1, 1), 0),
     ((128, 128, 128), "coop", (1, 1), 0),
-    ((128, 128, 64), "coop", (2, 1), 0),    # activation tile multicast to two weight tiles
     ((128, 256, 64), "coop", (1, 1), 0),    # prefill
     ((256, 128, 64), "coop", (1, 1), 0),
+)
+# Clusters of two CTAs along the weight rows share (TMA-multicast) each activation tile, halving
+# its L2 -> SM traffic; compiled for the int4 weights the targets are measured on.
+CLUSTER_SHAPES = (
+    ((128, 64, 128), "coop", (2, 1), 0),
+    ((64, 64, 128), "pp", (2, 1), 0),
+    ((128, 128, 128), "coop", (2, 1), 0),
+    ((128, 256, 64), "coop", (2, 1), 0),
 )
 BITS = (4, 8)
 
@@ -33,5 +39,9 @@ def kernel_of(tile, kind, cluster, stages, *, dtype: str, bits: int) -> Sm90aCon
                        decomposition="sk" if kind == "coop" else "persistent").kernel
 
 
+def shapes_for(bits: int):
+    return SHAPES + (CLUSTER_SHAPES if bits == 4 else ())
+
+
 def default_catalog() -> List[Sm90aConfig]:
-    return [kernel_of(*shape, dtype=dtype, bits=bits) for dtype in DTYPES for bits in BITS for shape in SHAPES]
+    return [kernel_of(*shape, dtype=dtype, bits=bits) for dtype in DTYPES for bits in BITS for shape in shapes_for(bits)]

@@ -12,8 +12,10 @@ from typing import Tuple
 
 from ..common import check_weight_kind, raise_on
 
-_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_(coop|pp)_c(\d)x(\d)_s(\d+)(_sk|_dp|_split(\d+))?$")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_(coop|pp)_c(\d)x(\d)_s(\d+)(_sk|_dp|_split(\d+))?(?:_sw(\d))?(?:_r([mn]))?$")
 KINDS = ("coop", "pp")
+SWIZZLES = (1, 2, 4, 8)
+RASTERS = ("h", "m", "n")
 MAX_SPLITS = 16
 
 
@@ -31,6 +33,10 @@ class Sm90aConfig:
     at launch: ``"sk"`` (CUTLASS's stream-K heuristic), ``"dp"`` (data-parallel), ``"split"`` with
     ``splits`` K slices (reduced in the kernel through a workspace).
 
+    Also chosen at launch: the tile order, ``swizzle`` (groups of that many tiles walk the other
+    dimension together, for L2 reuse) and ``raster`` (``"h"``: CUTLASS's heuristic, ``"m"``: along
+    weight tiles, ``"n"``: along token tiles).
+
     ``zero_mode`` is not compiled in: every mode is folded into the additive zero at prepack (see
     :mod:`.layout`), so one binary serves all four. ``schedule`` (``t128x64x128_coop_c1x1_s0_split4``)
     is what profiles store (as ``sm90a:<schedule>``) and ``MIXED_GEMM_SCHEDULE`` overrides.
@@ -45,6 +51,8 @@ class Sm90aConfig:
     stages: int = 0
     decomposition: str = "persistent"
     splits: int = 1
+    swizzle: int = 1
+    raster: str = "h"
 
     family = "sm90a"
 
@@ -66,6 +74,8 @@ class Sm90aConfig:
              "stream-K / split-K schedulers run only with the cooperative kernel"),
             ((self.decomposition == "split") == (self.splits > 1), "splits > 1 exactly with decomposition 'split'"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+            (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
+            (self.raster in RASTERS, f"raster must be one of {RASTERS}"),
         ], f"Sm90aConfig {self.tile}/{self.kind}")
 
     def __hash__(self) -> int:
@@ -88,7 +98,7 @@ class Sm90aConfig:
     def kernel(self) -> "Sm90aConfig":
         """The compiled identity: zero mode folded (any), launch-time fields at their defaults."""
         decomposition = "sk" if self.streamk else "persistent"
-        return dataclasses.replace(self, zero_mode="int", decomposition=decomposition, splits=1)
+        return dataclasses.replace(self, zero_mode="int", decomposition=decomposition, splits=1, swizzle=1, raster="h")
 
     @functools.cached_property
     def _tile_schedule(self) -> str:
@@ -105,6 +115,10 @@ class Sm90aConfig:
     def schedule(self) -> str:
         """Everything but the weight kind: what a profile entry stores."""
         suffix = {"persistent": "", "sk": "_sk", "dp": "_dp"}.get(self.decomposition, f"_split{self.splits}")
+        if self.swizzle != 1:
+            suffix += f"_sw{self.swizzle}"
+        if self.raster != "h":
+            suffix += f"_r{self.raster}"
         return self._tile_schedule + suffix
 
     @functools.cached_property
@@ -116,13 +130,13 @@ class Sm90aConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90a schedule "
-                             "t<TM>x<TN>x<TK>_<coop|pp>_c<M>x<N>_s<stages>[_sk|_dp|_split<S>]")
+                             "t<TM>x<TN>x<TK>_<coop|pp>_c<M>x<N>_s<stages>[_sk|_dp|_split<S>][_sw<1|2|4|8>][_r<m|n>]")
         v = m.groups()
         tail = v[7] or ""
         decomposition = {"": "persistent", "_sk": "sk", "_dp": "dp"}.get(tail, "split")
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tuple(map(int, v[0:3])), kind=v[3],
                    cluster=(int(v[4]), int(v[5])), stages=int(v[6]), decomposition=decomposition,
-                   splits=int(v[8] or 1))
+                   splits=int(v[8] or 1), swizzle=int(v[9] or 1), raster=v[10] or "h")
 
     @property
     def launch_splits(self) -> int:

@@ -47,6 +47,7 @@ class Sm90aLauncher:
             raise Sm90aLaunchError(f"{spec[0]}: mg_prepare: {abi.describe(rc)}")
         self.sms = _sm_count(device_index)
         self.splits = config.launch_splits
+        self.order = (config.swizzle, abi.RASTERS[config.raster])
         self.streamk = config.streamk
         self.lock = threading.Lock()
         # (weight tensors, bias pointer, M bucket) -> [slot handle, M, workspace pointer, its bytes]
@@ -59,7 +60,7 @@ class Sm90aLauncher:
 
     def _init(self, slot, x, w, bias_ptr, y, m, stream) -> None:
         b, s, z = w.aux
-        args = (m, w.n, w.aux_n_pad, w.k, w.group_size, self.sms, self.splits)
+        args = (m, w.n, w.aux_n_pad, w.k, w.group_size, self.sms, self.splits, *self.order)
         ws, ws_bytes = 0, 0
         if self.streamk:
             ws_bytes = self.lib.mg_workspace_bytes(*args)
