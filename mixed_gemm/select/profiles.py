@@ -91,16 +91,16 @@ class Profile:
         lm = math.log2(max(m, 1))
         return min(rows, key=lambda r: (abs(math.log2(r[0]) - lm), -r[0]))
 
-    def nearest_shape(self, key: Key) -> Optional[Key]:
+    def nearest_shape(self, key: Key, bucket: Optional[int] = None) -> Optional[Key]:
         """The measured key nearest to ``key``, or None: same bit width (the bytes a kernel streams),
         nearest (N, K) in log space (K counts double: it sets the split-K and pipeline depth), and a
         penalty per other weight-kind field (dtype 4, zero mode 2, group size 1, in octaves), so an
         entry of the same kind wins unless its shape is far. For shapes (and kinds) nobody
-        profiled; exact keys win in :meth:`lookup`'s callers."""
+        profiled; exact keys win in :meth:`lookup`'s callers. ``bucket``: only keys measured at that M."""
         dtype, bits, zero_mode, group, n, k = key
         best, best_d = None, math.inf
-        for other in self._index:
-            if other[1] != bits:
+        for other, rows in self._index.items():
+            if other[1] != bits or (bucket is not None and all(r[0] != bucket for r in rows)):
                 continue
             d = (abs(math.log2(other[4] / n)) + 2 * abs(math.log2(other[5] / k)) + 4 * (other[0] != dtype)
                  + 2 * (other[2] != zero_mode) + 1 * (other[3] != group))

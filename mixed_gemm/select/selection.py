@@ -12,7 +12,7 @@ import threading
 from typing import Dict, Tuple
 
 from ..kernels import Family, Problem, family_of, parse_schedule, qualified
-from .heuristics import heuristic_choice, sm_count
+from .heuristics import heuristic_choice, m_bucket, sm_count
 from .profiles import device_profile
 
 SCHEDULE_ENV = "MIXED_GEMM_SCHEDULE"
@@ -75,11 +75,18 @@ def choose(problem: Problem, device_index: int) -> Choice:
     if profile is not None:
         key = (problem.dtype, problem.bits, problem.zero_mode, problem.group_size, problem.n, problem.k)
         name = profile.path.name if profile.path is not None else "profile"
-        # This shape's own entries, else those of the nearest profiled shape (same bit width).
-        for shape_key in (key, profile.nearest_shape(key)):
+        # This shape's entry at M's own bucket, else the nearest profiled shape's (same bit width) at
+        # that bucket, else the nearest measured bucket of this shape, then of the nearest shape. An
+        # entry measured at this M beats one of this shape at another M: the best family changes
+        # with M (a profile extended at large M for one model's shapes serves the others there).
+        want = m_bucket(problem.m)
+        tried = set()
+        for shape_key, exact in ((key, True), (profile.nearest_shape(key, want), True), (key, False),
+                                 (profile.nearest_shape(key), False)):
             hit = None if shape_key is None else profile.lookup(shape_key, problem.m)
-            if hit is None:
+            if hit is None or (exact and hit[0] != want) or (shape_key, hit[0]) in tried:
                 continue
+            tried.add((shape_key, hit[0]))
             bucket, schedule = hit
             config = parse_schedule(schedule, **kind)
             fam = family_of(config)

@@ -76,7 +76,17 @@ def test_heuristic_and_candidates():
     assert FAMILY.heuristic(_problem(64, g=64), 132).tile[2] == 64
     assert FAMILY.heuristic(_problem(128, g=32), 132) is None
     big = FAMILY.heuristic(_problem(4096), 132)
-    assert big.tile == (128, 256, 64) and big.decomposition == "dp"
+    assert big.tile == (128, 256, 64) and big.decomposition == "dp" and big.cluster == (2, 1)
+    int8 = FAMILY.heuristic(Problem(**dict(_problem(4096).__dict__, bits=8)), 132)
+    assert int8.cluster == (1, 1) and int8.bits == 8  # clusters are compiled for int4 only
+    from mixed_gemm.kernels.sm90a.catalog import default_catalog as cat
+    compiled = {c.kernel_name for c in cat()}
+    for m in (33, 64, 100, 128, 200, 256, 1000, 5000):
+        for bits in (4, 8):
+            for g in (64, 128, 4096):
+                p = Problem(**dict(_problem(m, g=g).__dict__, bits=bits))
+                c = FAMILY.heuristic(p, 132)
+                assert c.kernel.kernel_name in compiled and FAMILY.can_implement(c, p)[0], (m, bits, g)
     names = {c.schedule.rsplit("_", 1)[0] for c in default_catalog()} | {c.schedule for c in default_catalog()}
     for m in (64, 256, 4096):
         cands = candidate_schedules(m, 4096, 4096, 128, 132)

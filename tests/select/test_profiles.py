@@ -192,3 +192,18 @@ def test_borrowed_entry_is_refitted_to_the_shape(h100, monkeypatch):
     borrowed = choose(_problem(256, n=5120, k=13824), 0)
     assert (borrowed.schedule, borrowed.source) == ("sm80:t128x256x64_w2x4x1_s3_kparallel3",
                                                     "profile profile M=256 of 4096x14336")
+
+
+def test_an_entry_at_this_m_beats_this_shapes_entry_at_another_m(h100, monkeypatch):
+    """A profile extended at large M for some shapes serves the others there: at M=256 the nearest
+    shape measured at 256 wins over this shape's own M=16 entry (the best family changes with M)."""
+    prof = Profile(entries=[_entry(16, "sm80:t16x64x128_w1x1x4_s4_kfused4"),
+                            _entry(256, "sm90a:t128x128x128_coop_c2x1_s0_dp", n=8192, k=4096)], path=None)
+    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+    p = _problem(256, layout="sm80+sm90a")
+    got = choose(p, 0)
+    assert (got.schedule, got.source) == ("sm90a:t128x128x128_coop_c2x1_s0_dp", "profile profile M=256 of 8192x4096")
+    got = choose(_problem(16, layout="sm80+sm90a"), 0)  # its own bucket: its own entry
+    assert (got.schedule, got.source) == ("sm80:t16x64x128_w1x1x4_s4_kfused4", "profile profile M=16")
+    got = choose(_problem(64, layout="sm80+sm90a"), 0)  # nobody measured 64: this shape's nearest bucket
+    assert got.source == "profile profile M=16"
