@@ -59,6 +59,15 @@ constexpr auto reorder_atom() {
   return composition(tv_to_offset, mk_target);
 }
 
+// A fixed pipeline depth for the mixed-input builder. CUTLASS 4.2's builder passes
+// `StageCountType::bytes` as the last template argument of its stage-count helper, and only the
+// StageCountAutoCarveout form has that member; its fixed-count overload takes StageCount<N> with that
+// same argument as N. A StageCount<N> that also says bytes = N therefore selects the fixed overload.
+template <int N>
+struct FixedStageCount : cutlass::gemm::collective::StageCount<N> {
+  static constexpr int bytes = N;
+};
+
 template <class MmaType_, class QuantType_, int TM, int TN, int TK, int CM, int CN, bool Pingpong, bool StreamK,
           int Stages>
 struct Gemm {
@@ -99,7 +108,7 @@ struct Gemm {
   using StageCount = cute::conditional_t<
       Stages == 0,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::collective::StageCount<(Stages > 0 ? Stages : 2)>>;
+      FixedStageCount<(Stages > 0 ? Stages : 2)>>;
 
   // x[M, K] row-major is a K-major operand B ("ColumnMajor" B in CUTLASS's naming).
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<

@@ -87,10 +87,12 @@ def test_heuristic_and_candidates():
                 p = Problem(**dict(_problem(m, g=g).__dict__, bits=bits))
                 c = FAMILY.heuristic(p, 132)
                 assert c.kernel.kernel_name in compiled and FAMILY.can_implement(c, p)[0], (m, bits, g)
-    names = {c.schedule.rsplit("_", 1)[0] for c in default_catalog()} | {c.schedule for c in default_catalog()}
+    compiled = {c.kernel_name for c in default_catalog()}
     for m in (64, 256, 4096):
-        cands = candidate_schedules(m, 4096, 4096, 128, 132)
-        assert cands and all(Sm90aConfig.from_schedule(s) for s in cands)
-        assert all(s.split("_s0")[0] + "_s0" in {n.split("_s0")[0] + "_s0" for n in names} for s in cands)
+        for bits in (4, 8):
+            cands = candidate_schedules(m, 4096, 4096, 128, 132, bits)
+            configs = [Sm90aConfig.from_schedule(s, bits=bits) for s in cands]
+            assert configs and all(c.kernel.kernel_name in compiled for c in configs)  # catalog kernels only
+            assert all(c.cluster == (1, 1) for c in configs) or bits == 4
     assert all("x128_" not in s.split("_")[0][-4:] for s in candidate_schedules(64, 4096, 4096, 64, 132))
     assert candidate_schedules(16, 4096, 4096, 128, 132) == []

@@ -30,6 +30,13 @@ CLUSTER_SHAPES = (
     ((64, 64, 128), "pp", (2, 1), 0),
     ((128, 128, 128), "coop", (2, 1), 0),
     ((128, 256, 64), "coop", (2, 1), 0),
+    ((128, 128, 64), "coop", (1, 2), 0),    # weight tile multicast to two token tiles (M >= 256)
+)
+# Explicit pipeline depths beside the automatic one (as many stages as fit), for the int4 tiles
+# the decode-adjacent Ms pick: fewer stages shorten the prologue of short K loops.
+STAGE_SHAPES = (
+    ((128, 64, 128), "coop", (1, 1), 4),
+    ((64, 64, 128), "pp", (1, 1), 4),
 )
 BITS = (4, 8)
 
@@ -40,7 +47,7 @@ def kernel_of(tile, kind, cluster, stages, *, dtype: str, bits: int) -> Sm90aCon
 
 
 def shapes_for(bits: int):
-    return SHAPES + (CLUSTER_SHAPES if bits == 4 else ())
+    return SHAPES + (CLUSTER_SHAPES + STAGE_SHAPES if bits == 4 else ())
 
 
 def default_catalog() -> List[Sm90aConfig]:
