@@ -7,6 +7,7 @@ and one entry below.
 """
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
@@ -70,7 +71,12 @@ def available(device_index: int) -> List[Tuple[Family, Verdict]]:
 def layout_names(layout: str) -> Tuple[str, ...]:
     """The layouts a (possibly combined, ``"sm80+sm90a"``) layout string names, checked: the
     primary layout first, each known, no repeats."""
-    names = tuple(layout.split("+")) if isinstance(layout, str) else ()
+    return _layout_names(layout if isinstance(layout, str) else repr(layout))
+
+
+@functools.lru_cache(maxsize=None)  # every PackedWeight (one per custom-op call when compiled) asks
+def _layout_names(layout: str) -> Tuple[str, ...]:
+    names = tuple(layout.split("+"))
     if not names or names[0] != PRIMARY_LAYOUT or len(set(names)) != len(names) or \
             any(n not in LAYOUTS for n in names) or len(names) > 2:
         raise ValueError(f"layout: must be {PRIMARY_LAYOUT!r} optionally followed by '+' and one other of "
