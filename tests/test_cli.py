@@ -114,3 +114,16 @@ def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
 def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
     assert cli.main(argv) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_build_compiles_the_families_the_gpu_runs(monkeypatch):
+    from mixed_gemm.cli_catalog import build_families
+    from mixed_gemm.kernels import FAMILIES, base
+
+    monkeypatch.setattr(base, "compute_capability", lambda i: None)
+    assert build_families(False) == FAMILIES  # no GPU: a cache for anywhere
+    monkeypatch.setattr(base, "compute_capability", lambda i: (8, 9))
+    assert [f.name for f in build_families(False)] == ["sm80", "dequant_mm"]
+    assert build_families(True) == FAMILIES
+    monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    assert build_families(False) == FAMILIES
