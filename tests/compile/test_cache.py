@@ -394,3 +394,27 @@ def test_real_entry_loads_with_nvcc_and_cutlass_hidden(in_real_cache, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
     assert Path(out.stdout.strip().splitlines()[-1]) == path
+
+
+# --- shared-library entries (families whose host code builds the launch, e.g. sm90a) ----------
+
+LIBRARY = 'extern "C" int mg_answer() { return 42; }\n'
+
+
+@requires_nvcc
+def test_shared_library_entry_builds_loads_and_hits(tmp_cache, monkeypatch):
+    """``output="shared"``: a ``.so`` entry beside fatbin entries of the same name and source, keyed
+    apart, verified like them (a damaged one is rebuilt), and loadable with ctypes."""
+    import ctypes
+
+    path = _build("lib", LIBRARY, output="shared")
+    assert path.suffix == ".so" and path.read_bytes()[:4] == b"\x7fELF"
+    assert ctypes.CDLL(str(path)).mg_answer() == 42
+    assert "--shared" in json.loads((path.parent / "meta.json").read_text())["flags"]
+    fatbin = _build("lib", LIBRARY)  # the same source as a fatbin: another entry
+    assert fatbin.parent != path.parent and fatbin.suffix == ".fatbin"
+    calls = []
+    monkeypatch.setattr(cache, "compile_fatbin", lambda *a: calls.append(a))
+    assert _build("lib", LIBRARY, output="shared") == path and calls == []  # a hit runs no nvcc
+    with pytest.raises(ValueError, match="output: must be one of"):
+        _build("lib", LIBRARY, output="cubin")
