@@ -47,6 +47,22 @@ def compute_capability(device_index: int) -> Optional[Tuple[int, int]]:
     return None
 
 
+DEFAULT_SMS = 132  # H100 SXM, when no GPU is visible (tests, explain on a CPU machine)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """Multiprocessors of CUDA device ``device_index`` (``DEFAULT_SMS`` without a visible GPU)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(device_index).multi_processor_count
+    except Exception:  # noqa: BLE001 - a CPU-only torch: fall back to the default
+        pass
+    return DEFAULT_SMS
+
+
 class Family:
     """Base class of a kernel family; subclasses set the class attributes and override the hooks."""
 

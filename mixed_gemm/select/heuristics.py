@@ -3,24 +3,10 @@ config for the problem (its own rules, kept as data in its sub-package) or passe
 can implement wins. Also the M bucketing every selection table uses."""
 from __future__ import annotations
 
-import functools
 from typing import List, Optional, Tuple
 
 from ..kernels import FAMILIES, Family, Problem
-
-DEFAULT_SMS = 132  # H100 SXM, when no GPU is visible (tests, explain on a CPU machine)
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(device_index).multi_processor_count
-    except Exception:  # noqa: BLE001 - a CPU-only torch: fall back to the default
-        pass
-    return DEFAULT_SMS
+from ..kernels.base import sm_count
 
 
 def m_bucket(m: int) -> int:

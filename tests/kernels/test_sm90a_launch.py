@@ -57,7 +57,7 @@ def _launcher(monkeypatch, schedule="t128x64x128_coop_c1x1_s0_split2", ws_bytes=
     monkeypatch.setattr(L, "get_library", lambda spec, bind: lib)
     monkeypatch.setattr(abi, "info", lambda lib_: lib_.info())
     monkeypatch.setattr(L, "primary_context", lambda i: contextlib.nullcontext())
-    monkeypatch.setattr(L, "_sm_count", lambda i: 132)
+    monkeypatch.setattr(L, "sm_count", lambda i: 132)
     ptrs = iter(ws_ptrs or [])
     state = {"ptr": next(ptrs, 0)}
     monkeypatch.setattr(L, "workspace", lambda dev, stream, floats: state["ptr"])

@@ -9,24 +9,17 @@ copy of the Params, and stream-K / split-K barrier clears are captured as memset
 """
 from __future__ import annotations
 
-import functools
 import threading
 
 from ...runtime import get_library, workspace
 from ...runtime.driver import primary_context
+from ..base import sm_count
 from . import abi
 from .config import Sm90aConfig
 
 
 class Sm90aLaunchError(RuntimeError):
     """The kernel library refused a launch it was set up for (a bug, not bad input)."""
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 class Sm90aLauncher:
@@ -49,7 +42,7 @@ class Sm90aLauncher:
             rc = lib.mg_prepare()
         if rc:
             raise Sm90aLaunchError(f"{spec[0]}: mg_prepare: {abi.describe(rc)}")
-        self.sms = _sm_count(device_index)
+        self.sms = sm_count(device_index)
         self.splits = config.launch_splits
         self.order = (config.swizzle, abi.RASTERS[config.raster])
         self.streamk = config.streamk
