@@ -123,7 +123,7 @@ def test_build_compiles_the_families_the_gpu_runs(monkeypatch):
     monkeypatch.setattr(base, "compute_capability", lambda i: None)
     assert build_families(False) == FAMILIES  # no GPU: a cache for anywhere
     monkeypatch.setattr(base, "compute_capability", lambda i: (8, 9))
-    assert [f.name for f in build_families(False)] == ["sm80", "dequant_mm"]
+    assert [f.name for f in build_families(False)] == ["gemv", "sm80", "dequant_mm"]
     assert build_families(True) == FAMILIES
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
     assert build_families(False) == FAMILIES

@@ -102,15 +102,17 @@ def _skipped(name: str, skip: Iterable[str]) -> bool:
 
 
 def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, symmetric: bool = False,
-                   skip: Sequence[str] = ("lm_head",), progress: bool = True) -> nn.Module:
+                   skip: Sequence[str] = ("lm_head",), progress: bool = True, layout: str = "auto") -> nn.Module:
     """Replace every ``nn.Linear`` of a loaded fp16/bf16 model (except names matching ``skip``) by a
-    :class:`QuantLinear` quantized round-to-nearest, in place, on the layer's device. Returns ``model``."""
+    :class:`QuantLinear` quantized round-to-nearest, in place, on the layer's device (``layout``: as
+    for :func:`mixed_gemm.prepack`, default the device's). Returns ``model``."""
     from tqdm import tqdm
 
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not _skipped(n, skip)]
     for name in tqdm(names, desc="quantize", unit="layer", disable=not progress):
         _set_submodule(model, name, QuantLinear.from_linear(model.get_submodule(name), bits=bits,
-                                                           group_size=group_size, symmetric=symmetric))
+                                                           group_size=group_size, symmetric=symmetric,
+                                                           layout=layout))
     return model
 
 

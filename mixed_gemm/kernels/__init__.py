@@ -11,13 +11,13 @@ import functools
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
-from . import dequant_mm, sm80, sm90a
+from . import dequant_mm, gemv, sm80, sm90a
 from .base import OK, Family, Problem, Verdict, compute_capability
 
-FAMILIES: Tuple[Family, ...] = (sm90a.FAMILY, sm80.FAMILY, dequant_mm.FAMILY)
-# The weight layouts families read, by name (one layout module per name). The first is the
-# primary one: a PackedWeight always holds it (it is exactly invertible to the canonical weight);
-# GPUs whose families read others get those as extra copies (see layout_for).
+FAMILIES: Tuple[Family, ...] = (sm90a.FAMILY, gemv.FAMILY, sm80.FAMILY, dequant_mm.FAMILY)
+# The weight layouts families read, by name (one layout module per name). A PackedWeight holds one
+# of them (layout_for: the one the large-M family of its GPU reads), or, when asked for, sm80 plus
+# a second copy. PRIMARY_LAYOUT is the CPU's (and any GPU's without a layout-setting family).
 LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout, sm90a.layout.NAME: sm90a.layout}
 PRIMARY_LAYOUT = sm80.layout.NAME
 LEGACY_FAMILY = "sm80"  # a schedule without "family:" (profile format 1, old overrides)
@@ -69,31 +69,32 @@ def available(device_index: int) -> List[Tuple[Family, Verdict]]:
 
 
 def layout_names(layout: str) -> Tuple[str, ...]:
-    """The layouts a (possibly combined, ``"sm80+sm90a"``) layout string names, checked: the
-    primary layout first, each known, no repeats."""
+    """The layouts a (possibly combined, ``"sm80+sm90a"``) layout string names, checked: one known
+    layout, or ``"sm80"`` followed by one other (a second copy)."""
     return _layout_names(layout if isinstance(layout, str) else repr(layout))
 
 
 @functools.lru_cache(maxsize=None)  # every PackedWeight (one per custom-op call when compiled) asks
 def _layout_names(layout: str) -> Tuple[str, ...]:
     names = tuple(layout.split("+"))
-    if not names or names[0] != PRIMARY_LAYOUT or len(set(names)) != len(names) or \
-            any(n not in LAYOUTS for n in names) or len(names) > 2:
-        raise ValueError(f"layout: must be {PRIMARY_LAYOUT!r} optionally followed by '+' and one other of "
-                         f"{tuple(LAYOUTS)} (e.g. 'sm80+sm90a'), got {layout!r}")
+    ok = all(n in LAYOUTS for n in names) and (
+        len(names) == 1 or (len(names) == 2 and names[0] == PRIMARY_LAYOUT and names[1] != PRIMARY_LAYOUT))
+    if not ok:
+        raise ValueError(f"layout: must be one of {tuple(LAYOUTS)}, or {PRIMARY_LAYOUT!r} followed by '+' and "
+                         f"another (e.g. 'sm80+sm90a', two copies), got {layout!r}")
     return names
 
 
 def layout_for(device_index: Optional[int]) -> str:
-    """The layout string prepack uses on a device: the primary layout, plus the layout of every
-    family that runs there and reads another (on the H100: ``"sm80+sm90a"``, two copies of the
-    weight until one layout serves all families). On the CPU (``None``): the primary layout."""
-    names = [PRIMARY_LAYOUT]
+    """The layout prepack uses on a device: the one read by the first family (in priority order)
+    that runs there and sets the layout (the tile families; the decode and dequantize families
+    follow whatever layout they find). One copy per device: ``"sm90a"`` on the H100, ``"sm80"``
+    on Ampere/Ada and on the CPU (``None``)."""
     if device_index is not None:
         for f, (ok, _) in available(device_index):
-            if ok and f.layout not in names:
-                names.append(f.layout)
-    return "+".join(names)
+            if ok and f.sets_layout:
+                return f.layout
+    return PRIMARY_LAYOUT
 
 
 __all__ = ["FAMILIES", "LAYOUTS", "OK", "PRIMARY_LAYOUT", "layout_names", "Family", "Problem", "Verdict", "available", "compute_capability",

@@ -68,7 +68,9 @@ class Family:
 
     name: str = ""                        # "sm80": kernel names are mg_<name>_..., schedules "<name>:..."
     config_class: type = object           # its frozen config (has dtype, bits, zero_mode, schedule, name)
-    layout: str = ""                      # the weight layout it reads (see kernels.layouts())
+    layout: str = ""                      # the weight layout it reads (see kernels.LAYOUTS)
+    layouts: Tuple[str, ...] = ()         # all it reads, when more than one (default: (layout,))
+    sets_layout: bool = True              # prepack packs for it on GPUs it runs on (see layout_for)
     arch_flags: Tuple[str, ...] = ()      # nvcc -gencode flags of its fatbins
     template_dirs: Tuple[str, ...] = ()   # folders of templates/ its sources include (feed the cache key)
     output: str = "fatbin"                # what nvcc builds: "fatbin" or "shared" (kernel + host code, ctypes)
@@ -90,12 +92,16 @@ class Family:
     def can_implement(self, config, problem: Problem) -> Verdict:
         """Can ``config`` (one of this family's) compute ``problem``? Layout and weight kind here;
         families add their own rules."""
-        if self.layout not in problem.layout.split("+"):
-            return False, f"reads the {self.layout!r} weight layout, the weight holds {problem.layout!r}"
+        if self.layout_of(config) not in problem.layout.split("+"):
+            return False, f"reads the {self.layout_of(config)!r} weight layout, the weight holds {problem.layout!r}"
         if (config.dtype, config.bits, config.zero_mode) != (problem.dtype, problem.bits, problem.zero_mode):
             return False, (f"{config.name} is for {config.dtype}/{config.bits}-bit/{config.zero_mode} weights, "
                            f"this weight is {problem.dtype}/{problem.bits}-bit/{problem.zero_mode}")
         return OK
+
+    def layout_of(self, config) -> str:
+        """The weight layout ``config`` reads (the family's, unless it reads several)."""
+        return self.layout
 
     # ---- configs ----
     def from_schedule(self, schedule: str, *, dtype: str, bits: int, zero_mode: str):

@@ -20,11 +20,12 @@ class QuantLinear(nn.Module):
     """``y = x @ W.T + bias`` with ``W`` an int4/int8 group-quantized ``(out_features, in_features)``
     weight, stored prepacked in the kernel's layout (:class:`mixed_gemm.PackedWeight`).
 
-    Buffers (all in ``state_dict``): ``b`` int32 atoms, ``scales`` and ``zeros`` (``None`` when
-    symmetric) ``(num_groups, N_pad)`` in the activation dtype, ``perm`` (GPTQ act-order K
-    permutation, else ``None``), ``bias`` (``(N,)`` or ``None``); with ``layout="sm80+sm90a"``
-    (what prepack picks on the H100) also ``aux_b``, ``aux_scales``, ``aux_zeros``: the second copy
-    in the sm90a layout. ``load_state_dict`` expects a module built with the same arguments.
+    Buffers (all in ``state_dict``), in ``layout`` (``"sm80"``, or ``"sm90a"``: what prepack picks
+    on the H100): ``b`` int32 atoms, ``scales`` and ``zeros`` (``None`` when symmetric in the sm80
+    layout) ``(num_groups, N_pad)`` in the activation dtype, ``perm`` (GPTQ act-order K
+    permutation, else ``None``), ``bias`` (``(N,)`` or ``None``); with ``layout="sm80+sm90a"`` also
+    ``aux_b``, ``aux_scales``, ``aux_zeros``: a second copy in the sm90a layout.
+    ``load_state_dict`` expects a module built with the same arguments.
 
     ``forward`` on CUDA runs :func:`mixed_gemm.matmul` (under ``torch.compile`` through the custom
     op ``torch.ops.mixed_gemm.matmul``). On the CPU it computes the float32 reference
@@ -48,7 +49,8 @@ class QuantLinear(nn.Module):
         kw = dict(device=device)
         self.register_buffer("b", torch.empty(b_shape, dtype=torch.int32, **kw))
         self.register_buffer("scales", torch.empty(p_shape, dtype=dtype, **kw))
-        self.register_buffer("zeros", None if zero_mode == "sym" else torch.empty(p_shape, dtype=dtype, **kw))
+        keep_zeros = zero_mode != "sym" or LAYOUTS[names[0]].ALWAYS_ZEROS
+        self.register_buffer("zeros", torch.empty(p_shape, dtype=dtype, **kw) if keep_zeros else None)
         aux_shapes = LAYOUTS[names[1]].shapes(out_features, in_features, bits, groups) if len(names) > 1 else None
         for name, shape, dt in (("aux_b", 0, torch.int32), ("aux_scales", 1, dtype), ("aux_zeros", 1, dtype)):
             self.register_buffer(name, None if aux_shapes is None else torch.empty(aux_shapes[shape], dtype=dt, **kw))
@@ -76,10 +78,11 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, bits: int = 4, group_size: int = 128,
-                    symmetric: bool = False) -> "QuantLinear":
+                    symmetric: bool = False, layout: str = "auto") -> "QuantLinear":
         """Quantize an ``nn.Linear`` (round to nearest, :func:`mixed_gemm.quantize`) on its device. The
         module's dtype is the weight's for float16/bfloat16 weights, else float16 (a float32 model
-        keeps working on the CPU reference path; the GPU kernels need float16/bfloat16 activations)."""
+        keeps working on the CPU reference path; the GPU kernels need float16/bfloat16 activations).
+        ``layout``: as for :func:`mixed_gemm.prepack` (default: the device's)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
         weight = linear.weight.detach()
@@ -87,7 +90,7 @@ class QuantLinear(nn.Module):
             raise TypeError(f"linear: weight must be floating point, got {weight.dtype}")
         dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float16
         q, s, z = quantize(weight, bits=bits, group_size=group_size, symmetric=symmetric)
-        w = prepack(q, s, z, format="plain", bits=bits, group_size=group_size, dtype=dtype)
+        w = prepack(q, s, z, format="plain", bits=bits, group_size=group_size, dtype=dtype, layout=layout)
         bias = None if linear.bias is None else linear.bias.detach()
         return cls.from_packed(w, bias, format="plain", group_size=group_size)
 

@@ -14,16 +14,15 @@ _DEQUANTIZERS: dict = {}  # (DequantMMConfig, device) -> Dequantizer
 
 def dequantize(w: PackedWeight, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The dense ``(N, K)`` weight of ``w`` in ``w.dtype``, computed by the same converters as
-    :func:`mixed_gemm.matmul` (equal to ``mg.reference.dequantize`` rounded to ``w.dtype``).
+    :func:`mixed_gemm.matmul`: from the sm80 layout equal to ``mg.reference.dequantize`` rounded to
+    ``w.dtype``; from the sm90a layout ``(q - 2**(bits-1)) s + z'`` with one fma in ``w.dtype``, as
+    the kernels reading that layout compute it.
     Act-order weights come back in their original K order. ``out``: optional contiguous
     ``(N, K)`` tensor of ``w.dtype`` (not allowed with act-order)."""
     if not isinstance(w, PackedWeight):
         raise TypeError(f"w: expected a PackedWeight, got {type(w).__name__}")
     if w.device.type != "cuda":
         raise ValueError(f"w: must be on a CUDA device, got {w.device}")
-    if dequant_mm.FAMILY.layout not in w.layouts:
-        raise ValueError(f"w: the dequantize kernel reads the {dequant_mm.FAMILY.layout!r} layout, "
-                         f"this weight is in {w.layout!r}")
     shape = (w.n, w.k)
     if out is None:
         y = torch.empty(shape, dtype=w.dtype, device=w.device)
@@ -44,7 +43,8 @@ def launch_dequantize(w: PackedWeight, y: torch.Tensor) -> None:
     """Write ``w``'s dense weight, in its stored (act-order: permuted) K order, into the contiguous
     ``(N, K)`` tensor ``y`` on the current stream. No checks: callers validate."""
     dev = w.device.index
-    config = dequant_mm.DequantMMConfig(dtype=w.kernel_dtype, bits=w.bits, zero_mode=w.zero_mode)
+    layout = "sm80" if "sm80" in w.layouts else w.layouts[0]
+    config = dequant_mm.DequantMMConfig(dtype=w.kernel_dtype, bits=w.bits, zero_mode=w.zero_mode, layout=layout)
     fn = _DEQUANTIZERS.get((config, dev))
     if fn is None:
         fn = _DEQUANTIZERS[(config, dev)] = dequant_mm.FAMILY.dequantizer(config, dev)

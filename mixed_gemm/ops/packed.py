@@ -2,35 +2,46 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
 from ..formats import make_g_idx, unpack
 from ..kernels import LAYOUTS, layout_for, layout_names
-from ..kernels.common import ATOM_N, PER_CHANNEL_SHIFT
+from ..kernels.common import PER_CHANNEL_SHIFT
 
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+class LayoutView(NamedTuple):
+    """One layout's tensors of a PackedWeight, and what a kernel's cached arguments depend on."""
+
+    b: torch.Tensor
+    scales: torch.Tensor
+    zeros: Optional[torch.Tensor]
+    n_pad: int
+    key: Tuple
 
 
 @dataclass(eq=False, frozen=True)
 class PackedWeight:
     """A quantized ``(N, K)`` weight prepared for :func:`mixed_gemm.matmul`.
 
-    ``layout`` names the weight layouts held: ``"sm80"`` (the tensors below; see
-    :mod:`mixed_gemm.kernels.sm80.layout` for the exact contract), or ``"sm80+sm90a"`` where the
-    GPU runs the Hopper family too: then ``aux`` holds a second copy in the ``sm90a`` layout
-    (:mod:`mixed_gemm.kernels.sm90a.layout`: ``(b, scales, additive zeros)``), about the weight's
-    size again. The families that read one of the held layouts can run this weight. Tensors (all
-    on one device):
+    ``layout`` names the weight layout of ``b``/``scales``/``zeros``: ``"sm80"`` (Ampere/Ada, the
+    CPU; :mod:`mixed_gemm.kernels.sm80.layout` has the exact contract) or ``"sm90a"`` (the H100:
+    :mod:`mixed_gemm.kernels.sm90a.layout`, read by the sm90a, gemv and dequantize kernels), one
+    copy either way; ``prepack`` picks the device's (:func:`mixed_gemm.kernels.layout_for`). On
+    request ``"sm80+sm90a"`` holds both: then ``aux`` is the sm90a copy ``(b, scales, zeros)``,
+    about the weight's size again. The families that read one of the held layouts can run this
+    weight. Tensors (all on one device):
 
-    - ``b``: int32 atoms ``(N_pad/64, K_pad/16, 128 * bits / 4)``, ``N_pad = ceil(N/64)*64``,
-      ``K_pad = ceil(K/16)*16``;
-    - ``scales``: ``(num_groups, N_pad)`` in ``dtype`` (the activation dtype), 64-column blocks
-      8x8-transposed;
-    - ``zeros``: like ``scales``, or ``None`` for symmetric weights (zero point ``2**(bits-1)``).
-      What it holds depends on ``zero_mode``: ``"int"`` integer zero points z and ``"float"``
-      arbitrary ones, both meaning ``w = (q - z) s``; ``"offset"`` offsets m, ``w = q s + m``;
+    - ``b``: int32 atoms (sm80: ``(N_pad/64, K_pad/16, 128 * bits / 4)``; sm90a:
+      ``(K_pad/16, N_pad/16, 8 * bits)``), ``K_pad = ceil(K/16)*16``;
+    - ``scales``: ``(num_groups, N_pad)`` in ``dtype`` (the activation dtype);
+    - ``zeros``: like ``scales``. sm80: what ``zero_mode`` says, or ``None`` for symmetric weights
+      (zero point ``2**(bits-1)``): ``"int"`` integer zero points z and ``"float"`` arbitrary
+      ones, both meaning ``w = (q - z) s``; ``"offset"`` offsets m, ``w = q s + m``. sm90a: always
+      the additive zero ``z'`` of ``w = (q - 2**(bits-1)) s + z'`` that every mode folds into;
     - ``perm``: for GPTQ act-order, the K permutation applied to ``b`` (``x`` is gathered with it
       on every call), else ``None``.
 
@@ -59,23 +70,25 @@ class PackedWeight:
     group_shift: int = field(init=False, repr=False)
     signature: Tuple = field(init=False, repr=False)   # what selection depends on (with M's bucket)
     launch_key: Tuple = field(init=False, repr=False)  # what a kernel's argument block depends on
-    aux_key: Tuple = field(init=False, repr=False)     # the same for the aux copy (empty without)
-    aux_n_pad: int = field(init=False, repr=False)     # rows of the aux copy's tensors
+    parts: Dict[str, LayoutView] = field(init=False, repr=False)  # layout name -> its tensors
 
     def __post_init__(self):
         put = object.__setattr__
+        names = layout_names(self.layout)
         if self.zeros is None:
             put(self, "zero_mode", "sym")
-        names = layout_names(self.layout)
+            if LAYOUTS[names[0]].ALWAYS_ZEROS:
+                raise ValueError(f"zeros: the {names[0]!r} layout always stores zeros (0 for symmetric weights)")
         if len(self.aux) != 3 * (len(names) - 1):
             raise ValueError(f"aux: layout {self.layout!r} needs {3 * (len(names) - 1)} aux tensors "
                              f"(b, scales, zeros of the second layout), got {len(self.aux)}")
         if self.scales.dtype not in KERNEL_DTYPES:
             raise TypeError(f"scales: must be float16 or bfloat16 (the activation dtype), got {self.scales.dtype}")
         num_groups = self.scales.shape[0]
+        n_pad, k16 = LAYOUTS[names[0]].dims(self.b)
         derived = dict(
             device=self.b.device, dtype=self.scales.dtype, kernel_dtype=KERNEL_DTYPES[self.scales.dtype],
-            n_pad=self.b.shape[0] * ATOM_N, k16=self.b.shape[1], num_groups=num_groups,
+            n_pad=n_pad, k16=k16, num_groups=num_groups,
             group_shift=PER_CHANNEL_SHIFT if num_groups == 1 else self.group_size.bit_length() - 1)
         for name, value in derived.items():
             put(self, name, value)
@@ -84,13 +97,15 @@ class PackedWeight:
         put(self, "launch_key", (self.b.data_ptr(), self.scales.data_ptr(),
                                  0 if self.zeros is None else self.zeros.data_ptr(), self.n, self.k, self.n_pad,
                                  self.k16, self.group_shift, self.num_groups))
-        put(self, "aux_n_pad", self.aux[1].shape[1] if self.aux else 0)
-        put(self, "aux_key", tuple(t.data_ptr() for t in self.aux)
-            + ((self.n, self.k, self.group_size, self.aux_n_pad) if self.aux else ()))
+        parts = {}
+        for name, (b, sc, z) in zip(names, ((self.b, self.scales, self.zeros), tuple(self.aux))):
+            key = (b.data_ptr(), sc.data_ptr(), 0 if z is None else z.data_ptr(), self.n, self.k, self.group_size)
+            parts[name] = LayoutView(b, sc, z, sc.shape[1], key + (sc.shape[1],))
+        put(self, "parts", parts)
 
     @property
     def layouts(self) -> Tuple[str, ...]:
-        """The layouts held, primary first."""
+        """The layouts held, ``b``'s first."""
         return tuple(self.layout.split("+"))
 
     @property
@@ -100,8 +115,10 @@ class PackedWeight:
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def unpack(self):
-        """The canonical ``(q, s, z)`` back, in the kernel's (possibly act-order permuted) K order."""
-        return LAYOUTS[self.layouts[0]].unpack(self.b, self.scales, self.zeros, self.bits, self.n, self.k)
+        """The canonical ``(q, s, z)`` back, in the kernel's (possibly act-order permuted) K order
+        (from an sm90a-only weight: float zeros and offsets to the precision of its ``z'``)."""
+        return LAYOUTS[self.layouts[0]].unpack(self.b, self.scales, self.zeros, self.bits, self.n, self.k,
+                                               self.zero_mode)
 
     def __repr__(self) -> str:
         return (
@@ -130,10 +147,10 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     integer zero points, ``w = (q - z) s``; ``"float"`` any float zero point, same formula (HQQ);
     ``"offset"``: ``w = q s + m`` (GGUF Q4_1). The last two need ``format="plain"``.
     ``g_idx`` (GPTQ act-order): K is reordered once here so groups are contiguous; ``matmul``
-    reorders ``x`` the same way on every call. ``layout``: the weight layouts to pack into
-    (``"sm80"`` or ``"sm80+sm90a"``); ``"auto"`` takes every layout a kernel family running on the
-    tensors' device reads (:func:`mixed_gemm.kernels.layout_for`): ``"sm80"`` on Ampere/Ada and
-    the CPU, ``"sm80+sm90a"`` on the H100 (two copies: about twice the packed bytes).
+    reorders ``x`` the same way on every call. ``layout``: the weight layout to pack into
+    (``"sm80"``, ``"sm90a"``, or ``"sm80+sm90a"`` for both copies); ``"auto"`` takes the one the
+    tile families of the tensors' device read (:func:`mixed_gemm.kernels.layout_for`): ``"sm80"``
+    on Ampere/Ada and the CPU, ``"sm90a"`` on the H100. One copy either way.
 
     Rules (each raises ``ValueError`` naming it): ``K`` is a multiple of 8 (rows of ``x`` are
     copied 16 bytes at a time); ``N`` is even (outputs are stored in pairs); ``group_size`` is -1
@@ -166,7 +183,7 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     if layout == "auto":
         layout = layout_for(q.device.index if q.device.type == "cuda" else None)
     names = layout_names(layout)
-    b, sp, zp = LAYOUTS[names[0]].pack(q, s, z, bits, dtype)
+    b, sp, zp = LAYOUTS[names[0]].pack(q, s, z, bits, dtype, mode)
     aux = tuple(LAYOUTS[names[1]].pack(q, s, z, bits, dtype, mode)) if len(names) > 1 else ()
     return PackedWeight(b=b, scales=sp, zeros=zp, n=n, k=k, bits=bits, group_size=g, zero_mode=mode, perm=perm,
                         layout=layout, aux=aux)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from mixed_gemm.kernels.sm90a import Sm90aConfig, abi
+from mixed_gemm.ops.packed import LayoutView
 from mixed_gemm.kernels.sm90a import launch as L
 
 
@@ -65,8 +66,8 @@ def _launcher(monkeypatch, schedule="t128x64x128_coop_c1x1_s0_split2", ws_bytes=
 
 
 def _weight(base=1000):
-    return SimpleNamespace(aux=(T(base), T(base + 1), T(base + 2)), aux_key=(base, 4096), n=4096, k=4096,
-                           aux_n_pad=4096, group_size=128)
+    view = LayoutView(T(base), T(base + 1), T(base + 2), 4096, (base, 4096))
+    return SimpleNamespace(parts={"sm90a": view}, n=4096, k=4096, group_size=128)
 
 
 def test_one_init_per_slot_then_retarget_only(monkeypatch):

@@ -64,7 +64,7 @@ def test_sweep(tile, warps, stages, dtype, bits, zero, group, m, n, k, split_mod
     z_t = None if z is None else z.to(tdtype)
     packed = mg.pack(q.cpu(), s_t, z_t, format=fmt, bits=bits, group_size=group, zero_mode=zm)
     w = mg.prepack(*(None if t is None else t.cuda() for t in packed), format=fmt, bits=bits, group_size=group,
-                   zero_mode=zm, dtype=tdtype)
+                   zero_mode=zm, dtype=tdtype, layout="sm80")
     cfg = mg.KernelConfig(dtype=dtype, bits=bits, zero_mode=w.zero_mode, tile=tile, warps=warps, stages=stages,
                           split_k_mode=split_mode, split_k=split, swizzle=swizzle)
     x = torch.randn(m, k, device="cuda").to(tdtype)
@@ -81,7 +81,7 @@ def test_sweep(tile, warps, stages, dtype, bits, zero, group, m, n, k, split_mod
 def test_split_k_is_deterministic(mode):
     q, s, z, fmt, zm = make_case(4, "int", 128, 4096, 8192, seed=3)
     w = mg.prepack(*(t.cuda() for t in mg.pack(q.cpu(), s.half(), z.half(), format=fmt, bits=4, group_size=128)),
-                   format=fmt, bits=4, group_size=128)
+                   format=fmt, bits=4, group_size=128, layout="sm80")
     x = torch.randn(16, 8192, device="cuda").half()
     cfg = mg.KernelConfig(tile=(16, 64, 128), warps=(1, 1, 4), split_k_mode=mode, split_k=8)
     first = mg.matmul(x, w, config=cfg)
@@ -102,7 +102,7 @@ def test_dequantize_matches_reference(dtype, bits, zero):
     s_t, z_t = s.to(tdtype), None if z is None else z.to(tdtype)
     packed = mg.pack(q.cpu(), s_t, z_t, format=fmt, bits=bits, group_size=group, zero_mode=zm)
     w = mg.prepack(*(None if t is None else t.cuda() for t in packed), format=fmt, bits=bits, group_size=group,
-                   zero_mode=zm, dtype=tdtype)
+                   zero_mode=zm, dtype=tdtype, layout="sm80")
     out = torch.full((n, k), float("nan"), device="cuda", dtype=tdtype)
     got = mg.dequantize(w, out=out)
     ref = mg.reference.dequantize(q, s_t.cuda(), None if z_t is None else z_t.cuda(), group_size=group, bits=bits,
@@ -120,7 +120,7 @@ def act_order_case(n, k, g, seed, tdtype):
     z = torch.randint(0, 16, (n, k // g), generator=gen).to(tdtype)
     g_idx = (torch.arange(k) // g)[torch.randperm(k, generator=gen)].int()
     packed = mg.pack(q, s, z, format="gptq", bits=4, group_size=g, g_idx=g_idx)
-    w = mg.prepack(*(t.cuda() for t in packed), format="gptq", bits=4, group_size=g, g_idx=g_idx.cuda(), dtype=tdtype)
+    w = mg.prepack(*(t.cuda() for t in packed), format="gptq", bits=4, group_size=g, g_idx=g_idx.cuda(), dtype=tdtype, layout="sm80")
     return q, s, z, g_idx, w
 
 
@@ -140,7 +140,7 @@ def test_act_order(dtype):
 def test_heuristic_split_k_decode():
     q, s, z, fmt, zm = make_case(4, "int", 128, 4096, 4096, seed=5)
     w = mg.prepack(*(t.cuda() for t in mg.pack(q.cpu(), s.half(), z.half(), format=fmt, bits=4, group_size=128)),
-                   format=fmt, bits=4, group_size=128)
+                   format=fmt, bits=4, group_size=128, layout="sm80")
     x = torch.randn(1, 4096, device="cuda").half()
     y = mg.matmul(x, w)
     chosen = mg.explain(x, w)
@@ -154,7 +154,7 @@ def test_heuristic_split_k_decode():
 def _weight_4096(seed=5, k=4096):
     q, s, z, fmt, zm = make_case(4, "int", 128, 4096, k, seed=seed)
     w = mg.prepack(*(t.cuda() for t in mg.pack(q.cpu(), s.half(), z.half(), format=fmt, bits=4, group_size=128)),
-                   format=fmt, bits=4, group_size=128)
+                   format=fmt, bits=4, group_size=128, layout="sm80")
     return q, s.half().cuda(), z.half().cuda(), w
 
 
@@ -244,7 +244,7 @@ def test_ragged_last_group(schedule, dtype):
     q, s, z = mg.quantize(w.to(tdtype), bits=4, group_size=g)
     assert s.shape == (n, 5)
     packed = mg.pack(q, s, z, format="awq", bits=4, group_size=g)
-    pw = mg.prepack(*(t.cuda() for t in packed), format="awq", bits=4, group_size=g, dtype=tdtype)
+    pw = mg.prepack(*(t.cuda() for t in packed), format="awq", bits=4, group_size=g, dtype=tdtype, layout="sm80")
     cfg = None if schedule is None else mg.kernels.parse_schedule(schedule, dtype=dtype, bits=4, zero_mode="int")
     for m in (1, 17):
         x = torch.randn(m, k, device="cuda").to(tdtype)

@@ -15,17 +15,17 @@ from weights import random_weight, rel_err, seed_of
 pytestmark = pytest.mark.gpu
 
 
-def _weight(n=1024, k=2048, g=128, seed=0):
+def _weight(n=1024, k=2048, g=128, seed=0, layout="auto"):
     (q, s, z), packed = random_weight(n, k, fmt="awq", bits=4, symmetric=False, group_size=g, device="cuda",
                                       seed=seed)
-    return (q, s, z), mg.prepack(*packed, format="awq", bits=4, group_size=g)
+    return (q, s, z), mg.prepack(*packed, format="awq", bits=4, group_size=g, layout=layout)
 
 
 def test_prepack_records_the_devices_layout():
     _, w = _weight()
     hopper = mg.kernels.compute_capability(0) == (9, 0)
-    expect = "sm80+sm90a" if hopper else "sm80"
-    assert w.layout == mg.kernels.layout_for(0) == expect and len(w.aux) == (3 if hopper else 0)
+    expect = "sm90a" if hopper else "sm80"  # one copy: the layout of the device's tile families
+    assert w.layout == mg.kernels.layout_for(0) == expect and w.aux == ()
     assert f"layout='{expect}'" in repr(w)
     runs = [f.name for f, (ok, _) in available(0) if ok]
     assert runs == [f.name for f in FAMILIES if hopper or f.name != "sm90a"]  # the others run on sm_80+
@@ -34,9 +34,9 @@ def test_prepack_records_the_devices_layout():
 @pytest.mark.parametrize("fam", FAMILIES, ids=[f.name for f in FAMILIES])
 def test_each_family_computes_the_reference(fam):
     """One catalog kernel of each family, forced through config=, on fresh random data."""
-    (q, s, z), w = _weight(seed=seed_of(fam.name))
     config = next(c for c in fam.catalog() if (c.dtype, c.bits, c.zero_mode) == ("f16", 4, "int"))
-    for m in (1, 37):
+    (q, s, z), w = _weight(seed=seed_of(fam.name), layout=fam.layout_of(config))
+    for m in (1, 37) if fam.name != "gemv" else (1, config.tokens):
         x = torch.randn(m, 2048, device="cuda").half()
         out = torch.full((m, 1024), float("nan"), device="cuda", dtype=torch.float16)
         mg.matmul(x, w, config=config, out=out)
@@ -50,10 +50,11 @@ def test_explain_names_family_schedule_and_source(monkeypatch):
     try:
         _, w = _weight(n=4096, k=4096)
         small, big = mg.explain(1, w), mg.explain(torch.empty(3000, 4096, device="cuda").half(), w)
-        assert (small.family.name, small.source) == ("sm80", "heuristic") and small.schedule.startswith("sm80:t16x")
-        if mg.kernels.compute_capability(0) == (9, 0):  # wgmma takes large M on the H100
+        if mg.kernels.compute_capability(0) == (9, 0):  # decode reads the sm90a copy; wgmma takes large M
+            assert (small.family.name, small.source) == ("gemv", "heuristic") and small.schedule.startswith("gemv:m8")
             assert big.family.name == "sm90a" and big.schedule.startswith("sm90a:t128x256x64_coop")
         else:
+            assert (small.family.name, small.source) == ("sm80", "heuristic") and small.schedule.startswith("sm80:t16x")
             assert (big.family.name, big.schedule) == ("dequant_mm", "dequant_mm:dequant_mm")
         assert mg.explain(1, w) is small  # the one selection cache: matmul reads the same entry
         with pytest.raises(TypeError, match="x_or_m"):

@@ -128,7 +128,7 @@ def test_errors_raise_before_launch_and_context_survives():
     n, k, g = 256, 512, 128
     (q, s, z), packed = random_weight(n, k, fmt="awq", bits=4, symmetric=False, group_size=g, device="cuda",
                                       seed=5)
-    w = mg.prepack(*packed, format="awq", bits=4, group_size=g)
+    w = mg.prepack(*packed, format="awq", bits=4, group_size=g, layout="sm80")  # the sm80 config below reads it
     x = torch.randn(8, k, device="cuda").half()
     cases = [
         (ValueError, "x: must be on the weight's device", lambda: mg.matmul(x.cpu(), w)),

@@ -92,7 +92,7 @@ def test_prepack_layout_argument():
     w = mg.prepack(q, s, None, format="plain", bits=4, group_size=-1)
     assert w.layout == "sm80"  # "auto" on the CPU: the first family's layout
     assert mg.prepack(q, s, None, format="plain", bits=4, group_size=-1, layout="sm80").layout == "sm80"
-    with pytest.raises(ValueError, match="layout: must be 'sm80' optionally followed by .* got 'hopper'"):
+    with pytest.raises(ValueError, match="layout: must be one of .* got 'hopper'"):
         mg.prepack(q, s, None, format="plain", bits=4, group_size=-1, layout="hopper")
     q2, s2, z2 = w.unpack()
     assert torch.equal(q2, q) and z2 is None
@@ -106,7 +106,7 @@ def test_prepack_two_layouts_on_the_cpu_and_quant_linear_round_trip():
     s = torch.rand(96, 2, generator=gen) + 0.5
     z = torch.randint(0, 16, (96, 2), generator=gen).float()
     w = mg.prepack(q, s, z, format="plain", bits=4, group_size=128, layout="sm80+sm90a")
-    assert w.layouts == ("sm80", "sm90a") and w.aux_n_pad == 96
+    assert w.layouts == ("sm80", "sm90a") and w.parts["sm90a"].n_pad == 96
     b, sp, zp = w.aux
     assert torch.equal(mg.kernels.sm90a.layout.unpack_b(b, 4, 96, 256), q)
     assert torch.equal(sp[:, :96].t().float(), s.half().float())
@@ -123,4 +123,41 @@ def test_prepack_two_layouts_on_the_cpu_and_quant_linear_round_trip():
     assert {"aux_b", "aux_scales", "aux_zeros"} <= set(sd)
     other = QuantLinear(256, 96, bits=4, group_size=128, layout="sm80+sm90a")
     other.load_state_dict(sd)
-    assert other.packed().aux_key[-4:] == (96, 256, 128, 96) and torch.equal(other.aux_b, b)
+    assert other.packed().parts["sm90a"].key[-4:] == (96, 256, 128, 96) and torch.equal(other.aux_b, b)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("mode", ["sym", "int", "float", "offset"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_one_sm90a_copy_unpacks_and_fits_the_byte_budget(bits, mode, dtype):
+    """``layout="sm90a"`` (what an H100 gets): one copy, within 1.05x of the packed codes plus
+    scales and zeros; unpack gives the codes and scales exactly, integer zeros exactly, float zeros
+    and offsets to 16-bit precision; QuantLinear round-trips it through its state dict."""
+    gen = torch.Generator().manual_seed(bits * 10 + len(mode))
+    n, k, g = 96, 256, 64
+    q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
+    s = (torch.rand(n, k // g, generator=gen) + 0.5) / 2**bits
+    z = {"sym": None, "int": torch.randint(0, 2**bits, (n, k // g), generator=gen).float(),
+         "float": torch.rand(n, k // g, generator=gen) * 2**bits,
+         "offset": -torch.rand(n, k // g, generator=gen)}[mode]
+    w = mg.prepack(q, s, z, format="plain", bits=bits, group_size=g, zero_mode="int" if mode == "sym" else mode,
+                   dtype=dtype, layout="sm90a")
+    assert w.layouts == ("sm90a",) and w.aux == () and w.zero_mode == mode and w.zeros is not None
+    codes = n * k * bits // 8
+    params = 2 * (k // g) * n * (1 if mode == "sym" else 2)
+    assert w.nbytes <= 1.05 * (codes + params) + 2 * 16 * (k // g) * 2  # + the padding of N to 16
+    q2, s2, z2 = w.unpack()
+    assert torch.equal(q2, q) and torch.equal(s2, s.to(dtype))
+    if mode == "sym":
+        assert z2 is None
+    elif mode == "int":
+        assert torch.equal(z2.float(), z)
+    else:
+        tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -9
+        assert torch.allclose(z2.float(), z.to(dtype).float(), atol=tol * 2**bits, rtol=0)
+    from mixed_gemm.nn import QuantLinear
+
+    lin = QuantLinear.from_packed(w)
+    other = QuantLinear(k, n, bits=bits, group_size=g, zero_mode=mode, dtype=dtype, layout="sm90a")
+    other.load_state_dict(lin.state_dict())
+    assert torch.equal(other.packed().unpack()[0], q) and other.packed().layout == "sm90a"

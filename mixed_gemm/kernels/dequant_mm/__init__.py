@@ -1,7 +1,8 @@
 """The ``dequant_mm`` family: the dequantize kernel writes the dense weight (at ~96% of copy
 bandwidth on the H100), then cuBLAS multiplies (torch.mm). For large M, where cuBLAS's Hopper
-kernels outrun any mma.sync kernel and the dequantization is amortized over many rows. It reads the
-``sm80`` weight layout (the dequantize kernel walks the same atoms)."""
+kernels outrun any mma.sync kernel and the dequantization is amortized over many rows, and for
+what the tile families cannot take (group 32 on the H100). It reads either weight layout, with a
+dequantize kernel each (``sm80``: dequant_kernel.cuh, ``sm90a``: dequant_sm90a.cuh)."""
 from __future__ import annotations
 
 from typing import List
@@ -15,8 +16,9 @@ from ..common import DTYPES, ZERO_MODES, constant_checks
 from .. import sm80
 from ..sm80 import layout as sm80_layout
 from ..sm80.catalog import WEIGHT_KINDS
-from .abi import DEQUANT_ARGS_BYTES, DequantArgs
-from .config import SCHEDULE, DequantMMConfig
+from ..sm90a import layout as sm90a_layout
+from .abi import DEQUANT_ARGS_BYTES, DEQUANT_SM90A_ARGS_BYTES, DequantArgs, DequantSm90aArgs
+from .config import SCHEDULES, DequantMMConfig
 
 FROM_M = 128  # the profiler times it from here up (below, the weight's bytes dominate)
 
@@ -25,21 +27,39 @@ class DequantMMFamily(Family):
     name = "dequant_mm"
     config_class = DequantMMConfig
     layout = sm80_layout.NAME
+    sets_layout = False  # it reads whichever layout the tile families of the GPU chose
     arch_flags = sm80.Sm80Family.arch_flags  # the same GPUs as the sm80 kernels it stands in for
     template_dirs = ("common", "dequant_mm")
     min_capability = (8, 0)
 
+    def layout_of(self, config: DequantMMConfig) -> str:
+        return config.layout
+
     def catalog(self) -> List[DequantMMConfig]:
-        return [DequantMMConfig(dtype=d, bits=b, zero_mode=z) for d, b, z in WEIGHT_KINDS]
+        return [DequantMMConfig(dtype=d, bits=b, zero_mode=z) for d, b, z in WEIGHT_KINDS] + \
+            [DequantMMConfig(dtype=d, bits=b, layout=sm90a_layout.NAME) for d in DTYPES for b in (4, 8)]
+
+    @staticmethod
+    def _layout(problem: Problem) -> str:
+        return problem.layout.split("+")[0]
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:
-        return [SCHEDULE] if problem.m >= FROM_M else []
+        return [SCHEDULES.get(self._layout(problem), SCHEDULES["sm80"])] if problem.m >= FROM_M else []
 
     def heuristic(self, problem: Problem, sms: int) -> DequantMMConfig:
         # Last in the registry's order: it takes whatever the families before it pass on.
-        return DequantMMConfig(**problem.kind)
+        layout = self._layout(problem)
+        return DequantMMConfig(**problem.kind, layout=layout if layout in SCHEDULES else "sm80")
 
     def render(self, config: DequantMMConfig) -> str:
+        if config.layout == sm90a_layout.NAME:
+            kernel = config.kernel
+            return render_template(
+                "dequant_mm/dequant_sm90a.cu.j2",
+                family=self.name, config=repr(kernel), name=kernel.kernel_name, element=DTYPES[kernel.dtype][0],
+                bits=kernel.bits, threads=kernel.threads, args_bytes=DEQUANT_SM90A_ARGS_BYTES,
+                constants=constant_checks(),
+            )
         return render_template(
             "dequant_mm/dequant.cu.j2",
             family=self.name, config=repr(config), name=config.kernel_name,
@@ -60,9 +80,12 @@ class Dequantizer:
 
     def __init__(self, config: DequantMMConfig, module):
         self.config = config
-        self.fn = module.function(config.kernel_name, DequantArgs, config.threads)
+        sm90a = config.layout == sm90a_layout.NAME
+        self.fn = module.function(config.kernel_name, DequantSm90aArgs if sm90a else DequantArgs, config.threads)
 
     def __call__(self, w, y: torch.Tensor, stream: int) -> None:
+        if self.config.layout == sm90a_layout.NAME:
+            return self._sm90a(w, y, stream)
         fn = self.fn
         with fn.lock:
             a = fn.args
@@ -72,6 +95,17 @@ class Dequantizer:
             a.n, a.k, a.n_pad, a.k16, a.ldo = w.n, w.k, w.n_pad, w.k16, w.k
             a.group_shift, a.num_groups = w.group_shift, w.num_groups
             fn.launch(self.config.grid(w.n_pad, w.k16), stream)
+
+
+    def _sm90a(self, w, y: torch.Tensor, stream: int) -> None:
+        b, scales, zeros, n_pad, _ = w.parts[sm90a_layout.NAME]
+        fn = self.fn
+        with fn.lock:
+            a = fn.args
+            a.b, a.scales, a.zeros, a.out = b.data_ptr(), scales.data_ptr(), zeros.data_ptr(), y.data_ptr()
+            a.n, a.k, a.strips, a.katoms, a.ldo = w.n, w.k, n_pad // 16, w.k16, w.k
+            a.group_shift, a.num_groups = w.group_shift, w.num_groups
+            fn.launch(self.config.grid(n_pad, w.k16), stream)
 
 
 class DequantMMLauncher:

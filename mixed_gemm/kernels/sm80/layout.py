@@ -140,12 +140,21 @@ def unpack_group_params(p: torch.Tensor, n: int) -> torch.Tensor:
     return p.view(g, n_pad // ATOM_N, 8, 8).transpose(-1, -2).reshape(g, n_pad)[:, :n].t().contiguous()
 
 
-def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype):
-    """Canonical ``(q, s, z)`` -> ``(b, scales, zeros)`` of this layout (``zeros`` None if ``z`` is)."""
+ALWAYS_ZEROS = False  # symmetric weights store no zeros (the kernels take the zero point 2**(bits-1))
+
+
+def dims(b: torch.Tensor):
+    """``(N_pad, K16)`` (padded rows, k16 atoms) of a packed ``b``."""
+    return b.shape[0] * ATOM_N, b.shape[1]
+
+
+def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype, zero_mode: str = "int"):
+    """Canonical ``(q, s, z)`` -> ``(b, scales, zeros)`` of this layout (``zeros`` None if ``z`` is;
+    ``zero_mode`` is the kernels' business here, stored beside the weight)."""
     return (pack_b(q, bits), pack_group_params(s, dtype), None if z is None else pack_group_params(z, dtype))
 
 
-def unpack(b: torch.Tensor, scales: torch.Tensor, zeros, bits: int, n: int, k: int):
+def unpack(b: torch.Tensor, scales: torch.Tensor, zeros, bits: int, n: int, k: int, zero_mode: str = "int"):
     """Exact inverse of :func:`pack`: ``(q, s, z)`` with ``s``/``z`` in the stored dtype."""
     return (unpack_b(b, bits, n, k), unpack_group_params(scales, n),
             None if zeros is None else unpack_group_params(zeros, n))

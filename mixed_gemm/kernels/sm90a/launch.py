@@ -14,7 +14,7 @@ import threading
 from ...runtime import get_library, workspace
 from ...runtime.driver import primary_context
 from ..base import sm_count
-from . import abi
+from . import abi, layout
 from .config import Sm90aConfig
 
 
@@ -56,8 +56,8 @@ class Sm90aLauncher:
             lib.mg_destroy(slot[0])
 
     def _init(self, slot, x, w, bias_ptr, y, m, stream) -> None:
-        b, s, z = w.aux
-        args = (m, w.n, w.aux_n_pad, w.k, w.group_size, self.sms, self.splits, *self.order)
+        b, s, z, n_pad, _ = w.parts[layout.NAME]
+        args = (m, w.n, n_pad, w.k, w.group_size, self.sms, self.splits, *self.order)
         ws, ws_bytes = 0, 0
         if self.streamk:
             ws_bytes = self.lib.mg_workspace_bytes(*args)
@@ -72,7 +72,7 @@ class Sm90aLauncher:
 
     def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
         bias_ptr = 0 if bias is None else bias.data_ptr()
-        key = (w.aux_key, bias_ptr, 1 << (m - 1).bit_length())
+        key = (w.parts[layout.NAME].key, bias_ptr, 1 << (m - 1).bit_length())
         with self.lock:
             slot = self._slots.get(key)
             if slot is None:

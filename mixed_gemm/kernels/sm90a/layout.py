@@ -38,8 +38,11 @@ the collective's scale TMA reads). ``N`` is padded to ``N_pad`` (multiple of 16)
 ``K16`` (multiple of 16) with stored code 0, scale 0 and zero 0; padded rows never reach the
 output (the epilogue stores ``N`` rows) and padded columns meet TMA's zero fill of ``x``.
 
-This layout is an extra copy next to the ``sm80`` one on GPUs where the sm90a family runs
-(:func:`mixed_gemm.kernels.layouts_for`); the canonical weight is recovered from the sm80 copy.
+On GPUs where the sm90a family runs this is the one copy prepack makes
+(:func:`mixed_gemm.kernels.layout_for`); the gemv (decode) kernels and the sm90a dequantize kernel
+read it too. :func:`unpack` recovers the canonical weight: codes and scales exactly, integer zero
+points exactly (``z = 2**(bits-1) - z'/s`` rounded: the error of ``z'`` in 16 bits is below a
+quarter for ``|2**(bits-1) - z| <= 128``), float zeros and offsets to the precision of ``z'``.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ import torch
 
 NAME = "sm90a"
 ATOM = 16
+ALWAYS_ZEROS = True  # the collective is compiled with a zero operand: symmetric weights store 0
 
 
 def _round_up(x: int, m: int) -> int:
@@ -136,6 +140,30 @@ def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype,
     z = None if z is None else z.to(dtype).float()
     return (pack_b(q, bits), _pack_params(s, n_pad, dtype),
             _pack_params(additive_zeros(s, z, bits, zero_mode), n_pad, dtype))
+
+
+def dims(b: torch.Tensor):
+    """``(N_pad, K16)`` (padded rows, k16 atoms) of a packed ``b``."""
+    return b.shape[1] * ATOM, b.shape[0]
+
+
+def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, n: int, k: int,
+           zero_mode: str = "int"):
+    """``(b, scales, zeros)`` -> canonical ``(q, s, z)`` (``s``/``z`` ``(n, G)`` in the stored dtype;
+    ``z`` None for symmetric weights). Exact for codes, scales and integer zero points."""
+    q = unpack_b(b, bits, n, k)
+    s = scales[:, :n].t().contiguous()
+    if zero_mode == "sym":
+        return q, s, None
+    half = float(1 << (bits - 1))
+    sf, zf = s.float(), zeros[:, :n].t().float()
+    if zero_mode == "offset":
+        return q, s, (zf - half * sf).to(s.dtype)
+    # A zero scale (padding, or a dead group) leaves z' = 0 and z undetermined: report the midpoint.
+    z = half - torch.where(sf != 0, zf / torch.where(sf != 0, sf, 1.0), torch.zeros_like(zf))
+    if zero_mode == "int":
+        z = z.round()
+    return q, s, z.to(s.dtype)
 
 
 def shapes(n: int, k: int, bits: int, groups: int):

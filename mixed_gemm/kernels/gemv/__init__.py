@@ -1,0 +1,68 @@
+"""The ``gemv`` (decode) family: M <= 32 tokens at the HBM limit (templates/gemv/gemv.cuh). The
+weight streams from global memory straight into mma.sync A fragments, so it reads the ``sm90a``
+weight layout, the one the large-M family of Hopper reads: on the H100 ``prepack`` keeps that one
+copy only. mma.sync runs on sm_80 and later; the family runs wherever a weight is in that layout.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from ...codegen import render_template
+from ..base import OK, Family, Problem, Verdict
+from ..common import DTYPES, constant_checks
+from ..sm90a import layout
+from .abi import GEMV_ARGS_BYTES
+from .candidates import candidate_schedules
+from .catalog import default_catalog
+from .config import GemvConfig
+from .heuristics import MAX_M, heuristic_config
+from .launch import GemvLauncher
+
+
+class GemvFamily(Family):
+    name = "gemv"
+    config_class = GemvConfig
+    layout = layout.NAME
+    sets_layout = False  # it reads the layout the large-M family of the device chose
+    arch_flags = (
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    )
+    template_dirs = ("common", "gemv")
+    min_capability = (8, 0)
+
+    def can_implement(self, config: GemvConfig, problem: Problem) -> Verdict:
+        ok, why = super().can_implement(config, problem)
+        if not ok:
+            return ok, why
+        if problem.m > config.tokens:
+            return False, f"{config.schedule} serves at most {config.tokens} rows of x, M={problem.m}"
+        return OK
+
+    def catalog(self) -> List[GemvConfig]:
+        return default_catalog()
+
+    def candidates(self, problem: Problem, sms: int) -> List[str]:
+        return candidate_schedules(problem.m, problem.n, problem.k, sms, problem.bits)
+
+    def heuristic(self, problem: Problem, sms: int):
+        return heuristic_config(problem, sms)
+
+    def render(self, config: GemvConfig) -> str:
+        kernel = config.kernel
+        return render_template(
+            "gemv/kernel.cu.j2",
+            family=self.name, config=repr(kernel), name=kernel.kernel_name,
+            element=DTYPES[kernel.dtype][0], bits=kernel.bits, tiles=kernel.tokens // 8, strips=kernel.strips,
+            warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
+            rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),
+        )
+
+    def launcher(self, config: GemvConfig, device_index: int) -> GemvLauncher:
+        return GemvLauncher(config, self.build_spec(config), device_index)
+
+
+FAMILY = GemvFamily()
+
+__all__ = ["FAMILY", "MAX_M", "GemvConfig", "GemvFamily"]

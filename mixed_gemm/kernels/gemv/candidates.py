@@ -1,0 +1,25 @@
+"""The gemv schedules ``mixed-gemm profile`` tries for one problem: every catalog shape whose token
+tile holds M and is not more than 4x wider than needed, at split counts around the one that gives
+each SM a few CTAs."""
+from __future__ import annotations
+
+from typing import List
+
+from .catalog import shapes_for
+from .config import MAX_SPLITS, GemvConfig
+from .heuristics import MAX_M, splits_for
+
+
+def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List[str]:
+    if m > MAX_M:
+        return []
+    out: List[str] = []
+    for tokens, strips, warps, unroll in shapes_for(bits):
+        if tokens < m or (tokens > 8 and tokens >= 4 * m):
+            continue
+        base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll)
+        steps = -(-(-(-k // 16)) // base.step)
+        best = splits_for(base, n, k, sms)
+        for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
+            out.append(base.replace(splits=s).schedule)
+    return out

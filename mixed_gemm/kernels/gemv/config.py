@@ -1,0 +1,126 @@
+"""``GemvConfig``: the frozen configuration of the decode (gemv) family, its single source of truth.
+
+Name, rendered source, build-cache key and profile key all derive from a config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass
+from typing import Tuple
+
+from ..common import check_weight_kind, raise_on
+
+_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_split(\d+))?$")
+MAX_SPLITS = 32
+MAX_THREADS = 512
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch configuration of the decode kernel (templates/gemv/gemv.cuh).
+
+    Compiled in: ``dtype``, ``bits``, ``tokens`` (rows of x served: 8, 16 or 32, i.e. 1, 2 or 4
+    n8 tiles of mma.sync.m16n8k16 with the tokens as its N), ``strips`` (16-row weight strips per
+    warp), ``warps`` = (warps along N, warps splitting K inside a CTA) and ``unroll`` (k16 atoms a
+    warp loads before it converts any: a warp keeps unroll x strips x 16 x bits bytes of weight in
+    flight). At launch: ``splits``, the K slices across
+    CTAs (grid.y; reduced in the kernel in slice order). ``zero_mode`` is not compiled in: every
+    mode is the sm90a layout's additive zero. ``schedule`` (``m8_s2_w4x2_u8_split4``) is what
+    profiles store (as ``gemv:<schedule>``).
+    """
+
+    dtype: str = "f16"
+    bits: int = 4
+    zero_mode: str = "int"
+    tokens: int = 8
+    strips: int = 2
+    warps: Tuple[int, int] = (4, 2)
+    unroll: int = 8
+    splits: int = 1
+
+    family = "gemv"
+
+    def __post_init__(self) -> None:
+        wn, wk = self.warps
+        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
+            (self.tokens in (8, 16, 32), "tokens must be 8, 16 or 32 (n8 tiles of mma.sync)"),
+            (1 <= self.strips <= 8, "strips must be in [1, 8]"),
+            (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),
+            (self.unroll in (1, 2, 4, 8, 16), "unroll must be a power of two <= 16 (steps stay inside a group)"),
+            (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+        ], "GemvConfig")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(dataclasses.astuple(self))
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps[0] * self.warps[1]
+
+    @property
+    def rows(self) -> int:
+        """Weight rows (outputs) per CTA."""
+        return 16 * self.strips * self.warps[0]
+
+    @property
+    def step(self) -> int:
+        """K atoms (of 16) a CTA consumes per step of its warps."""
+        return self.unroll * self.warps[1]
+
+    @property
+    def smem_bytes(self) -> int:
+        """The cross-warp K reduction buffer (static shared memory in the kernel)."""
+        wn, wk = self.warps
+        return (wk - 1) * wn * self.strips * (self.tokens // 8) * 4 * 32 * 4
+
+    @functools.cached_property
+    def kernel(self) -> "GemvConfig":
+        """The compiled identity: zero mode folded (any), splits at the default."""
+        return dataclasses.replace(self, zero_mode="int", splits=1)
+
+    @functools.cached_property
+    def _tile_schedule(self) -> str:
+        wn, wk = self.warps
+        return f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
+
+    @functools.cached_property
+    def kernel_name(self) -> str:
+        return f"mg_gemv_{self.dtype}_u{self.bits}_{self._tile_schedule}"
+
+    @functools.cached_property
+    def schedule(self) -> str:
+        return self._tile_schedule + (f"_split{self.splits}" if self.splits > 1 else "")
+
+    @functools.cached_property
+    def name(self) -> str:
+        return f"mg_gemv_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self.schedule}"
+
+    @classmethod
+    def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "GemvConfig":
+        m = _SCHEDULE.match(schedule)
+        if m is None:
+            raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
+                             "[_split<S>]")
+        t, s, wn, wk, u, sp = m.groups()
+        return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
+                   unroll=int(u), splits=int(sp or 1))
+
+    def replace(self, **changes) -> "GemvConfig":
+        return dataclasses.replace(self, **changes)
+
+    def launch_geometry(self, n: int, k: int) -> Tuple[int, int, int, int]:
+        """``(row tiles, splits, chunk, strips)`` for an ``(n, k)`` weight: grid (row tiles, splits);
+        each split takes ``chunk`` k16 atoms, a multiple of ``unroll`` so every warp step starts on
+        a group boundary's multiple. Splits beyond what K offers are dropped (every split non-empty)."""
+        strips = -(-n // 16)
+        katoms = -(-k // 16)
+        row_tiles = -(-strips // (self.strips * self.warps[0]))
+        chunk = -(-katoms // self.splits)
+        chunk = -(-chunk // self.unroll) * self.unroll
+        return row_tiles, -(-katoms // chunk), chunk, strips

@@ -1,0 +1,36 @@
+"""The gemv family's choice when no profile covers a problem, kept as data.
+
+It serves M up to ``MAX_M`` tokens (the n8 tiles of mma.sync: 8, 16 or 32 rows of x). The grid
+must cover every SM several times over for the weight to stream at full bandwidth: K is split
+across CTAs until the row tiles times the splits reach ``CTAS_PER_SM`` per SM, keeping at least
+``MIN_STEPS`` warp steps per split.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..base import Problem
+from .config import MAX_SPLITS, GemvConfig
+
+MAX_M = 32
+CTAS_PER_SM = 4
+MIN_STEPS = 1
+# (max M, schedule) for int4; int8 halves the unroll (catalog.shapes_for).
+ROWS = ((8, "m8_s2_w4x2_u8"), (16, "m16_s2_w4x2_u8"), (32, "m32_s1_w4x2_u4"))
+
+
+def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
+    row_tiles = config.launch_geometry(n, k)[0]
+    steps = -(-(-(-k // 16)) // config.step)
+    want = -(-CTAS_PER_SM * sms // row_tiles)
+    return max(1, min(want, steps // MIN_STEPS, MAX_SPLITS))
+
+
+def heuristic_config(problem: Problem, sms: int) -> Optional[GemvConfig]:
+    if problem.m > MAX_M:
+        return None
+    schedule = next(s for max_m, s in ROWS if problem.m <= max_m)
+    config = GemvConfig.from_schedule(schedule, **problem.kind)
+    if problem.bits == 8:
+        config = config.replace(unroll=max(1, config.unroll // 2))
+    return config.replace(splits=splits_for(config, problem.n, problem.k, sms))

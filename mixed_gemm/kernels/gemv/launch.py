@@ -1,0 +1,48 @@
+"""Launching one gemv config: the argument block filled once per weight, the call's tensors, and
+the split-K planes and arrival counters from the per-stream workspaces."""
+from __future__ import annotations
+
+from ...runtime import get_module, semaphores, workspace
+from ..sm90a.layout import NAME as LAYOUT
+from .abi import GemvArgs
+from .config import GemvConfig
+
+
+class GemvLauncher:
+    """``launch(x, w, bias, y, m, stream)`` for one config on one device."""
+
+    def __init__(self, config: GemvConfig, spec, device_index: int):
+        module = get_module(spec, device_index)
+        self.config = config
+        self.device_index = device_index
+        # The reduction buffer is static shared memory (below the 48 KB default limit).
+        self.fn = module.function(config.kernel_name, GemvArgs, config.threads)
+        self._blocks = {}  # the weight's sm90a view key -> (argument block, argv address, grid, splits)
+
+    def _block(self, w):
+        view = w.parts[LAYOUT]
+        args, argv = self.fn.block()
+        row_tiles, splits, chunk, strips = self.config.launch_geometry(w.n, w.k)
+        args.b, args.scales, args.zeros = view.b.data_ptr(), view.scales.data_ptr(), view.zeros.data_ptr()
+        args.n, args.k, args.strips, args.katoms = w.n, w.k, strips, w.k16
+        args.group_shift, args.num_groups = w.group_shift, w.num_groups
+        args.splits, args.chunk = splits, chunk
+        blk = self._blocks[view.key] = (args, argv, (row_tiles, splits, 1), splits)
+        return blk
+
+    def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
+        blk = self._blocks.get(w.parts[LAYOUT].key)
+        if blk is None:
+            blk = self._block(w)
+        a, argv, grid, splits = blk
+        ws = cnt = 0
+        if splits > 1:
+            ws = workspace(self.device_index, stream, splits * m * w.n)
+            cnt = semaphores(self.device_index, stream, grid[0])
+        fn = self.fn
+        with fn.lock:
+            a.x = x.data_ptr()
+            a.bias = 0 if bias is None else bias.data_ptr()
+            a.y = y.data_ptr()
+            a.workspace, a.counters, a.m = ws, cnt, m
+            fn.launch(grid, stream, argv)

@@ -1,0 +1,74 @@
+// Standalone dequantize of a weight in the sm90a layout (mixed_gemm/kernels/sm90a/layout.py):
+// the dense (N, K) weight, w = q' s + z' through the same converters and the same fma as the gemv
+// kernels (so "dequantize, then cuBLAS" computes the weight the other kernels compute with).
+//
+// One warp per atom (16 rows x 16 k): a block of 8 warps reads 8 adjacent atoms of one k16 column,
+// 1 KB (int4) contiguous. Lane (g, t) holds rows g and g + 8 at k 2t, 2t+1, 2t+8, 2t+9; the
+// shuffles below hand each lane 8 consecutive k of one row, so every store is 16 bytes and a
+// row's 32 bytes (one sector) come from two adjacent lanes.
+#pragma once
+
+#include "common/sm90a_atom.cuh"
+
+namespace mixed_gemm {
+
+struct DequantSm90aArgs {
+  void const* b;       // atoms, int32 (katoms, strips, 8 * bits)
+  void const* scales;  // (num_groups, 16 * strips)
+  void const* zeros;   // additive z', same shape
+  void* out;           // (n, k) row-major, row stride ldo
+  int n, k, strips, katoms, ldo, group_shift, num_groups;
+};
+
+template <typename Element, int kBits>
+struct DequantSm90aKernel {
+  using P = Pair<Element>;
+  using raw = typename P::raw;
+  static constexpr int kThreads = 256;
+  static constexpr int kWords = kBits / 4;
+  static constexpr int kStrips = kThreads / 32;  // atoms (16-row strips) per block
+
+  static __device__ void run(DequantSm90aArgs const& p) {
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int const nb = blockIdx.x * kStrips + warp, kb = blockIdx.y;
+    if (nb >= p.strips) return;
+    int const g = lane >> 2, t = lane & 3;
+    uint32_t const* src = static_cast<uint32_t const*>(p.b) + (((size_t)kb * p.strips + nb) * 32 + lane) * kWords;
+    uint32_t w[kWords];
+    if (kWords == 1) {
+      w[0] = ld_stream(src);
+    } else {
+      uint2 const v = ld_stream2(src);
+      w[0] = v.x;
+      w[kWords - 1] = v.y;
+    }
+    uint32_t a[4];
+    AtomConvert<Element, kBits>::run(w, a);
+    int const gi = min((kb * 16) >> p.group_shift, p.num_groups - 1);
+    size_t const pi = (size_t)gi * (16 * p.strips) + 16 * nb + g;
+    raw const* sp = static_cast<raw const*>(p.scales) + pi;
+    raw const* zp = static_cast<raw const*>(p.zeros) + pi;
+    uint32_t const s0 = P::splat(sp[0]), s1 = P::splat(sp[8]), z0 = P::splat(zp[0]), z1 = P::splat(zp[8]);
+    a[0] = P::fma(a[0], s0, z0);
+    a[2] = P::fma(a[2], s0, z0);
+    a[1] = P::fma(a[1], s1, z1);
+    a[3] = P::fma(a[3], s1, z1);
+    // Lane (g, t) stores row g + 8 (t >> 1), k 8 (t & 1) .. + 7: register r = (t & 1) * 2 + (t >> 1)
+    // of the four lanes 4g .. 4g + 3 (pair j of the vector comes from lane 4g + j).
+    int const r = (t & 1) * 2 + (t >> 1);
+    uint32_t v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // Every lane reads lane 4g + j's registers; each keeps the one it needs.
+      uint32_t const x0 = __shfl_sync(0xffffffffu, a[0], 4 * g + j), x1 = __shfl_sync(0xffffffffu, a[1], 4 * g + j);
+      uint32_t const x2 = __shfl_sync(0xffffffffu, a[2], 4 * g + j), x3 = __shfl_sync(0xffffffffu, a[3], 4 * g + j);
+      v[j] = r == 0 ? x0 : (r == 1 ? x1 : (r == 2 ? x2 : x3));
+    }
+    int const row = 16 * nb + g + 8 * (t >> 1), col = 16 * kb + 8 * (t & 1);
+    if (row < p.n && col < p.k) {  // K % 8 == 0: a vector is wholly in or out
+      *reinterpret_cast<uint4*>(static_cast<raw*>(p.out) + (size_t)row * p.ldo + col) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
+};
+
+}  // namespace mixed_gemm

@@ -1,0 +1,286 @@
+// Decode GEMM for M <= 32 tokens, reading the sm90a weight layout straight from global memory:
+//   y[M, N] = x[M, K] (fp16/bf16, row-major) x W^T (+ bias[N]),  W[n, k] = q'[n, k] s[g, n] + z'[g, n]
+// with q' the stored signed code and z' the additive zero the sm90a layout holds (every zero mode
+// folds into it at prepack: mixed_gemm/kernels/sm90a/layout.py).
+//
+// Why this shape. At decode the only limit is HBM bandwidth, so the kernel keeps enough bytes in
+// flight per SM (Little's law: ~3 TB/s x ~1 us / 132 SMs ~ 20 KB) and does nothing between the
+// load and the math: no shared-memory staging, no cp.async pipeline, no prologue. The problem is
+// transposed, y^T = W x^T, so the weight is the A operand of mma.sync.m16n8k16 and the activations
+// (<= 8 tokens per n8 tile, zero-padded) are the B operand:
+//   - an sm90a atom (16 n x 16 k, 32 words for int4) is exactly one A fragment: lane l = 4 g + t
+//     owns the word with rows g, g + 8 and columns 2t, 2t+1, 2t+8, 2t+9, so one 32-bit load
+//     (int4; 64-bit for int8) per lane per atom feeds one mma, and a warp's load is one fully
+//     coalesced 128-byte (256-byte) request; the atoms of adjacent 16-row strips are adjacent.
+//   - the B fragment of x (b0 = x[g][2t, 2t+1], b1 = x[g][2t+8, 2t+9]) is two 32-bit loads that hit
+//     L1/L2 (x is a few KB and every CTA reads it).
+// Each warp owns kStrips strips (16 rows each) and walks its share of K kUnroll atoms at a time:
+// all kUnroll x kStrips weight loads of a step are issued before any is used. kWarpsK warps of a
+// CTA split the CTA's K range (reduced through shared memory in warp order), and grid.y splits K
+// across CTAs (split-K: fp32 partial planes in a workspace; the last CTA of a row tile to arrive
+// sums the planes in slice order and writes y, so the result does not depend on arrival order,
+// and resets its arrival counter, so a launch is a single kernel node).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "common/sm90a_atom.cuh"
+
+namespace mixed_gemm {
+
+struct GemvArgs {
+  void const* x;       // (m, k) row-major, already in the weight's (act-order) K order
+  void const* b;       // sm90a atoms: int32 (katoms, strips, 8 * bits)
+  void const* scales;  // (num_groups, 16 * strips), activation dtype
+  void const* zeros;   // additive z', same shape (never null: symmetric weights store 0)
+  void const* bias;    // (n,) or nullptr
+  void* y;             // (m, n) row-major
+  float* workspace;    // split-K: splits x m x n fp32 partial planes
+  int* counters;       // split-K: one arrival counter per row tile, zero between launches
+  int m, n, k, strips, katoms, group_shift, num_groups, splits, chunk;  // chunk: atoms per split
+};
+
+template <typename Element>
+struct GemvMath;
+
+template <>
+struct GemvMath<cutlass::half_t> {
+  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct GemvMath<cutlass::bfloat16_t> {
+  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll>
+struct Gemv {
+  using P = Pair<Element>;
+  using raw = typename P::raw;
+  using raw2 = typename P::raw2;
+  static constexpr int kWords = kBits / 4;              // 32-bit words per lane per atom
+  static constexpr int kThreads = 32 * kWarpsN * kWarpsK;
+  static constexpr int kRows = 16 * kStrips * kWarpsN;  // weight rows (outputs) of a CTA
+  static constexpr int kAcc = kStrips * kTiles * 4;     // fp32 accumulators per lane
+  // Cross-warp K reduction: warps 1.. of each column write their accumulators here.
+  static constexpr int kSmemBytes = (kWarpsK - 1) * kWarpsN * kAcc * 32 * 4;
+  static_assert(kBits == 4 || kBits == 8, "int4 or int8 weights");
+  static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
+
+  // s and z' of rows (g, g + 8) of strip nb in group gi, as (s, s) / (z, z) pairs.
+  static __device__ __forceinline__ void group_params(GemvArgs const& p, int gi, int nb, int g, uint32_t (&s)[2],
+                                                      uint32_t (&z)[2]) {
+    size_t const base = (size_t)gi * (16 * p.strips) + 16 * nb + g;
+    raw const* sp = static_cast<raw const*>(p.scales) + base;
+    raw const* zp = static_cast<raw const*>(p.zeros) + base;
+    s[0] = P::splat(__ldg(sp));
+    s[1] = P::splat(__ldg(sp + 8));
+    z[0] = P::splat(__ldg(zp));
+    z[1] = P::splat(__ldg(zp + 8));
+  }
+
+  static __device__ __forceinline__ void load_params(GemvArgs const& p, int kb, int strip0, uint32_t (&s)[kStrips][2],
+                                                     uint32_t (&z)[kStrips][2]) {
+    int const gi = min((kb * 16) >> p.group_shift, p.num_groups - 1);
+#pragma unroll
+    for (int j = 0; j < kStrips; ++j) group_params(p, gi, min(strip0 + j, p.strips - 1), (threadIdx.x & 31) >> 2, s[j], z[j]);
+  }
+
+  static __device__ __forceinline__ uint32_t ld_x(GemvArgs const& p, int row, int k) {
+    // K % 8 == 0 (prepack's rule), so a pair (k, k + 1) with k even is wholly inside or outside.
+    if (row >= p.m || k >= p.k) return 0u;
+    return __ldg(reinterpret_cast<uint32_t const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
+  }
+
+  template <bool kChunkGroup>
+  static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
+                                                  float (&acc)[kStrips][kTiles][4]) {
+    int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t const* bw = static_cast<uint32_t const*>(p.b);
+    for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
+      // 1. Every weight load of the step first (they are what the SM waits for).
+      uint32_t wq[kUnroll][kStrips][kWords];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int j = 0; j < kStrips; ++j) {
+          int const kb = kb0 + u, nb = strip0 + j;
+          uint32_t const* src = bw + (((size_t)kb * p.strips + nb) * 32 + lane) * kWords;
+          if (kb < kend && nb < p.strips) {
+            if (kWords == 1) {
+              wq[u][j][0] = ld_stream(src);
+            } else {
+              uint2 const v = ld_stream2(src);
+              wq[u][j][0] = v.x;
+              wq[u][j][kWords - 1] = v.y;
+            }
+          } else {
+#pragma unroll
+            for (int c = 0; c < kWords; ++c) wq[u][j][c] = 0u;
+          }
+        }
+      // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
+      uint32_t xf[kUnroll][kTiles][2];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int mt = 0; mt < kTiles; ++mt) {
+          int const k = (kb0 + u) * 16 + 2 * t;
+          xf[u][mt][0] = ld_x(p, mt * 8 + g, k);
+          xf[u][mt][1] = ld_x(p, mt * 8 + g, k + 8);
+        }
+      // One parameter load per step when the step lies in one group; else per atom, right before
+      // its use (they hit L1; holding all of them would double the registers).
+      uint32_t s[kStrips][2], z[kStrips][2];
+      if (kChunkGroup) load_params(p, kb0, strip0, s, z);
+      // 3. Convert, scale, multiply.
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (kb0 + u >= kend) break;
+        if (!kChunkGroup) load_params(p, kb0 + u, strip0, s, z);
+#pragma unroll
+        for (int j = 0; j < kStrips; ++j) {
+          uint32_t a[4];
+          AtomConvert<Element, kBits>::run(wq[u][j], a);
+          a[0] = P::fma(a[0], s[j][0], z[j][0]);
+          a[2] = P::fma(a[2], s[j][0], z[j][0]);
+          a[1] = P::fma(a[1], s[j][1], z[j][1]);
+          a[3] = P::fma(a[3], s[j][1], z[j][1]);
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
+        }
+      }
+    }
+  }
+
+  // Output (row n, token) of accumulator (j, mt, e): c0 c1 are rows g, tokens 2t, 2t+1; c2 c3 rows g+8.
+  static __device__ __forceinline__ void coords(int strip0, int j, int mt, int e, int lane, int& n, int& token) {
+    n = 16 * (strip0 + j) + (lane >> 2) + 8 * (e >> 1);
+    token = mt * 8 + 2 * (lane & 3) + (e & 1);
+  }
+
+  static __device__ void run(GemvArgs const& p, char* smem) {
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
+    int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
+    int const split = blockIdx.y;
+    int const kbeg = split * p.chunk, kend = min(kbeg + p.chunk, p.katoms);
+
+    float acc[kStrips][kTiles][4];
+#pragma unroll
+    for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+      for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][mt][e] = 0.f;
+
+    // A k-step of kUnroll atoms lies in one group when the group spans a multiple of kUnroll
+    // atoms (both powers of two; steps start at multiples of kUnroll): one parameter load per step.
+    if (p.group_shift - 4 >= __ffs(kUnroll) - 1) {
+      mainloop<true>(p, strip0, kbeg, kend, wk, acc);
+    } else {
+      mainloop<false>(p, strip0, kbeg, kend, wk, acc);
+    }
+
+    if (kWarpsK > 1) {  // K split across the CTA's warps: sum in warp order (deterministic)
+      float* red = reinterpret_cast<float*>(smem);
+      if (wk > 0) {
+        float* dst = red + ((size_t)((wk - 1) * kWarpsN + wn) * kAcc) * 32 + lane;
+#pragma unroll
+        for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dst[((j * kTiles + mt) * 4 + e) * 32] = acc[j][mt][e];
+      }
+      __syncthreads();
+      if (wk == 0) {
+#pragma unroll 1
+        for (int w = 1; w < kWarpsK; ++w) {
+          float const* src = red + ((size_t)((w - 1) * kWarpsN + wn) * kAcc) * 32 + lane;
+#pragma unroll
+          for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+            for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[j][mt][e] += src[((j * kTiles + mt) * 4 + e) * 32];
+        }
+      }
+    }
+
+    raw const* bias = static_cast<raw const*>(p.bias);
+    raw* y = static_cast<raw*>(p.y);
+    if (p.splits == 1) {
+      if (wk != 0) return;
+#pragma unroll
+      for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+        for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            int n, token;
+            coords(strip0, j, mt, e, lane, n, token);
+            if (n < p.n && token < p.m) {
+              float v = acc[j][mt][e];
+              if (bias != nullptr) v += static_cast<float>(bias[n]);
+              y[(size_t)token * p.n + n] = raw(v);
+            }
+          }
+      return;
+    }
+
+    // Split-K: publish this slice's plane, count arrivals; the last slice sums the planes in
+    // slice order and resets the counter for the next launch.
+    if (wk == 0) {
+      float* plane = p.workspace + (size_t)split * p.m * p.n;
+#pragma unroll
+      for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+        for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            int n, token;
+            coords(strip0, j, mt, e, lane, n, token);
+            if (n < p.n && token < p.m) __stcg(plane + (size_t)token * p.n + n, acc[j][mt][e]);
+          }
+    }
+    __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int* counter = p.counters + blockIdx.x;
+      last = atomicAdd(counter, 1) == p.splits - 1;
+      if (last) *counter = 0;  // every slice has arrived: nobody else touches it in this launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // acquire side: the other slices' planes are not stale
+    int const row0 = blockIdx.x * kRows;
+    size_t const plane = (size_t)p.m * p.n;
+    for (int i = threadIdx.x; i < p.m * kRows; i += kThreads) {
+      int const token = i / kRows, n = row0 + i % kRows;
+      if (n >= p.n) continue;
+      float const* src = p.workspace + (size_t)token * p.n + n;
+      float v = __ldcg(src);
+      for (int sl = 1; sl < p.splits; ++sl) v += __ldcg(src + sl * plane);
+      if (bias != nullptr) v += static_cast<float>(bias[n]);
+      y[(size_t)token * p.n + n] = raw(v);
+    }
+  }
+};
+
+}  // namespace mixed_gemm
