@@ -14,17 +14,7 @@ from mixed_gemm.select import PROFILE_ENV, Profile, profiles
 
 pytestmark = pytest.mark.gpu
 
-# Schedules of the families that read the device's one weight layout (sm90a on the H100, sm80 on
-# Ampere/Ada), every one able to run both Ms of the sweep.
-if torch.cuda.is_available() and mg.kernels.compute_capability(0) == (9, 0):
-    NAMES = ["gemv:m32_s1_w4x2_u4", "gemv:m32_s1_w4x2_u4_split2", "sm90a:t64x128x64_pp_c1x1_s0",
-             "dequant_mm:dequant_mm_sm90a"]
-    MS = (1, 32)
-else:
-    NAMES = ["sm80:t16x64x128_w1x1x4_s4", "sm80:t16x64x128_w1x1x4_s4_kfused2", "sm80:t64x128x64_w2x2x1_s4",
-             "dequant_mm:dequant_mm"]
-    MS = (1, 200)
-SCHEDULES = ",".join(NAMES)
+SCHEDULES = "t16x64x128_w1x1x4_s4,t16x64x128_w1x1x4_s4_kfused2,t64x128x64_w2x2x1_s4,dequant_mm"
 
 
 def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
@@ -35,9 +25,9 @@ def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
     # A partial sweep left by an interrupted run: one measurement, plus a line cut in half.
     partial = tmp_path / "gpu.partial.jsonl"
     row = dict(dtype="f16", bits=4, zero_mode="int", group_size=128, n=1024, k=2048, m=1, label="1024x2048",
-               schedule=NAMES[2], us=1e6, status="success", disposition="not_verified")
+               schedule="sm80:t64x128x64_w2x2x1_s4", us=1e6, status="success", disposition="not_verified")
     partial.write_text(json.dumps(row) + "\n" + '{"dtype": "f1')
-    rc = main(["profile", "--shapes", "1024:2048", "--ms", ",".join(map(str, MS)), "--schedules", SCHEDULES,
+    rc = main(["profile", "--shapes", "1024:2048", "--ms", "1,200", "--schedules", SCHEDULES,
                "--out", str(out), "--replays", "3", "--quiet"])
     assert rc == 0
     assert "resuming: 1 measurements" in capsys.readouterr().out
@@ -46,14 +36,16 @@ def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
     assert prof.gpu["name"] == torch.cuda.get_device_name() and prof.gpu["compute_capability"]
     assert set(prof.versions) == {"driver", "nvcc", "cutlass", "torch", "mixed_gemm"}
     key = ("f16", 4, "int", 128, 1024, 2048)
-    assert prof.has(key, 1) and prof.has(key, MS[1]) and prof.has(("f16", 4, "int", 128, 512, 512), 1)  # merged
-    assert prof.lookup(key, 1)[1] != NAMES[2]  # the resumed row's 1 s never wins
+    assert prof.has(key, 1) and prof.has(key, 200) and prof.has(("f16", 4, "int", 128, 512, 512), 1)  # merged
+    assert prof.lookup(key, 1)[1] != "sm80:t64x128x64_w2x2x1_s4"  # the resumed row's 1 s never wins
     with open(out.with_suffix(".csv")) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 8 and {r["schedule"] for r in rows} == set(NAMES)
-    resumed = [r for r in rows if r["m"] == "1" and r["schedule"] == NAMES[2]]
+    assert len(rows) == 8 and {r["schedule"] for r in rows} == {
+        "sm80:t16x64x128_w1x1x4_s4", "sm80:t16x64x128_w1x1x4_s4_kfused2", "sm80:t64x128x64_w2x2x1_s4",
+        "dequant_mm:dequant_mm"}
+    resumed = [r for r in rows if r["m"] == "1" and r["schedule"] == "sm80:t64x128x64_w2x2x1_s4"]
     assert resumed[0]["Runtime"] == f"{1e6 / 1e3:.6f}"  # taken from the partial file, not re-measured
-    for m in map(str, MS):  # per M, the fastest timed schedule is verified and wins; no other is verified
+    for m in ("1", "200"):  # per M, the fastest timed schedule is verified and wins; no other is verified
         timed = sorted((r for r in rows if r["m"] == m and r["Runtime"]), key=lambda r: float(r["Runtime"]))
         assert [r["Disposition"] for r in timed][0] == "passed"
         assert all(r["Disposition"] == "not_verified" for r in timed[1:])
