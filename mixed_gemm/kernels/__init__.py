@@ -86,15 +86,18 @@ def _layout_names(layout: str) -> Tuple[str, ...]:
 
 
 def layout_for(device_index: Optional[int]) -> str:
-    """The layout prepack uses on a device: the one read by the first family (in priority order)
-    that runs there and sets the layout (the tile families; the decode and dequantize families
-    follow whatever layout they find). One copy per device: ``"sm90a"`` on the H100, ``"sm80"``
-    on Ampere/Ada and on the CPU (``None``)."""
+    """The layout string prepack uses on a device: the primary layout, plus the layout of every
+    family that runs there, sets the layout (the tile families; the decode and dequantize families
+    follow the layouts they find) and reads another: ``"sm80"`` on Ampere/Ada and the CPU (``None``),
+    ``"sm80+sm90a"`` on the H100. Two copies there until the gemv family, which reads the sm90a
+    copy, beats the sm80 kernels at every M it serves (it does at M <= 8; docs/decode-plan.md):
+    ``prepack(..., layout="sm90a")`` gives the one-copy weight every H100 family can run."""
+    names = [PRIMARY_LAYOUT]
     if device_index is not None:
         for f, (ok, _) in available(device_index):
-            if ok and f.sets_layout:
-                return f.layout
-    return PRIMARY_LAYOUT
+            if ok and f.sets_layout and f.layout not in names:
+                names.append(f.layout)
+    return "+".join(names)
 
 
 __all__ = ["FAMILIES", "LAYOUTS", "OK", "PRIMARY_LAYOUT", "layout_names", "Family", "Problem", "Verdict", "available", "compute_capability",

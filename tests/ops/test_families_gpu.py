@@ -24,8 +24,8 @@ def _weight(n=1024, k=2048, g=128, seed=0, layout="auto"):
 def test_prepack_records_the_devices_layout():
     _, w = _weight()
     hopper = mg.kernels.compute_capability(0) == (9, 0)
-    expect = "sm90a" if hopper else "sm80"  # one copy: the layout of the device's tile families
-    assert w.layout == mg.kernels.layout_for(0) == expect and w.aux == ()
+    expect = "sm80+sm90a" if hopper else "sm80"
+    assert w.layout == mg.kernels.layout_for(0) == expect and len(w.aux) == (3 if hopper else 0)
     assert f"layout='{expect}'" in repr(w)
     runs = [f.name for f, (ok, _) in available(0) if ok]
     assert runs == [f.name for f in FAMILIES if hopper or f.name != "sm90a"]  # the others run on sm_80+
@@ -50,7 +50,7 @@ def test_explain_names_family_schedule_and_source(monkeypatch):
     try:
         _, w = _weight(n=4096, k=4096)
         small, big = mg.explain(1, w), mg.explain(torch.empty(3000, 4096, device="cuda").half(), w)
-        if mg.kernels.compute_capability(0) == (9, 0):  # decode reads the sm90a copy; wgmma takes large M
+        if mg.kernels.compute_capability(0) == (9, 0):  # gemv reads the sm90a copy at M=1; wgmma takes large M
             assert (small.family.name, small.source) == ("gemv", "heuristic") and small.schedule.startswith("gemv:m8")
             assert big.family.name == "sm90a" and big.schedule.startswith("sm90a:t128x256x64_coop")
         else:

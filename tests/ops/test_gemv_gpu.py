@@ -120,15 +120,15 @@ def test_split_k_is_deterministic_and_graph_capturable():
                     reason="the one-copy layout of the H100")
 @pytest.mark.parametrize("bits,group", [(4, 128), (4, 32), (8, 64), (4, -1)])
 def test_one_weight_copy_on_the_h100(bits, group):
-    """prepack on the H100 keeps one copy (the sm90a layout every running family reads): its bytes
-    are within 1.05x of the packed codes plus scales and zeros."""
+    """``prepack(layout="sm90a")`` on the H100 keeps one copy that every M runs from (gemv, sm90a,
+    dequant_mm): its bytes are within 1.05x of the packed codes plus scales and zeros."""
     n, k = 4096, 4096
     gen = torch.Generator().manual_seed(bits + group)
     groups = 1 if group == -1 else k // group
     q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8).cuda()
     s = (torch.rand(n, groups, generator=gen) + 0.5).half().cuda() / 256
     z = torch.randint(0, 2**bits, (n, groups), generator=gen).half().cuda()
-    w = mg.prepack(q, s, z, format="plain", bits=bits, group_size=group)
+    w = mg.prepack(q, s, z, format="plain", bits=bits, group_size=group, layout="sm90a")
     assert w.layout == "sm90a" and w.aux == ()
     assert w.nbytes <= 1.05 * (n * k * bits // 8 + 2 * 2 * groups * n)
     for m in (1, 16, 64, 256):  # every M runs from that one copy

@@ -13,6 +13,9 @@ from ..base import Problem
 from .config import MAX_SPLITS, GemvConfig
 
 MAX_M = 32
+# Above this M, a weight that also holds the sm80 copy runs the sm80 decode tiles, measured faster
+# there on the H100 (the gemv kernel's activation loads touch one 128-byte line per token row).
+SM80_FROM_M = 8
 CTAS_PER_SM = 4
 MIN_STEPS = 1
 # (max M, schedule) for int4; int8 halves the unroll (catalog.shapes_for).
@@ -27,7 +30,7 @@ def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
 
 
 def heuristic_config(problem: Problem, sms: int) -> Optional[GemvConfig]:
-    if problem.m > MAX_M:
+    if problem.m > MAX_M or (problem.m > SM80_FROM_M and "sm80" in problem.layout.split("+")):
         return None
     schedule = next(s for max_m, s in ROWS if problem.m <= max_m)
     config = GemvConfig.from_schedule(schedule, **problem.kind)
