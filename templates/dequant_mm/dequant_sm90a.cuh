@@ -8,7 +8,7 @@
 // row's 32 bytes (one sector) come from two adjacent lanes.
 #pragma once
 
-#include "common/sm90a_atom.cuh"
+#include "atoms/sm90a.cuh"
 
 namespace mixed_gemm {
 

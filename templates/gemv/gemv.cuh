@@ -26,7 +26,7 @@
 #include <cuda_fp16.h>
 #include <cstdint>
 
-#include "common/sm90a_atom.cuh"
+#include "atoms/sm90a.cuh"
 
 namespace mixed_gemm {
 

@@ -1,6 +1,8 @@
 // The sm90a weight layout's atom as registers: one lane's words -> its mma.sync.m16n8k16 A fragment
 // of exact signed codes, for the kernels that read that layout outside the CUTLASS 3.x collective
 // (gemv/, dequant_mm/dequant_sm90a.cuh). Layout contract: mixed_gemm/kernels/sm90a/layout.py.
+// Its own folder because templates/common feeds every family's cache key: a header added there
+// re-keys, and so rebuilds, every kernel of every family.
 #pragma once
 
 #include <cstdint>
