@@ -67,7 +67,7 @@ struct GemvMath<cutlass::bfloat16_t> {
   }
 };
 
-template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll>
+template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, bool kStageX>
 struct Gemv {
   using P = Pair<Element>;
   using raw = typename P::raw;
@@ -77,7 +77,15 @@ struct Gemv {
   static constexpr int kRows = 16 * kStrips * kWarpsN;  // weight rows (outputs) of a CTA
   static constexpr int kAcc = kStrips * kTiles * 4;     // fp32 accumulators per lane
   // Cross-warp K reduction: warps 1.. of each column write their accumulators here.
-  static constexpr int kSmemBytes = (kWarpsK - 1) * kWarpsN * kAcc * 32 * 4;
+  static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsN * kAcc * 32 * 4;
+  // kStageX: each warp copies its step's x slice (kTiles x 8 rows x kUnroll x 16 k) into shared
+  // memory with 16-byte loads before reading B fragments from there. Read from global memory, a
+  // fragment load (x[g][2t, 2t+1] for 8 rows g) touches one L1 line per token row: at M = 8..16
+  // that, not the weight, bounds the kernel. Rows are padded by 16 bytes: the fragment reads
+  // (bank 4g + 8u + t) and the 16-byte stores (8 lanes per 128 bytes of one row) are conflict-free.
+  static constexpr int kXRowBytes = kUnroll * 32 + 16;
+  static constexpr int kXWarpBytes = kStageX ? kTiles * 8 * kXRowBytes : 0;
+  static constexpr int kSmemBytes = kReduceBytes + kWarpsN * kWarpsK * kXWarpBytes;
   static_assert(kBits == 4 || kBits == 8, "int4 or int8 weights");
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
 
@@ -108,7 +116,7 @@ struct Gemv {
 
   template <bool kChunkGroup>
   static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
-                                                  float (&acc)[kStrips][kTiles][4]) {
+                                                  char* xs, float (&acc)[kStrips][kTiles][4]) {
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t const* bw = static_cast<uint32_t const*>(p.b);
     for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
@@ -135,14 +143,37 @@ struct Gemv {
         }
       // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
       uint32_t xf[kUnroll][kTiles][2];
+      if (kStageX) {
+        constexpr int kRowChunks = kUnroll * 2;  // 16-byte chunks per row of the slice
+        __syncwarp();  // the previous step's fragment reads are done
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int mt = 0; mt < kTiles; ++mt) {
-          int const k = (kb0 + u) * 16 + 2 * t;
-          xf[u][mt][0] = ld_x(p, mt * 8 + g, k);
-          xf[u][mt][1] = ld_x(p, mt * 8 + g, k + 8);
+        for (int c = lane; c < kTiles * 8 * kRowChunks; c += 32) {
+          int const row = c / kRowChunks, ch = c % kRowChunks, k = kb0 * 16 + ch * 8;
+          // K % 8 == 0 and 16-byte aligned rows (matmul's rules): a chunk is wholly in or out.
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (row < p.m && k < p.k)
+            v = __ldg(reinterpret_cast<uint4 const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
+          *reinterpret_cast<uint4*>(xs + row * kXRowBytes + ch * 16) = v;
         }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt) {
+            char const* at = xs + (mt * 8 + g) * kXRowBytes + (u * 16 + 2 * t) * 2;
+            xf[u][mt][0] = *reinterpret_cast<uint32_t const*>(at);
+            xf[u][mt][1] = *reinterpret_cast<uint32_t const*>(at + 16);
+          }
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt) {
+            int const k = (kb0 + u) * 16 + 2 * t;
+            xf[u][mt][0] = ld_x(p, mt * 8 + g, k);
+            xf[u][mt][1] = ld_x(p, mt * 8 + g, k + 8);
+          }
+      }
       // One parameter load per step when the step lies in one group; else per atom, right before
       // its use (they hit L1; holding all of them would double the registers).
       uint32_t s[kStrips][2], z[kStrips][2];
@@ -167,10 +198,21 @@ struct Gemv {
     }
   }
 
-  // Output (row n, token) of accumulator (j, mt, e): c0 c1 are rows g, tokens 2t, 2t+1; c2 c3 rows g+8.
-  static __device__ __forceinline__ void coords(int strip0, int j, int mt, int e, int lane, int& n, int& token) {
-    n = 16 * (strip0 + j) + (lane >> 2) + 8 * (e >> 1);
-    token = mt * 8 + 2 * (lane & 3) + (e & 1);
+  // Calls f(n, token, value) for every accumulator inside the output. Accumulator (j, mt, e):
+  // c0 c1 are rows g, tokens 2t, 2t+1 of strip j and n8 tile mt; c2 c3 rows g + 8.
+  template <typename F>
+  static __device__ __forceinline__ void for_each_output(GemvArgs const& p, int strip0, int lane,
+                                                         float const (&acc)[kStrips][kTiles][4], F&& f) {
+#pragma unroll
+    for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+      for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int const n = 16 * (strip0 + j) + (lane >> 2) + 8 * (e >> 1);
+          int const token = mt * 8 + 2 * (lane & 3) + (e & 1);
+          if (n < p.n && token < p.m) f(n, token, acc[j][mt][e]);
+        }
   }
 
   static __device__ void run(GemvArgs const& p, char* smem) {
@@ -190,10 +232,11 @@ struct Gemv {
 
     // A k-step of kUnroll atoms lies in one group when the group spans a multiple of kUnroll
     // atoms (both powers of two; steps start at multiples of kUnroll): one parameter load per step.
+    char* xs = smem + kReduceBytes + warp * kXWarpBytes;
     if (p.group_shift - 4 >= __ffs(kUnroll) - 1) {
-      mainloop<true>(p, strip0, kbeg, kend, wk, acc);
+      mainloop<true>(p, strip0, kbeg, kend, wk, xs, acc);
     } else {
-      mainloop<false>(p, strip0, kbeg, kend, wk, acc);
+      mainloop<false>(p, strip0, kbeg, kend, wk, xs, acc);
     }
 
     if (kWarpsK > 1) {  // K split across the CTA's warps: sum in warp order (deterministic)
@@ -226,20 +269,10 @@ struct Gemv {
     raw* y = static_cast<raw*>(p.y);
     if (p.splits == 1) {
       if (wk != 0) return;
-#pragma unroll
-      for (int j = 0; j < kStrips; ++j)
-#pragma unroll
-        for (int mt = 0; mt < kTiles; ++mt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            int n, token;
-            coords(strip0, j, mt, e, lane, n, token);
-            if (n < p.n && token < p.m) {
-              float v = acc[j][mt][e];
-              if (bias != nullptr) v += static_cast<float>(bias[n]);
-              y[(size_t)token * p.n + n] = raw(v);
-            }
-          }
+      for_each_output(p, strip0, lane, acc, [&](int n, int token, float v) {
+        if (bias != nullptr) v += static_cast<float>(bias[n]);
+        y[(size_t)token * p.n + n] = raw(v);
+      });
       return;
     }
 
@@ -247,16 +280,8 @@ struct Gemv {
     // slice order and resets the counter for the next launch.
     if (wk == 0) {
       float* plane = p.workspace + (size_t)split * p.m * p.n;
-#pragma unroll
-      for (int j = 0; j < kStrips; ++j)
-#pragma unroll
-        for (int mt = 0; mt < kTiles; ++mt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            int n, token;
-            coords(strip0, j, mt, e, lane, n, token);
-            if (n < p.n && token < p.m) __stcg(plane + (size_t)token * p.n + n, acc[j][mt][e]);
-          }
+      for_each_output(p, strip0, lane, acc,
+                      [&](int n, int token, float v) { __stcg(plane + (size_t)token * p.n + n, v); });
     }
     __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
     __shared__ int last;

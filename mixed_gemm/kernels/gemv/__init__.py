@@ -55,7 +55,8 @@ class GemvFamily(Family):
             "gemv/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tiles=kernel.tokens // 8, strips=kernel.strips,
-            warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
+            warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll,
+            stage_x="true" if kernel.stage_x else "false", threads=kernel.threads,
             rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),
         )
 

@@ -14,10 +14,10 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
     if m > MAX_M:
         return []
     out: List[str] = []
-    for tokens, strips, warps, unroll in shapes_for(bits):
+    for tokens, strips, warps, unroll, stage_x in shapes_for(bits):
         if tokens < m or (tokens > 8 and tokens >= 4 * m):
             continue
-        base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll)
+        base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x)
         steps = -(-(-(-k // 16)) // base.step)
         best = splits_for(base, n, k, sms)
         for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):

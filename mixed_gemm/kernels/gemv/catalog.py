@@ -6,26 +6,33 @@ from typing import List
 from ..common import DTYPES
 from .config import GemvConfig
 
-# (tokens, strips per warp, (warps along N, warps along K), unroll) for int4; int8 halves the
-# unroll (the same bytes in flight per warp).
+# (tokens, strips per warp, (warps along N, warps along K), unroll, stage x in shared memory) for
+# int4; int8 halves the unroll (the same bytes in flight per warp).
 SHAPES = (
-    (8, 2, (4, 2), 8),    # 128 rows x 16 atoms per CTA step: 16 KB in flight per CTA
-    (8, 1, (2, 4), 16),   # 32-row tiles: many CTAs for the 4096-row shapes
-    (8, 4, (2, 2), 4),    # 128 rows, fewer x loads per weight byte
-    (8, 2, (8, 1), 8),    # 256 rows, no cross-warp reduction
-    (8, 1, (4, 4), 8),
-    (16, 2, (4, 2), 8),
-    (16, 1, (2, 4), 8),
-    (16, 2, (8, 1), 4),
-    (32, 1, (4, 2), 4),
-    (32, 2, (4, 2), 4),
+    (8, 2, (4, 2), 8, False),    # 128 rows x 16 atoms per CTA step: 16 KB in flight per CTA
+    (8, 1, (2, 4), 16, False),   # 32-row tiles: many CTAs for the 4096-row shapes
+    (8, 4, (2, 2), 4, False),    # 128 rows, fewer x loads per weight byte
+    (8, 2, (8, 1), 8, False),    # 256 rows, no cross-warp reduction
+    (8, 1, (4, 4), 8, False),
+    (16, 2, (4, 2), 8, False),
+    (16, 1, (2, 4), 8, False),
+    (16, 2, (8, 1), 4, False),
+    (32, 1, (4, 2), 4, False),
+    (32, 2, (4, 2), 4, False),
+    # x staged in shared memory (the M = 8..32 limit: see templates/gemv/gemv.cuh, kStageX)
+    (8, 2, (4, 2), 8, True),
+    (8, 4, (2, 2), 4, True),
+    (16, 2, (4, 2), 8, True),
+    (16, 1, (2, 4), 8, True),
+    (16, 2, (8, 1), 4, True),
+    (32, 1, (4, 2), 4, True),
 )
 
 
 def shapes_for(bits: int):
-    return [(t, s, w, u if bits == 4 else max(1, u // 2)) for t, s, w, u in SHAPES]
+    return [(t, s, w, u if bits == 4 else max(1, u // 2), xs) for t, s, w, u, xs in SHAPES]
 
 
 def default_catalog() -> List[GemvConfig]:
-    return [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u)
-            for d in DTYPES for b in (4, 8) for t, s, w, u in shapes_for(b)]
+    return [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs)
+            for d in DTYPES for b in (4, 8) for t, s, w, u, xs in shapes_for(b)]

@@ -12,9 +12,10 @@ from typing import Tuple
 
 from ..common import check_weight_kind, raise_on
 
-_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_split(\d+))?$")
+_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(?:_split(\d+))?$")
 MAX_SPLITS = 32
 MAX_THREADS = 512
+MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,9 @@ class GemvConfig:
     n8 tiles of mma.sync.m16n8k16 with the tokens as its N), ``strips`` (16-row weight strips per
     warp), ``warps`` = (warps along N, warps splitting K inside a CTA) and ``unroll`` (k16 atoms a
     warp loads before it converts any: a warp keeps unroll x strips x 16 x bits bytes of weight in
-    flight). At launch: ``splits``, the K slices across
+    flight) and ``stage_x`` (``_xs``: each warp copies its step's slice of x into shared memory
+    with 16-byte loads and reads the B fragments there; otherwise each fragment is a 32-bit global
+    load touching one L1 line per token row). At launch: ``splits``, the K slices across
     CTAs (grid.y; reduced in the kernel in slice order). ``zero_mode`` is not compiled in: every
     mode is the sm90a layout's additive zero. ``schedule`` (``m8_s2_w4x2_u8_split4``) is what
     profiles store (as ``gemv:<schedule>``).
@@ -38,6 +41,7 @@ class GemvConfig:
     strips: int = 2
     warps: Tuple[int, int] = (4, 2)
     unroll: int = 8
+    stage_x: bool = False
     splits: int = 1
 
     family = "gemv"
@@ -50,6 +54,7 @@ class GemvConfig:
             (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),
             (self.unroll in (1, 2, 4, 8, 16), "unroll must be a power of two <= 16 (steps stay inside a group)"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+            (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
         ], "GemvConfig")
 
     def __hash__(self) -> int:
@@ -75,9 +80,11 @@ class GemvConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """The cross-warp K reduction buffer (static shared memory in the kernel)."""
+        """Static shared memory: the cross-warp K reduction buffer, and with ``stage_x`` each
+        warp's x slice (rows of ``unroll`` x 16 halves padded by 16 bytes)."""
         wn, wk = self.warps
-        return (wk - 1) * wn * self.strips * (self.tokens // 8) * 4 * 32 * 4
+        reduce = (wk - 1) * wn * self.strips * (self.tokens // 8) * 4 * 32 * 4
+        return reduce + (wn * wk * self.tokens * (self.unroll * 32 + 16) if self.stage_x else 0)
 
     @functools.cached_property
     def kernel(self) -> "GemvConfig":
@@ -87,7 +94,7 @@ class GemvConfig:
     @functools.cached_property
     def _tile_schedule(self) -> str:
         wn, wk = self.warps
-        return f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
+        return f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}" + ("_xs" if self.stage_x else "")
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -106,10 +113,10 @@ class GemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_split<S>]")
-        t, s, wn, wk, u, sp = m.groups()
+                             "[_xs][_split<S>]")
+        t, s, wn, wk, u, xs, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), splits=int(sp or 1))
+                   unroll=int(u), stage_x=bool(xs), splits=int(sp or 1))
 
     def replace(self, **changes) -> "GemvConfig":
         return dataclasses.replace(self, **changes)

@@ -1,0 +1,55 @@
+"""The gemv family's config, launch geometry, heuristics and candidates (CPU)."""
+import pytest
+
+from mixed_gemm.kernels import Problem, gemv
+from mixed_gemm.kernels.gemv import GemvConfig
+from mixed_gemm.kernels.gemv.candidates import candidate_schedules
+from mixed_gemm.kernels.gemv.config import MAX_STATIC_SMEM
+
+IDENTITIES = {c.kernel_name for c in gemv.FAMILY.catalog()}
+
+
+@pytest.mark.parametrize("schedule", ["m8_s2_w4x2_u8", "m16_s1_w2x4_u8_xs_split5", "m32_s1_w4x2_u4_xs"])
+def test_schedule_round_trip_and_names(schedule):
+    c = GemvConfig.from_schedule(schedule, dtype="bf16", bits=4, zero_mode="float")
+    assert c.schedule == schedule and c.kernel.splits == 1 and c.kernel.zero_mode == "int"
+    assert c.kernel_name.startswith("mg_gemv_bf16_u4_m") and ("_xs" in c.kernel_name) == ("_xs" in schedule)
+    with pytest.raises(ValueError, match="not a gemv schedule"):
+        GemvConfig.from_schedule("t16x64x128_w1x1x4_s4")
+
+
+def test_rules_and_static_shared_memory():
+    with pytest.raises(ValueError, match="tokens must be 8, 16 or 32"):
+        GemvConfig(tokens=12)
+    with pytest.raises(ValueError, match="unroll must be a power of two"):
+        GemvConfig(unroll=3)
+    with pytest.raises(ValueError, match="shared memory"):
+        GemvConfig(tokens=32, strips=2, warps=(4, 4), unroll=16, stage_x=True)
+    assert all(c.smem_bytes <= MAX_STATIC_SMEM for c in gemv.FAMILY.catalog())
+
+
+@pytest.mark.parametrize("n,k,splits", [(4096, 4096, 8), (200, 392, 7), (57344, 8192, 1), (16, 16, 32)])
+def test_launch_geometry_covers_k_with_nonempty_aligned_splits(n, k, splits):
+    c = GemvConfig(splits=splits)
+    row_tiles, s, chunk, strips = c.launch_geometry(n, k)
+    katoms = -(-k // 16)
+    assert strips == -(-n // 16) and row_tiles * c.rows >= 16 * strips
+    assert chunk % c.unroll == 0 and 1 <= s <= splits
+    assert (s - 1) * chunk < katoms <= s * chunk  # every split has work, together they cover K
+
+
+def test_heuristic_and_candidates_are_catalog_kernels():
+    for m in (1, 3, 8, 9, 16, 17, 32, 33):
+        for bits in (4, 8):
+            p = Problem(m=m, n=4096, k=4096, dtype="f16", bits=bits, zero_mode="int", group_size=128, layout="sm90a")
+            c = gemv.FAMILY.heuristic(p, 132)
+            assert (c is None) == (m > 32)
+            if c is not None:
+                assert c.kernel_name in IDENTITIES and c.tokens >= m and gemv.FAMILY.can_implement(c, p)[0]
+            for s in candidate_schedules(m, 4096, 4096, 132, bits):
+                cfg = GemvConfig.from_schedule(s, bits=bits)
+                assert cfg.kernel_name in IDENTITIES and cfg.tokens >= m
+    # Beside the sm80 copy, M > 8 is left to the sm80 decode tiles (measured faster there).
+    both = Problem(m=16, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm80+sm90a")
+    assert gemv.FAMILY.heuristic(both, 132) is None
+    assert gemv.FAMILY.heuristic(Problem(**dict(both.__dict__, m=4)), 132) is not None
