@@ -51,6 +51,7 @@ def run_profile(args: argparse.Namespace) -> int:
     spec = SweepSpec(problems=problems, ms=ms, dtype=args.dtype, bits=args.bits, group_size=args.group_size,
                      zero_mode=args.zero_mode, schedules=args.schedules.split(",") if args.schedules else None,
                      out=Path(args.out) if args.out else None, merge=not args.no_merge, fresh=args.fresh,
+                     keep_faster=args.keep_faster,
                      replays=args.replays, progress=not args.quiet)
     profile, path = run_sweep(spec)
     print(f"wrote {path} ({len(profile.entries)} entries) and {path.with_suffix('.csv')}")
@@ -69,6 +70,8 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser.add_argument("--schedules", default="", help="time only these comma-separated schedules")
     parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
     parser.add_argument("--no-merge", action="store_true", help="replace the profile instead of merging into it")
+    parser.add_argument("--keep-faster", action="store_true",
+                        help="merging: keep an existing entry measured faster than the new winner (for --schedules sweeps)")
     parser.add_argument("--fresh", action="store_true", help="discard a partial sweep instead of resuming it")
     parser.add_argument("--replays", type=int, default=7, help="graph replays per measurement (median)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

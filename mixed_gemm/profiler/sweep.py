@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _versions
 from ..kernels import Problem, layout_for, parse_schedule
-from ..select.profiles import Profile, default_profile_path
+from ..select.profiles import Profile, default_profile_path, entry_key
 from ..version import __version__
 from .candidates import candidate_schedules
 from .timing import calls_for, copies_for, time_graph
@@ -39,6 +39,7 @@ class SweepSpec:
     layout: str = "auto"                           # the weight layouts the sweep packs (prepack's "auto")
     out: Optional[Path] = None                     # default: the user profile of this GPU
     merge: bool = True                             # keep the existing profile's other entries
+    keep_faster: bool = False                      # merging: an existing entry measured faster stays
     fresh: bool = False                            # ignore a partial sweep instead of resuming
     replays: int = 7
     progress: bool = True
@@ -163,8 +164,15 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     profile.gpu = {"name": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": sms}
     profile.versions = {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
                         "torch": _versions.torch_version(), "mixed_gemm": __version__}
+    kept = 0
     for w in winners:
+        old = profile.entry(entry_key(w), w["m"]) if spec.keep_faster else None
+        if old is not None and old.get("us") is not None and old["us"] <= w["us"]:
+            kept += 1  # a targeted sweep (--schedules) must not replace a faster winner it did not time
+            continue
         profile.add(w)
+    if kept:
+        spec.log(f"kept {kept} existing entries measured faster than this sweep's winners")
     profile.save(out)
     _write_csv(out.with_suffix(".csv"), done.values(), spec.layout)
     partial.unlink()

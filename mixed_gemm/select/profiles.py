@@ -80,6 +80,10 @@ class Profile:
     def entries(self) -> List[dict]:
         return [self._entries[k] for k in sorted(self._entries)]
 
+    def entry(self, key: Key, m: int) -> Optional[dict]:
+        """The stored entry of (key, M bucket), or None."""
+        return self._entries.get((key, m))
+
     def has(self, key: Key, m: int) -> bool:
         return (key, m) in self._entries
 

@@ -62,6 +62,13 @@ def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
     finally:
         profiles.clear_cache()
         mg.select.clear_selection()
+    # A targeted sweep merged with --keep-faster leaves an entry measured faster in place.
+    fast = dict(prof.entry(key, 1), us=0.001, schedule="sm80:t16x64x128_w1x1x4_s4")
+    prof.add(fast)
+    prof.save(out)
+    assert main(["profile", "--shapes", "1024:2048", "--ms", "1", "--schedules", "t64x128x64_w2x2x1_s4",
+                 "--out", str(out), "--replays", "3", "--quiet", "--keep-faster", "--fresh"]) == 0
+    assert Profile.load(out).entry(key, 1)["us"] == 0.001
 
 
 def test_bench_runs_and_plots(tmp_path, capsys):

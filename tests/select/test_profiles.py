@@ -45,6 +45,7 @@ def test_add_replaces_merge_and_round_trip(tmp_path):
     q = Profile.load(tmp_path / "x.json")
     assert q.entries == p.entries and q.gpu == p.gpu and q.versions == p.versions
     assert q.has(KEY, 64) and not q.has(KEY, 32)
+    assert q.entry(KEY, 64)["schedule"] == "sm80:c" and q.entry(KEY, 32) is None
 
 
 def test_load_errors(tmp_path):
