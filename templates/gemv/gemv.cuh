@@ -67,6 +67,75 @@ struct GemvMath<cutlass::bfloat16_t> {
   }
 };
 
+// The end of every gemv kernel. The K partials of a CTA's warps are summed in warp order through
+// shared memory (deterministic); then one slice writes y (+ bias) directly, or, split across CTAs
+// (grid.y), each slice publishes an fp32 plane, the last slice of the row tile to arrive sums the
+// planes in slice order (the result does not depend on the arrival order), writes y and resets
+// the tile's arrival counter, so the next launch (or graph replay) finds it at zero: one kernel
+// node, no memset. `outputs(f)` calls f(n, token, value) for each of the lane's kAcc accumulators
+// that lies inside y.
+template <typename raw, int kAcc, int kWarpsN, int kWarpsK, int kRows, int kThreads>
+struct GemvEpilogue {
+  template <typename Outputs>
+  static __device__ void run(GemvArgs const& p, char* smem, float (&acc)[kAcc], int wn, int wk, int lane,
+                             Outputs const& outputs) {
+    if (kWarpsK > 1) {
+      float* red = reinterpret_cast<float*>(smem);
+      if (wk > 0) {
+        float* dst = red + ((size_t)((wk - 1) * kWarpsN + wn) * kAcc) * 32 + lane;
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) dst[i * 32] = acc[i];
+      }
+      __syncthreads();
+      if (wk == 0) {
+#pragma unroll 1
+        for (int w = 1; w < kWarpsK; ++w) {
+          float const* src = red + ((size_t)((w - 1) * kWarpsN + wn) * kAcc) * 32 + lane;
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) acc[i] += src[i * 32];
+        }
+      }
+    }
+
+    raw const* bias = static_cast<raw const*>(p.bias);
+    raw* y = static_cast<raw*>(p.y);
+    if (p.splits == 1) {
+      if (wk != 0) return;
+      outputs([&](int n, int token, float v) {
+        if (bias != nullptr) v += static_cast<float>(bias[n]);
+        y[(size_t)token * p.n + n] = raw(v);
+      });
+      return;
+    }
+    if (wk == 0) {
+      float* plane = p.workspace + (size_t)blockIdx.y * p.m * p.n;
+      outputs([&](int n, int token, float v) { __stcg(plane + (size_t)token * p.n + n, v); });
+    }
+    __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int* counter = p.counters + blockIdx.x;
+      last = atomicAdd(counter, 1) == p.splits - 1;
+      if (last) *counter = 0;  // every slice has arrived: nobody else touches it in this launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // acquire side: the other slices' planes are not stale
+    int const row0 = blockIdx.x * kRows;
+    size_t const plane = (size_t)p.m * p.n;
+    for (int i = threadIdx.x; i < p.m * kRows; i += kThreads) {
+      int const token = i / kRows, n = row0 + i % kRows;
+      if (n >= p.n) continue;
+      float const* src = p.workspace + (size_t)token * p.n + n;
+      float v = __ldcg(src);
+      for (int sl = 1; sl < p.splits; ++sl) v += __ldcg(src + sl * plane);
+      if (bias != nullptr) v += static_cast<float>(bias[n]);
+      y[(size_t)token * p.n + n] = raw(v);
+    }
+  }
+};
+
 template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, bool kStageX>
 struct Gemv {
   using P = Pair<Element>;
@@ -219,8 +288,7 @@ struct Gemv {
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int const wn = warp % kWarpsN, wk = warp / kWarpsN;
     int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
-    int const split = blockIdx.y;
-    int const kbeg = split * p.chunk, kend = min(kbeg + p.chunk, p.katoms);
+    int const kbeg = blockIdx.y * p.chunk, kend = min(kbeg + p.chunk, p.katoms);
 
     float acc[kStrips][kTiles][4];
 #pragma unroll
@@ -239,72 +307,9 @@ struct Gemv {
       mainloop<false>(p, strip0, kbeg, kend, wk, xs, acc);
     }
 
-    if (kWarpsK > 1) {  // K split across the CTA's warps: sum in warp order (deterministic)
-      float* red = reinterpret_cast<float*>(smem);
-      if (wk > 0) {
-        float* dst = red + ((size_t)((wk - 1) * kWarpsN + wn) * kAcc) * 32 + lane;
-#pragma unroll
-        for (int j = 0; j < kStrips; ++j)
-#pragma unroll
-          for (int mt = 0; mt < kTiles; ++mt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dst[((j * kTiles + mt) * 4 + e) * 32] = acc[j][mt][e];
-      }
-      __syncthreads();
-      if (wk == 0) {
-#pragma unroll 1
-        for (int w = 1; w < kWarpsK; ++w) {
-          float const* src = red + ((size_t)((w - 1) * kWarpsN + wn) * kAcc) * 32 + lane;
-#pragma unroll
-          for (int j = 0; j < kStrips; ++j)
-#pragma unroll
-            for (int mt = 0; mt < kTiles; ++mt)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[j][mt][e] += src[((j * kTiles + mt) * 4 + e) * 32];
-        }
-      }
-    }
-
-    raw const* bias = static_cast<raw const*>(p.bias);
-    raw* y = static_cast<raw*>(p.y);
-    if (p.splits == 1) {
-      if (wk != 0) return;
-      for_each_output(p, strip0, lane, acc, [&](int n, int token, float v) {
-        if (bias != nullptr) v += static_cast<float>(bias[n]);
-        y[(size_t)token * p.n + n] = raw(v);
-      });
-      return;
-    }
-
-    // Split-K: publish this slice's plane, count arrivals; the last slice sums the planes in
-    // slice order and resets the counter for the next launch.
-    if (wk == 0) {
-      float* plane = p.workspace + (size_t)split * p.m * p.n;
-      for_each_output(p, strip0, lane, acc,
-                      [&](int n, int token, float v) { __stcg(plane + (size_t)token * p.n + n, v); });
-    }
-    __threadfence();  // the plane is visible GPU-wide before the arrival that announces it
-    __shared__ int last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int* counter = p.counters + blockIdx.x;
-      last = atomicAdd(counter, 1) == p.splits - 1;
-      if (last) *counter = 0;  // every slice has arrived: nobody else touches it in this launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // acquire side: the other slices' planes are not stale
-    int const row0 = blockIdx.x * kRows;
-    size_t const plane = (size_t)p.m * p.n;
-    for (int i = threadIdx.x; i < p.m * kRows; i += kThreads) {
-      int const token = i / kRows, n = row0 + i % kRows;
-      if (n >= p.n) continue;
-      float const* src = p.workspace + (size_t)token * p.n + n;
-      float v = __ldcg(src);
-      for (int sl = 1; sl < p.splits; ++sl) v += __ldcg(src + sl * plane);
-      if (bias != nullptr) v += static_cast<float>(bias[n]);
-      y[(size_t)token * p.n + n] = raw(v);
-    }
+    float (&flat)[kAcc] = reinterpret_cast<float(&)[kAcc]>(acc);
+    GemvEpilogue<raw, kAcc, kWarpsN, kWarpsK, kRows, kThreads>::run(
+        p, smem, flat, wn, wk, lane, [&](auto&& f) { for_each_output(p, strip0, lane, acc, f); });
   }
 };
 

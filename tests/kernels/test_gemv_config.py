@@ -53,3 +53,20 @@ def test_heuristic_and_candidates_are_catalog_kernels():
     both = Problem(m=16, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm80+sm90a")
     assert gemv.FAMILY.heuristic(both, 132) is None
     assert gemv.FAMILY.heuristic(Problem(**dict(both.__dict__, m=4)), 132) is not None
+
+
+def test_the_sm80_layout_kernel_for_ampere():
+    c = GemvConfig.from_schedule("m16_s1_w4x2_u4_xs_sm80_split3", dtype="f16", bits=4, zero_mode="float")
+    assert (c.layout, c.tokens, c.rows, c.splits) == ("sm80", 16, 256, 3)
+    assert c.kernel.zero_mode == "float" and c.kernel_name == "mg_gemv_f16_u4_zfloat_m16_s1_w4x2_u4_xs_sm80"
+    assert c.launch_geometry(1000, 4096)[3] == 16  # strips of 64 columns
+    with pytest.raises(ValueError, match="serves 16 tokens"):
+        GemvConfig(layout="sm80", tokens=8)
+    p = Problem(m=3, n=4096, k=4096, dtype="f16", bits=4, zero_mode="float", group_size=128, layout="sm80")
+    assert gemv.FAMILY.can_implement(c, p)[0] and gemv.FAMILY.layout_of(c) == "sm80"
+    assert not gemv.FAMILY.can_implement(GemvConfig(), p)[0]  # the sm90a kernel needs that copy
+    assert gemv.FAMILY.heuristic(p, 132) is None  # profiles choose it (not yet measured)
+    names = candidate_schedules(3, 4096, 4096, 132, 4, ("sm80",))
+    assert names and all(s.endswith("_sm80") or "_sm80_split" in s for s in names)
+    assert all(GemvConfig.from_schedule(s).kernel_name.replace("zint", "zsym") in IDENTITIES or
+               GemvConfig.from_schedule(s).kernel_name in IDENTITIES for s in names)

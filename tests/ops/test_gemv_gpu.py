@@ -18,13 +18,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 GROUPS = (32, 64, 128, -1)
 
 
-def _weight(dtype, bits, zero, group, n, k, seed, **kw):
+def _weight(dtype, bits, zero, group, n, k, seed, layout="sm90a", **kw):
     q, s, z, fmt, zm = make_case(bits, zero, group, n, k, seed)
     tdtype = DTYPES[dtype]
     s_t, z_t = s.to(tdtype), None if z is None else z.to(tdtype)
     packed = mg.pack(q, s_t, z_t, format=fmt, bits=bits, group_size=group, zero_mode=zm)
     w = mg.prepack(*(None if t is None else t.cuda() for t in packed), format=fmt, bits=bits, group_size=group,
-                   zero_mode=zm, dtype=tdtype, layout="sm90a", **kw)
+                   zero_mode=zm, dtype=tdtype, layout=layout, **kw)
     ref = dict(s=s_t.cuda(), z=None if z_t is None else z_t.cuda(), group_size=group, bits=bits,
                zero_mode="offset" if zero == "offset" else "int")
     return w, q.cuda(), ref
@@ -61,6 +61,38 @@ def test_sweep(schedule, dtype, bits, zero, group, m, n, k):
     mg.matmul(x, w, bias=bias, config=cfg, out=out)
     want = mg.reference.matmul(x, q, bias=bias, **ref)
     assert rel_err(out, want, k) <= TOL[dtype]
+
+
+def _sm80_params():
+    """Every sm80-layout catalog kernel (the Ampere/Ada one-copy decode path; it runs on the H100
+    too), on that layout's weights: zero kinds are compiled in, groups and splits rotate."""
+    rng = random.Random(80)
+    cases = []
+    kernels = [c for c in gemv.FAMILY.catalog() if c.layout == "sm80"]
+    for i, c in enumerate(kernels):
+        zero = {"sym": "sym", "int": "int", "float": "float", "offset": "offset"}[c.zero_mode]
+        group = GROUPS[i % len(GROUPS)]
+        n = 2 * rng.randrange(4, 700)
+        k = group * rng.randrange(1, 24) if group != -1 else 8 * rng.randrange(2, 400)
+        m = [1, 16, rng.randrange(2, 16)][i % 3]
+        splits = [1, 3, 7][(i // 3) % 3]
+        schedule = c.replace(splits=splits).schedule
+        cases.append(pytest.param(schedule, c.dtype, c.bits, zero, group, m, n, k,
+                                  id=f"{schedule}-{c.dtype}-u{c.bits}-{zero}-g{group}-m{m}n{n}k{k}"))
+    return cases
+
+
+@pytest.mark.parametrize("schedule,dtype,bits,zero,group,m,n,k", _sm80_params())
+def test_sm80_layout_sweep(schedule, dtype, bits, zero, group, m, n, k):
+    seed = seed_of("sm80", schedule, dtype, bits, zero, group, m, n, k)
+    w, q, ref = _weight(dtype, bits, zero, group, n, k, seed, layout="sm80")
+    tdtype = DTYPES[dtype]
+    bias = torch.randn(n, device="cuda").to(tdtype) if seed % 2 else None
+    cfg = gemv.GemvConfig.from_schedule(schedule, dtype=dtype, bits=bits, zero_mode=w.zero_mode)
+    x = torch.randn(m, k, device="cuda").to(tdtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=tdtype)
+    mg.matmul(x, w, bias=bias, config=cfg, out=out)
+    assert rel_err(out, mg.reference.matmul(x, q, bias=bias, **ref), k) <= TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,7 +1,8 @@
-"""The ``gemv`` (decode) family: M <= 32 tokens at the HBM limit (templates/gemv/gemv.cuh). The
-weight streams from global memory straight into mma.sync A fragments, so it reads the ``sm90a``
-weight layout, the one the large-M family of Hopper reads: on the H100 ``prepack`` keeps that one
-copy only. mma.sync runs on sm_80 and later; the family runs wherever a weight is in that layout.
+"""The ``gemv`` (decode) family: M <= 32 tokens at the HBM limit (templates/gemv/). The weight
+streams from global memory straight into mma.sync fragments, in the layout the large-M family of
+the GPU reads: the ``sm90a`` layout (the weight is the A operand: gemv.cuh) on Hopper, the ``sm80``
+layout (the weight is the B operand: gemv_sm80.cuh) on Ampere/Ada, so one copy serves every M.
+mma.sync runs on sm_80 and later; each config reads one layout (``GemvConfig.layout``).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, Family, Problem, Verdict
-from ..common import DTYPES, constant_checks
+from ..common import DTYPES, ZERO_MODES, constant_checks
 from ..sm90a import layout
 from .abi import GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
@@ -40,11 +41,14 @@ class GemvFamily(Family):
             return False, f"{config.schedule} serves at most {config.tokens} rows of x, M={problem.m}"
         return OK
 
+    def layout_of(self, config: GemvConfig) -> str:
+        return config.layout
+
     def catalog(self) -> List[GemvConfig]:
         return default_catalog()
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:
-        return candidate_schedules(problem.m, problem.n, problem.k, sms, problem.bits)
+        return candidate_schedules(problem.m, problem.n, problem.k, sms, problem.bits, problem.layout.split("+"))
 
     def heuristic(self, problem: Problem, sms: int):
         return heuristic_config(problem, sms)
@@ -55,6 +59,7 @@ class GemvFamily(Family):
             "gemv/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tiles=kernel.tokens // 8, strips=kernel.strips,
+            layout=kernel.layout, zero_mode_id=ZERO_MODES[kernel.zero_mode],
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll,
             stage_x="true" if kernel.stage_x else "false", threads=kernel.threads,
             rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),

@@ -10,14 +10,18 @@ from .config import MAX_SPLITS, GemvConfig
 from .heuristics import MAX_M, splits_for
 
 
-def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List[str]:
-    if m > MAX_M:
+def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts=("sm90a",)) -> List[str]:
+    """``layouts``: those the weight holds; the sm90a kernels where it has that copy, else the
+    sm80-layout ones."""
+    layout = "sm90a" if "sm90a" in layouts else "sm80"
+    if m > MAX_M or layout not in layouts:
         return []
     out: List[str] = []
-    for tokens, strips, warps, unroll, stage_x in shapes_for(bits):
-        if tokens < m or (tokens > 8 and tokens >= 4 * m):
+    for tokens, strips, warps, unroll, stage_x in shapes_for(bits, layout):
+        if tokens < m or (layout == "sm90a" and tokens > 8 and tokens >= 4 * m):  # sm80: always 16
             continue
-        base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x)
+        base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x,
+                          layout=layout)
         steps = -(-(-(-k // 16)) // base.step)
         best = splits_for(base, n, k, sms)
         for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..common import DTYPES
+from ..common import DTYPES, ZERO_MODES
 from .config import GemvConfig
 
 # (tokens, strips per warp, (warps along N, warps along K), unroll, stage x in shared memory) for
@@ -29,10 +29,22 @@ SHAPES = (
 )
 
 
-def shapes_for(bits: int):
-    return [(t, s, w, u if bits == 4 else max(1, u // 2), xs) for t, s, w, u, xs in SHAPES]
+# The sm80-layout kernel (16 tokens, strips of 64 columns, x staged), per zero mode: the one copy
+# of Ampere/Ada read at decode.
+SM80_SHAPES = (
+    (16, 1, (4, 2), 4, True),
+    (16, 1, (2, 4), 4, True),
+)
+
+
+def shapes_for(bits: int, layout: str = "sm90a"):
+    shapes = SHAPES if layout == "sm90a" else SM80_SHAPES
+    return [(t, s, w, u if bits == 4 else max(1, u // 2), xs) for t, s, w, u, xs in shapes]
 
 
 def default_catalog() -> List[GemvConfig]:
-    return [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs)
-            for d in DTYPES for b in (4, 8) for t, s, w, u, xs in shapes_for(b)]
+    sm90a = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs)
+             for d in DTYPES for b in (4, 8) for t, s, w, u, xs in shapes_for(b)]
+    sm80 = [GemvConfig(dtype=d, bits=b, zero_mode=z, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="sm80")
+            for d in DTYPES for b in (4, 8) for z in ZERO_MODES for t, s, w, u, xs in shapes_for(b, "sm80")]
+    return sm90a + sm80

@@ -12,7 +12,8 @@ from typing import Tuple
 
 from ..common import check_weight_kind, raise_on
 
-_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(?:_split(\d+))?$")
+_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_split(\d+))?$")
+LAYOUTS = ("sm90a", "sm80")
 MAX_SPLITS = 32
 MAX_THREADS = 512
 MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
@@ -28,7 +29,10 @@ class GemvConfig:
     warp loads before it converts any: a warp keeps unroll x strips x 16 x bits bytes of weight in
     flight) and ``stage_x`` (``_xs``: each warp copies its step's slice of x into shared memory
     with 16-byte loads and reads the B fragments there; otherwise each fragment is a 32-bit global
-    load touching one L1 line per token row). At launch: ``splits``, the K slices across
+    load touching one L1 line per token row). ``layout``: the weight layout read, ``"sm90a"``
+    (templates/gemv/gemv.cuh; every zero mode is its additive zero, so ``zero_mode`` is not compiled
+    in) or ``"sm80"`` (gemv_sm80.cuh, the one copy of Ampere/Ada: x is the A operand, 16 tokens,
+    ``strips`` of 64 columns, the zero mode compiled in; schedule suffix ``_sm80``). At launch: ``splits``, the K slices across
     CTAs (grid.y; reduced in the kernel in slice order). ``zero_mode`` is not compiled in: every
     mode is the sm90a layout's additive zero. ``schedule`` (``m8_s2_w4x2_u8_split4``) is what
     profiles store (as ``gemv:<schedule>``).
@@ -42,6 +46,7 @@ class GemvConfig:
     warps: Tuple[int, int] = (4, 2)
     unroll: int = 8
     stage_x: bool = False
+    layout: str = "sm90a"
     splits: int = 1
 
     family = "gemv"
@@ -50,6 +55,8 @@ class GemvConfig:
         wn, wk = self.warps
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.tokens in (8, 16, 32), "tokens must be 8, 16 or 32 (n8 tiles of mma.sync)"),
+            (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
+            (self.layout == "sm90a" or self.tokens == 16, "the sm80-layout kernel serves 16 tokens (one m16 tile)"),
             (1 <= self.strips <= 8, "strips must be in [1, 8]"),
             (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),
             (self.unroll in (1, 2, 4, 8, 16), "unroll must be a power of two <= 16 (steps stay inside a group)"),
@@ -69,9 +76,19 @@ class GemvConfig:
         return 32 * self.warps[0] * self.warps[1]
 
     @property
+    def strip_rows(self) -> int:
+        """Weight rows (outputs) of one strip: a 16-row sm90a atom or a 64-column sm80 atom."""
+        return 16 if self.layout == "sm90a" else 64
+
+    @property
+    def accumulators(self) -> int:
+        """fp32 accumulators per lane: 4 per (16-row strip, n8 token tile) or per (n8 column tile)."""
+        return self.strips * (self.tokens // 8 if self.layout == "sm90a" else 8) * 4
+
+    @property
     def rows(self) -> int:
         """Weight rows (outputs) per CTA."""
-        return 16 * self.strips * self.warps[0]
+        return self.strip_rows * self.strips * self.warps[0]
 
     @property
     def step(self) -> int:
@@ -83,22 +100,24 @@ class GemvConfig:
         """Static shared memory: the cross-warp K reduction buffer, and with ``stage_x`` each
         warp's x slice (rows of ``unroll`` x 16 halves padded by 16 bytes)."""
         wn, wk = self.warps
-        reduce = (wk - 1) * wn * self.strips * (self.tokens // 8) * 4 * 32 * 4
+        reduce = (wk - 1) * wn * self.accumulators * 32 * 4
         return reduce + (wn * wk * self.tokens * (self.unroll * 32 + 16) if self.stage_x else 0)
 
     @functools.cached_property
     def kernel(self) -> "GemvConfig":
-        """The compiled identity: zero mode folded (any), splits at the default."""
-        return dataclasses.replace(self, zero_mode="int", splits=1)
+        """The compiled identity: splits at the default; the sm90a layout folds the zero mode (any)."""
+        return dataclasses.replace(self, zero_mode="int" if self.layout == "sm90a" else self.zero_mode, splits=1)
 
     @functools.cached_property
     def _tile_schedule(self) -> str:
         wn, wk = self.warps
-        return f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}" + ("_xs" if self.stage_x else "")
+        return (f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}" + ("_xs" if self.stage_x else "")
+                + ("_sm80" if self.layout == "sm80" else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
-        return f"mg_gemv_{self.dtype}_u{self.bits}_{self._tile_schedule}"
+        zero = f"_z{self.zero_mode}" if self.layout == "sm80" else ""  # compiled in there only
+        return f"mg_gemv_{self.dtype}_u{self.bits}{zero}_{self._tile_schedule}"
 
     @functools.cached_property
     def schedule(self) -> str:
@@ -113,10 +132,10 @@ class GemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_xs][_split<S>]")
-        t, s, wn, wk, u, xs, sp = m.groups()
+                             "[_xs][_sm80][_split<S>]")
+        t, s, wn, wk, u, xs, l80, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), stage_x=bool(xs), splits=int(sp or 1))
+                   unroll=int(u), stage_x=bool(xs), layout="sm80" if l80 else "sm90a", splits=int(sp or 1))
 
     def replace(self, **changes) -> "GemvConfig":
         return dataclasses.replace(self, **changes)
@@ -125,7 +144,7 @@ class GemvConfig:
         """``(row tiles, splits, chunk, strips)`` for an ``(n, k)`` weight: grid (row tiles, splits);
         each split takes ``chunk`` k16 atoms, a multiple of ``unroll`` so every warp step starts on
         a group boundary's multiple. Splits beyond what K offers are dropped (every split non-empty)."""
-        strips = -(-n // 16)
+        strips = -(-n // self.strip_rows)
         katoms = -(-k // 16)
         row_tiles = -(-strips // (self.strips * self.warps[0]))
         chunk = -(-katoms // self.splits)

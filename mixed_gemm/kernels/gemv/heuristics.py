@@ -30,8 +30,9 @@ def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
 
 
 def heuristic_config(problem: Problem, sms: int) -> Optional[GemvConfig]:
-    if problem.m > MAX_M or (problem.m > SM80_FROM_M and "sm80" in problem.layout.split("+")):
-        return None
+    layouts = problem.layout.split("+")
+    if problem.m > MAX_M or "sm90a" not in layouts or (problem.m > SM80_FROM_M and "sm80" in layouts):
+        return None  # the sm80-layout kernels are chosen by profiles only, until measured
     schedule = next(s for max_m, s in ROWS if problem.m <= max_m)
     config = GemvConfig.from_schedule(schedule, **problem.kind)
     if problem.bits == 8:

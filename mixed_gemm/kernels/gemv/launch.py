@@ -3,7 +3,6 @@ the split-K planes and arrival counters from the per-stream workspaces."""
 from __future__ import annotations
 
 from ...runtime import get_module, semaphores, workspace
-from ..sm90a.layout import NAME as LAYOUT
 from .abi import GemvArgs
 from .config import GemvConfig
 
@@ -17,13 +16,15 @@ class GemvLauncher:
         self.device_index = device_index
         # The reduction buffer is static shared memory (below the 48 KB default limit).
         self.fn = module.function(config.kernel_name, GemvArgs, config.threads)
-        self._blocks = {}  # the weight's sm90a view key -> (argument block, argv address, grid, splits)
+        self.layout = config.layout
+        self._blocks = {}  # the weight's view key (of the layout read) -> (argument block, argv, grid, splits)
 
     def _block(self, w):
-        view = w.parts[LAYOUT]
+        view = w.parts[self.layout]
         args, argv = self.fn.block()
         row_tiles, splits, chunk, strips = self.config.launch_geometry(w.n, w.k)
-        args.b, args.scales, args.zeros = view.b.data_ptr(), view.scales.data_ptr(), view.zeros.data_ptr()
+        args.b, args.scales = view.b.data_ptr(), view.scales.data_ptr()
+        args.zeros = 0 if view.zeros is None else view.zeros.data_ptr()  # sm80 symmetric: none
         args.n, args.k, args.strips, args.katoms = w.n, w.k, strips, w.k16
         args.group_shift, args.num_groups = w.group_shift, w.num_groups
         args.splits, args.chunk = splits, chunk
@@ -31,7 +32,7 @@ class GemvLauncher:
         return blk
 
     def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
-        blk = self._blocks.get(w.parts[LAYOUT].key)
+        blk = self._blocks.get(w.parts[self.layout].key)
         if blk is None:
             blk = self._block(w)
         a, argv, grid, splits = blk
