@@ -68,5 +68,4 @@ def test_the_sm80_layout_kernel_for_ampere():
     assert gemv.FAMILY.heuristic(p, 132) is None  # profiles choose it (not yet measured)
     names = candidate_schedules(3, 4096, 4096, 132, 4, ("sm80",))
     assert names and all(s.endswith("_sm80") or "_sm80_split" in s for s in names)
-    assert all(GemvConfig.from_schedule(s).kernel_name.replace("zint", "zsym") in IDENTITIES or
-               GemvConfig.from_schedule(s).kernel_name in IDENTITIES for s in names)
+    assert all(GemvConfig.from_schedule(s).kernel_name in IDENTITIES for s in names)
