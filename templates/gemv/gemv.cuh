@@ -136,8 +136,63 @@ struct GemvEpilogue {
   }
 };
 
+// kStageX (both kernels): a warp copies its step's slice of x, `rows` token rows x kUnroll x 16 k,
+// into shared memory with 16-byte loads before reading its fragments there. Read from global
+// memory, a fragment load (x[g][2t, 2t+1] for 8 rows g) touches one L1 line per token row: at
+// M = 8..16 that, not the weight, bounds the kernel. Rows are padded by 16 bytes, so the 16-byte
+// stores (8 lanes per 128 bytes of a row) and the fragment reads (bank 4g + 8u + t) are conflict-free.
+template <typename raw, int kRowsX, int kUnroll>
+struct XStage {
+  static constexpr int kRowBytes = kUnroll * 32 + 16;
+  static constexpr int kBytes = kRowsX * kRowBytes;
+
+  static __device__ __forceinline__ void load(GemvArgs const& p, int kb0, int lane, char* xs) {
+    constexpr int kRowChunks = kUnroll * 2;  // 16-byte chunks per row of the slice
+    __syncwarp();                            // the previous step's fragment reads are done
+#pragma unroll
+    for (int c = lane; c < kRowsX * kRowChunks; c += 32) {
+      int const row = c / kRowChunks, ch = c % kRowChunks, k = kb0 * 16 + ch * 8;
+      // K % 8 == 0 and 16-byte aligned rows (matmul's rules): a chunk is wholly in or out.
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (row < p.m && k < p.k)
+        v = __ldg(reinterpret_cast<uint4 const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
+      *reinterpret_cast<uint4*>(xs + row * kRowBytes + ch * 16) = v;
+    }
+    __syncwarp();
+  }
+
+  // The pair x[row][16 u + 2t + 8 hi, +1] of the staged slice.
+  static __device__ __forceinline__ uint32_t pair(char const* xs, int row, int u, int t, int hi) {
+    return *reinterpret_cast<uint32_t const*>(xs + row * kRowBytes + (u * 16 + 2 * t + 8 * hi) * 2);
+  }
+};
+
+// Every gemv kernel's run(): zeroed accumulators, the main loop (a k-step of kUnroll atoms lies in
+// one group when the group spans a multiple of kUnroll atoms: both powers of two, steps start at
+// multiples of kUnroll, so one parameter load per step), then the epilogue.
+template <typename K>
+__device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int const wn = warp % K::kWN, wk = warp / K::kWN;
+  int const strip0 = (blockIdx.x * K::kWN + wn) * K::kSN;
+  int const kbeg = blockIdx.y * p.chunk, kend = min(kbeg + p.chunk, p.katoms);
+  typename K::Acc acc;
+  float (&flat)[K::kAcc] = reinterpret_cast<float(&)[K::kAcc]>(acc);
+#pragma unroll
+  for (int i = 0; i < K::kAcc; ++i) flat[i] = 0.f;
+  char* xs = smem + K::kReduceBytes + warp * K::kXWarpBytes;
+  if (p.group_shift - 4 >= __ffs(K::kU) - 1) {
+    K::template mainloop<true>(p, strip0, kbeg, kend, wk, xs, acc);
+  } else {
+    K::template mainloop<false>(p, strip0, kbeg, kend, wk, xs, acc);
+  }
+  GemvEpilogue<typename K::raw, K::kAcc, K::kWN, K::kWK, K::kRows, K::kThreads>::run(
+      p, smem, flat, wn, wk, lane, [&](auto&& f) { K::for_each_output(p, strip0, lane, acc, f); });
+}
+
 template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, bool kStageX>
 struct Gemv {
+  static constexpr int kWN = kWarpsN, kWK = kWarpsK, kSN = kStrips, kU = kUnroll;  // for gemv_run
   using P = Pair<Element>;
   using raw = typename P::raw;
   using raw2 = typename P::raw2;
@@ -147,13 +202,8 @@ struct Gemv {
   static constexpr int kAcc = kStrips * kTiles * 4;     // fp32 accumulators per lane
   // Cross-warp K reduction: warps 1.. of each column write their accumulators here.
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsN * kAcc * 32 * 4;
-  // kStageX: each warp copies its step's x slice (kTiles x 8 rows x kUnroll x 16 k) into shared
-  // memory with 16-byte loads before reading B fragments from there. Read from global memory, a
-  // fragment load (x[g][2t, 2t+1] for 8 rows g) touches one L1 line per token row: at M = 8..16
-  // that, not the weight, bounds the kernel. Rows are padded by 16 bytes: the fragment reads
-  // (bank 4g + 8u + t) and the 16-byte stores (8 lanes per 128 bytes of one row) are conflict-free.
-  static constexpr int kXRowBytes = kUnroll * 32 + 16;
-  static constexpr int kXWarpBytes = kStageX ? kTiles * 8 * kXRowBytes : 0;
+  using XS = XStage<raw, kTiles * 8, kUnroll>;
+  static constexpr int kXWarpBytes = kStageX ? XS::kBytes : 0;
   static constexpr int kSmemBytes = kReduceBytes + kWarpsN * kWarpsK * kXWarpBytes;
   static_assert(kBits == 4 || kBits == 8, "int4 or int8 weights");
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
@@ -213,25 +263,13 @@ struct Gemv {
       // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
       uint32_t xf[kUnroll][kTiles][2];
       if (kStageX) {
-        constexpr int kRowChunks = kUnroll * 2;  // 16-byte chunks per row of the slice
-        __syncwarp();  // the previous step's fragment reads are done
-#pragma unroll
-        for (int c = lane; c < kTiles * 8 * kRowChunks; c += 32) {
-          int const row = c / kRowChunks, ch = c % kRowChunks, k = kb0 * 16 + ch * 8;
-          // K % 8 == 0 and 16-byte aligned rows (matmul's rules): a chunk is wholly in or out.
-          uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          if (row < p.m && k < p.k)
-            v = __ldg(reinterpret_cast<uint4 const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
-          *reinterpret_cast<uint4*>(xs + row * kXRowBytes + ch * 16) = v;
-        }
-        __syncwarp();
+        XS::load(p, kb0, lane, xs);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt) {
-            char const* at = xs + (mt * 8 + g) * kXRowBytes + (u * 16 + 2 * t) * 2;
-            xf[u][mt][0] = *reinterpret_cast<uint32_t const*>(at);
-            xf[u][mt][1] = *reinterpret_cast<uint32_t const*>(at + 16);
+            xf[u][mt][0] = XS::pair(xs, mt * 8 + g, u, t, 0);
+            xf[u][mt][1] = XS::pair(xs, mt * 8 + g, u, t, 1);
           }
       } else {
 #pragma unroll
@@ -284,33 +322,8 @@ struct Gemv {
         }
   }
 
-  static __device__ void run(GemvArgs const& p, char* smem) {
-    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
-    int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
-    int const kbeg = blockIdx.y * p.chunk, kend = min(kbeg + p.chunk, p.katoms);
-
-    float acc[kStrips][kTiles][4];
-#pragma unroll
-    for (int j = 0; j < kStrips; ++j)
-#pragma unroll
-      for (int mt = 0; mt < kTiles; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][mt][e] = 0.f;
-
-    // A k-step of kUnroll atoms lies in one group when the group spans a multiple of kUnroll
-    // atoms (both powers of two; steps start at multiples of kUnroll): one parameter load per step.
-    char* xs = smem + kReduceBytes + warp * kXWarpBytes;
-    if (p.group_shift - 4 >= __ffs(kUnroll) - 1) {
-      mainloop<true>(p, strip0, kbeg, kend, wk, xs, acc);
-    } else {
-      mainloop<false>(p, strip0, kbeg, kend, wk, xs, acc);
-    }
-
-    float (&flat)[kAcc] = reinterpret_cast<float(&)[kAcc]>(acc);
-    GemvEpilogue<raw, kAcc, kWarpsN, kWarpsK, kRows, kThreads>::run(
-        p, smem, flat, wn, wk, lane, [&](auto&& f) { for_each_output(p, strip0, lane, acc, f); });
-  }
+  using Acc = float[kStrips][kTiles][4];
+  static __device__ void run(GemvArgs const& p, char* smem) { gemv_run<Gemv>(p, smem); }
 };
 
 }  // namespace mixed_gemm

@@ -15,6 +15,7 @@ namespace mixed_gemm {
 template <typename Element, int kBits, int kZeroMode, int kStrips, int kWarpsN, int kWarpsK, int kUnroll,
           bool kStageX>
 struct GemvSm80 {
+  static constexpr int kWN = kWarpsN, kWK = kWarpsK, kSN = kStrips, kU = kUnroll;  // for gemv_run
   using P = Pair<Element>;
   using raw = typename P::raw;
   using Deq = Dequantizer<Element, kBits, static_cast<ZeroMode>(kZeroMode)>;
@@ -25,8 +26,8 @@ struct GemvSm80 {
   static constexpr int kRows = 64 * kStrips * kWarpsN;  // weight columns (outputs) of a CTA
   static constexpr int kAcc = kStrips * 8 * 4;
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsN * kAcc * 32 * 4;
-  static constexpr int kXRowBytes = kUnroll * 32 + 16;  // as gemv.cuh: padded, conflict-free
-  static constexpr int kXWarpBytes = kStageX ? kTiles * 8 * kXRowBytes : 0;
+  using XS = XStage<raw, kTiles * 8, kUnroll>;
+  static constexpr int kXWarpBytes = kStageX ? XS::kBytes : 0;
   static constexpr int kSmemBytes = kReduceBytes + kWarpsN * kWarpsK * kXWarpBytes;
   static_assert(kBits == 4 || kBits == 8, "int4 or int8 weights");
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
@@ -73,24 +74,13 @@ struct GemvSm80 {
       // 2. The activations' A fragments.
       uint32_t xa[kUnroll][4];
       if (kStageX) {
-        constexpr int kRowChunks = kUnroll * 2;
-        __syncwarp();
-#pragma unroll
-        for (int c = lane; c < kTiles * 8 * kRowChunks; c += 32) {
-          int const row = c / kRowChunks, ch = c % kRowChunks, k = kb0 * 16 + ch * 8;
-          uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          if (row < p.m && k < p.k)
-            v = __ldg(reinterpret_cast<uint4 const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
-          *reinterpret_cast<uint4*>(xs + row * kXRowBytes + ch * 16) = v;
-        }
-        __syncwarp();
+        XS::load(p, kb0, lane, xs);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          char const* at = xs + g * kXRowBytes + (u * 16 + 2 * t) * 2;
-          xa[u][0] = *reinterpret_cast<uint32_t const*>(at);
-          xa[u][1] = *reinterpret_cast<uint32_t const*>(at + 8 * kXRowBytes);
-          xa[u][2] = *reinterpret_cast<uint32_t const*>(at + 16);
-          xa[u][3] = *reinterpret_cast<uint32_t const*>(at + 8 * kXRowBytes + 16);
+          xa[u][0] = XS::pair(xs, g, u, t, 0);
+          xa[u][1] = XS::pair(xs, g + 8, u, t, 0);
+          xa[u][2] = XS::pair(xs, g, u, t, 1);
+          xa[u][3] = XS::pair(xs, g + 8, u, t, 1);
         }
       } else {
 #pragma unroll
@@ -123,42 +113,24 @@ struct GemvSm80 {
     }
   }
 
-  static __device__ void run(GemvArgs const& p, char* smem) {
-    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
-    int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
-    int const kbeg = blockIdx.y * p.chunk, kend = min(kbeg + p.chunk, p.katoms);
-
-    float acc[kStrips][8][4];
+  // Accumulator (j, jj, e): token g + 8 (e >> 1), column 64 (strip0 + j) + 8 jj + 2 t + (e & 1).
+  template <typename F>
+  static __device__ __forceinline__ void for_each_output(GemvArgs const& p, int strip0, int lane,
+                                                         float const (&acc)[kStrips][8][4], F&& f) {
 #pragma unroll
     for (int j = 0; j < kStrips; ++j)
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][jj][e] = 0.f;
-
-    char* xs = smem + kReduceBytes + warp * kXWarpBytes;
-    if (p.group_shift - 4 >= __ffs(kUnroll) - 1) {
-      mainloop<true>(p, strip0, kbeg, kend, wk, xs, acc);
-    } else {
-      mainloop<false>(p, strip0, kbeg, kend, wk, xs, acc);
-    }
-
-    // Accumulator (j, jj, e): token g + 8 (e >> 1), column 64 (strip0 + j) + 8 jj + 2 t + (e & 1).
-    float (&flat)[kAcc] = reinterpret_cast<float(&)[kAcc]>(acc);
-    GemvEpilogue<raw, kAcc, kWarpsN, kWarpsK, kRows, kThreads>::run(p, smem, flat, wn, wk, lane, [&](auto&& f) {
-#pragma unroll
-      for (int j = 0; j < kStrips; ++j)
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            int const n = 64 * (strip0 + j) + 8 * jj + 2 * (lane & 3) + (e & 1);
-            int const token = (lane >> 2) + 8 * (e >> 1);
-            if (n < p.n && token < p.m) f(n, token, acc[j][jj][e]);
-          }
-    });
+        for (int e = 0; e < 4; ++e) {
+          int const n = 64 * (strip0 + j) + 8 * jj + 2 * (lane & 3) + (e & 1);
+          int const token = (lane >> 2) + 8 * (e >> 1);
+          if (n < p.n && token < p.m) f(n, token, acc[j][jj][e]);
+        }
   }
+
+  using Acc = float[kStrips][8][4];
+  static __device__ void run(GemvArgs const& p, char* smem) { gemv_run<GemvSm80>(p, smem); }
 };
 
 }  // namespace mixed_gemm
