@@ -128,3 +128,28 @@ def test_fuse_projections_keeps_logits(monkeypatch):
     head(torch.randn(1, 3, 64))
     torch.testing.assert_close(layer.self_attn.k_proj(x), head.split(x)[1])
     assert fuse_projections(model) == 0  # idempotent
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_one_sm90a_copy_quantizes_saves_and_fuses_like_sm80(tmp_path, symmetric):
+    """A model quantized into the sm90a layout alone (the H100's one-copy weight) holds the same
+    integers, scales and zeros as the sm80 one: equal logits on the reference path, an equal
+    checkpoint, and fusing re-packs it in its own layout."""
+    from mixed_gemm.integrations.fuse import fuse_projections
+
+    ids = torch.randint(0, 256, (2, 7))
+    a, b = tiny_llama(seed=5), tiny_llama(seed=5)
+    quantize_model(a, bits=4, group_size=32, symmetric=symmetric, progress=False, layout="sm80")
+    quantize_model(b, bits=4, group_size=32, symmetric=symmetric, progress=False, layout="sm90a")
+    assert {m.layout for m in b.modules() if isinstance(m, QuantLinear)} == {"sm90a"}
+    with torch.no_grad():
+        la, lb = a(ids).logits, b(ids).logits
+    assert torch.equal(la, lb)
+    save_quantized(b, tmp_path, format="awq")
+    loaded = load_quantized(tmp_path, dtype=torch.float32, device="cpu", progress=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, la)
+    assert fuse_projections(b) == 2 * 2
+    assert {m.layout for m in b.modules() if isinstance(m, QuantLinear)} == {"sm90a"}
+    with torch.no_grad():
+        torch.testing.assert_close(b(ids).logits, la, rtol=0, atol=1e-5)
