@@ -21,7 +21,7 @@ for step in $steps; do
     gpu-tests) python3 -m pytest -q -m gpu -x tests 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25 ;;
     suite)  # the whole GPU suite, no -x: the summary line an issue quotes (~5-6 min with a carried cache)
       timeout ${SUITE_TIMEOUT:-450} python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 \
-        | tee "$OUT/suite.log" | grep -vE "^\.*s*\s*\[" | tail -20 ;;
+        | tee "$OUT/suite.log" | grep -vE "^[.sxFE]+ *\[" | tail -20 ;;
     new-tests) python3 -m pytest -q -x tests/ops/test_config_space_gpu.py 2>&1 | tee "$OUT/pytest-new.log" | tail -25 ;;
     bench-dequant) python3 bench/bench_matmul.py --mode dequant --out "$OUT/bench-dequant.md" 2>&1 | tail -10 ;;
     bench-splitk) python3 bench/bench_matmul.py --mode splitk --ms 1,16 --out "$OUT/bench-splitk.md" 2>&1 | tail -20 ;;
