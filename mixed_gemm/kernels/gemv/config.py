@@ -21,21 +21,20 @@ MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """One launch configuration of the decode kernel (templates/gemv/gemv.cuh).
+    """One launch configuration of the decode kernels (templates/gemv/).
 
-    Compiled in: ``dtype``, ``bits``, ``tokens`` (rows of x served: 8, 16 or 32, i.e. 1, 2 or 4
-    n8 tiles of mma.sync.m16n8k16 with the tokens as its N), ``strips`` (16-row weight strips per
-    warp), ``warps`` = (warps along N, warps splitting K inside a CTA) and ``unroll`` (k16 atoms a
-    warp loads before it converts any: a warp keeps unroll x strips x 16 x bits bytes of weight in
-    flight) and ``stage_x`` (``_xs``: each warp copies its step's slice of x into shared memory
-    with 16-byte loads and reads the B fragments there; otherwise each fragment is a 32-bit global
-    load touching one L1 line per token row). ``layout``: the weight layout read, ``"sm90a"``
-    (templates/gemv/gemv.cuh; every zero mode is its additive zero, so ``zero_mode`` is not compiled
-    in) or ``"sm80"`` (gemv_sm80.cuh, the one copy of Ampere/Ada: x is the A operand, 16 tokens,
-    ``strips`` of 64 columns, the zero mode compiled in; schedule suffix ``_sm80``). At launch: ``splits``, the K slices across
-    CTAs (grid.y; reduced in the kernel in slice order). ``zero_mode`` is not compiled in: every
-    mode is the sm90a layout's additive zero. ``schedule`` (``m8_s2_w4x2_u8_split4``) is what
-    profiles store (as ``gemv:<schedule>``).
+    Compiled in: ``dtype``, ``bits``; ``layout``, the weight layout read: ``"sm90a"`` (gemv.cuh:
+    the weight is the A operand, every zero mode is the layout's additive zero, so ``zero_mode``
+    is not compiled in) or ``"sm80"`` (gemv_sm80.cuh, the one copy of Ampere/Ada: x is the A
+    operand, the zero mode is compiled in; schedule suffix ``_sm80``); ``tokens`` (rows of x
+    served: 8, 16 or 32 n8 tiles' worth for sm90a, 16 for sm80); ``strips`` per warp (16 rows for
+    sm90a, 64 columns for sm80); ``warps`` = (warps along N, warps splitting K inside a CTA);
+    ``unroll`` (k16 atoms a warp loads before it converts any: its weight bytes in flight are
+    unroll x strips x the atom's bytes); ``stage_x`` (``_xs``: each warp copies its step's slice
+    of x into shared memory with 16-byte loads and reads its fragments there; otherwise each
+    fragment is a 32-bit global load touching one L1 line per token row). At launch: ``splits``,
+    the K slices across CTAs (grid.y; reduced in the kernel in slice order). ``schedule``
+    (``m8_s2_w4x2_u8_split4``) is what profiles store (as ``gemv:<schedule>``).
     """
 
     dtype: str = "f16"
