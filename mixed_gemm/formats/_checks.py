@@ -10,10 +10,13 @@ from typing import Optional, Sequence
 
 import torch
 
-FORMATS = ("awq", "gptq", "gptq_v2", "plain")
+FORMATS = ("awq", "gptq", "gptq_v2", "plain", "hqq")
 """Checkpoint layouts understood by :func:`~mixed_gemm.formats.pack` / :func:`~mixed_gemm.formats.unpack`."""
 
 BITS = (4, 8)
+"""Bit widths of the packed int32 formats (awq, gptq) and of the kernels."""
+FORMAT_BITS = {"awq": BITS, "gptq": BITS, "gptq_v2": BITS, "plain": (1, 2, 3, 4, 8), "hqq": (1, 2, 3, 4, 8)}
+"""Bit widths each checkpoint format carries (awq/gptq: 4 and 8; the canonical form and hqq: 1-4 and 8)."""
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -26,11 +29,11 @@ def check_format(fmt: object) -> str:
     return fmt
 
 
-def check_bits(bits: object) -> int:
+def check_bits(bits: object, allowed: Sequence[int] = BITS, what: str = "") -> int:
     if isinstance(bits, bool) or not isinstance(bits, int):
-        raise TypeError(f"bits: expected an int in {BITS}, got {type(bits).__name__}")
-    if bits not in BITS:
-        raise ValueError(f"bits: expected one of {BITS}, got {bits}")
+        raise TypeError(f"bits: expected an int in {tuple(allowed)}, got {type(bits).__name__}")
+    if bits not in allowed:
+        raise ValueError(f"bits: expected one of {tuple(allowed)}{what}, got {bits}")
     return bits
 
 

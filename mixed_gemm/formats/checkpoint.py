@@ -37,6 +37,9 @@ of the word's two's-complement pattern, so the last field contains the sign bit)
     ``scales`` ``(NG, N)`` = ``s.T``.  Optional ``g_idx`` int ``(K,)`` with values in ``[0, NG)``.
 ``"gptq_v2"``: as ``"gptq"`` but ``qzeros`` fields store ``z`` itself (no minus one).
 ``"plain"``: ``(qweight, scales, zeros)`` *are* ``(q, s, z)``; validated and returned unchanged.
+``"hqq"``: the ``hqq`` package's bit-packed ``W_q`` (1, 2, 3, 4 or 8 bits) with its per-group
+    ``meta["scale"]`` and float ``meta["zero"]`` (``zero_mode="float"``, ``w = (q - z) s``); needs
+    ``shape=(N, K)``. Layout and packing: :mod:`mixed_gemm.formats.hqq`.
 
 Symmetric weights: ``zeros=None`` in, ``None`` out, for every format.
 """
@@ -47,6 +50,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _checks as C
+from . import hqq as _hqq
 from ._bitpack import pack_last, unpack_last
 
 AWQ_ORDER = {4: (0, 2, 4, 6, 1, 3, 5, 7), 8: (0, 1, 2, 3)}
@@ -62,6 +66,10 @@ Triple = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 def _check_zero_mode(zero_mode, fmt):
     if zero_mode not in ZERO_MODES:
         raise ValueError(f"zero_mode: expected one of {ZERO_MODES}, got {zero_mode!r}")
+    if fmt == "hqq":  # HQQ's zero points are floats; the default "int" means "what the format holds"
+        if zero_mode == "offset":
+            raise ValueError("zero_mode: format 'hqq' stores float zero points (w = (q - z) s), not offsets")
+        return "float"
     if zero_mode != "int" and fmt != "plain":
         raise ValueError(f"zero_mode: format {fmt!r} stores integer zero points; {zero_mode!r} needs format='plain'")
     return zero_mode
@@ -136,7 +144,8 @@ def _validate_packed(qweight, scales, zeros, *, bits, group_size, g_idx, fmt):
 
 
 def _common(format, bits, group_size):
-    return C.check_format(format), C.check_bits(bits), C.check_group_size(group_size)
+    fmt = C.check_format(format)
+    return fmt, C.check_bits(bits, C.FORMAT_BITS[fmt], f" for format {fmt!r}"), C.check_group_size(group_size)
 
 
 def unpack(
@@ -149,6 +158,7 @@ def unpack(
     group_size: int = 128,
     g_idx: Optional[torch.Tensor] = None,
     zero_mode: str = "int",
+    shape: Optional[Tuple[int, int]] = None,
 ) -> Triple:
     """Checkpoint tensors -> canonical ``(q, s, z)`` (see the module docstring for every layout).
 
@@ -157,13 +167,15 @@ def unpack(
             ``(K // P, N)``; ``"plain"``: the canonical uint8 ``q`` ``(N, K)``), ``P = 32 // bits``.
         scales: ``(K // G, N)`` float16/bfloat16/float32 (``"plain"``: ``s`` ``(N, K // G)``).
         zeros: packed int32 ``(K // G, N // P)`` (``"plain"``: ``z``, like ``s``), or ``None`` (symmetric).
-        format: ``"awq"``, ``"gptq"``, ``"gptq_v2"`` or ``"plain"``.
-        bits: 4 or 8.
+        format: ``"awq"``, ``"gptq"``, ``"gptq_v2"``, ``"plain"`` or ``"hqq"``.
+        bits: 4 or 8 (``"plain"`` and ``"hqq"``: also 1, 2, 3; the kernels serve 4 and 8).
         group_size: ``G`` > 0 dividing K, or ``-1`` for one group per output channel.
         g_idx: GPTQ act-order group index, int ``(K,)`` with values in ``[0, K // G)``; only for
             ``"gptq"``, ``"gptq_v2"`` and ``"plain"``.  It is validated, not applied: ``q`` stays in
             the original K order and ``s``/``z`` are indexed by group; keep ``g_idx`` and pass it to
             :func:`mixed_gemm.reference.dequantize` or :func:`expand_groups`.
+        zero_mode: what ``zeros`` holds (see ``ZERO_MODES``); ``"hqq"`` always holds float zeros.
+        shape: ``(N, K)``, for ``"hqq"`` only (its tensors do not hold them).
 
     Returns:
         ``q`` uint8 ``(N, K)`` in ``[0, 2**bits)``; ``s`` ``(N, K // G)`` in ``scales.dtype``; ``z`` like
@@ -177,10 +189,18 @@ def unpack(
     """
     fmt, bits, group_size = _common(format, bits, group_size)
     zero_mode = _check_zero_mode(zero_mode, fmt)
+    if shape is not None and fmt != "hqq":
+        raise ValueError(f"shape: only format 'hqq' takes shape (the others hold N and K), got format {fmt!r}")
     if fmt == "plain":
         _validate_canonical(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx,
                             fmt=fmt, names=("qweight", "scales", "zeros"), zero_mode=zero_mode)
         return qweight, scales, zeros
+    if fmt == "hqq":
+        _reject_g_idx(g_idx, fmt)
+        C.check_tensor("scales", scales, dtypes=C.SCALE_DTYPES, context=" for format 'hqq'")
+        q, s, z = _hqq.unpack(qweight, scales, zeros, bits, group_size, shape)
+        _validate_canonical(q, s, z, bits=bits, group_size=group_size, g_idx=None, fmt=fmt, zero_mode=zero_mode)
+        return q, s, z
     _validate_packed(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt)
     s = scales.t().contiguous()
     if fmt == "awq":
@@ -207,7 +227,8 @@ def pack(
     g_idx: Optional[torch.Tensor] = None,
     zero_mode: str = "int",
 ) -> Triple:
-    """Canonical ``(q, s, z)`` -> checkpoint ``(qweight, scales, zeros)``; exact inverse of :func:`unpack`.
+    """Canonical ``(q, s, z)`` -> checkpoint ``(qweight, scales, zeros)``; exact inverse of :func:`unpack`
+    (``"hqq"``: ``(W_q, scale (R, 1), zero (R, 1))``, unpacked with ``shape=q.shape``).
 
     Args:
         q: uint8 ``(N, K)`` with values in ``[0, 2**bits)``.
@@ -235,6 +256,11 @@ def pack(
                                zero_mode=zero_mode)
     if fmt == "plain":
         return q, s, z
+    if fmt == "hqq":
+        _reject_g_idx(g_idx, fmt)
+        if group_size != -1 and k % group_size:
+            raise ValueError(f"q: format 'hqq' groups {group_size} consecutive elements along K; K={k} is no multiple")
+        return _hqq.pack(q, s, z, bits)
     p = C.pack_factor(bits)
     if fmt == "awq":
         C.check_multiple("q", "N", n, p, f"format 'awq' packs {p} {bits}-bit values per int32 along N")

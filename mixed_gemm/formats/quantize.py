@@ -14,6 +14,9 @@ def _round_up_to(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(out.float() < s, torch.nextafter(out, torch.full_like(out, float("inf"))), out)
 
 
+QUANTIZE_BITS = (2, 3, 4, 8)
+
+
 def quantize(
     w: torch.Tensor,
     *,
@@ -41,7 +44,7 @@ def quantize(
 
     Args:
         w: float16 / bfloat16 / float32 ``(N, K)``, finite.
-        bits: 4 or 8.
+        bits: 2, 3, 4 or 8 (the kernels serve 4 and 8).
         group_size: ``G`` > 0 dividing K, or ``-1``.
         symmetric: see above.
 
@@ -53,11 +56,11 @@ def quantize(
     Raises:
         TypeError: ``w`` not a float16/bfloat16/float32 tensor, non-int ``bits``/``group_size``,
             non-bool ``symmetric``.
-        ValueError: ``w`` not 2-D / empty / non-finite, bits not in {4, 8}, bad group size, K not
+        ValueError: ``w`` not 2-D / empty / non-finite, bits not in {2, 3, 4, 8}, bad group size, K not
             divisible by the group size, scales that overflow the output dtype.
     """
     C.check_tensor("w", w, dtypes=C.SCALE_DTYPES, ndim=2)
-    bits = C.check_bits(bits)
+    bits = C.check_bits(bits, QUANTIZE_BITS)
     group_size = C.check_group_size(group_size)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric: expected a bool, got {type(symmetric).__name__}")

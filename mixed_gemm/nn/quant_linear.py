@@ -98,12 +98,13 @@ class QuantLinear(nn.Module):
     def from_checkpoint(cls, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor] = None, *, format: str, bits: int, group_size: int,
                         g_idx: Optional[torch.Tensor] = None, zero_mode: str = "int",
-                        dtype: Optional[torch.dtype] = None) -> "QuantLinear":
-        """From a checkpoint's tensors (see :func:`mixed_gemm.unpack` for ``format``), on their device."""
+                        dtype: Optional[torch.dtype] = None, shape=None) -> "QuantLinear":
+        """From a checkpoint's tensors (see :func:`mixed_gemm.unpack` for ``format``; ``shape``:
+        ``(N, K)`` for ``"hqq"``), on their device."""
         if dtype is None:
             dtype = scales.dtype if scales.dtype in (torch.float16, torch.bfloat16) else torch.float16
         w = prepack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
-                    zero_mode=zero_mode, dtype=dtype)
+                    zero_mode=zero_mode, dtype=dtype, shape=shape)
         return cls.from_packed(w, bias, format=format, group_size=group_size)
 
     # ---- use ----

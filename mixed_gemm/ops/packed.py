@@ -11,6 +11,7 @@ from ..kernels import LAYOUTS, layout_for, layout_names
 from ..kernels.common import PER_CHANNEL_SHIFT
 
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+KERNEL_BITS = (4, 8)
 
 
 class LayoutView(NamedTuple):
@@ -139,7 +140,7 @@ def _act_order_perm(g_idx: torch.Tensor, k: int, group_size: int) -> torch.Tenso
 
 def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, group_size: int = 128,
             g_idx=None, zero_mode: str = "int", dtype: torch.dtype = torch.float16,
-            layout: str = "auto") -> PackedWeight:
+            layout: str = "auto", shape=None) -> PackedWeight:
     """Convert a checkpoint's tensors (see :func:`mixed_gemm.unpack` for ``format``) into a
     :class:`PackedWeight` on the same device, for activations of ``dtype`` (float16 or bfloat16).
 
@@ -152,7 +153,10 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     tile families of the tensors' device read (:func:`mixed_gemm.kernels.layout_for`): ``"sm80"``
     on Ampere/Ada and the CPU, ``"sm90a"`` on the H100. One copy either way.
 
-    Rules (each raises ``ValueError`` naming it): ``K`` is a multiple of 8 (rows of ``x`` are
+    ``format="hqq"`` (the ``hqq`` package's packed ``W_q``, ``meta["scale"]``, ``meta["zero"]``) needs
+    ``shape=(N, K)``; its zeros are float zero points.
+
+    Rules (each raises ``ValueError`` naming it): ``bits`` is 4 or 8 (the kernels' widths); ``K`` is a multiple of 8 (rows of ``x`` are
     copied 16 bytes at a time); ``N`` is even (outputs are stored in pairs); ``group_size`` is -1
     (per-channel), ``K``, or a power of two >= 32 (a k16 step of the kernel must not straddle
     groups, and a k-tile touches at most BK/32 of them). Any other ``N``/``K`` is padded here
@@ -163,7 +167,12 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     if layout != "auto":
         layout_names(layout)
     q, s, z = unpack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
-                     zero_mode=zero_mode)
+                     zero_mode=zero_mode, shape=shape)
+    if bits not in KERNEL_BITS:
+        raise ValueError(f"bits: the kernels serve {KERNEL_BITS}-bit weights; {bits}-bit weights unpack, quantize "
+                         f"and dequantize (mixed_gemm.reference) but have no kernel yet, got bits={bits}")
+    if format == "hqq":
+        zero_mode = "float"  # what HQQ's zero points are (unpack checked the argument)
     n, k = q.shape
     num_groups = s.shape[1]
     g = k if (group_size == -1 or num_groups == 1) else group_size

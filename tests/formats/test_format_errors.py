@@ -56,7 +56,7 @@ CASES = {
     # --- common arguments (both directions) ---
     "format-unknown": (lambda: awq(format="marlin"), ValueError, "format: expected one of"),
     "format-type": (lambda: canon(format=4), TypeError, "format: expected a str"),
-    "bits-value": (lambda: awq(bits=3), ValueError, "bits: expected one of (4, 8), got 3"),
+    "bits-value": (lambda: awq(bits=3), ValueError, "bits: expected one of (4, 8) for format 'awq', got 3"),
     "bits-type": (lambda: canon(bits="4"), TypeError, "bits: expected an int"),
     "bits-bool": (lambda: canon(bits=True), TypeError, "bits: expected an int"),
     "group-zero": (lambda: awq(group_size=0), ValueError, "group_size: expected -1 or a positive int"),
@@ -157,7 +157,7 @@ CASES = {
               "w: expected finite values"),
     "w-overflow": (lambda: quantize(ones_(4, 64, dtype=torch.float32) * 1e9, group_size=32), ValueError,
                    "w: values too large"),
-    "quantize-bits": (lambda: quantize(ones_(4, 64), bits=2), ValueError, "bits: expected one of"),
+    "quantize-bits": (lambda: quantize(ones_(4, 64), bits=5), ValueError, "bits: expected one of (2, 3, 4, 8), got 5"),
     "quantize-group": (lambda: quantize(ones_(4, 64), group_size=0), ValueError,
                        "group_size: expected -1 or a positive int, got 0"),
     "quantize-symmetric": (lambda: quantize(ones_(4, 64), group_size=32, symmetric=1), TypeError,
