@@ -6,7 +6,7 @@ HQQ, GGUF), served by kernel families (:mod:`mixed_gemm.kernels`) chosen per pro
 from __future__ import annotations
 
 from . import reference  # float32 oracle
-from .formats import pack, quantize, unpack
+from .formats import pack, quantize, sparsify_quantize, unpack
 from .kernels.dequant_mm import DequantMMConfig
 from .kernels.sm80 import Sm80Config
 from .ops import PackedWeight, dequantize, explain, matmul, prepack
@@ -26,6 +26,7 @@ __all__ = [
     "pack",
     "prepack",
     "quantize",
+    "sparsify_quantize",
     "reference",
     "unpack",
 ]

@@ -9,8 +9,10 @@ from ._checks import BITS, FORMATS
 from .checkpoint import AWQ_ORDER, pack, unpack
 from .groups import expand_groups, make_g_idx
 from .quantize import quantize
+from .sparse import sparsify_quantize
 
 __all__ = [
+    "sparsify_quantize",
     "AWQ_ORDER",
     "BITS",
     "FORMATS",

@@ -10,13 +10,14 @@ from typing import Optional, Sequence
 
 import torch
 
-FORMATS = ("awq", "gptq", "gptq_v2", "plain", "hqq")
+FORMATS = ("awq", "gptq", "gptq_v2", "plain", "hqq", "sparse12")
 """Checkpoint layouts understood by :func:`~mixed_gemm.formats.pack` / :func:`~mixed_gemm.formats.unpack`."""
 
 BITS = (4, 8)
 """Bit widths of the packed int32 formats (awq, gptq) and of the kernels."""
-FORMAT_BITS = {"awq": BITS, "gptq": BITS, "gptq_v2": BITS, "plain": (1, 2, 3, 4, 8), "hqq": (1, 2, 3, 4, 8)}
-"""Bit widths each checkpoint format carries (awq/gptq: 4 and 8; the canonical form and hqq: 1-4 and 8)."""
+FORMAT_BITS = {"awq": BITS, "gptq": BITS, "gptq_v2": BITS, "plain": (1, 2, 3, 4, 7, 8), "hqq": (1, 2, 3, 4, 8),
+               "sparse12": (7,)}
+"""Bit widths each checkpoint format carries (awq/gptq: 4 and 8; hqq: 1-4 and 8; sparse12: 7)."""
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 

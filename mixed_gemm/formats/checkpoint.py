@@ -40,6 +40,9 @@ of the word's two's-complement pattern, so the last field contains the sign bit)
 ``"hqq"``: the ``hqq`` package's bit-packed ``W_q`` (1, 2, 3, 4 or 8 bits) with its per-group
     ``meta["scale"]`` and float ``meta["zero"]`` (``zero_mode="float"``, ``w = (q - z) s``); needs
     ``shape=(N, K)``. Layout and packing: :mod:`mixed_gemm.formats.hqq`.
+``"sparse12"``: 1:2-sparse 7-bit (``bits=7``): ``qweight`` uint8 ``(N, K / 2)``, one byte per pair
+    along K (7-bit code | position << 7), ``scales``/``zeros`` as in the canonical form
+    (:mod:`mixed_gemm.formats.sparse`; :func:`mixed_gemm.sparsify_quantize` makes such weights).
 
 Symmetric weights: ``zeros=None`` in, ``None`` out, for every format.
 """
@@ -51,6 +54,7 @@ import torch
 
 from . import _checks as C
 from . import hqq as _hqq
+from . import sparse as _sparse
 from ._bitpack import pack_last, unpack_last
 
 AWQ_ORDER = {4: (0, 2, 4, 6, 1, 3, 5, 7), 8: (0, 1, 2, 3)}
@@ -195,6 +199,21 @@ def unpack(
         _validate_canonical(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx,
                             fmt=fmt, names=("qweight", "scales", "zeros"), zero_mode=zero_mode)
         return qweight, scales, zeros
+    if fmt == "sparse12":
+        _reject_g_idx(g_idx, fmt)
+        C.check_tensor("qweight", qweight, dtypes=(torch.uint8,), ndim=2, context=" for format 'sparse12'")
+        C.check_tensor("scales", scales, dtypes=C.SCALE_DTYPES, ndim=2, context=" for format 'sparse12'")
+        k = 2 * qweight.shape[1]
+        g = C.resolve_group_size(group_size, k)
+        if qweight.shape[0] != scales.shape[0] or scales.shape[1] != C.num_groups(k, g):
+            raise ValueError(f"scales: format 'sparse12' is (N, K / group_size) = ({qweight.shape[0]}, "
+                             f"{C.num_groups(k, g)}) for qweight {tuple(qweight.shape)}, got {tuple(scales.shape)}")
+        if zeros is not None:
+            C.check_tensor("zeros", zeros, dtypes=(scales.dtype,), ndim=2, context=" (same as scales)")
+            C.check_shape("zeros", zeros, tuple(scales.shape), " (same as scales)")
+        q = _sparse.unpack(qweight, scales, zeros, g)
+        _validate_canonical(q, scales, zeros, bits=bits, group_size=group_size, g_idx=None, fmt=fmt)
+        return q, scales, zeros
     if fmt == "hqq":
         _reject_g_idx(g_idx, fmt)
         C.check_tensor("scales", scales, dtypes=C.SCALE_DTYPES, context=" for format 'hqq'")
@@ -256,6 +275,9 @@ def pack(
                                zero_mode=zero_mode)
     if fmt == "plain":
         return q, s, z
+    if fmt == "sparse12":
+        _reject_g_idx(g_idx, fmt)
+        return _sparse.pack(q, s, z, C.resolve_group_size(group_size, k)), s, z
     if fmt == "hqq":
         _reject_g_idx(g_idx, fmt)
         if group_size != -1 and k % group_size:

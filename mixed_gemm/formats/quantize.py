@@ -14,7 +14,7 @@ def _round_up_to(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(out.float() < s, torch.nextafter(out, torch.full_like(out, float("inf"))), out)
 
 
-QUANTIZE_BITS = (2, 3, 4, 8)
+QUANTIZE_BITS = (2, 3, 4, 7, 8)  # 7: the 1:2 sparse format (formats/sparse.py)
 
 
 def quantize(
@@ -44,7 +44,7 @@ def quantize(
 
     Args:
         w: float16 / bfloat16 / float32 ``(N, K)``, finite.
-        bits: 2, 3, 4 or 8 (the kernels serve 4 and 8).
+        bits: 2, 3, 4, 7 or 8 (the kernels serve 4 and 8).
         group_size: ``G`` > 0 dividing K, or ``-1``.
         symmetric: see above.
 
@@ -56,7 +56,7 @@ def quantize(
     Raises:
         TypeError: ``w`` not a float16/bfloat16/float32 tensor, non-int ``bits``/``group_size``,
             non-bool ``symmetric``.
-        ValueError: ``w`` not 2-D / empty / non-finite, bits not in {2, 3, 4, 8}, bad group size, K not
+        ValueError: ``w`` not 2-D / empty / non-finite, bits not in {2, 3, 4, 7, 8}, bad group size, K not
             divisible by the group size, scales that overflow the output dtype.
     """
     C.check_tensor("w", w, dtypes=C.SCALE_DTYPES, ndim=2)

@@ -6,8 +6,8 @@ import torch
 
 from mixed_gemm.formats import FORMATS as ALL_FORMATS, pack, unpack
 
-# The formats that hold their own shape and a symmetric form (hqq: tests/formats/test_hqq.py).
-FORMATS = tuple(f for f in ALL_FORMATS if f != "hqq")
+# The dense formats that hold their own shape (hqq: test_hqq.py; sparse12: test_sparse12.py).
+FORMATS = tuple(f for f in ALL_FORMATS if f not in ("hqq", "sparse12"))
 
 N, K = 48, 384  # N a multiple of 8 but not of 32; K // 128 = 3 groups
 GROUPS = [32, 64, 128, -1]
