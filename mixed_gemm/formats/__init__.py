@@ -6,12 +6,13 @@ Canonical form: ``q`` uint8 ``(N, K)``, ``s`` ``(N, K // G)`` float, ``z`` like 
 from __future__ import annotations
 
 from ._checks import BITS, FORMATS
-from .checkpoint import AWQ_ORDER, pack, unpack
+from .checkpoint import AWQ_ORDER, pack, resolve_zero_mode, unpack
 from .groups import expand_groups, make_g_idx
 from .quantize import quantize
 from .sparse import sparsify_quantize
 
 __all__ = [
+    "resolve_zero_mode",
     "sparsify_quantize",
     "AWQ_ORDER",
     "BITS",

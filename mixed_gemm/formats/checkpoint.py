@@ -67,7 +67,9 @@ ZERO_MODES = ("int", "float", "offset")
 Triple = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 
-def _check_zero_mode(zero_mode, fmt):
+def resolve_zero_mode(zero_mode, fmt) -> str:
+    """What ``zeros`` of format ``fmt`` hold given the ``zero_mode`` argument (checked): ``"hqq"`` is
+    always ``"float"``; the others hold what the argument says."""
     if zero_mode not in ZERO_MODES:
         raise ValueError(f"zero_mode: expected one of {ZERO_MODES}, got {zero_mode!r}")
     if fmt == "hqq":  # HQQ's zero points are floats; the default "int" means "what the format holds"
@@ -192,7 +194,7 @@ def unpack(
             out-of-range values (``"plain"``, ``g_idx``), tensors on different devices.
     """
     fmt, bits, group_size = _common(format, bits, group_size)
-    zero_mode = _check_zero_mode(zero_mode, fmt)
+    zero_mode = resolve_zero_mode(zero_mode, fmt)
     if shape is not None and fmt != "hqq":
         raise ValueError(f"shape: only format 'hqq' takes shape (the others hold N and K), got format {fmt!r}")
     if fmt == "plain":
@@ -268,7 +270,7 @@ def pack(
         TypeError / ValueError: as for :func:`unpack`, naming ``q``, ``s``, ``z`` or ``g_idx``.
     """
     fmt, bits, group_size = _common(format, bits, group_size)
-    zero_mode = _check_zero_mode(zero_mode, fmt)
+    zero_mode = resolve_zero_mode(zero_mode, fmt)
     if fmt == "awq":
         _reject_g_idx(g_idx, fmt)
     n, k = _validate_canonical(q, s, z, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt,

@@ -27,7 +27,7 @@ class Problem:
     bits: int
     zero_mode: str      # "sym" | "int" | "float" | "offset"
     group_size: int     # K for per-channel
-    layout: str         # the weight layouts the PackedWeight holds ("sm80" or "sm80+sm90a")
+    layout: str         # the weight layouts the PackedWeight holds ("sm80", "sm90a" or "sm80+sm90a")
 
     @property
     def kind(self) -> dict:
@@ -69,7 +69,6 @@ class Family:
     name: str = ""                        # "sm80": kernel names are mg_<name>_..., schedules "<name>:..."
     config_class: type = object           # its frozen config (has dtype, bits, zero_mode, schedule, name)
     layout: str = ""                      # the weight layout it reads (see kernels.LAYOUTS)
-    layouts: Tuple[str, ...] = ()         # all it reads, when more than one (default: (layout,))
     sets_layout: bool = True              # prepack packs for it on GPUs it runs on (see layout_for)
     arch_flags: Tuple[str, ...] = ()      # nvcc -gencode flags of its fatbins
     template_dirs: Tuple[str, ...] = ()   # folders of templates/ its sources include (feed the cache key)

@@ -6,7 +6,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from ..formats import make_g_idx, unpack
+from ..formats import make_g_idx, resolve_zero_mode, unpack
 from ..kernels import LAYOUTS, layout_for, layout_names
 from ..kernels.common import PER_CHANNEL_SHIFT
 
@@ -171,8 +171,7 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     if bits not in KERNEL_BITS:
         raise ValueError(f"bits: the kernels serve {KERNEL_BITS}-bit weights; {bits}-bit weights unpack, quantize "
                          f"and dequantize (mixed_gemm.reference) but have no kernel yet, got bits={bits}")
-    if format == "hqq":
-        zero_mode = "float"  # what HQQ's zero points are (unpack checked the argument)
+    zero_mode = resolve_zero_mode(zero_mode, format)  # hqq: float zero points, whatever the argument
     n, k = q.shape
     num_groups = s.shape[1]
     g = k if (group_size == -1 or num_groups == 1) else group_size

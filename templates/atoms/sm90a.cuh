@@ -100,4 +100,13 @@ struct AtomConvert<cutlass::bfloat16_t, 8> {
   }
 };
 
+// The weight from the exact codes: w = q' s + z', one fma per pair in the activation type, with
+// (s, s) / (z', z') of rows g (registers 0, 2) and g + 8 (registers 1, 3).
+template <typename Element>
+__device__ __forceinline__ void atom_scale(uint32_t (&a)[4], uint32_t const (&s)[2], uint32_t const (&z)[2]) {
+  using P = Pair<Element>;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) a[r] = P::fma(a[r], s[r & 1], z[r & 1]);
+}
+
 }  // namespace mixed_gemm

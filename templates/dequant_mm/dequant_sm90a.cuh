@@ -48,11 +48,8 @@ struct DequantSm90aKernel {
     size_t const pi = (size_t)gi * (16 * p.strips) + 16 * nb + g;
     raw const* sp = static_cast<raw const*>(p.scales) + pi;
     raw const* zp = static_cast<raw const*>(p.zeros) + pi;
-    uint32_t const s0 = P::splat(sp[0]), s1 = P::splat(sp[8]), z0 = P::splat(zp[0]), z1 = P::splat(zp[8]);
-    a[0] = P::fma(a[0], s0, z0);
-    a[2] = P::fma(a[2], s0, z0);
-    a[1] = P::fma(a[1], s1, z1);
-    a[3] = P::fma(a[3], s1, z1);
+    uint32_t const s[2] = {P::splat(sp[0]), P::splat(sp[8])}, z[2] = {P::splat(zp[0]), P::splat(zp[8])};
+    atom_scale<Element>(a, s, z);
     // Lane (g, t) stores row g + 8 (t >> 1), k 8 (t & 1) .. + 7: register r = (t & 1) * 2 + (t >> 1)
     // of the four lanes 4g .. 4g + 3 (pair j of the vector comes from lane 4g + j).
     int const r = (t & 1) * 2 + (t >> 1);

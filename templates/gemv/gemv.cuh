@@ -161,6 +161,13 @@ struct XStage {
     __syncwarp();
   }
 
+  // The pair x[row][k, k + 1] straight from global memory (without kStageX), 0 outside x. K % 8 == 0
+  // (prepack's rule), so a pair with k even is wholly inside or outside.
+  static __device__ __forceinline__ uint32_t global_pair(GemvArgs const& p, int row, int k) {
+    if (row >= p.m || k >= p.k) return 0u;
+    return __ldg(reinterpret_cast<uint32_t const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
+  }
+
   // The pair x[row][16 u + 2t + 8 hi, +1] of the staged slice.
   static __device__ __forceinline__ uint32_t pair(char const* xs, int row, int u, int t, int hi) {
     return *reinterpret_cast<uint32_t const*>(xs + row * kRowBytes + (u * 16 + 2 * t + 8 * hi) * 2);
@@ -227,12 +234,6 @@ struct Gemv {
     for (int j = 0; j < kStrips; ++j) group_params(p, gi, min(strip0 + j, p.strips - 1), (threadIdx.x & 31) >> 2, s[j], z[j]);
   }
 
-  static __device__ __forceinline__ uint32_t ld_x(GemvArgs const& p, int row, int k) {
-    // K % 8 == 0 (prepack's rule), so a pair (k, k + 1) with k even is wholly inside or outside.
-    if (row >= p.m || k >= p.k) return 0u;
-    return __ldg(reinterpret_cast<uint32_t const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
-  }
-
   template <bool kChunkGroup>
   static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
                                                   char* xs, float (&acc)[kStrips][kTiles][4]) {
@@ -277,8 +278,8 @@ struct Gemv {
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt) {
             int const k = (kb0 + u) * 16 + 2 * t;
-            xf[u][mt][0] = ld_x(p, mt * 8 + g, k);
-            xf[u][mt][1] = ld_x(p, mt * 8 + g, k + 8);
+            xf[u][mt][0] = XS::global_pair(p, mt * 8 + g, k);
+            xf[u][mt][1] = XS::global_pair(p, mt * 8 + g, k + 8);
           }
       }
       // One parameter load per step when the step lies in one group; else per atom, right before
@@ -294,10 +295,7 @@ struct Gemv {
         for (int j = 0; j < kStrips; ++j) {
           uint32_t a[4];
           AtomConvert<Element, kBits>::run(wq[u][j], a);
-          a[0] = P::fma(a[0], s[j][0], z[j][0]);
-          a[2] = P::fma(a[2], s[j][0], z[j][0]);
-          a[1] = P::fma(a[1], s[j][1], z[j][1]);
-          a[3] = P::fma(a[3], s[j][1], z[j][1]);
+          atom_scale<Element>(a, s[j], z[j]);
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
         }

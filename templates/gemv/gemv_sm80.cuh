@@ -32,11 +32,6 @@ struct GemvSm80 {
   static_assert(kBits == 4 || kBits == 8, "int4 or int8 weights");
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
 
-  static __device__ __forceinline__ uint32_t ld_x(GemvArgs const& p, int row, int k) {
-    if (row >= p.m || k >= p.k) return 0u;
-    return __ldg(reinterpret_cast<uint32_t const*>(static_cast<raw const*>(p.x) + (size_t)row * p.k + k));
-  }
-
   // Column constants of the lane's 8 columns (8 j + g) of 64-column strip na in group gi: one
   // 16-byte vector each of scales and zeros (the layout stores them 8x8-transposed for this).
   static __device__ __forceinline__ void columns(GemvArgs const& p, int gi, int na, int g, ColumnDequant (&cd)[8]) {
@@ -86,10 +81,10 @@ struct GemvSm80 {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           int const k = (kb0 + u) * 16 + 2 * t;
-          xa[u][0] = ld_x(p, g, k);
-          xa[u][1] = ld_x(p, g + 8, k);
-          xa[u][2] = ld_x(p, g, k + 8);
-          xa[u][3] = ld_x(p, g + 8, k + 8);
+          xa[u][0] = XS::global_pair(p, g, k);
+          xa[u][1] = XS::global_pair(p, g + 8, k);
+          xa[u][2] = XS::global_pair(p, g, k + 8);
+          xa[u][3] = XS::global_pair(p, g + 8, k + 8);
         }
       }
       // 3. Per strip: column constants (per step when it lies in one group, else per atom),

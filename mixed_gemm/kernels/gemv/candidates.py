@@ -22,7 +22,7 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts
             continue
         base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x,
                           layout=layout)
-        steps = -(-(-(-k // 16)) // base.step)
+        steps = base.steps(k)
         best = splits_for(base, n, k, sms)
         for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
             out.append(base.replace(splits=s).schedule)

@@ -139,6 +139,10 @@ class GemvConfig:
     def replace(self, **changes) -> "GemvConfig":
         return dataclasses.replace(self, **changes)
 
+    def steps(self, k: int) -> int:
+        """CTA steps (of ``step`` k16 atoms) that cover ``k``: the most splits that each get work."""
+        return -(-(-(-k // 16)) // self.step)
+
     def launch_geometry(self, n: int, k: int) -> Tuple[int, int, int, int]:
         """``(row tiles, splits, chunk, strips)`` for an ``(n, k)`` weight: grid (row tiles, splits);
         each split takes ``chunk`` k16 atoms, a multiple of ``unroll`` so every warp step starts on

@@ -24,7 +24,7 @@ ROWS = ((8, "m8_s2_w4x2_u8"), (16, "m16_s2_w4x2_u8"), (32, "m32_s1_w4x2_u4"))
 
 def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
     row_tiles = config.launch_geometry(n, k)[0]
-    steps = -(-(-(-k // 16)) // config.step)
+    steps = config.steps(k)
     want = -(-CTAS_PER_SM * sms // row_tiles)
     return max(1, min(want, steps // MIN_STEPS, MAX_SPLITS))
 
