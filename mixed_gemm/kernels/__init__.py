@@ -16,7 +16,7 @@ from .base import OK, Family, Problem, Verdict, compute_capability
 
 FAMILIES: Tuple[Family, ...] = (sm90a.FAMILY, gemv.FAMILY, sm80.FAMILY, dequant_mm.FAMILY)
 # The weight layouts families read, by name (one layout module per name). A PackedWeight holds one
-# of them (layout_for: the one the large-M family of its GPU reads), or, when asked for, sm80 plus
+# of them (layout_for: the one the tile family of its GPU reads), or, when asked for, sm80 plus
 # a second copy. PRIMARY_LAYOUT is the CPU's (and any GPU's without a layout-setting family).
 LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout, sm90a.layout.NAME: sm90a.layout}
 PRIMARY_LAYOUT = sm80.layout.NAME
@@ -86,18 +86,17 @@ def _layout_names(layout: str) -> Tuple[str, ...]:
 
 
 def layout_for(device_index: Optional[int]) -> str:
-    """The layout string prepack uses on a device: the primary layout, plus the layout of every
-    family that runs there, sets the layout (the tile families; the decode and dequantize families
-    follow the layouts they find) and reads another: ``"sm80"`` on Ampere/Ada and the CPU (``None``),
-    ``"sm80+sm90a"`` on the H100. Two copies there until the gemv family, which reads the sm90a
-    copy, beats the sm80 kernels at every M it serves (it does at M <= 8; docs/decode-plan.md):
-    ``prepack(..., layout="sm90a")`` gives the one-copy weight every H100 family can run."""
-    names = [PRIMARY_LAYOUT]
+    """The layout prepack uses on a device: one copy, the layout of the first family (in priority
+    order) that runs there and sets the layout (the tile families; the decode and dequantize
+    families read the layouts they find): ``"sm90a"`` on the H100, whose every family (gemv at
+    M <= 32, sm90a above, dequant_mm for what the tiles cannot take) reads it; ``"sm80"`` on
+    Ampere/Ada and the CPU (``None``). ``prepack(..., layout="sm80+sm90a")`` still holds both on
+    request (the sm80 tiles then compete at every M)."""
     if device_index is not None:
         for f, (ok, _) in available(device_index):
-            if ok and f.sets_layout and f.layout not in names:
-                names.append(f.layout)
-    return "+".join(names)
+            if ok and f.sets_layout:
+                return f.layout
+    return PRIMARY_LAYOUT
 
 
 __all__ = ["FAMILIES", "LAYOUTS", "OK", "PRIMARY_LAYOUT", "layout_names", "Family", "Problem", "Verdict", "available", "compute_capability",

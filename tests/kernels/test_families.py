@@ -90,7 +90,7 @@ def test_layout_for_cpu_is_the_primary_layout(monkeypatch):
 
     assert layout_for(None) == PRIMARY_LAYOUT == "sm80"
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
-    assert layout_for(0) == "sm80+sm90a"  # the H100: both copies (prepack(layout="sm90a") for one)
+    assert layout_for(0) == "sm90a"  # the H100: one copy, read by gemv, sm90a and dequant_mm
     monkeypatch.setattr(base, "compute_capability", lambda i: (8, 9))
     assert layout_for(0) == "sm80"
 

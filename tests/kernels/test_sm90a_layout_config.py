@@ -95,4 +95,5 @@ def test_heuristic_and_candidates():
             assert configs and all(c.kernel.kernel_name in compiled for c in configs)  # catalog kernels only
             assert all(c.cluster == (1, 1) for c in configs) or bits == 4
     assert all("x128_" not in s.split("_")[0][-4:] for s in candidate_schedules(64, 4096, 4096, 64, 132))
-    assert candidate_schedules(16, 4096, 4096, 128, 132) == []
+    assert candidate_schedules(8, 4096, 4096, 128, 132) == []  # gemv only below 16 tokens
+    assert all(s.startswith("t128x32x128_") for s in candidate_schedules(16, 4096, 4096, 128, 132))

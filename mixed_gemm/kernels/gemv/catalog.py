@@ -26,6 +26,12 @@ SHAPES = (
     (16, 1, (2, 4), 8, True),
     (16, 2, (8, 1), 4, True),
     (32, 1, (4, 2), 4, True),
+    # More strips per warp: one x fragment feeds 4 or 8 weight atoms, so at 16-32 tokens the x
+    # traffic through L1 stays below the weight's (2 strips: 16 tokens read 2x the weight's bytes).
+    (16, 4, (2, 2), 4, True),
+    (16, 8, (1, 4), 4, True),
+    (16, 4, (2, 2), 4, False),
+    (32, 4, (2, 2), 2, True),
 )
 
 

@@ -10,7 +10,7 @@ from .catalog import shapes_for
 
 SPLITS = (2, 3, 4, 6)
 MIN_K_TILES = 4
-FROM_M = 33
+FROM_M = 16  # the 32-token tile with split-K competes with gemv from here
 ORDERS = ("_sw4_rm", "_sw4_rn")  # tile orders tried for grids of many waves
 MANY_WAVES = 4
 
