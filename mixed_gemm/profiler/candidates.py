@@ -10,12 +10,15 @@ from ..kernels import FAMILIES, Problem, split_schedule
 def candidate_schedules(problem: Problem, sms: int, device_index: Optional[int] = None,
                         only: Optional[List[str]] = None) -> List[str]:
     """``family:schedule`` strings worth timing for ``problem``. ``only`` replaces the list (bare
-    schedules read as sm80's); ``device_index`` drops families that do not run there."""
+    schedules read as sm80's); ``device_index`` drops families that do not run there; tile families
+    whose layout the weight lacks offer nothing."""
     if only:
         return [f"{fam.name}:{sched}" for fam, sched in map(split_schedule, only)]
     out: List[str] = []
     for fam in FAMILIES:
         if device_index is not None and not fam.supports(device_index)[0]:
             continue
+        if fam.sets_layout and fam.layout not in problem.layout.split("+"):
+            continue  # a tile family reads only its own layout; the weight does not hold it
         out += [f"{fam.name}:{s}" for s in fam.candidates(problem, sms)]
     return out

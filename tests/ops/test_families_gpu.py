@@ -80,7 +80,7 @@ torch.manual_seed(0)
 q = torch.randint(0, 16, (512, 1024), dtype=torch.uint8, device="cuda")
 s = (torch.rand(512, 8, device="cuda") * 0.01 + 0.005).half()
 z = torch.randint(0, 16, (512, 8), device="cuda").half()
-w = mg.prepack(q, s, z, format="plain", bits=4, group_size=128)
+w = mg.prepack(q, s, z, format="plain", bits=4, group_size=128, layout="sm80")  # the sm80 kernel's
 x = torch.randn(5, 1024, device="cuda").half()
 y = mg.matmul(x, w, config=mg.KernelConfig.from_schedule(sys.argv[1]))
 ref = mg.reference.matmul(x, q, s, z, group_size=128, bits=4)

@@ -1,4 +1,5 @@
 """Problem presets, argument parsing and candidate schedules (CPU)."""
+import dataclasses
 import pytest
 
 from mixed_gemm.cli_catalog import catalog
@@ -67,3 +68,11 @@ def test_candidates_skip_families_the_device_lacks(monkeypatch):
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
     assert candidate_schedules(_problem(256, 4096, 4096), sms=132, device_index=0) \
         == candidate_schedules(_problem(256, 4096, 4096), sms=132)
+
+
+def test_tile_families_offer_nothing_for_a_layout_the_weight_lacks():
+    one_copy = dataclasses.replace(_problem(16, 4096, 4096), layout="sm90a")
+    fams = {s.split(":")[0] for s in candidate_schedules(one_copy, sms=132)}
+    assert fams == {"gemv", "sm90a"}  # no sm80 tiles: they read the sm80 copy
+    sm80 = dataclasses.replace(_problem(64, 4096, 4096), layout="sm80")
+    assert not any(s.startswith("sm90a:") for s in candidate_schedules(sm80, sms=132))
