@@ -123,6 +123,12 @@ class Family:
         this when it borrows the nearest profiled shape's entry). Default: unchanged."""
         return config
 
+    def for_layout(self, config, problem: Problem):
+        """``config`` made to read a layout ``problem``'s weight holds, for a family that reads
+        several with one schedule (a profile entry names what won, not which copy it read).
+        Default: unchanged (a tile family reads only its own layout)."""
+        return config
+
     # ---- building and launching ----
     def render(self, config) -> str:
         """The .cu source of ``config``'s compiled identity."""

@@ -90,6 +90,7 @@ def choose(problem: Problem, device_index: int) -> Choice:
             bucket, schedule = hit
             config = parse_schedule(schedule, **kind)
             fam = family_of(config)
+            config = fam.for_layout(config, problem)
             if shape_key != key:  # borrowed from a similar shape: fit its launch to this one
                 config = fam.refit(config, dataclasses.replace(problem, m=bucket), sm_count(device_index))
             ok, why = _usable(fam, config, problem, device_index)

@@ -70,7 +70,9 @@ def _problem(m, g=128, n=4096, k=4096):
 
 
 def test_heuristic_and_candidates():
-    assert FAMILY.heuristic(_problem(16), 132) is None  # decode stays with sm80
+    assert FAMILY.heuristic(_problem(8), 132) is None  # decode up to 8 tokens: gemv
+    thin = FAMILY.heuristic(_problem(16), 132)  # 32 tiles of 128 rows: split 4 ways over K
+    assert thin.tile == (128, 32, 128) and thin.decomposition == "split" and thin.splits == 4
     c = FAMILY.heuristic(_problem(64), 132)
     assert c.tile == (128, 64, 128) and c.decomposition == "split" and FAMILY.can_implement(c, _problem(64))[0]
     assert FAMILY.heuristic(_problem(64, g=64), 132).tile[2] == 64
@@ -81,7 +83,7 @@ def test_heuristic_and_candidates():
     assert int8.cluster == (1, 1) and int8.bits == 8  # clusters are compiled for int4 only
     from mixed_gemm.kernels.sm90a.catalog import default_catalog as cat
     compiled = {c.kernel_name for c in cat()}
-    for m in (33, 64, 100, 128, 200, 256, 1000, 5000):
+    for m in (9, 16, 32, 33, 64, 100, 128, 200, 256, 1000, 5000):
         for bits in (4, 8):
             for g in (64, 128, 4096):
                 p = Problem(**dict(_problem(m, g=g).__dict__, bits=bits))

@@ -51,6 +51,12 @@ class DequantMMFamily(Family):
         layout = self._layout(problem)
         return DequantMMConfig(**problem.kind, layout=layout if layout in SCHEDULES else "sm80")
 
+    def for_layout(self, config: DequantMMConfig, problem: Problem) -> DequantMMConfig:
+        layout = self._layout(problem)
+        if config.layout in problem.layout.split("+") or layout not in SCHEDULES:
+            return config
+        return DequantMMConfig(dtype=config.dtype, bits=config.bits, zero_mode=config.zero_mode, layout=layout)
+
     def render(self, config: DequantMMConfig) -> str:
         if config.layout == sm90a_layout.NAME:
             kernel = config.kernel

@@ -1,8 +1,9 @@
 """The sm90a family's choice when no profile covers a problem, kept as data.
 
-Below ``FROM_M`` rows the sm80 family's decode kernels stream the weight faster (the wgmma token
-tile is at least 8 wide and the register-A pipeline has a longer prologue), so this family passes.
-From there on it takes every M: a token tile that M fills, and split-K when the weight tiles alone
+Up to 8 rows the gemv family streams the weight faster (one n8 token tile, no pipeline prologue),
+so this family passes. From ``FROM_M`` on it takes every M (the 32-token tile with split-K matched
+the sm80 decode tiles at 16 tokens and beat them at 32 on the H100 profile, and the gemv kernels
+above 8 tokens): a token tile that M fills, and split-K when the weight tiles alone
 leave most SMs idle (a 4096-row weight is 32 tiles of 128 rows for 132 SMs).
 """
 from __future__ import annotations
@@ -12,12 +13,13 @@ from typing import Optional, Tuple
 from ..base import Problem
 from .config import Sm90aConfig
 
-FROM_M = 33
+FROM_M = 9
 # (max M, schedule with TK = 128, schedule with TK = 64 for groups that are not a multiple of 128),
-# from the H100 profile (profiles/h100-sm90a-f16.csv, 8 Llama-3 shapes, M 64..8192): thin token
+# from the H100 profile (profiles/h100-sm90a-f16.csv, 8 Llama-3 shapes, M 16..8192): thin token
 # tiles split over K below 128 rows, square tiles with activation multicast up to 256, wide
 # 128x256 tiles with a swizzled order beyond 1024.
 ROWS: Tuple[Tuple[int, str, str], ...] = (
+    (32, "t128x32x128_coop_c1x1_s0_dp", "t128x64x64_coop_c1x1_s0_dp"),
     (64, "t128x64x128_coop_c1x1_s0_dp", "t128x64x64_coop_c1x1_s0_dp"),
     (128, "t128x128x128_coop_c1x1_s0_dp", "t128x128x64_coop_c1x1_s0_dp"),
     (256, "t128x128x128_coop_c2x1_s0_dp", "t128x128x64_coop_c1x1_s0_dp"),
