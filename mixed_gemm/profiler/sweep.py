@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _versions
-from ..kernels import Problem, layout_for, parse_schedule
+from ..kernels import PRIMARY_LAYOUT, Problem, layout_for, parse_schedule, split_schedule
 from ..select.profiles import Profile, default_profile_path, entry_key
 from ..version import __version__
 from .candidates import candidate_schedules
@@ -92,6 +92,10 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     gs = spec.group_size
     if spec.layout == "auto":
         spec.layout = layout_for(torch.cuda.current_device())
+        if spec.schedules:  # a --schedules sweep packs every layout its tile families read
+            held = set(spec.layout.split("+")) | {fam.layout for fam, _ in map(split_schedule, spec.schedules)
+                                                  if fam.sets_layout}
+            spec.layout = "+".join(sorted(held, key=lambda name: name != PRIMARY_LAYOUT))
     plan = [(label, n, k, m, candidate_schedules(
                 Problem(m=m, n=n, k=k, dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode,
                         group_size=k if gs == -1 else gs, layout=spec.layout),
