@@ -55,7 +55,7 @@ def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
     profiles.clear_cache()
     mg.select.clear_selection()
     try:
-        w = random_weights(1024, 2048)[0]
+        w = random_weights(1024, 2048, layout="sm80+sm90a")[0]  # the copies the sweep timed (sm80 tiles)
         mg.matmul(torch.randn(1, 2048, device="cuda").half(), w)
         chosen = mg.explain(1, w)
         assert (chosen.schedule, chosen.source) == (prof.lookup(key, 1)[1], "profile gpu.json M=1")
