@@ -5,7 +5,7 @@
 #include "gemv/gemv.cuh"
 
 using Kernel = mixed_gemm::Gemv<cutlass::bfloat16_t, 8, 4, 1, 4, 2, 2,
-                                true>;
+                                true, 0>;
 
 // The Python config computes these too (launch geometry, split-K layout); both must agree.
 static_assert(Kernel::kThreads == 256, "threads: GemvConfig and kernel disagree");

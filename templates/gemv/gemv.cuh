@@ -193,23 +193,32 @@ __device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
   } else {
     K::template mainloop<false>(p, strip0, kbeg, kend, wk, xs, acc);
   }
+  K::finish(flat);
   GemvEpilogue<typename K::raw, K::kAcc, K::kWN, K::kWK, K::kRows, K::kThreads>::run(
       p, smem, flat, wn, wk, lane, [&](auto&& f) { K::for_each_output(p, strip0, lane, acc, f); });
 }
 
-template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, bool kStageX>
+// kFmaTokens > 0: CUDA-core variant for 1-4 tokens. The same loads and converters, then fp32 FMAs
+// instead of an mma whose n8 tile would be 7/8 (M=1) padding: lane (g, t) multiplies its 8 weights
+// (rows g, g + 8; k 2t, 2t+1, 2t+8, 2t+9) by x[m] at those k for each token m and, after the loop,
+// the 4 lanes t of a row sum their partials with two shuffles. kTiles is then unused.
+template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, bool kStageX,
+          int kFmaTokens = 0>
 struct Gemv {
   static constexpr int kWN = kWarpsN, kWK = kWarpsK, kSN = kStrips, kU = kUnroll;  // for gemv_run
   using P = Pair<Element>;
   using raw = typename P::raw;
   using raw2 = typename P::raw2;
+  static constexpr bool kFma = kFmaTokens > 0;
+  static constexpr int kXRows = kFma ? kFmaTokens : kTiles;  // x operands per step: tokens, or n8 tiles
+  static constexpr int kPer = kFma ? 2 : 4;                  // accumulators per (strip, x operand)
   static constexpr int kWords = kBits / 4;              // 32-bit words per lane per atom
   static constexpr int kThreads = 32 * kWarpsN * kWarpsK;
   static constexpr int kRows = 16 * kStrips * kWarpsN;  // weight rows (outputs) of a CTA
-  static constexpr int kAcc = kStrips * kTiles * 4;     // fp32 accumulators per lane
+  static constexpr int kAcc = kStrips * kXRows * kPer;  // fp32 accumulators per lane
   // Cross-warp K reduction: warps 1.. of each column write their accumulators here.
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsN * kAcc * 32 * 4;
-  using XS = XStage<raw, kTiles * 8, kUnroll>;
+  using XS = XStage<raw, kFma ? kFmaTokens : kTiles * 8, kUnroll>;
   static constexpr int kXWarpBytes = kStageX ? XS::kBytes : 0;
   static constexpr int kSmemBytes = kReduceBytes + kWarpsN * kWarpsK * kXWarpBytes;
   static_assert(kBits == 4 || kBits == 8, "int4 or int8 weights");
@@ -236,7 +245,7 @@ struct Gemv {
 
   template <bool kChunkGroup>
   static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
-                                                  char* xs, float (&acc)[kStrips][kTiles][4]) {
+                                                  char* xs, float (&acc)[kStrips][kXRows][kPer]) {
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t const* bw = static_cast<uint32_t const*>(p.b);
     for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
@@ -262,24 +271,25 @@ struct Gemv {
           }
         }
       // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
-      uint32_t xf[kUnroll][kTiles][2];
+      // The mma's B fragment of tile mt is token row mt * 8 + g; the FMA variant's operand m is token m.
+      uint32_t xf[kUnroll][kXRows][2];
       if (kStageX) {
         XS::load(p, kb0, lane, xs);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-          for (int mt = 0; mt < kTiles; ++mt) {
-            xf[u][mt][0] = XS::pair(xs, mt * 8 + g, u, t, 0);
-            xf[u][mt][1] = XS::pair(xs, mt * 8 + g, u, t, 1);
+          for (int mt = 0; mt < kXRows; ++mt) {
+            xf[u][mt][0] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 0);
+            xf[u][mt][1] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 1);
           }
       } else {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-          for (int mt = 0; mt < kTiles; ++mt) {
+          for (int mt = 0; mt < kXRows; ++mt) {
             int const k = (kb0 + u) * 16 + 2 * t;
-            xf[u][mt][0] = XS::global_pair(p, mt * 8 + g, k);
-            xf[u][mt][1] = XS::global_pair(p, mt * 8 + g, k + 8);
+            xf[u][mt][0] = XS::global_pair(p, kFma ? mt : mt * 8 + g, k);
+            xf[u][mt][1] = XS::global_pair(p, kFma ? mt : mt * 8 + g, k + 8);
           }
       }
       // One parameter load per step when the step lies in one group; else per atom, right before
@@ -296,31 +306,74 @@ struct Gemv {
           uint32_t a[4];
           AtomConvert<Element, kBits>::run(wq[u][j], a);
           atom_scale<Element>(a, s[j], z[j]);
+          if constexpr (kFma) {
+            fma_atom(a, xf[u], acc[j]);
+          } else {
 #pragma unroll
-          for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
+            for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
+          }
         }
       }
     }
   }
 
-  // Calls f(n, token, value) for every accumulator inside the output. Accumulator (j, mt, e):
-  // c0 c1 are rows g, tokens 2t, 2t+1 of strip j and n8 tile mt; c2 c3 rows g + 8.
+  // The FMA variant's math for one atom: acc[m][0] (row g) and acc[m][1] (row g + 8) gain the dot
+  // product of the lane's weights with x[m] at their k, in fp32 (weights and x widened once each).
+  static __device__ __forceinline__ void fma_atom(uint32_t const (&a)[4], uint32_t const (&xf)[kXRows][2],
+                                                  float (&acc)[kXRows][kPer]) {
+    float2 w[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) w[r] = P::to_floats(P::val(a[r]));
+#pragma unroll
+    for (int m = 0; m < kXRows; ++m) {
+      float2 const lo = P::to_floats(P::val(xf[m][0])), hi = P::to_floats(P::val(xf[m][1]));
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // register e: rows g / g + 8 at k 2t, 2t+1; register e + 2: at + 8
+        float v = acc[m][e];
+        v = fmaf(w[e].x, lo.x, v);
+        v = fmaf(w[e].y, lo.y, v);
+        v = fmaf(w[e + 2].x, hi.x, v);
+        acc[m][e] = fmaf(w[e + 2].y, hi.y, v);
+      }
+    }
+  }
+
+  // After the main loop: the FMA variant's 4 lanes of a row (t = 0..3, each a quarter of every
+  // atom's k) sum their partials; every lane then holds the row's sum. The mma's are complete.
+  static __device__ __forceinline__ void finish(float (&flat)[kAcc]) {
+    if constexpr (kFma) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 1);
+        flat[i] += __shfl_xor_sync(0xffffffffu, flat[i], 2);
+      }
+    }
+  }
+
+  // Calls f(n, token, value) for every accumulator inside the output. mma accumulator (j, mt, e):
+  // c0 c1 are rows g, tokens 2t, 2t+1 of strip j and n8 tile mt; c2 c3 rows g + 8. FMA accumulator
+  // (j, m, e): row g + 8 e, token m, written by lane t = m % 4 (all four hold it).
   template <typename F>
   static __device__ __forceinline__ void for_each_output(GemvArgs const& p, int strip0, int lane,
-                                                         float const (&acc)[kStrips][kTiles][4], F&& f) {
+                                                         float const (&acc)[kStrips][kXRows][kPer], F&& f) {
 #pragma unroll
     for (int j = 0; j < kStrips; ++j)
 #pragma unroll
-      for (int mt = 0; mt < kTiles; ++mt)
+      for (int mt = 0; mt < kXRows; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int const n = 16 * (strip0 + j) + (lane >> 2) + 8 * (e >> 1);
-          int const token = mt * 8 + 2 * (lane & 3) + (e & 1);
-          if (n < p.n && token < p.m) f(n, token, acc[j][mt][e]);
+        for (int e = 0; e < kPer; ++e) {
+          if constexpr (kFma) {
+            int const n = 16 * (strip0 + j) + (lane >> 2) + 8 * e;
+            if (n < p.n && mt < p.m && (lane & 3) == (mt & 3)) f(n, mt, acc[j][mt][e]);
+          } else {
+            int const n = 16 * (strip0 + j) + (lane >> 2) + 8 * (e >> 1);
+            int const token = mt * 8 + 2 * (lane & 3) + (e & 1);
+            if (n < p.n && token < p.m) f(n, token, acc[j][mt][e]);
+          }
         }
   }
 
-  using Acc = float[kStrips][kTiles][4];
+  using Acc = float[kStrips][kXRows][kPer];
   static __device__ void run(GemvArgs const& p, char* smem) { gemv_run<Gemv>(p, smem); }
 };
 

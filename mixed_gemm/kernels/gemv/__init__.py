@@ -58,7 +58,8 @@ class GemvFamily(Family):
         return render_template(
             "gemv/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
-            element=DTYPES[kernel.dtype][0], bits=kernel.bits, tiles=kernel.tokens // 8, strips=kernel.strips,
+            element=DTYPES[kernel.dtype][0], bits=kernel.bits, tiles=max(1, kernel.tokens // 8), strips=kernel.strips,
+            fma_tokens=kernel.tokens if kernel.fma else 0,
             layout=kernel.layout, zero_mode_id=ZERO_MODES[kernel.zero_mode],
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll,
             stage_x="true" if kernel.stage_x else "false", threads=kernel.threads,

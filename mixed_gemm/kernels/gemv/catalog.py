@@ -32,6 +32,11 @@ SHAPES = (
     (16, 8, (1, 4), 4, True),
     (16, 4, (2, 2), 4, False),
     (32, 4, (2, 2), 2, True),
+    # CUDA-core FMA variant (1-4 tokens): no n8 padding, fp32 FMAs; timed beside the mma kernels.
+    (1, 2, (4, 2), 8, False),
+    (1, 4, (2, 2), 4, False),
+    (2, 2, (4, 2), 8, False),
+    (4, 2, (4, 2), 4, False),
 )
 
 

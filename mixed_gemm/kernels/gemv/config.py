@@ -14,6 +14,7 @@ from ..common import check_weight_kind, raise_on
 
 _SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_split(\d+))?$")
 LAYOUTS = ("sm90a", "sm80")
+TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
 MAX_THREADS = 512
 MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
@@ -27,7 +28,8 @@ class GemvConfig:
     the weight is the A operand, every zero mode is the layout's additive zero, so ``zero_mode``
     is not compiled in) or ``"sm80"`` (gemv_sm80.cuh, the one copy of Ampere/Ada: x is the A
     operand, the zero mode is compiled in; schedule suffix ``_sm80``); ``tokens`` (rows of x
-    served: 8, 16 or 32 n8 tiles' worth for sm90a, 16 for sm80); ``strips`` per warp (16 rows for
+    served: 8, 16 or 32, n8 tiles of mma.sync; 1, 2 or 4: the CUDA-core FMA variant, sm90a layout
+    only, no padding of x to an n8 tile; 16 for sm80); ``strips`` per warp (16 rows for
     sm90a, 64 columns for sm80); ``warps`` = (warps along N, warps splitting K inside a CTA);
     ``unroll`` (k16 atoms a warp loads before it converts any: its weight bytes in flight are
     unroll x strips x the atom's bytes); ``stage_x`` (``_xs``: each warp copies its step's slice
@@ -53,7 +55,8 @@ class GemvConfig:
     def __post_init__(self) -> None:
         wn, wk = self.warps
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
-            (self.tokens in (8, 16, 32), "tokens must be 8, 16 or 32 (n8 tiles of mma.sync)"),
+            (self.tokens in TOKENS, f"tokens must be one of {TOKENS} (8/16/32: n8 tiles of mma.sync; 1/2/4: FMA)"),
+            (self.layout == "sm90a" or not self.fma, "the FMA variant (tokens 1, 2, 4) reads the sm90a layout"),
             (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
             (self.layout == "sm90a" or self.tokens == 16, "the sm80-layout kernel serves 16 tokens (one m16 tile)"),
             (1 <= self.strips <= 8, "strips must be in [1, 8]"),
@@ -80,8 +83,16 @@ class GemvConfig:
         return 16 if self.layout == "sm90a" else 64
 
     @property
+    def fma(self) -> bool:
+        """CUDA-core FMAs instead of mma.sync (templates/gemv/gemv.cuh, kFmaTokens)."""
+        return self.tokens < 8
+
+    @property
     def accumulators(self) -> int:
-        """fp32 accumulators per lane: 4 per (16-row strip, n8 token tile) or per (n8 column tile)."""
+        """fp32 accumulators per lane: 4 per (16-row strip, n8 token tile) or per (n8 column tile);
+        FMA: 2 per (strip, token) (rows g and g + 8)."""
+        if self.fma:
+            return self.strips * self.tokens * 2
         return self.strips * (self.tokens // 8 if self.layout == "sm90a" else 8) * 4
 
     @property
@@ -130,7 +141,7 @@ class GemvConfig:
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "GemvConfig":
         m = _SCHEDULE.match(schedule)
         if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
+            raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<1|2|4|8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
                              "[_xs][_sm80][_split<S>]")
         t, s, wn, wk, u, xs, l80, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
