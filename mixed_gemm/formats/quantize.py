@@ -14,7 +14,7 @@ def _round_up_to(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(out.float() < s, torch.nextafter(out, torch.full_like(out, float("inf"))), out)
 
 
-QUANTIZE_BITS = (2, 3, 4, 7, 8)  # 7: the 1:2 sparse format (formats/sparse.py)
+QUANTIZE_BITS = (1, 2, 3, 4, 7, 8)  # 7: the 1:2 sparse format (formats/sparse.py)
 
 
 def quantize(

@@ -18,7 +18,8 @@ FAMILIES: Tuple[Family, ...] = (sm90a.FAMILY, gemv.FAMILY, sm80.FAMILY, dequant_
 # The weight layouts families read, by name (one layout module per name). A PackedWeight holds one
 # of them (layout_for: the one the tile family of its GPU reads), or, when asked for, sm80 plus
 # a second copy. PRIMARY_LAYOUT is the CPU's (and any GPU's without a layout-setting family).
-LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout, sm90a.layout.NAME: sm90a.layout}
+LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout, sm90a.layout.NAME: sm90a.layout,
+                                   gemv.lowbit_layout.NAME: gemv.lowbit_layout}  # 1-3 bits, 1:2-sparse 7
 PRIMARY_LAYOUT = sm80.layout.NAME
 LEGACY_FAMILY = "sm80"  # a schedule without "family:" (profile format 1, old overrides)
 

@@ -32,11 +32,11 @@ def constant_checks() -> List[Tuple[str, int]]:
     )
 
 
-def check_weight_kind(dtype: str, bits: int, zero_mode: str) -> List[Tuple[bool, str]]:
-    """The rules every family's config applies to its weight kind."""
+def check_weight_kind(dtype: str, bits: int, zero_mode: str, bits_allowed=(4, 8)) -> List[Tuple[bool, str]]:
+    """The rules every family's config applies to its weight kind (``bits_allowed``: its widths)."""
     return [
         (dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}"),
-        (bits in (4, 8), "bits must be 4 or 8"),
+        (bits in bits_allowed, f"bits must be one of {tuple(bits_allowed)}"),
         (zero_mode in ZERO_MODES, f"zero_mode must be one of {tuple(ZERO_MODES)}"),
     ]
 

@@ -11,7 +11,8 @@ from ..kernels import LAYOUTS, layout_for, layout_names
 from ..kernels.common import PER_CHANNEL_SHIFT
 
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
-KERNEL_BITS = (4, 8)
+KERNEL_BITS = (1, 2, 3, 4, 7, 8)
+LOWBIT_BITS = (1, 2, 3, 7)  # one layout on every device: "lowbit" (7: 1:2-sparse only)
 
 
 class LayoutView(NamedTuple):
@@ -156,7 +157,11 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     ``format="hqq"`` (the ``hqq`` package's packed ``W_q``, ``meta["scale"]``, ``meta["zero"]``) needs
     ``shape=(N, K)``; its zeros are float zero points.
 
-    Rules (each raises ``ValueError`` naming it): ``bits`` is 4 or 8 (the kernels' widths); ``K`` is a multiple of 8 (rows of ``x`` are
+    1-, 2-, 3-bit weights and 1:2-sparse 7-bit ones (``format="sparse12"``, or a canonical 7-bit
+    weight with a zero code in every pair along K) go into the ``"lowbit"`` layout on every device
+    (:mod:`mixed_gemm.kernels.gemv.lowbit_layout`), read by the gemv and dequantize kernels.
+
+    Rules (each raises ``ValueError`` naming it): ``bits`` is 1, 2, 3, 4, 7 (1:2-sparse) or 8 (the kernels' widths); ``K`` is a multiple of 8 (rows of ``x`` are
     copied 16 bytes at a time); ``N`` is even (outputs are stored in pairs); ``group_size`` is -1
     (per-channel), ``K``, or a power of two >= 32 (a k16 step of the kernel must not straddle
     groups, and a k-tile touches at most BK/32 of them). Any other ``N``/``K`` is padded here
@@ -169,8 +174,8 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
     q, s, z = unpack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
                      zero_mode=zero_mode, shape=shape)
     if bits not in KERNEL_BITS:
-        raise ValueError(f"bits: the kernels serve {KERNEL_BITS}-bit weights; {bits}-bit weights unpack, quantize "
-                         f"and dequantize (mixed_gemm.reference) but have no kernel yet, got bits={bits}")
+        raise ValueError(f"bits: the kernels serve {KERNEL_BITS}-bit weights (7: 1:2-sparse); {bits}-bit weights "
+                         f"unpack, quantize and dequantize (mixed_gemm.reference) but have no kernel, got bits={bits}")
     zero_mode = resolve_zero_mode(zero_mode, format)  # hqq: float zero points, whatever the argument
     n, k = q.shape
     num_groups = s.shape[1]
@@ -189,8 +194,11 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
         q = q.index_select(1, perm)
     mode = "sym" if z is None else zero_mode
     if layout == "auto":
-        layout = layout_for(q.device.index if q.device.type == "cuda" else None)
+        layout = "lowbit" if bits in LOWBIT_BITS else layout_for(q.device.index if q.device.type == "cuda" else None)
     names = layout_names(layout)
+    if (names == ("lowbit",)) != (bits in LOWBIT_BITS):
+        raise ValueError(f"layout: {LOWBIT_BITS}-bit weights (7: 1:2-sparse) are packed into 'lowbit', the layout "
+                         f"of those widths on every device, and only they; got layout={layout!r} for bits={bits}")
     b, sp, zp = LAYOUTS[names[0]].pack(q, s, z, bits, dtype, mode)
     aux = tuple(LAYOUTS[names[1]].pack(q, s, z, bits, dtype, mode)) if len(names) > 1 else ()
     return PackedWeight(b=b, scales=sp, zeros=zp, n=n, k=k, bits=bits, group_size=g, zero_mode=mode, perm=perm,

@@ -1,19 +1,20 @@
-// Standalone dequantize of a weight in the sm90a layout (mixed_gemm/kernels/sm90a/layout.py):
-// the dense (N, K) weight, w = q' s + z' through the same converters and the same fma as the gemv
-// kernels (so "dequantize, then cuBLAS" computes the weight the other kernels compute with).
+// Standalone dequantize of a weight in the sm90a layout (mixed_gemm/kernels/sm90a/layout.py) or the
+// lowbit layout (1-3 bits, 1:2-sparse 7 bits: mixed_gemm/kernels/gemv/lowbit_layout.py): the dense
+// (N, K) weight, w = q' s + z' through the same converters (atoms/lowbit.cuh) and the same fma as
+// the gemv kernels (so "dequantize, then cuBLAS" computes the weight the other kernels compute with).
 //
-// One warp per atom (16 rows x 16 k): a block of 8 warps reads 8 adjacent atoms of one k16 column,
-// 1 KB (int4) contiguous. Lane (g, t) holds rows g and g + 8 at k 2t, 2t+1, 2t+8, 2t+9; the
+// One warp per layout block (one atom, 16 rows x 16 k; four along K for the bit planes): a block of
+// 8 warps reads 8 adjacent strips of one block column, contiguous. Lane (g, t) holds rows g and g + 8 at k 2t, 2t+1, 2t+8, 2t+9; the
 // shuffles below hand each lane 8 consecutive k of one row, so every store is 16 bytes and a
 // row's 32 bytes (one sector) come from two adjacent lanes.
 #pragma once
 
-#include "atoms/sm90a.cuh"
+#include "atoms/lowbit.cuh"
 
 namespace mixed_gemm {
 
 struct DequantSm90aArgs {
-  void const* b;       // atoms, int32 (katoms, strips, 8 * bits)
+  void const* b;       // atoms, int32 (blocks, strips, words, 32): see the layouts
   void const* scales;  // (num_groups, 16 * strips)
   void const* zeros;   // additive z', same shape
   void* out;           // (n, k) row-major, row stride ldo
@@ -25,31 +26,31 @@ struct DequantSm90aKernel {
   using P = Pair<Element>;
   using raw = typename P::raw;
   static constexpr int kThreads = 256;
-  static constexpr int kWords = kBits / 4;
-  static constexpr int kStrips = kThreads / 32;  // atoms (16-row strips) per block
+  using W = WeightAtoms<Element, kBits>;
+  static constexpr int kStrips = kThreads / 32;  // layout blocks (16-row strips) per CTA
 
   static __device__ void run(DequantSm90aArgs const& p) {
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int const nb = blockIdx.x * kStrips + warp, kb = blockIdx.y;
+    int const nb = blockIdx.x * kStrips + warp, blk = blockIdx.y;
     if (nb >= p.strips) return;
+    uint32_t w[W::kWords];
+    W::load(static_cast<uint32_t const*>(p.b), blk, nb, p.strips, lane, w);
+#pragma unroll
+    for (int u = 0; u < W::kAtoms; ++u) atom(p, w, nb, blk * W::kAtoms + u, u, lane);
+  }
+
+  static __device__ __forceinline__ void atom(DequantSm90aArgs const& p, uint32_t const (&w)[W::kWords], int nb,
+                                              int kb, int u, int lane) {
     int const g = lane >> 2, t = lane & 3;
-    uint32_t const* src = static_cast<uint32_t const*>(p.b) + (((size_t)kb * p.strips + nb) * 32 + lane) * kWords;
-    uint32_t w[kWords];
-    if (kWords == 1) {
-      w[0] = ld_stream(src);
-    } else {
-      uint2 const v = ld_stream2(src);
-      w[0] = v.x;
-      w[kWords - 1] = v.y;
-    }
     uint32_t a[4];
-    AtomConvert<Element, kBits>::run(w, a);
+    W::convert(w, u, a);
     int const gi = min((kb * 16) >> p.group_shift, p.num_groups - 1);
     size_t const pi = (size_t)gi * (16 * p.strips) + 16 * nb + g;
     raw const* sp = static_cast<raw const*>(p.scales) + pi;
     raw const* zp = static_cast<raw const*>(p.zeros) + pi;
     uint32_t const s[2] = {P::splat(sp[0]), P::splat(sp[8])}, z[2] = {P::splat(zp[0]), P::splat(zp[8])};
     atom_scale<Element>(a, s, z);
+    W::finish(w, u, a);
     // Lane (g, t) stores row g + 8 (t >> 1), k 8 (t & 1) .. + 7: register r = (t & 1) * 2 + (t >> 1)
     // of the four lanes 4g .. 4g + 3 (pair j of the vector comes from lane 4g + j).
     int const r = (t & 1) * 2 + (t >> 1);

@@ -26,7 +26,7 @@
 #include <cuda_fp16.h>
 #include <cstdint>
 
-#include "atoms/sm90a.cuh"
+#include "atoms/lowbit.cuh"
 
 namespace mixed_gemm {
 
@@ -212,7 +212,8 @@ struct Gemv {
   static constexpr bool kFma = kFmaTokens > 0;
   static constexpr int kXRows = kFma ? kFmaTokens : kTiles;  // x operands per step: tokens, or n8 tiles
   static constexpr int kPer = kFma ? 2 : 4;                  // accumulators per (strip, x operand)
-  static constexpr int kWords = kBits / 4;              // 32-bit words per lane per atom
+  using W = WeightAtoms<Element, kBits>;                // how the stored width is read (atoms/lowbit.cuh)
+  static constexpr int kBlocks = kUnroll / W::kAtoms;    // weight blocks per warp step
   static constexpr int kThreads = 32 * kWarpsN * kWarpsK;
   static constexpr int kRows = 16 * kStrips * kWarpsN;  // weight rows (outputs) of a CTA
   static constexpr int kAcc = kStrips * kXRows * kPer;  // fp32 accumulators per lane
@@ -221,8 +222,8 @@ struct Gemv {
   using XS = XStage<raw, kFma ? kFmaTokens : kTiles * 8, kUnroll>;
   static constexpr int kXWarpBytes = kStageX ? XS::kBytes : 0;
   static constexpr int kSmemBytes = kReduceBytes + kWarpsN * kWarpsK * kXWarpBytes;
-  static_assert(kBits == 4 || kBits == 8, "int4 or int8 weights");
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
+  static_assert(kUnroll % W::kAtoms == 0, "kUnroll: whole blocks of the layout (4 atoms for 1-3 bits)");
 
   // s and z' of rows (g, g + 8) of strip nb in group gi, as (s, s) / (z, z) pairs.
   static __device__ __forceinline__ void group_params(GemvArgs const& p, int gi, int nb, int g, uint32_t (&s)[2],
@@ -249,25 +250,19 @@ struct Gemv {
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t const* bw = static_cast<uint32_t const*>(p.b);
     for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
-      // 1. Every weight load of the step first (they are what the SM waits for).
-      uint32_t wq[kUnroll][kStrips][kWords];
+      // 1. Every weight load of the step first (they are what the SM waits for). Steps start on
+      // multiples of kUnroll atoms and K is padded to whole blocks, so a block is in or out whole.
+      uint32_t wq[kBlocks][kStrips][W::kWords];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+      for (int bi = 0; bi < kBlocks; ++bi)
 #pragma unroll
         for (int j = 0; j < kStrips; ++j) {
-          int const kb = kb0 + u, nb = strip0 + j;
-          uint32_t const* src = bw + (((size_t)kb * p.strips + nb) * 32 + lane) * kWords;
+          int const kb = kb0 + bi * W::kAtoms, nb = strip0 + j;
           if (kb < kend && nb < p.strips) {
-            if (kWords == 1) {
-              wq[u][j][0] = ld_stream(src);
-            } else {
-              uint2 const v = ld_stream2(src);
-              wq[u][j][0] = v.x;
-              wq[u][j][kWords - 1] = v.y;
-            }
+            W::load(bw, kb / W::kAtoms, nb, p.strips, lane, wq[bi][j]);
           } else {
 #pragma unroll
-            for (int c = 0; c < kWords; ++c) wq[u][j][c] = 0u;
+            for (int c = 0; c < W::kWords; ++c) wq[bi][j][c] = 0u;
           }
         }
       // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
@@ -304,8 +299,9 @@ struct Gemv {
 #pragma unroll
         for (int j = 0; j < kStrips; ++j) {
           uint32_t a[4];
-          AtomConvert<Element, kBits>::run(wq[u][j], a);
+          W::convert(wq[u / W::kAtoms][j], u % W::kAtoms, a);
           atom_scale<Element>(a, s[j], z[j]);
+          W::finish(wq[u / W::kAtoms][j], u % W::kAtoms, a);
           if constexpr (kFma) {
             fma_atom(a, xf[u], acc[j]);
           } else {

@@ -157,7 +157,7 @@ CASES = {
               "w: expected finite values"),
     "w-overflow": (lambda: quantize(ones_(4, 64, dtype=torch.float32) * 1e9, group_size=32), ValueError,
                    "w: values too large"),
-    "quantize-bits": (lambda: quantize(ones_(4, 64), bits=5), ValueError, "bits: expected one of (2, 3, 4, 7, 8), got 5"),
+    "quantize-bits": (lambda: quantize(ones_(4, 64), bits=5), ValueError, "bits: expected one of (1, 2, 3, 4, 7, 8), got 5"),
     "quantize-group": (lambda: quantize(ones_(4, 64), group_size=0), ValueError,
                        "group_size: expected -1 or a positive int, got 0"),
     "quantize-symmetric": (lambda: quantize(ones_(4, 64), group_size=32, symmetric=1), TypeError,

@@ -88,8 +88,12 @@ def test_prepack_reads_hqq_4bit_and_refuses_widths_without_kernels():
     assert torch.equal(q2, q) and torch.equal(s2, s) and torch.equal(z2, z)
     q3, s3, z3 = _canonical(64, 256, 3, 64, seed=4)
     packed = mg.pack(q3, s3, z3, format="hqq", bits=3, group_size=64)
-    with pytest.raises(ValueError, match="bits: the kernels serve .*3-bit weights .* no kernel yet"):
-        mg.prepack(*packed, format="hqq", bits=3, group_size=64, shape=(64, 256))
+    w3 = mg.prepack(*packed, format="hqq", bits=3, group_size=64, shape=(64, 256))  # the lowbit layout
+    assert (w3.layout, w3.zero_mode) == ("lowbit", "float")
+    q4, s4, z4 = w3.unpack()
+    assert torch.equal(q4, q3) and torch.equal(s4, s3) and torch.allclose(z4.float(), z3.float(), atol=2e-2)
+    with pytest.raises(ValueError, match="layout: .* are packed into 'lowbit'"):
+        mg.prepack(*packed, format="hqq", bits=3, group_size=64, shape=(64, 256), layout="sm90a")
 
 
 @pytest.mark.parametrize("bits", [2, 3])

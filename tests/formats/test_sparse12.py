@@ -50,5 +50,8 @@ def test_dense_pairs_and_bad_widths_are_refused():
         mg.sparsify_quantize(torch.randn(4, 66), group_size=33)
     sq = mg.sparsify_quantize(torch.randn(8, 64), group_size=32)
     packed = mg.pack(*sq, format="sparse12", bits=7, group_size=32)
-    with pytest.raises(ValueError, match="bits: the kernels serve .*7-bit weights .* no kernel yet"):
-        mg.prepack(*packed, format="sparse12", bits=7, group_size=32)
+    w = mg.prepack(*packed, format="sparse12", bits=7, group_size=32)  # the lowbit layout, one byte per pair
+    assert w.layout == "lowbit" and torch.equal(w.unpack()[0], sq[0])
+    for bits in (5, 6):  # no width of their own: named by the rule
+        with pytest.raises(ValueError, match=rf"bits: expected one of \(1, 2, 3, 4, 7, 8\) .*got {bits}"):
+            mg.prepack(sq[0] % 32, sq[1], sq[2] % 32, format="plain", bits=bits, group_size=32)

@@ -35,7 +35,7 @@ def test_catalog_names_schedules_and_sources(fam):
     assert len(set(names)) == len(names)
     for c in cat:
         # The zero mode is in the name where it is compiled in (sm90a folds it into the weight).
-        assert re.fullmatch(r"mg_[a-z0-9]+_(f16|bf16)_u(4|8)(_z(sym|int|float|offset))?(_\w+)?", c.kernel_name), \
+        assert re.fullmatch(r"mg_[a-z0-9]+_(f16|bf16)_u(1|2|3|4|7|8)(_z(sym|int|float|offset))?(_\w+)?", c.kernel_name), \
             c.kernel_name
         assert family_of(c) is fam and c.kernel == c.kernel.kernel
         again = parse_schedule(qualified(c), dtype=c.dtype, bits=c.bits, zero_mode=c.zero_mode)

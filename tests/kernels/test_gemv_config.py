@@ -21,7 +21,7 @@ def test_schedule_round_trip_and_names(schedule):
 def test_rules_and_static_shared_memory():
     with pytest.raises(ValueError, match=r"tokens must be one of \(1, 2, 4, 8, 16, 32\)"):
         GemvConfig(tokens=12)
-    with pytest.raises(ValueError, match="the FMA variant .* reads the sm90a layout"):
+    with pytest.raises(ValueError, match="the FMA variant .* reads the sm90a or lowbit layout"):
         GemvConfig(tokens=1, layout="sm80")
     fma = GemvConfig.from_schedule("m1_s2_w4x2_u8_split4")
     assert fma.fma and fma.accumulators == 4 and fma.schedule == "m1_s2_w4x2_u8_split4"

@@ -1,8 +1,9 @@
 """The ``dequant_mm`` family: the dequantize kernel writes the dense weight (at ~96% of copy
 bandwidth on the H100), then cuBLAS multiplies (torch.mm). For large M, where cuBLAS's Hopper
 kernels outrun any mma.sync kernel and the dequantization is amortized over many rows, and for
-what the tile families cannot take (group 32 on the H100). It reads either weight layout, with a
-dequantize kernel each (``sm80``: dequant_kernel.cuh, ``sm90a``: dequant_sm90a.cuh)."""
+what the tile families cannot take (group 32 on the H100). It reads every weight layout, with a
+dequantize kernel each (``sm80``: dequant_kernel.cuh; ``sm90a`` and ``lowbit`` (1-3 bits, 1:2-sparse
+7 bits, the one layout of those widths): dequant_sm90a.cuh), so every M runs for every width."""
 from __future__ import annotations
 
 from typing import List
@@ -16,9 +17,10 @@ from ..common import DTYPES, ZERO_MODES, constant_checks
 from .. import sm80
 from ..sm80 import layout as sm80_layout
 from ..sm80.catalog import WEIGHT_KINDS
+from ..gemv import lowbit_layout
 from ..sm90a import layout as sm90a_layout
 from .abi import DEQUANT_ARGS_BYTES, DEQUANT_SM90A_ARGS_BYTES, DequantArgs, DequantSm90aArgs
-from .config import SCHEDULES, DequantMMConfig
+from .config import LOWBIT_BITS, SCHEDULES, DequantMMConfig
 
 FROM_M = 128  # the profiler times it from here up (below, the weight's bytes dominate)
 
@@ -37,7 +39,8 @@ class DequantMMFamily(Family):
 
     def catalog(self) -> List[DequantMMConfig]:
         return [DequantMMConfig(dtype=d, bits=b, zero_mode=z) for d, b, z in WEIGHT_KINDS] + \
-            [DequantMMConfig(dtype=d, bits=b, layout=sm90a_layout.NAME) for d in DTYPES for b in (4, 8)]
+            [DequantMMConfig(dtype=d, bits=b, layout=sm90a_layout.NAME) for d in DTYPES for b in (4, 8)] + \
+            [DequantMMConfig(dtype=d, bits=b, layout=lowbit_layout.NAME) for d in DTYPES for b in LOWBIT_BITS]
 
     @staticmethod
     def _layout(problem: Problem) -> str:
@@ -58,7 +61,7 @@ class DequantMMFamily(Family):
         return DequantMMConfig(dtype=config.dtype, bits=config.bits, zero_mode=config.zero_mode, layout=layout)
 
     def render(self, config: DequantMMConfig) -> str:
-        if config.layout == sm90a_layout.NAME:
+        if config.layout != "sm80":
             kernel = config.kernel
             return render_template(
                 "dequant_mm/dequant_sm90a.cu.j2",
@@ -86,12 +89,12 @@ class Dequantizer:
 
     def __init__(self, config: DequantMMConfig, module):
         self.config = config
-        sm90a = config.layout == sm90a_layout.NAME
-        self.fn = module.function(config.kernel_name, DequantSm90aArgs if sm90a else DequantArgs, config.threads)
+        atoms = config.layout != "sm80"  # the sm90a and lowbit layouts: one kernel (dequant_sm90a.cuh)
+        self.fn = module.function(config.kernel_name, DequantSm90aArgs if atoms else DequantArgs, config.threads)
 
     def __call__(self, w, y: torch.Tensor, stream: int) -> None:
-        if self.config.layout == sm90a_layout.NAME:
-            return self._sm90a(w, y, stream)
+        if self.config.layout != "sm80":
+            return self._atoms(w, y, stream)
         fn = self.fn
         with fn.lock:
             a = fn.args
@@ -103,8 +106,8 @@ class Dequantizer:
             fn.launch(self.config.grid(w.n_pad, w.k16), stream)
 
 
-    def _sm90a(self, w, y: torch.Tensor, stream: int) -> None:
-        b, scales, zeros, n_pad, _ = w.parts[sm90a_layout.NAME]
+    def _atoms(self, w, y: torch.Tensor, stream: int) -> None:
+        b, scales, zeros, n_pad, _ = w.parts[self.config.layout]
         fn = self.fn
         with fn.lock:
             a = fn.args

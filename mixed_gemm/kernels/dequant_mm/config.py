@@ -14,7 +14,8 @@ from typing import Tuple
 from ..common import ATOM_K, ATOM_N, check_weight_kind, raise_on
 
 SCHEDULE = "dequant_mm"
-SCHEDULES = {"sm80": SCHEDULE, "sm90a": SCHEDULE + "_sm90a"}  # weight layout -> schedule
+SCHEDULES = {"sm80": SCHEDULE, "sm90a": SCHEDULE + "_sm90a", "lowbit": SCHEDULE + "_lowbit"}  # layout -> schedule
+LOWBIT_BITS = (1, 2, 3, 7)  # the lowbit layout's widths (7: 1:2-sparse)
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,10 @@ class DequantMMConfig:
     TILE_K = 128
 
     def __post_init__(self) -> None:
-        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode)
-                 + [(self.layout in SCHEDULES, f"layout must be one of {tuple(SCHEDULES)}")], "DequantMMConfig")
+        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode, (4, 8) + LOWBIT_BITS)
+                 + [(self.layout in SCHEDULES, f"layout must be one of {tuple(SCHEDULES)}"),
+                    ((self.layout == "lowbit") == (self.bits in LOWBIT_BITS),
+                     f"{LOWBIT_BITS}-bit weights are in the lowbit layout, and only they")], "DequantMMConfig")
 
     @property
     def threads(self) -> int:
@@ -45,13 +48,13 @@ class DequantMMConfig:
 
     @property
     def kernel(self) -> "DequantMMConfig":
-        # sm90a: every zero mode is the layout's additive zero, one binary for all four.
+        # sm90a, lowbit: every zero mode is the layout's additive zero, one binary for all four.
         return self if self.layout == "sm80" else dataclasses.replace(self, zero_mode="int")
 
     @property
     def kernel_name(self) -> str:
-        if self.layout == "sm90a":
-            return f"mg_dequant_{self.dtype}_u{self.bits}_sm90a"
+        if self.layout != "sm80":
+            return f"mg_dequant_{self.dtype}_u{self.bits}_{self.layout}"
         return f"mg_dequant_{self.dtype}_u{self.bits}_z{self.zero_mode}"
 
     @property
@@ -68,10 +71,16 @@ class DequantMMConfig:
         layouts = {v: k for k, v in SCHEDULES.items()}
         if schedule not in layouts:
             raise ValueError(f"schedule: the dequant_mm family's schedules are {tuple(layouts)}; got {schedule!r}")
-        return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, layout=layouts[schedule])
+        layout = layouts[schedule]
+        if bits in LOWBIT_BITS and layout == "sm80":  # "dequant_mm" names the kernel of the weight's layout
+            layout = "lowbit"
+        return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, layout=layout)
 
     def grid(self, n_pad: int, k16: int) -> Tuple[int, int, int]:
-        """sm80: one block per 64 columns x TILE_K rows of K; sm90a: one per 8 atoms of a k16 column."""
+        """sm80: one block per 64 columns x TILE_K rows of K; sm90a / lowbit: one per 8 layout
+        blocks of a block column (a block: one atom; four for the lowbit bit planes)."""
         if self.layout == "sm90a":
             return (-(-n_pad // 128), k16, 1)
+        if self.layout == "lowbit":
+            return (-(-n_pad // 128), k16 // (1 if self.bits == 7 else 4), 1)
         return (n_pad // ATOM_N, (k16 * ATOM_K + self.TILE_K - 1) // self.TILE_K, 1)

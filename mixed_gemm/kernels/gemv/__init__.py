@@ -12,6 +12,7 @@ from ...codegen import render_template
 from ..base import OK, Family, Problem, Verdict
 from ..common import DTYPES, ZERO_MODES, constant_checks
 from ..sm90a import layout
+from . import lowbit_layout
 from .abi import GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog

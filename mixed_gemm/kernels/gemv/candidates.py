@@ -13,12 +13,12 @@ from .heuristics import MAX_M, splits_for
 def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts=("sm90a",)) -> List[str]:
     """``layouts``: those the weight holds; the sm90a kernels where it has that copy, else the
     sm80-layout ones."""
-    layout = "sm90a" if "sm90a" in layouts else "sm80"
+    layout = "lowbit" if "lowbit" in layouts else ("sm90a" if "sm90a" in layouts else "sm80")
     if m > MAX_M or layout not in layouts:
         return []
     out: List[str] = []
     for tokens, strips, warps, unroll, stage_x in shapes_for(bits, layout):
-        if tokens < m or (layout == "sm90a" and tokens > 8 and tokens >= 4 * m):  # sm80: always 16
+        if tokens < m or (layout != "sm80" and tokens > 8 and tokens >= 4 * m):  # sm80: always 16
             continue
         base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x,
                           layout=layout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import List
 
 from ..common import DTYPES, ZERO_MODES
-from .config import GemvConfig
+from .config import LOWBIT_BITS, GemvConfig
 
 # (tokens, strips per warp, (warps along N, warps along K), unroll, stage x in shared memory) for
 # int4; int8 halves the unroll (the same bytes in flight per warp).
@@ -48,7 +48,20 @@ SM80_SHAPES = (
 )
 
 
+# The lowbit layout (1-3 bits, 1:2-sparse 7 bits): unroll in whole 4-atom blocks; a 2-bit atom is
+# half an int4 one, so the same unroll keeps half the bytes in flight: the wider steps come first.
+LOWBIT_SHAPES = (
+    (8, 2, (4, 2), 8, False),
+    (8, 4, (2, 2), 8, False),
+    (16, 4, (2, 2), 4, True),
+    (32, 4, (2, 2), 4, True),
+    (1, 2, (4, 2), 8, False),
+)
+
+
 def shapes_for(bits: int, layout: str = "sm90a"):
+    if layout == "lowbit" or bits in LOWBIT_BITS:
+        return list(LOWBIT_SHAPES)
     shapes = SHAPES if layout == "sm90a" else SM80_SHAPES
     return [(t, s, w, u if bits == 4 else max(1, u // 2), xs) for t, s, w, u, xs in shapes]
 
@@ -58,4 +71,6 @@ def default_catalog() -> List[GemvConfig]:
              for d in DTYPES for b in (4, 8) for t, s, w, u, xs in shapes_for(b)]
     sm80 = [GemvConfig(dtype=d, bits=b, zero_mode=z, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="sm80")
             for d in DTYPES for b in (4, 8) for z in ZERO_MODES for t, s, w, u, xs in shapes_for(b, "sm80")]
-    return sm90a + sm80
+    lowbit = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="lowbit")
+              for d in DTYPES for b in LOWBIT_BITS for t, s, w, u, xs in shapes_for(b, "lowbit")]
+    return sm90a + sm80 + lowbit

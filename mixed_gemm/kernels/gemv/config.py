@@ -13,7 +13,8 @@ from typing import Tuple
 from ..common import check_weight_kind, raise_on
 
 _SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_split(\d+))?$")
-LAYOUTS = ("sm90a", "sm80")
+LAYOUTS = ("sm90a", "sm80", "lowbit")
+LOWBIT_BITS = (1, 2, 3, 7)  # read from the lowbit layout (lowbit_layout.py; 7: 1:2-sparse)
 TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -27,7 +28,8 @@ class GemvConfig:
     Compiled in: ``dtype``, ``bits``; ``layout``, the weight layout read: ``"sm90a"`` (gemv.cuh:
     the weight is the A operand, every zero mode is the layout's additive zero, so ``zero_mode``
     is not compiled in) or ``"sm80"`` (gemv_sm80.cuh, the one copy of Ampere/Ada: x is the A
-    operand, the zero mode is compiled in; schedule suffix ``_sm80``); ``tokens`` (rows of x
+    operand, the zero mode is compiled in; schedule suffix ``_sm80``) or ``"lowbit"`` (gemv.cuh, for
+    1-, 2-, 3-bit and 1:2-sparse 7-bit weights: implied by ``bits``, no suffix); ``tokens`` (rows of x
     served: 8, 16 or 32, n8 tiles of mma.sync; 1, 2 or 4: the CUDA-core FMA variant, sm90a layout
     only, no padding of x to an n8 tile; 16 for sm80); ``strips`` per warp (16 rows for
     sm90a, 64 columns for sm80); ``warps`` = (warps along N, warps splitting K inside a CTA);
@@ -54,11 +56,15 @@ class GemvConfig:
 
     def __post_init__(self) -> None:
         wn, wk = self.warps
-        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
+        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode, (4, 8) + LOWBIT_BITS) + [
             (self.tokens in TOKENS, f"tokens must be one of {TOKENS} (8/16/32: n8 tiles of mma.sync; 1/2/4: FMA)"),
-            (self.layout == "sm90a" or not self.fma, "the FMA variant (tokens 1, 2, 4) reads the sm90a layout"),
+            (self.layout != "sm80" or not self.fma, "the FMA variant (tokens 1, 2, 4) reads the sm90a or lowbit layout"),
             (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
-            (self.layout == "sm90a" or self.tokens == 16, "the sm80-layout kernel serves 16 tokens (one m16 tile)"),
+            ((self.layout == "lowbit") == (self.bits in LOWBIT_BITS),
+             f"{LOWBIT_BITS}-bit weights are read from the lowbit layout, and only they"),
+            (self.layout != "lowbit" or self.bits == 7 or self.unroll % 4 == 0,
+             "unroll: whole 4-atom blocks of the 1-3-bit planes (a multiple of 4)"),
+            (self.layout != "sm80" or self.tokens == 16, "the sm80-layout kernel serves 16 tokens (one m16 tile)"),
             (1 <= self.strips <= 8, "strips must be in [1, 8]"),
             (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),
             (self.unroll in (1, 2, 4, 8, 16), "unroll must be a power of two <= 16 (steps stay inside a group)"),
@@ -80,7 +86,7 @@ class GemvConfig:
     @property
     def strip_rows(self) -> int:
         """Weight rows (outputs) of one strip: a 16-row sm90a atom or a 64-column sm80 atom."""
-        return 16 if self.layout == "sm90a" else 64
+        return 64 if self.layout == "sm80" else 16
 
     @property
     def fma(self) -> bool:
@@ -93,7 +99,7 @@ class GemvConfig:
         FMA: 2 per (strip, token) (rows g and g + 8)."""
         if self.fma:
             return self.strips * self.tokens * 2
-        return self.strips * (self.tokens // 8 if self.layout == "sm90a" else 8) * 4
+        return self.strips * (8 if self.layout == "sm80" else self.tokens // 8) * 4
 
     @property
     def rows(self) -> int:
@@ -116,7 +122,7 @@ class GemvConfig:
     @functools.cached_property
     def kernel(self) -> "GemvConfig":
         """The compiled identity: splits at the default; the sm90a layout folds the zero mode (any)."""
-        return dataclasses.replace(self, zero_mode="int" if self.layout == "sm90a" else self.zero_mode, splits=1)
+        return dataclasses.replace(self, zero_mode="int" if self.layout != "sm80" else self.zero_mode, splits=1)
 
     @functools.cached_property
     def _tile_schedule(self) -> str:
@@ -145,7 +151,8 @@ class GemvConfig:
                              "[_xs][_sm80][_split<S>]")
         t, s, wn, wk, u, xs, l80, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), stage_x=bool(xs), layout="sm80" if l80 else "sm90a", splits=int(sp or 1))
+                   unroll=int(u), stage_x=bool(xs), splits=int(sp or 1),
+                   layout="sm80" if l80 else ("lowbit" if bits in LOWBIT_BITS else "sm90a"))
 
     def replace(self, **changes) -> "GemvConfig":
         return dataclasses.replace(self, **changes)

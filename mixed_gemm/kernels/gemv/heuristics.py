@@ -29,9 +29,20 @@ def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
     return max(1, min(want, steps // MIN_STEPS, MAX_SPLITS))
 
 
+# The lowbit layout (1-3 bits, 1:2-sparse 7 bits; its catalog.LOWBIT_SHAPES): the only family that
+# reads it besides dequant_mm, so it serves every M up to MAX_M.
+LOWBIT_ROWS = ((8, "m8_s2_w4x2_u8"), (16, "m16_s4_w2x2_u4_xs"), (32, "m32_s4_w2x2_u4_xs"))
+
+
 def heuristic_config(problem: Problem, sms: int) -> Optional[GemvConfig]:
     layouts = problem.layout.split("+")
-    if problem.m > MAX_M or "sm90a" not in layouts or (problem.m > SM80_FROM_M and "sm80" in layouts):
+    if problem.m > MAX_M:
+        return None
+    if layouts == ["lowbit"]:
+        schedule = next(s for max_m, s in LOWBIT_ROWS if problem.m <= max_m)
+        config = GemvConfig.from_schedule(schedule, **problem.kind)
+        return config.replace(splits=splits_for(config, problem.n, problem.k, sms))
+    if "sm90a" not in layouts or (problem.m > SM80_FROM_M and "sm80" in layouts):
         return None  # the sm80-layout kernels are chosen by profiles only, until measured
     schedule = next(s for max_m, s in ROWS if problem.m <= max_m)
     config = GemvConfig.from_schedule(schedule, **problem.kind)

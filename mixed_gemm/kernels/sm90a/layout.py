@@ -147,23 +147,29 @@ def dims(b: torch.Tensor):
     return b.shape[1] * ATOM, b.shape[0]
 
 
-def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, n: int, k: int,
-           zero_mode: str = "int"):
-    """``(b, scales, zeros)`` -> canonical ``(q, s, z)`` (``s``/``z`` ``(n, G)`` in the stored dtype;
-    ``z`` None for symmetric weights). Exact for codes, scales and integer zero points."""
-    q = unpack_b(b, bits, n, k)
+def unpack_params(scales: torch.Tensor, zeros: torch.Tensor, bits: int, n: int, zero_mode: str = "int"):
+    """``(scales, zeros)`` (``(G, N_pad)``, additive ``z'``) -> canonical ``(s, z)`` (``(n, G)``
+    in the stored dtype; ``z`` None for symmetric weights); integer zero points exactly."""
     s = scales[:, :n].t().contiguous()
     if zero_mode == "sym":
-        return q, s, None
+        return s, None
     half = float(1 << (bits - 1))
     sf, zf = s.float(), zeros[:, :n].t().float()
     if zero_mode == "offset":
-        return q, s, (zf - half * sf).to(s.dtype)
+        return s, (zf - half * sf).to(s.dtype)
     # A zero scale (padding, or a dead group) leaves z' = 0 and z undetermined: report the midpoint.
     z = half - torch.where(sf != 0, zf / torch.where(sf != 0, sf, 1.0), torch.zeros_like(zf))
     if zero_mode == "int":
         z = z.round()
-    return q, s, z.to(s.dtype)
+    return s, z.to(s.dtype)
+
+
+def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, n: int, k: int,
+           zero_mode: str = "int"):
+    """``(b, scales, zeros)`` -> canonical ``(q, s, z)`` (``s``/``z`` ``(n, G)`` in the stored dtype;
+    ``z`` None for symmetric weights). Exact for codes, scales and integer zero points."""
+    s, z = unpack_params(scales, zeros, bits, n, zero_mode)
+    return unpack_b(b, bits, n, k), s, z
 
 
 def shapes(n: int, k: int, bits: int, groups: int):

@@ -1,0 +1,219 @@
+"""The ``lowbit`` weight layout: canonical ``(q, s, z)`` of 1-, 2-, 3-bit and 1:2-sparse 7-bit
+weights -> the tensors the gemv (decode) and dequantize kernels read. Pure torch, CPU or CUDA.
+
+Same atoms as the sm90a layout (:mod:`mixed_gemm.kernels.sm90a.layout`): 16 x 16 ``(n, k)``
+tiles, each one ``mma.sync.m16n8k16`` A fragment, lane ``l = 4 n0 + k1`` owning rows ``n0``,
+``n0 + 8`` and columns ``2 k1``, ``2 k1 + 1``, ``+ 8``; its fragment register ``r = n1 + 2 k2``
+holds the pair ``k0 = 0, 1`` (``n = 16 nb + 8 n1 + n0``, ``k = 16 kb + 8 k2 + 2 k1 + k0``). What
+differs is how a lane's 8 values per atom are stored, so that any width keeps 32-bit loads that
+form one coalesced 128-byte request per warp and converts with a mask, an OR and a subtraction::
+
+    b: int32 (blocks, N_pad/16, W, 32)      word c of lane l for block (kq, strip nb): b[kq, nb, c, l]
+                                            (1:2-sparse: (K16, N_pad/16, 32), W = 1)
+
+    1, 2, 3 bits: a block is 4 atoms along K (k64), W = bits words; pair p = 4 u + r (atom u):
+      2-bit plane (bits 2, 3): word p // 8, bits 2 (p % 8) (k0 = 0) and 16 + 2 (p % 8) (k0 = 1)
+          word 0:  | p7 | p6 | ... | p0 | p7 | p6 | ... | p0 |      <- q & 3 (2 bits each)
+                    31           k0 = 1  16 15          k0 = 0  0
+      1-bit plane (bits 1, 3): word W - 1, bits p and 16 + p      <- q (1 bit) or q >> 2 (3 bits)
+          word W-1: | p15 .. p0 (k0 = 1) | p15 .. p0 (k0 = 0) |
+    1:2-sparse 7 bits: a block is 1 atom, W = 1 (int4's bytes): byte r of the word is register r's
+      pair along K: the kept element's code in bits 0-6, bit 7 set when it is the first (k0 = 0);
+      the other element is its group's zero code (exactly 0 in the canonical weight, zeroed by the
+      kernel after the scale).
+
+Codes are stored unsigned (the converters subtract ``2**(bits-1)`` with the magic number). ``N``
+is padded to a multiple of 16 and ``K`` to whole blocks (64 or 16) with code 0; ``scales`` and
+``zeros`` are ``(G, N_pad)`` in the activation dtype with the additive ``z'`` of ``w = q' s + z'``,
+``q' = q - 2**(bits-1)``, exactly as the sm90a layout holds them (every zero mode folds into
+``z'``; HQQ's float zeros included). It is the one copy of these widths on every GPU: the gemv
+family reads it up to 32 tokens, the dequantize kernel (dequant_mm) above.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ..sm90a import layout as sm90a_layout
+
+NAME = "lowbit"
+ATOM = 16
+PLANE_BITS = (1, 2, 3)
+SPARSE_BITS = 7
+BITS = PLANE_BITS + (SPARSE_BITS,)
+ALWAYS_ZEROS = True  # z' is always stored (zeros for symmetric weights), as in the sm90a layout
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def block_atoms(bits: int) -> int:
+    """Atoms (of 16 k) per block along K: 4 for the bit planes, 1 for 1:2-sparse 7 bits."""
+    return 1 if bits == SPARSE_BITS else 4
+
+
+def words(bits: int) -> int:
+    """32-bit words per lane per block."""
+    return 1 if bits == SPARSE_BITS else bits
+
+
+def _check(q: torch.Tensor, bits: int) -> None:
+    if bits not in BITS:
+        raise ValueError(f"bits: the lowbit layout holds {BITS}-bit weights (7: 1:2-sparse), got {bits}")
+    if q.dtype != torch.uint8 or q.dim() != 2:
+        raise TypeError(f"q: expected a 2-D torch.uint8 tensor, got {q.dtype} with shape {tuple(q.shape)}")
+
+
+def _coords(n_pad: int, kp: int, device):
+    """Per element of the padded ``(n_pad, kp)`` weight: (block-major word index without c, lane, r, k0, u)."""
+    n = torch.arange(n_pad, device=device).view(-1, 1)
+    k = torch.arange(kp, device=device).view(1, -1)
+    nb, n1, n0 = n // 16, (n // 8) % 2, n % 8
+    kb, k2, k1, k0 = k // 16, (k // 8) % 2, (k // 2) % 4, k % 2
+    return nb, n1, n0, kb, k2, k1, k0
+
+
+def _plane_index(bits: int, n_pad: int, kp: int, device):
+    """For the bit planes: (flat word of the low plane, its bit, flat word of the 1-bit plane, its bit)."""
+    nb, n1, n0, kb, k2, k1, k0 = _coords(n_pad, kp, device)
+    strips, w = n_pad // 16, words(bits)
+    kq, u = kb // 4, kb % 4
+    lane, p = 4 * n0 + k1, 4 * u + n1 + 2 * k2
+    base = (kq * strips + nb) * w
+    low = ((base + p // 8) * 32 + lane, 2 * (p % 8) + 16 * k0)
+    one = ((base + w - 1) * 32 + lane, p + 16 * k0)
+    return low, one
+
+
+def _sparse_index(n_pad: int, kp: int, device):
+    """For 1:2-sparse: (flat byte index, is-first) of every element (pairs share a byte)."""
+    nb, n1, n0, kb, k2, k1, k0 = _coords(n_pad, kp, device)
+    strips = n_pad // 16
+    word = (kb * strips + nb) * 32 + 4 * n0 + k1
+    return word * 4 + n1 + 2 * k2, k0 == 0
+
+
+def _to_int32(words64: torch.Tensor) -> torch.Tensor:
+    return torch.where(words64 >= 2**31, words64 - 2**32, words64).to(torch.int32)
+
+
+def _b_shape(n_pad: int, kp: int, bits: int) -> Tuple[int, ...]:
+    blocks, strips = kp // (ATOM * block_atoms(bits)), n_pad // ATOM
+    return (blocks, strips, 32) if bits == SPARSE_BITS else (blocks, strips, words(bits), 32)
+
+
+def padded_k(k: int, bits: int) -> int:
+    return _round_up(k, ATOM * block_atoms(bits))
+
+
+def pack_b(q: torch.Tensor, bits: int, zero_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Canonical ``q`` (uint8 ``(N, K)``) -> int32 ``(blocks, N_pad/16, W, 32)`` (1:2-sparse:
+    ``(K16, N_pad/16, 1, 32)``). For 7 bits ``zero_codes`` (int16 ``(N, K)``, each element's zero
+    code) tells the kept element of each pair; a pair of two non-zero codes is an error."""
+    _check(q, bits)
+    n, k = q.shape
+    n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
+    strips, w = n_pad // ATOM, words(bits)
+    shape = _b_shape(n_pad, kp, bits)
+    if bits == SPARSE_BITS:
+        if k % 2:
+            raise ValueError(f"q: 1:2-sparse weights pair elements along K; K must be even, got K={k}")
+        qp = q.to(torch.int16).view(n, k // 2, 2)
+        zc = zero_codes.to(torch.int16).view(n, k // 2, 2)
+        is_zero = qp == zc
+        dense = ~(is_zero[..., 0] | is_zero[..., 1])
+        if bool(dense.any()):
+            row, pair = (int(i) for i in dense.nonzero()[0])
+            raise ValueError(f"q: a 1:2-sparse weight needs one zero code in every pair along K; row {row}, columns "
+                             f"{2 * pair} and {2 * pair + 1} are both non-zero: use sparsify_quantize")
+        first = ~is_zero[..., 0] | is_zero[..., 1]
+        byte = (torch.where(first, qp[..., 0], qp[..., 1]) | (first.to(torch.int16) << 7)).to(torch.uint8)
+        pairs = torch.zeros((n_pad, kp // 2), dtype=torch.uint8, device=q.device)
+        pairs[:n, : k // 2] = byte
+        idx, is_first = _sparse_index(n_pad, kp, q.device)
+        out = torch.zeros(shape[0] * strips * 32 * 4, dtype=torch.uint8, device=q.device)
+        src = pairs.repeat_interleave(2, dim=1)  # each element's pair byte; write from the first
+        out[idx[:, 0::2].reshape(-1)] = src[:, 0::2].reshape(-1)
+        return out.view(torch.int32).view(shape).contiguous()
+    qp = torch.zeros((n_pad, kp), dtype=torch.int64, device=q.device)
+    qp[:n, :k] = q.to(torch.int64)
+    total = shape[0] * strips * w * 32
+    acc = torch.zeros(total, dtype=torch.int64, device=q.device)
+    (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, q.device)
+    if bits >= 2:
+        acc.index_add_(0, lw.expand(n_pad, kp).reshape(-1), ((qp & 3) << lbit).reshape(-1))
+    if bits != 2:
+        acc.index_add_(0, ow.expand(n_pad, kp).reshape(-1), (((qp >> (bits - 1)) & 1) << obit).reshape(-1))
+    return _to_int32(acc).view(shape).contiguous()
+
+
+def unpack_b(b: torch.Tensor, bits: int, n: int, k: int, zero_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Exact inverse of :func:`pack_b` -> uint8 ``(n, k)`` (7 bits: ``zero_codes`` as in pack)."""
+    _check(torch.zeros(1, 1, dtype=torch.uint8), bits)
+    n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
+    expect = _b_shape(n_pad, kp, bits)
+    if b.dtype != torch.int32 or tuple(b.shape) != expect:
+        raise ValueError(f"b: expected int32 {expect} for n={n}, k={k}, {bits} bits, got {b.dtype} {tuple(b.shape)}")
+    if bits == SPARSE_BITS:
+        idx, is_first = _sparse_index(n_pad, kp, b.device)
+        byte = b.contiguous().view(torch.uint8).reshape(-1)[idx.expand(n_pad, kp).reshape(-1)].view(n_pad, kp)
+        byte = byte[:n, :k].to(torch.int16)
+        kept_first = (byte >> 7).bool()
+        code = byte & 0x7F
+        mine = kept_first == is_first[:, :k].expand(n, k)
+        return torch.where(mine, code, zero_codes.to(torch.int16)).to(torch.uint8).contiguous()
+    flat = b.contiguous().view(-1).to(torch.int64) & 0xFFFFFFFF
+    (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, b.device)
+    q = torch.zeros((n_pad, kp), dtype=torch.int64, device=b.device)
+    if bits >= 2:
+        q |= (flat[lw.expand(n_pad, kp)] >> lbit) & 3
+    if bits != 2:
+        q |= ((flat[ow.expand(n_pad, kp)] >> obit) & 1) << (bits - 1)
+    return q[:n, :k].to(torch.uint8).contiguous()
+
+
+def _zero_codes(s: torch.Tensor, z: Optional[torch.Tensor], bits: int, k: int) -> torch.Tensor:
+    """Each element's zero code (int16 ``(N, K)``): ``z`` by group, or ``2**(bits-1)`` when symmetric."""
+    n, groups = s.shape
+    if z is None:
+        return torch.full((n, k), 1 << (bits - 1), dtype=torch.int16, device=s.device)
+    g = -(-k // groups)
+    return z.round().to(torch.int16).repeat_interleave(g, dim=1)[:, :k]
+
+
+def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype,
+         zero_mode: str = "int") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Canonical ``(q, s, z)`` (``s``/``z`` ``(N, G)``) -> ``(b, scales, zeros)`` of this layout."""
+    _check(q, bits)
+    if s.dim() != 2 or s.shape[0] != q.shape[0]:
+        raise ValueError(f"s: expected ({q.shape[0]}, groups), got shape {tuple(s.shape)}")
+    if bits == SPARSE_BITS and zero_mode not in ("int", "sym"):
+        raise ValueError(f"zero_mode: 1:2-sparse 7-bit weights have integer zero codes or none, got {zero_mode!r}")
+    zc = _zero_codes(s, z, bits, q.shape[1]) if bits == SPARSE_BITS else None
+    n_pad = _round_up(q.shape[0], ATOM)
+    s = s.to(dtype).float()
+    z = None if z is None else z.to(dtype).float()
+    zp = sm90a_layout.additive_zeros(s, z, bits, zero_mode)
+    return (pack_b(q, bits, zc), sm90a_layout._pack_params(s, n_pad, dtype),
+            sm90a_layout._pack_params(zp, n_pad, dtype))
+
+
+def dims(b: torch.Tensor):
+    """``(N_pad, K16)`` of a packed ``b`` (a 1:2-sparse ``b`` is 3-D: one atom per block)."""
+    return b.shape[1] * ATOM, b.shape[0] * (1 if b.dim() == 3 else 4)
+
+
+def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, n: int, k: int,
+           zero_mode: str = "int"):
+    """``(b, scales, zeros)`` -> canonical ``(q, s, z)``: codes, scales and integer zero points exactly."""
+    s, z = sm90a_layout.unpack_params(scales, zeros, bits, n, zero_mode)
+    zc = _zero_codes(s.float(), None if z is None else z.float(), bits, k) if bits == SPARSE_BITS else None
+    return unpack_b(b, bits, n, k, zc), s, z
+
+
+def shapes(n: int, k: int, bits: int, groups: int):
+    """``(b shape, scales/zeros shape)`` of an ``(n, k)`` weight with ``groups`` groups."""
+    n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
+    return _b_shape(n_pad, kp, bits), (groups, n_pad)
