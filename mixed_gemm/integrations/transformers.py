@@ -119,11 +119,16 @@ def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, sy
 def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
     """Write ``model`` (with :class:`QuantLinear` layers) as a checkpoint ``load_quantized`` and
     AutoAWQ-style loaders read: ``config.json`` with ``quantization_config`` and
-    ``model.safetensors``. ``format``: ``"awq"`` (4-bit) or ``"gptq"``."""
+    ``model.safetensors``. ``format``: ``"awq"`` (4-bit), ``"gptq"`` (4, 8-bit) or ``"hqq"`` (1, 2,
+    3, 4, 8-bit: the ``hqq`` package's own ``qmodel.pt`` format, :mod:`mixed_gemm.integrations.hqq`)."""
     from safetensors.torch import save_file
 
+    if format == "hqq":
+        from .hqq import save_hqq
+
+        return save_hqq(model, out_dir)
     if format not in ("awq", "gptq"):
-        raise ValueError(f"format: expected 'awq' or 'gptq', got {format!r}")
+        raise ValueError(f"format: expected 'awq', 'gptq' or 'hqq', got {format!r}")
     quant = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
     if not quant:
         raise ValueError("model: has no QuantLinear layers; run quantize_model first")
@@ -135,6 +140,9 @@ def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
         raise ValueError(f"model: {zero_mode!r} zeros have no AWQ/GPTQ encoding (integer zero points only)")
     if format == "awq" and bits != 4:
         raise ValueError(f"format: 'awq' checkpoints are 4-bit, the layers are {bits}-bit; use format='gptq'")
+    if bits not in (4, 8):
+        raise ValueError(f"format: {format!r} checkpoints here are 4- or 8-bit, the layers are {bits}-bit; "
+                         "use format='hqq' (1, 2, 3, 4, 8 bits)")
     tensors: Dict[str, torch.Tensor] = {}
     for name, m in quant.items():
         q, s, z = m.packed().unpack()
@@ -246,12 +254,17 @@ def materialize(model: nn.Module, device) -> None:
 def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda", progress: bool = True):
     """Build the model of ``model_dir/config.json`` without allocating its fp16 weights, replace every
     quantized ``nn.Linear`` by a :class:`QuantLinear`, stream the safetensors shards one by one,
-    prepack, and return the ``PreTrainedModel`` in eval mode on ``device``."""
+    prepack, and return the ``PreTrainedModel`` in eval mode on ``device``. A directory saved by the
+    ``hqq`` package (``qmodel.pt``) loads through :func:`mixed_gemm.integrations.hqq.load_hqq`."""
     from safetensors import safe_open
     from tqdm import tqdm
     from transformers import AutoConfig
 
     model_dir = Path(model_dir)
+    if (model_dir / "qmodel.pt").is_file():  # saved by the hqq package (or save_quantized(format="hqq"))
+        from .hqq import load_hqq
+
+        return load_hqq(model_dir, dtype=dtype, device=device)
     config = AutoConfig.from_pretrained(model_dir)
     qc = getattr(config, "quantization_config", None)
     if qc is None:

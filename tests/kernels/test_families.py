@@ -113,3 +113,18 @@ def test_compile_one_per_family(tmp_cache, fam):
         info = abi.info(abi.bind(ctypes.CDLL(str(path))))
         assert info["abi"] == abi.ABI_VERSION and info["bits"] == c.bits
         assert (info["tile_m"], info["tile_n"], info["tile_k"]) == c.tile
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("bits", (3, 7))
+def test_compile_the_lowbit_kernels(tmp_cache, bits):
+    """A 3-bit (bit planes) and a 1:2-sparse 7-bit gemv kernel, and their dequantize kernel, compile."""
+    from mixed_gemm.kernels.dequant_mm import DequantMMConfig
+    from mixed_gemm.kernels.gemv import GemvConfig
+
+    configs = [(family("gemv"), GemvConfig.from_schedule("m16_s4_w2x2_u4_xs", dtype="bf16", bits=bits)),
+               (family("dequant_mm"), DequantMMConfig(dtype="f16", bits=bits, layout="lowbit"))]
+    for fam, c in configs:
+        name, thunk, arch, dirs = fam.build_spec(c)
+        path = build_fatbin(name, thunk(), arch_flags=arch, template_dirs=dirs, output=fam.output)
+        assert sorted(fatbin_targets(load_bytes(path))) == sorted(re.search(r",code=(\w+)", a).group(1) for a in arch)
