@@ -127,3 +127,19 @@ def test_build_compiles_the_families_the_gpu_runs(monkeypatch):
     assert build_families(True) == FAMILIES
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
     assert build_families(False) == FAMILIES
+
+
+def test_bench_takes_a_list_of_widths_profile_one(capsys):
+    parser = cli.build_parser()
+    assert parser.parse_args(["bench", "--bits", "2,3,4"]).bits == [2, 3, 4]
+    assert parser.parse_args(["profile", "--bits", "3"]).bits == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--bits", "2,5"])
+    assert "expected comma-separated widths from (1, 2, 3, 4, 7, 8), got '2,5'" in capsys.readouterr().err
+
+
+def test_bench_table_by_width():
+    from mixed_gemm.benchmark.report import by_width
+
+    rows = {2: [dict(m=1, speedup=4.0, gemlite_speedup=3.0), dict(m=1, speedup=9.0)], 7: [dict(m=1, speedup=3.0)]}
+    assert by_width(rows, [1], compare=True)[2:] == ["| 2 | 6.00x (gemlite 3.00x) |", "| 7 (1:2 sparse) | 3.00x |"]

@@ -21,36 +21,51 @@ def run_bench(args: argparse.Namespace) -> int:
     from .measure import WeightKind, bench_problem, eager_overhead, host_cost
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    kind = WeightKind(args.dtype, args.bits, args.group_size, "sym" if args.symmetric else "int")
     bw = copy_bandwidth()
-    title = (f"mg.matmul vs torch {'fp16' if args.dtype == 'f16' else 'bf16'} — {props.name}, {datetime.date.today()}, copy bandwidth "
-             f"{bw / 1e12:.2f} TB/s, int{args.bits} g{args.group_size} {'symmetric' if args.symmetric else 'with zeros'}, "
-             "cold L2, CUDA graphs")
-    print(f"# {title}", flush=True)
-    rows = []
-    for label, n, k in problems:
-        new = bench_problem(label, n, k, ms, kind, bw, compare=args.compare)
-        for line in report.table(new, args.compare)[2:]:
-            print(line, flush=True)
-        rows += new
+    texts, rows, overhead, cost, by_bits = [], [], {}, {}, {}
+    for bits in args.bits:
+        kind = WeightKind(args.dtype, bits, args.group_size, "sym" if args.symmetric else "int")
+        what = "1:2-sparse int7" if bits == 7 else f"int{bits}"
+        title = (f"mg.matmul vs torch {'fp16' if args.dtype == 'f16' else 'bf16'} — {props.name}, {datetime.date.today()}, "
+                 f"copy bandwidth {bw / 1e12:.2f} TB/s, {what} g{args.group_size} "
+                 f"{'symmetric' if args.symmetric else 'with zeros'}, cold L2, CUDA graphs")
+        print(f"# {title}", flush=True)
+        new_rows = []
+        for label, n, k in problems:
+            new = bench_problem(label, n, k, ms, kind, bw, compare=args.compare)
+            for line in report.table(new, args.compare)[2:]:
+                print(line, flush=True)
+            new_rows += new
+        for r in new_rows:
+            r["bits"] = bits
+        by_bits[bits] = new_rows
+        rows += new_rows
+        tail = report.summary(new_rows, ms, args.compare)
+        errors = {r[key] for r in new_rows for key in ("tinygemm_error", "gemlite_error") if key in r}
+        if errors:
+            tail.append("unavailable or failed: " + "; ".join(sorted(errors)))
+        print("\n" + "\n".join(tail) + "\n", flush=True)
+        texts += [f"# {title}", ""] + report.table(new_rows, args.compare) + [""] + tail + [""]
+    kind = WeightKind(args.dtype, args.bits[0], args.group_size, "sym" if args.symmetric else "int")
     overhead = eager_overhead(kind)
     cost = host_cost(kind)
-    tail = report.summary(rows, ms, args.compare) + ["", "Eager host overhead (tiny problem, µs per call): "
-                                                     + ", ".join(f"{name} {sec * 1e6:.1f}" for name, sec in overhead.items())]
+    tail = []
+    if len(args.bits) > 1:
+        tail += report.by_width(by_bits, ms, args.compare) + [""]
+    tail += ["Eager host overhead (tiny problem, µs per call): "
+             + ", ".join(f"{name} {sec * 1e6:.1f}" for name, sec in overhead.items())]
     tail += ["", "Host cost per call, M=1 x 4096 x 4096, 2000 calls (µs): "
              + ", ".join(f"{name} loop {c['loop_us']:.1f} / eager-graph {c['eager_minus_graph_us']:.1f}"
                          for name, c in cost.items())]
-    errors = {r["tinygemm_error"] for r in rows if "tinygemm_error" in r}
-    if errors:
-        tail.append("tinygemm unavailable or failed: " + "; ".join(sorted(errors)))
-    print("\n" + "\n".join(tail))
-    text = "\n".join([f"# {title}", ""] + report.table(rows, args.compare) + [""] + tail) + "\n"
+    print("\n".join(tail))
+    text = "\n".join(texts + tail) + "\n"
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"title": title, "rows": rows, "eager_overhead_s": overhead, "host_cost": cost}, f, indent=1)
+    rows = by_bits[args.bits[0]]
     plot_path = args.plot or f"mixed_gemm_bench_{gpu_slug(props.name)}.png"
     why_not = report.plot(rows, ms, plot_path, title, args.compare)
     print(f"plot: {why_not}" if why_not else f"plot: {plot_path}")
@@ -64,9 +79,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                     "dense matmul in the same dtype, and with --compare PyTorch's tinygemm "
                     "(torch._weight_int4pack_mm, bf16). CUDA-graph replay on a cold L2. Prints µs, speedup "
                     "over torch and the share of the int4 memory floor; saves a PNG of speedup against M.")
-    _common(parser, "1,16,64,256,4096")
+    _common(parser, "1,16,64,256,4096", bits_list=True)
     parser.add_argument("--symmetric", action="store_true", help="weights without zero points")
-    parser.add_argument("--compare", action="store_true", help="add PyTorch's tinygemm (int4, bf16)")
+    parser.add_argument("--compare", action="store_true",
+                        help="add PyTorch's tinygemm (int4, bf16) and gemlite (2/4/8 bits, where installed)")
     parser.add_argument("--plot", default="", help="PNG path (default: mixed_gemm_bench_<gpu>.png)")
     parser.add_argument("--out", default="", help="also write the tables (markdown) here")
     parser.add_argument("--json", default="", help="also write every measurement (JSON) here")

@@ -1,5 +1,6 @@
 """The measurements of ``mixed-gemm bench``: per shape and M, mg.matmul as selected, torch fp16
-(cuBLAS) and optionally PyTorch's tinygemm, all on a cold L2 in CUDA graphs."""
+(cuBLAS) and optionally PyTorch's tinygemm (int4) and gemlite (its 1/2/4/8-bit A16Wn layers, where
+the ``gemlite`` package is installed), all on a cold L2 in CUDA graphs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,6 +34,29 @@ def _tinygemm_weights(n: int, k: int, group: int, copies: int):
     return [(packed, sz) if i == 0 else (packed.clone(), sz.clone()) for i in range(copies)]
 
 
+GEMLITE_BITS = (1, 2, 4, 8)
+
+
+def _gemlite_layers(n: int, k: int, bits: int, group: int, dtype: torch.dtype, copies: int):
+    """gemlite's grouped-INT weight-only layers (``gemlite.helper.A16Wn``) of random codes; raises
+    when gemlite is missing or refuses the kind."""
+    from gemlite.helper import A16Wn
+
+    if bits not in GEMLITE_BITS:
+        raise ValueError(f"gemlite has no {bits}-bit grouped-INT layer")
+    out = []
+    for _ in range(copies):
+        q = torch.randint(0, 2**bits, (n, k), dtype=torch.uint8, device="cuda")
+        s = (torch.rand(n, k // group, device="cuda") * 0.01).to(dtype)
+        z = torch.randint(0, 2**bits, (n, k // group), device="cuda").to(dtype)
+        out.append(A16Wn(device="cuda", dtype=dtype).from_weights(q, s, z, bits, group))
+    return out
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
 def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKind, bandwidth: float,
                   compare: bool = False) -> List[Dict]:
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
@@ -41,12 +65,17 @@ def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKin
     ws = random_weights(n, k, bits=kind.bits, group_size=kind.group_size, zero_mode=kind.zero_mode,
                         dtype=kind.dtype, copies=copies_for(qbytes, l2))
     dense = [(torch.randn(n, k, device="cuda") * 0.02).to(td) for _ in range(copies_for(2 * n * k, l2))]
-    tiny, tiny_error = None, None
-    if compare:
+    tiny, tiny_error, lite, lite_error = None, None, None, None
+    if compare and kind.bits == 4:
         try:
             tiny = _tinygemm_weights(n, k, kind.group_size, copies_for(n * k // 2, l2))
         except Exception as exc:  # noqa: BLE001 - report why, keep benchmarking
-            tiny_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            tiny_error = "tinygemm: " + _error(exc)
+    if compare and kind.bits in GEMLITE_BITS:
+        try:
+            lite = _gemlite_layers(n, k, kind.bits, kind.group_size, td, copies_for(qbytes, l2))
+        except Exception as exc:  # noqa: BLE001
+            lite_error = "gemlite: " + _error(exc)
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda").to(td)
@@ -63,11 +92,19 @@ def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKin
                                                                    tiny[i % len(tiny)][1]), len(tiny))
                 row.update(tinygemm_us=t_tg * 1e6, tinygemm_speedup=t_fp / t_tg)
             except Exception as exc:  # noqa: BLE001
-                tiny_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                tiny_error = "tinygemm: " + _error(exc)
+        if lite is not None:
+            try:
+                t_gl = _timed(lambda i: lite[i % len(lite)](x), len(lite))
+                row.update(gemlite_us=t_gl * 1e6, gemlite_speedup=t_fp / t_gl)
+            except Exception as exc:  # noqa: BLE001
+                lite_error = "gemlite: " + _error(exc)
         if tiny_error:
             row["tinygemm_error"] = tiny_error
+        if lite_error:
+            row["gemlite_error"] = lite_error
         rows.append(row)
-    del ws, dense, tiny
+    del ws, dense, tiny, lite
     torch.cuda.empty_cache()
     return rows
 

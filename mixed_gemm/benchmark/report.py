@@ -14,14 +14,15 @@ def table(rows: List[Dict], compare: bool) -> List[str]:
     head = "| shape | N | K | M | mg µs | fp16 µs | speedup | int4 floor share | TFLOP/s | schedule |"
     sep = "|---|---|---|---|---|---|---|---|---|---|"
     if compare:
-        head += " tinygemm µs | tinygemm speedup |"
-        sep += "---|---|"
+        head += " tinygemm µs | tinygemm speedup | gemlite µs | gemlite speedup |"
+        sep += "---|---|---|---|"
     lines = [head, sep]
     for r in rows:
         line = (f"| {r['label']} | {r['n']} | {r['k']} | {r['m']} | {r['us']:.1f} | {r['fp16_us']:.1f} | "
                 f"{r['speedup']:.2f}x | {100 * r['floor_share']:.0f}% | {r['tflops']:.1f} | {r['schedule']} |")
         if compare:
-            line += (f" {r['tinygemm_us']:.1f} | {r['tinygemm_speedup']:.2f}x |" if "tinygemm_us" in r else " - | - |")
+            for who in ("tinygemm", "gemlite"):
+                line += (f" {r[who + '_us']:.1f} | {r[who + '_speedup']:.2f}x |" if who + "_us" in r else " - | - |")
         lines.append(line)
     return lines
 
@@ -30,16 +31,34 @@ def summary(rows: List[Dict], ms: Sequence[int], compare: bool) -> List[str]:
     head = "| M | mg geomean speedup over fp16 | min floor share |"
     sep = "|---|---|---|"
     if compare:
-        head += " tinygemm geomean speedup |"
-        sep += "---|"
+        head += " tinygemm geomean speedup | gemlite geomean speedup |"
+        sep += "---|---|"
     lines = [head, sep]
     for m in ms:
         rs = [r for r in rows if r["m"] == m]
         line = f"| {m} | {geomean([r['speedup'] for r in rs]):.2f}x | {100 * min(r['floor_share'] for r in rs):.0f}% |"
         if compare:
-            tg = [r["tinygemm_speedup"] for r in rs if "tinygemm_speedup" in r]
-            line += f" {geomean(tg):.2f}x |" if tg else " - |"
+            for who in ("tinygemm", "gemlite"):
+                got = [r[who + "_speedup"] for r in rs if who + "_speedup" in r]
+                line += f" {geomean(got):.2f}x |" if got else " - |"
         lines.append(line)
+    return lines
+
+
+def by_width(by_bits: Dict[int, List[Dict]], ms: Sequence[int], compare: bool) -> List[str]:
+    """Geomean speedup over fp16 per weight width and M (with gemlite's where it ran)."""
+    head = "| bits | " + " | ".join(f"M={m}" for m in ms) + " |"
+    lines = [head, "|---|" + "---|" * len(ms)]
+    for bits, rows in by_bits.items():
+        cells = []
+        for m in ms:
+            rs = [r for r in rows if r["m"] == m]
+            cell = f"{geomean([r['speedup'] for r in rs]):.2f}x"
+            gl = [r["gemlite_speedup"] for r in rs if "gemlite_speedup" in r]
+            if compare and gl:
+                cell += f" (gemlite {geomean(gl):.2f}x)"
+            cells.append(cell)
+        lines.append(f"| {'7 (1:2 sparse)' if bits == 7 else bits} | " + " | ".join(cells) + " |")
     return lines
 
 

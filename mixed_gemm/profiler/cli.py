@@ -8,12 +8,30 @@ from pathlib import Path
 from .problems import DEFAULT_MS, MODELS
 
 
-def _common(parser: argparse.ArgumentParser, ms_default: str) -> None:
+WIDTHS = (1, 2, 3, 4, 7, 8)
+
+
+def _widths(text: str):
+    try:
+        out = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        out = []
+    if not out or any(b not in WIDTHS for b in out):
+        raise argparse.ArgumentTypeError(f"expected comma-separated widths from {WIDTHS}, got {text!r}")
+    return out
+
+
+def _common(parser: argparse.ArgumentParser, ms_default: str, bits_list: bool = False) -> None:
     parser.add_argument("--model", default="", help=f"comma-separated presets: {', '.join(MODELS)}")
     parser.add_argument("--shapes", default="", help="comma-separated N:K pairs, e.g. 4096:4096,28672:4096")
     parser.add_argument("--ms", default=ms_default, help="comma-separated M values (default: %(default)s)")
     parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
-    parser.add_argument("--bits", type=int, choices=[4, 8], default=4)
+    if bits_list:
+        parser.add_argument("--bits", type=_widths, default=[4],
+                            help="comma-separated weight widths from 1, 2, 3, 4, 7 (1:2-sparse), 8 (default: 4)")
+    else:
+        parser.add_argument("--bits", type=int, choices=list(WIDTHS), default=4,
+                            help="weight width (7: 1:2-sparse; 1-3 and 7 read the lowbit layout)")
     parser.add_argument("--group-size", type=int, default=128, help="-1 for per-channel (default: %(default)s)")
 
 

@@ -11,9 +11,11 @@ TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 
 def packed_bytes(n: int, k: int, bits: int, group_size: int, zeros: bool = True) -> int:
-    """Bytes a checkpoint stores for an (N, K) weight: packed q, fp16 scales, packed integer zeros."""
+    """Bytes a checkpoint stores for an (N, K) weight: packed q, fp16 scales, packed integer zeros
+    (7 bits: the 1:2-sparse format, a byte per pair)."""
     groups = 1 if group_size in (-1, k) else k // group_size
-    return n * k * bits // 8 + 2 * n * groups + (n * groups * bits // 8 if zeros else 0)
+    qbits = 4 if bits == 7 else bits
+    return n * k * qbits // 8 + 2 * n * groups + (n * groups * bits // 8 if zeros else 0)
 
 
 def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero_mode: str = "int",
@@ -28,6 +30,11 @@ def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero
     z = None
     if zero_mode == "int":
         z = torch.randint(0, 2**bits, (n, groups), device="cuda").to(td)
+    if bits == 7:  # 1:2-sparse: one element of every pair along K at its zero code
+        zc = (z if z is not None else torch.full_like(s, 64.0)).to(torch.uint8).repeat_interleave(gs, dim=1)[:, :k]
+        drop = torch.randint(0, 2, (n, k // 2, 1), device="cuda")
+        pairs = q.view(n, k // 2, 2)
+        pairs.scatter_(2, drop, zc.reshape(n, k // 2, 2).gather(2, drop))
     elif zero_mode == "float":
         z = (torch.rand(n, groups, device="cuda") * (2**bits - 1)).to(td)
     elif zero_mode == "offset":
