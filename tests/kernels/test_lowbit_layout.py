@@ -1,0 +1,86 @@
+"""The lowbit layout (1-3-bit planes, 1:2-sparse 7-bit bytes): exact inverses, the docstring's bit
+positions, and a Python mirror of the converters in templates/atoms/lowbit.cuh (the shifts and masks
+the kernel applies to a lane's words) giving every lane's A-fragment values q' = q - 2**(bits-1)."""
+import pytest
+import torch
+
+import mixed_gemm as mg
+from mixed_gemm.kernels import LAYOUTS
+from mixed_gemm.kernels.gemv import lowbit_layout as L
+
+SHAPES = ((16, 64), (37, 200), (96, 256))
+
+
+def _fragments(b: torch.Tensor, bits: int, n_pad: int, kp: int) -> torch.Tensor:
+    """What PlaneAtoms / WeightAtoms<7>::convert (+ finish) leave in each lane's registers, placed back
+    at (n, k): planes give q'; sparse gives q' of the kept element and 0 for the dropped one."""
+    out = torch.zeros(n_pad, kp, dtype=torch.int64)
+    words = b.to(torch.int64) & 0xFFFFFFFF
+    per = L.block_atoms(bits)
+    for blk in range(b.shape[0]):
+        for nb in range(b.shape[1]):
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                w = words[blk, nb, :, lane].tolist() if bits != 7 else [int(words[blk, nb, lane])]
+                for u in range(per):
+                    for r in range(4):
+                        p = 4 * u + r
+                        for e in range(2):  # the register's halves: k0 = 0 (low), 1 (high)
+                            if bits == 7:
+                                byte = (w[0] >> (8 * r)) & 0xFF
+                                kept_first = byte >> 7
+                                v = (byte & 0x7F) - 64 if kept_first == (e == 0) else 0
+                            else:
+                                field = 0
+                                if bits >= 2:
+                                    field |= (w[p // 8] >> (2 * (p % 8) + 16 * e)) & 3
+                                if bits != 2:  # the 1-bit plane: bit p (+16), moved to the code's top bit
+                                    field |= ((w[bits - 1] >> (p + 16 * e)) & 1) << (bits - 1)
+                                v = field - (1 << (bits - 1))
+                            n = 16 * nb + g + 8 * (r & 1)
+                            k = 16 * (blk * per + u) + 8 * (r >> 1) + 2 * t + e
+                            out[n, k] = v
+    return out
+
+
+@pytest.mark.parametrize("bits", (1, 2, 3))
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_planes_round_trip_and_the_converter_reads_every_code(bits, n, k):
+    gen = torch.Generator().manual_seed(bits * 1000 + n + k)
+    q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
+    b = L.pack_b(q, bits)
+    assert tuple(b.shape) == L.shapes(n, k, bits, 1)[0] and torch.equal(L.unpack_b(b, bits, n, k), q)
+    got = _fragments(b, bits, b.shape[1] * 16, b.shape[0] * 64)
+    assert torch.equal(got[:n, :k], q.to(torch.int64) - (1 << (bits - 1)))  # padding: code 0 under scale 0
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_sparse_bytes_and_the_converter_zero_the_dropped_element(n, k):
+    k = k // 32 * 32
+    q, s, z = mg.sparsify_quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), group_size=32)
+    b, scales, zeros = L.pack(q, s, z, 7, torch.float16, "int")
+    assert b.dim() == 3 and L.dims(b) == (b.shape[1] * 16, k // 16 + (k % 16 > 0))
+    got = _fragments(b, 7, b.shape[1] * 16, b.shape[0] * 16)[:n, :k]
+    qi, zc = q.to(torch.int64), z.to(torch.int64).repeat_interleave(32, dim=1)
+    # the kept element: the non-zero-code one, the first when both are zero codes (its q' s + z' is 0)
+    first = (qi[:, 0::2] != zc[:, 0::2]) | (qi[:, 1::2] == zc[:, 1::2])
+    kept = torch.stack((first, ~first), dim=-1).reshape(n, k)
+    assert torch.equal(got, torch.where(kept, qi - 64, torch.zeros_like(got)))
+    q2, _, z2 = L.unpack(b, scales, zeros, 7, n, k, "int")
+    assert torch.equal(q2, q) and torch.equal(z2.float(), z.half().float())
+
+
+def test_registry_prepack_and_errors():
+    assert LAYOUTS["lowbit"] is L
+    q, s, z = mg.quantize(torch.randn(64, 128), bits=3, group_size=32)
+    w = mg.prepack(q, s, z, format="plain", bits=3, group_size=32)
+    assert (w.layout, w.k16, w.n_pad) == ("lowbit", 8, 64) and w.nbytes == 64 * 128 * 3 // 8 + 2 * 2 * 64 * 4
+    with pytest.raises(ValueError, match="layout: .* are packed into 'lowbit'"):
+        mg.prepack(q, s, z, format="plain", bits=3, group_size=32, layout="sm80")
+    q4, s4, z4 = mg.quantize(torch.randn(64, 128), bits=4, group_size=32)
+    with pytest.raises(ValueError, match="layout: .* are packed into 'lowbit'"):
+        mg.prepack(q4, s4, z4, format="plain", bits=4, group_size=32, layout="lowbit")
+    with pytest.raises(ValueError, match="zero_mode: 1:2-sparse 7-bit weights have integer zero codes"):
+        L.pack(q, s, z.float() + 0.5, 7, torch.float16, "float")
+    with pytest.raises(ValueError, match="bits: the lowbit layout holds"):
+        L.pack_b(q, 4)
