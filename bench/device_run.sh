@@ -66,6 +66,11 @@ for step in $steps; do
         --no-merge --quiet 2>&1 | tail -5
       echo "profile exit: $?" ;;
     e2e) python3 bench/e2e_smollm2.py --out "$OUT" 2>&1 | grep -vE "Warning|warn" | tail -20 ;;
+    bench-bits)  # issue #15's table: every width at M=1 and 16 (gemlite beside, from .whl/)
+      timeout ${BENCH_TIMEOUT:-400} python3 -m mixed_gemm.cli bench --compare --bits ${BENCH_BITS:-2,3,4,7} --group-size 64 \
+        --ms ${BENCH_MS:-1,16} --plot /tmp/bits.png --out "$OUT/bench-bits.md" 2>&1 | tail -12 ;;
+    lowbit-tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -x tests/ops/test_lowbit_gpu.py tests/ops/test_gemv_gpu.py \
+                    2>&1 | tee "$OUT/pytest-lowbit.log" | tail -15 ;;
     bench-cli) python3 -m mixed_gemm.cli bench --compare --dtype ${BENCH_DTYPE:-f16} --plot "$OUT/bench.png" --out "$OUT/bench.md" \
                  --json "$OUT/bench.json" 2>&1 | tail -30 ;;
     sanitize)
