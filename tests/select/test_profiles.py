@@ -221,3 +221,18 @@ def test_one_copy_weight_reads_a_dequant_mm_entry_from_its_copy_and_skips_sm80_t
     assert (got.schedule, got.source, got.config.layout) == ("dequant_mm:dequant_mm_sm90a", "profile profile M=4096", "sm90a")
     assert choose(_problem(16, layout="sm90a"), 0).schedule.startswith("sm90a:t128x32x128_coop")
     assert choose(_problem(4, layout="sm90a"), 0).family.name == "gemv"
+
+
+@pytest.mark.parametrize("cc", [(9, 0), (8, 9)])
+def test_low_bit_weights_select_gemv_then_dequant_mm_on_every_gpu(monkeypatch, cc):
+    """The lowbit layout: the tile families (4/8 bits, their own layouts) pass with a reason, gemv
+    takes up to 32 tokens, dequantize + cuBLAS the rest; a profile of int4 entries is not borrowed."""
+    monkeypatch.setattr(base, "compute_capability", lambda i: cc)
+    monkeypatch.setattr(C, "device_profile", lambda device_index: Profile(entries=[_entry(16, "sm80:t16x64x128_w1x1x4_s4")],
+                                                                          path=None))
+    monkeypatch.delenv(SCHEDULE_ENV, raising=False)
+    for bits in (1, 2, 3, 7):
+        for m in (1, 3, 16, 32, 33, 300):
+            got = choose(_problem(m, bits=bits, group_size=64, layout="lowbit"), 0)
+            assert (got.family.name, got.source) == ("gemv" if m <= 32 else "dequant_mm", "heuristic")
+            assert got.config.layout == "lowbit"
