@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..nn import QuantLinear
-from .transformers import _set_submodule, _set_tensor, empty_model, materialize
+from .transformers import _set_submodule, _set_tensor, empty_model, finish_loading
 
 Q4_1_BLOCK, Q4_1_BYTES = 32, 20
 _LAYER = {
@@ -94,10 +94,6 @@ def load_gguf_llama(path, *, dtype: torch.dtype = torch.float32, device="cpu", p
             if kind in heads:
                 w = w[unpermute_rows(w.shape[0], heads[kind])]
             _set_tensor(model, name, w.to(device=device, dtype=dtype))
-    if getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in {hf_name(t.name) for t in reader.tensors}:
-        model.tie_weights()
-    missing = [k for k, v in model.state_dict().items() if v.is_meta]
-    if missing:
-        raise ValueError(f"{path.name}: no tensors for {missing[:8]}")
-    materialize(model, device)
+    tie = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in {hf_name(t.name) for t in reader.tensors}
+    finish_loading(model, tie, device, path.name)
     return model.eval()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..nn import QuantLinear
-from .transformers import _set_submodule, _set_tensor, empty_model, materialize
+from .transformers import _set_submodule, _set_tensor, empty_model, finish_loading
 
 WEIGHTS = "qmodel.pt"
 
@@ -66,12 +66,7 @@ def load_hqq(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda") ->
             if torch.is_tensor(t):
                 t = t.to(device)
                 _set_tensor(model, f"{name}.{leaf}" if name else leaf, t.to(dtype) if t.is_floating_point() else t)
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    missing = [k for k, v in model.state_dict().items() if v.is_meta]
-    if missing:
-        raise ValueError(f"{WEIGHTS}: no tensors for {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    materialize(model, device)
+    finish_loading(model, getattr(config, "tie_word_embeddings", False), device, WEIGHTS)
     return model.eval()
 
 

@@ -251,6 +251,17 @@ def materialize(model: nn.Module, device) -> None:
                 mod._buffers[leaf] = torch.empty_like(t, device=device)
 
 
+def finish_loading(model: nn.Module, tie: bool, device, source: str) -> None:
+    """After a loader set every tensor it has: tie the embeddings (``tie``), refuse a model with
+    tensors still on the meta device (naming them and ``source``), materialize the rest."""
+    if tie:
+        model.tie_weights()
+    missing = [k for k, v in model.state_dict().items() if v.is_meta]
+    if missing:
+        raise ValueError(f"{source}: no tensors for {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    materialize(model, device)
+
+
 def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda", progress: bool = True):
     """Build the model of ``model_dir/config.json`` without allocating its fp16 weights, replace every
     quantized ``nn.Linear`` by a :class:`QuantLinear`, stream the safetensors shards one by one,
@@ -310,11 +321,6 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
     bar.close()
     if pending:
         raise ValueError(f"checkpoint: incomplete quantized layers {sorted(pending)[:5]} (missing qweight/scales/qzeros)")
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    missing = [k for k, v in model.state_dict().items() if v.is_meta]
-    if missing:
-        raise ValueError(f"checkpoint: no tensors for {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    materialize(model, device)
+    finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
     model.config.quantization_config = qc
     return model.eval()

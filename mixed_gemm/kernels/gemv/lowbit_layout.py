@@ -35,6 +35,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ...formats import sparse as sparse_format
 from ..sm90a import layout as sm90a_layout
 
 NAME = "lowbit"
@@ -87,12 +88,11 @@ def _plane_index(bits: int, n_pad: int, kp: int, device):
     return low, one
 
 
-def _sparse_index(n_pad: int, kp: int, device):
-    """For 1:2-sparse: (flat byte index, is-first) of every element (pairs share a byte)."""
-    nb, n1, n0, kb, k2, k1, k0 = _coords(n_pad, kp, device)
-    strips = n_pad // 16
-    word = (kb * strips + nb) * 32 + 4 * n0 + k1
-    return word * 4 + n1 + 2 * k2, k0 == 0
+def _pair_bytes(n_pad: int, kp: int, device) -> torch.Tensor:
+    """For 1:2-sparse: the flat byte index of every pair ``(n, k/2)`` (its word, byte r = n1 + 2 k2)."""
+    nb, n1, n0, kb, k2, k1, _ = _coords(n_pad, kp, device)
+    word = (kb * (n_pad // 16) + nb) * 32 + 4 * n0 + k1
+    return (word * 4 + n1 + 2 * k2)[:, 0::2]
 
 
 def _to_int32(words64: torch.Tensor) -> torch.Tensor:
@@ -108,39 +108,17 @@ def padded_k(k: int, bits: int) -> int:
     return _round_up(k, ATOM * block_atoms(bits))
 
 
-def pack_b(q: torch.Tensor, bits: int, zero_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Canonical ``q`` (uint8 ``(N, K)``) -> int32 ``(blocks, N_pad/16, W, 32)`` (1:2-sparse:
-    ``(K16, N_pad/16, 1, 32)``). For 7 bits ``zero_codes`` (int16 ``(N, K)``, each element's zero
-    code) tells the kept element of each pair; a pair of two non-zero codes is an error."""
+def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Canonical 1-3-bit ``q`` (uint8 ``(N, K)``) -> int32 ``(blocks, N_pad/16, bits, 32)``."""
     _check(q, bits)
+    if bits == SPARSE_BITS:
+        raise ValueError("bits: 1:2-sparse weights pack from their pair bytes (pack_pairs)")
     n, k = q.shape
     n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
-    strips, w = n_pad // ATOM, words(bits)
     shape = _b_shape(n_pad, kp, bits)
-    if bits == SPARSE_BITS:
-        if k % 2:
-            raise ValueError(f"q: 1:2-sparse weights pair elements along K; K must be even, got K={k}")
-        qp = q.to(torch.int16).view(n, k // 2, 2)
-        zc = zero_codes.to(torch.int16).view(n, k // 2, 2)
-        is_zero = qp == zc
-        dense = ~(is_zero[..., 0] | is_zero[..., 1])
-        if bool(dense.any()):
-            row, pair = (int(i) for i in dense.nonzero()[0])
-            raise ValueError(f"q: a 1:2-sparse weight needs one zero code in every pair along K; row {row}, columns "
-                             f"{2 * pair} and {2 * pair + 1} are both non-zero: use sparsify_quantize")
-        first = ~is_zero[..., 0] | is_zero[..., 1]
-        byte = (torch.where(first, qp[..., 0], qp[..., 1]) | (first.to(torch.int16) << 7)).to(torch.uint8)
-        pairs = torch.zeros((n_pad, kp // 2), dtype=torch.uint8, device=q.device)
-        pairs[:n, : k // 2] = byte
-        idx, is_first = _sparse_index(n_pad, kp, q.device)
-        out = torch.zeros(shape[0] * strips * 32 * 4, dtype=torch.uint8, device=q.device)
-        src = pairs.repeat_interleave(2, dim=1)  # each element's pair byte; write from the first
-        out[idx[:, 0::2].reshape(-1)] = src[:, 0::2].reshape(-1)
-        return out.view(torch.int32).view(shape).contiguous()
     qp = torch.zeros((n_pad, kp), dtype=torch.int64, device=q.device)
     qp[:n, :k] = q.to(torch.int64)
-    total = shape[0] * strips * w * 32
-    acc = torch.zeros(total, dtype=torch.int64, device=q.device)
+    acc = torch.zeros(_numel(shape), dtype=torch.int64, device=q.device)
     (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, q.device)
     if bits >= 2:
         acc.index_add_(0, lw.expand(n_pad, kp).reshape(-1), ((qp & 3) << lbit).reshape(-1))
@@ -149,21 +127,18 @@ def pack_b(q: torch.Tensor, bits: int, zero_codes: Optional[torch.Tensor] = None
     return _to_int32(acc).view(shape).contiguous()
 
 
-def unpack_b(b: torch.Tensor, bits: int, n: int, k: int, zero_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Exact inverse of :func:`pack_b` -> uint8 ``(n, k)`` (7 bits: ``zero_codes`` as in pack)."""
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def unpack_b(b: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
+    """Exact inverse of :func:`pack_b` -> uint8 ``(n, k)``."""
     _check(torch.zeros(1, 1, dtype=torch.uint8), bits)
     n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
-    expect = _b_shape(n_pad, kp, bits)
-    if b.dtype != torch.int32 or tuple(b.shape) != expect:
-        raise ValueError(f"b: expected int32 {expect} for n={n}, k={k}, {bits} bits, got {b.dtype} {tuple(b.shape)}")
-    if bits == SPARSE_BITS:
-        idx, is_first = _sparse_index(n_pad, kp, b.device)
-        byte = b.contiguous().view(torch.uint8).reshape(-1)[idx.expand(n_pad, kp).reshape(-1)].view(n_pad, kp)
-        byte = byte[:n, :k].to(torch.int16)
-        kept_first = (byte >> 7).bool()
-        code = byte & 0x7F
-        mine = kept_first == is_first[:, :k].expand(n, k)
-        return torch.where(mine, code, zero_codes.to(torch.int16)).to(torch.uint8).contiguous()
+    _expect_b(b, n_pad, kp, bits, n, k)
     flat = b.contiguous().view(-1).to(torch.int64) & 0xFFFFFFFF
     (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, b.device)
     q = torch.zeros((n_pad, kp), dtype=torch.int64, device=b.device)
@@ -174,30 +149,55 @@ def unpack_b(b: torch.Tensor, bits: int, n: int, k: int, zero_codes: Optional[to
     return q[:n, :k].to(torch.uint8).contiguous()
 
 
-def _zero_codes(s: torch.Tensor, z: Optional[torch.Tensor], bits: int, k: int) -> torch.Tensor:
-    """Each element's zero code (int16 ``(N, K)``): ``z`` by group, or ``2**(bits-1)`` when symmetric."""
-    n, groups = s.shape
-    if z is None:
-        return torch.full((n, k), 1 << (bits - 1), dtype=torch.int16, device=s.device)
-    g = -(-k // groups)
-    return z.round().to(torch.int16).repeat_interleave(g, dim=1)[:, :k]
+def _expect_b(b: torch.Tensor, n_pad: int, kp: int, bits: int, n: int, k: int) -> None:
+    expect = _b_shape(n_pad, kp, bits)
+    if b.dtype != torch.int32 or tuple(b.shape) != expect:
+        raise ValueError(f"b: expected int32 {expect} for n={n}, k={k}, {bits} bits, got {b.dtype} {tuple(b.shape)}")
+
+
+def pack_pairs(pairs: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """1:2-sparse pair bytes (format ``"sparse12"``'s ``qweight``, uint8 ``(N, K/2)``) -> int32
+    ``(K16, N_pad/16, 32)``: byte ``r`` of lane ``l``'s word is its fragment register ``r``'s pair."""
+    n_pad, kp = _round_up(n, ATOM), padded_k(k, SPARSE_BITS)
+    padded = torch.zeros((n_pad, kp // 2), dtype=torch.uint8, device=pairs.device)
+    padded[:n, : k // 2] = pairs
+    idx = _pair_bytes(n_pad, kp, pairs.device)
+    out = torch.zeros(_numel(_b_shape(n_pad, kp, SPARSE_BITS)) * 4, dtype=torch.uint8, device=pairs.device)
+    out[idx.reshape(-1)] = padded.reshape(-1)
+    return out.view(torch.int32).view(_b_shape(n_pad, kp, SPARSE_BITS)).contiguous()
+
+
+def unpack_pairs(b: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Exact inverse of :func:`pack_pairs` -> uint8 ``(n, k/2)``."""
+    n_pad, kp = _round_up(n, ATOM), padded_k(k, SPARSE_BITS)
+    _expect_b(b, n_pad, kp, SPARSE_BITS, n, k)
+    idx = _pair_bytes(n_pad, kp, b.device)
+    pairs = b.contiguous().view(torch.uint8).reshape(-1)[idx.reshape(-1)].view(n_pad, kp // 2)
+    return pairs[:n, : k // 2].contiguous()
+
+
+def _group(s: torch.Tensor, k: int) -> int:
+    return -(-k // s.shape[1])
 
 
 def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype,
          zero_mode: str = "int") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Canonical ``(q, s, z)`` (``s``/``z`` ``(N, G)``) -> ``(b, scales, zeros)`` of this layout."""
+    """Canonical ``(q, s, z)`` (``s``/``z`` ``(N, G)``) -> ``(b, scales, zeros)`` of this layout.
+    1:2-sparse 7 bits: the pattern is checked (and the pair bytes made) by format ``"sparse12"``."""
     _check(q, bits)
     if s.dim() != 2 or s.shape[0] != q.shape[0]:
         raise ValueError(f"s: expected ({q.shape[0]}, groups), got shape {tuple(s.shape)}")
-    if bits == SPARSE_BITS and zero_mode not in ("int", "sym"):
-        raise ValueError(f"zero_mode: 1:2-sparse 7-bit weights have integer zero codes or none, got {zero_mode!r}")
-    zc = _zero_codes(s, z, bits, q.shape[1]) if bits == SPARSE_BITS else None
+    if bits == SPARSE_BITS:
+        if zero_mode not in ("int", "sym"):
+            raise ValueError(f"zero_mode: 1:2-sparse 7-bit weights have integer zero codes or none, got {zero_mode!r}")
+        b = pack_pairs(sparse_format.pack(q, s, z, _group(s, q.shape[1])), *q.shape)
+    else:
+        b = pack_b(q, bits)
     n_pad = _round_up(q.shape[0], ATOM)
     s = s.to(dtype).float()
     z = None if z is None else z.to(dtype).float()
     zp = sm90a_layout.additive_zeros(s, z, bits, zero_mode)
-    return (pack_b(q, bits, zc), sm90a_layout._pack_params(s, n_pad, dtype),
-            sm90a_layout._pack_params(zp, n_pad, dtype))
+    return b, sm90a_layout._pack_params(s, n_pad, dtype), sm90a_layout._pack_params(zp, n_pad, dtype)
 
 
 def dims(b: torch.Tensor):
@@ -209,8 +209,9 @@ def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int
            zero_mode: str = "int"):
     """``(b, scales, zeros)`` -> canonical ``(q, s, z)``: codes, scales and integer zero points exactly."""
     s, z = sm90a_layout.unpack_params(scales, zeros, bits, n, zero_mode)
-    zc = _zero_codes(s.float(), None if z is None else z.float(), bits, k) if bits == SPARSE_BITS else None
-    return unpack_b(b, bits, n, k, zc), s, z
+    if bits == SPARSE_BITS:
+        return sparse_format.unpack(unpack_pairs(b, n, k), s, z, _group(s, k)), s, z
+    return unpack_b(b, bits, n, k), s, z
 
 
 def shapes(n: int, k: int, bits: int, groups: int):
