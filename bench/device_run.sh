@@ -69,6 +69,12 @@ for step in $steps; do
     bench-bits)  # issue #15's table: every width at M=1 and 16 (gemlite beside, from .whl/)
       timeout ${BENCH_TIMEOUT:-400} python3 -m mixed_gemm.cli bench --compare --bits ${BENCH_BITS:-2,3,4,7} --group-size 64 \
         --ms ${BENCH_MS:-1,16} --plot /tmp/bits.png --out "$OUT/bench-bits.md" 2>&1 | tail -12 ;;
+    profile-lowbit)  # the low-bit widths (group 64, the #15 targets' kind) at decode M and one dequant_mm M
+      [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
+      for b in ${PROFILE_BITS:-2 3 7}; do
+        timeout ${PROFILE_TIMEOUT:-150} python3 -m mixed_gemm.cli profile --model llama3-8b,llama3-70b --bits $b --group-size 64 \
+          --ms ${PROFILE_MS:-1,2,4,8,16,32,128} --out "$OUT/h100.json" --quiet 2>&1 | tail -1
+      done ;;
     lowbit-tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -x tests/ops/test_lowbit_gpu.py tests/ops/test_gemv_gpu.py \
                     2>&1 | tee "$OUT/pytest-lowbit.log" | tail -15 ;;
     bench-cli) python3 -m mixed_gemm.cli bench --compare --dtype ${BENCH_DTYPE:-f16} --plot "$OUT/bench.png" --out "$OUT/bench.md" \
