@@ -56,7 +56,7 @@ def quantize(
     Raises:
         TypeError: ``w`` not a float16/bfloat16/float32 tensor, non-int ``bits``/``group_size``,
             non-bool ``symmetric``.
-        ValueError: ``w`` not 2-D / empty / non-finite, bits not in {2, 3, 4, 7, 8}, bad group size, K not
+        ValueError: ``w`` not 2-D / empty / non-finite, bits not in {1, 2, 3, 4, 7, 8}, bad group size, K not
             divisible by the group size, scales that overflow the output dtype.
     """
     C.check_tensor("w", w, dtypes=C.SCALE_DTYPES, ndim=2)

@@ -112,3 +112,20 @@ def test_compile_fullgraph_and_cuda_graph_decode_step():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, compiled(new))
+
+
+@pytest.mark.parametrize("bits", (2, 3, 7))
+def test_low_bit_modules_state_dict_round_trip(bits):
+    """1-3-bit and 1:2-sparse 7-bit layers hold the lowbit layout; a module built with the same
+    arguments loads their state dict and computes the same (CPU reference path)."""
+    lin = torch.nn.Linear(256, 96).half()
+    if bits == 7:
+        q, s, z = mg.sparsify_quantize(lin.weight.detach().float(), group_size=64)
+        m = QuantLinear.from_packed(mg.prepack(q, s, z, format="plain", bits=7, group_size=64), lin.bias)
+    else:
+        m = QuantLinear.from_linear(lin, bits=bits, group_size=64)
+    assert m.layout == "lowbit"
+    m2 = QuantLinear(256, 96, bits=bits, group_size=64, bias=True, layout="lowbit", zero_mode=m.zero_mode)
+    m2.load_state_dict(m.state_dict())
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(bits)).half()
+    assert torch.equal(m2(x), m(x))
