@@ -28,6 +28,11 @@ import torch
 PACKING = {8: (1, torch.uint8), 4: (2, torch.uint8), 2: (4, torch.uint8), 1: (8, torch.uint8), 3: (10, torch.int32)}
 
 
+def packing_name(bits: int) -> str:
+    """hqq's name of the packing (its ``meta["packing"]``)."""
+    return "3bit_32" if bits == 3 else f"{bits}bit_u8"
+
+
 def _shifts(bits: int):
     per, _ = PACKING[bits]
     width = 30 if bits == 3 else 8  # 3-bit: ten values in the low 30 bits of an int32

@@ -70,24 +70,19 @@ def load_hqq(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda") ->
     return model.eval()
 
 
-# hqq's packing name and storage dtype per width (hqq.core.bitpack; mixed_gemm.formats.hqq.PACKING).
-PACKINGS = {8: ("8bit_u8", torch.uint8), 4: ("4bit_u8", torch.uint8), 2: ("2bit_u8", torch.uint8),
-            1: ("1bit_u8", torch.uint8), 3: ("3bit_32", torch.int32)}
-
-
 def save_hqq(model: nn.Module, out_dir) -> Path:
     """Write ``model`` (with :class:`QuantLinear` layers of 1, 2, 3, 4 or 8 bits) in the ``hqq``
     package's own format (``config.json`` + ``qmodel.pt``): ``AutoHQQHFModel.from_quantized`` and
     :func:`load_hqq` read it. Zero points are stored as HQQ's float zeros (exact for integer ones)."""
-    from ..formats import pack
+    from ..formats import hqq as hqq_format, pack
 
     quant = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
     if not quant:
         raise ValueError("model: has no QuantLinear layers; run quantize_model first")
     weights = {}
     for name, m in quant.items():
-        if m.bits not in PACKINGS:
-            raise ValueError(f"{name}: {m.bits}-bit layers have no hqq packing (hqq packs {tuple(PACKINGS)} bits)")
+        if m.bits not in hqq_format.PACKING:
+            raise ValueError(f"{name}: {m.bits}-bit layers have no hqq packing (hqq packs {tuple(hqq_format.PACKING)} bits)")
         if m.perm is not None or m.zero_mode == "offset":
             raise ValueError(f"{name}: hqq stores neither act-order nor offset zeros")
         q, s, z = m.packed().unpack()
@@ -95,11 +90,11 @@ def save_hqq(model: nn.Module, out_dir) -> Path:
             z = torch.full_like(s, float(1 << (m.bits - 1)))
         group = m.in_features if m.group_size == -1 else m.group_size
         w_q, scale, zero = pack(q, s, z, format="hqq", bits=m.bits, group_size=group)
-        packing, storage = PACKINGS[m.bits]
         weights[name] = {
             "W_q": w_q.cpu(), "scale": scale.cpu(), "zero": zero.cpu(), "nbits": m.bits, "group_size": group,
-            "shape": torch.Size((m.out_features, m.in_features)), "axis": 1, "packing": packing,
-            "unpack_view_dtype": storage, "view_as_float": False, "quant_scale": False, "quant_zero": False,
+            "shape": torch.Size((m.out_features, m.in_features)), "axis": 1,
+            "packing": hqq_format.packing_name(m.bits), "unpack_view_dtype": hqq_format.PACKING[m.bits][1],
+            "view_as_float": False, "quant_scale": False, "quant_zero": False,
             "compute_dtype": m.scales.dtype, "offload_meta": False, "stores_quant_config": True,
             "channel_wise": True, "optimize": False, "round_zero": False,
         }

@@ -88,6 +88,13 @@ class Family:
                            f"device {device_index} is {cc[0]}.{cc[1]}")
         return OK
 
+    def reads_weight(self, problem: Problem) -> Verdict:
+        """Can any config of this family read ``problem``'s weight? A family that sets the layout
+        (a tile family) reads only its own; the others read what they find (their configs say)."""
+        if self.sets_layout and self.layout not in problem.layout.split("+"):
+            return False, f"reads the {self.layout!r} weight layout, the weight holds {problem.layout!r}"
+        return OK
+
     def can_implement(self, config, problem: Problem) -> Verdict:
         """Can ``config`` (one of this family's) compute ``problem``? Layout and weight kind here;
         families add their own rules."""

@@ -16,6 +16,11 @@ ATOM_K, ATOM_N = 16, 64    # mixed_gemm::kAtomK / kAtomN: the sm80 layout's atom
 REDUCE_THREADS = 256       # mixed_gemm::kReduceThreads
 
 
+def round_up(x: int, m: int) -> int:
+    """``x`` rounded up to a multiple of ``m`` (the layouts' padding)."""
+    return (x + m - 1) // m * m
+
+
 def _cxx_enum(name: str, mapping: dict, members: dict) -> List[Tuple[str, int]]:
     return [(f"int(mixed_gemm::{name}::{members[key]})", value) for key, value in mapping.items()]
 

@@ -12,7 +12,7 @@ from ..kernels.common import PER_CHANNEL_SHIFT
 
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 KERNEL_BITS = (1, 2, 3, 4, 7, 8)
-LOWBIT_BITS = (1, 2, 3, 7)  # one layout on every device: "lowbit" (7: 1:2-sparse only)
+LOWBIT_BITS = LAYOUTS["lowbit"].BITS  # one layout on every device: "lowbit" (7: 1:2-sparse only)
 
 
 class LayoutView(NamedTuple):
@@ -34,11 +34,12 @@ class PackedWeight:
     :mod:`mixed_gemm.kernels.sm90a.layout`, read by the sm90a, gemv and dequantize kernels), one
     copy either way; ``prepack`` picks the device's (:func:`mixed_gemm.kernels.layout_for`). On
     request ``"sm80+sm90a"`` holds both: then ``aux`` is the sm90a copy ``(b, scales, zeros)``,
-    about the weight's size again. The families that read one of the held layouts can run this
-    weight. Tensors (all on one device):
+    about the weight's size again. 1-3-bit and 1:2-sparse 7-bit weights hold ``"lowbit"`` on every
+    device (:mod:`mixed_gemm.kernels.gemv.lowbit_layout`; scales and zeros as in sm90a). The
+    families that read one of the held layouts can run this weight. Tensors (all on one device):
 
     - ``b``: int32 atoms (sm80: ``(N_pad/64, K_pad/16, 128 * bits / 4)``; sm90a:
-      ``(K_pad/16, N_pad/16, 8 * bits)``), ``K_pad = ceil(K/16)*16``;
+      ``(K_pad/16, N_pad/16, 8 * bits)``; lowbit: see its module), ``K_pad = ceil(K/16)*16``;
     - ``scales``: ``(num_groups, N_pad)`` in ``dtype`` (the activation dtype);
     - ``zeros``: like ``scales``. sm80: what ``zero_mode`` says, or ``None`` for symmetric weights
       (zero point ``2**(bits-1)``): ``"int"`` integer zero points z and ``"float"`` arbitrary

@@ -18,7 +18,7 @@ def candidate_schedules(problem: Problem, sms: int, device_index: Optional[int] 
     for fam in FAMILIES:
         if device_index is not None and not fam.supports(device_index)[0]:
             continue
-        if fam.sets_layout and fam.layout not in problem.layout.split("+"):
-            continue  # a tile family reads only its own layout; the weight does not hold it
+        if not fam.reads_weight(problem)[0]:
+            continue
         out += [f"{fam.name}:{s}" for s in fam.candidates(problem, sms)]
     return out

@@ -27,9 +27,10 @@ def heuristic_choice(problem: Problem, device_index: int,
             if not ok:
                 reasons.append(f"{fam.name}: {why}")
                 continue
-        if fam.sets_layout and fam.layout not in problem.layout.split("+"):
-            reasons.append(f"{fam.name}: reads the {fam.layout!r} weight layout, the weight holds {problem.layout!r}")
-            continue  # a tile family reads only its own layout (and its widths: 4 and 8 bits)
+        ok, why = fam.reads_weight(problem)
+        if not ok:  # before its heuristic: a tile family's configs exist only for its layout's widths
+            reasons.append(f"{fam.name}: {why}")
+            continue
         config = fam.heuristic(problem, sms)
         if config is None:
             reasons.append(f"{fam.name}: its heuristic leaves M={problem.m} to other families")

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import ATOM_K, ATOM_N, check_weight_kind, raise_on
+from ..gemv.lowbit_layout import BITS as LOWBIT_BITS, block_atoms
 
 SCHEDULE = "dequant_mm"
 SCHEDULES = {"sm80": SCHEDULE, "sm90a": SCHEDULE + "_sm90a", "lowbit": SCHEDULE + "_lowbit"}  # layout -> schedule
-LOWBIT_BITS = (1, 2, 3, 7)  # the lowbit layout's widths (7: 1:2-sparse)
 
 
 @dataclass(frozen=True)
@@ -82,5 +82,5 @@ class DequantMMConfig:
         if self.layout == "sm90a":
             return (-(-n_pad // 128), k16, 1)
         if self.layout == "lowbit":
-            return (-(-n_pad // 128), k16 // (1 if self.bits == 7 else 4), 1)
+            return (-(-n_pad // 128), k16 // block_atoms(self.bits), 1)
         return (n_pad // ATOM_N, (k16 * ATOM_K + self.TILE_K - 1) // self.TILE_K, 1)

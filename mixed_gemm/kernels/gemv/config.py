@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import check_weight_kind, raise_on
+from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms
 
 _SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_split(\d+))?$")
 LAYOUTS = ("sm90a", "sm80", "lowbit")
-LOWBIT_BITS = (1, 2, 3, 7)  # read from the lowbit layout (lowbit_layout.py; 7: 1:2-sparse)
 TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -62,8 +62,8 @@ class GemvConfig:
             (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
             ((self.layout == "lowbit") == (self.bits in LOWBIT_BITS),
              f"{LOWBIT_BITS}-bit weights are read from the lowbit layout, and only they"),
-            (self.layout != "lowbit" or self.bits == 7 or self.unroll % 4 == 0,
-             "unroll: whole 4-atom blocks of the 1-3-bit planes (a multiple of 4)"),
+            (self.layout != "lowbit" or self.unroll % block_atoms(self.bits) == 0,
+             "unroll: whole blocks of the lowbit layout (4 atoms for the 1-3-bit planes)"),
             (self.layout != "sm80" or self.tokens == 16, "the sm80-layout kernel serves 16 tokens (one m16 tile)"),
             (1 <= self.strips <= 8, "strips must be in [1, 8]"),
             (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),

@@ -39,12 +39,12 @@ def heuristic_config(problem: Problem, sms: int) -> Optional[GemvConfig]:
     if problem.m > MAX_M:
         return None
     if layouts == ["lowbit"]:
-        schedule = next(s for max_m, s in LOWBIT_ROWS if problem.m <= max_m)
-        config = GemvConfig.from_schedule(schedule, **problem.kind)
-        return config.replace(splits=splits_for(config, problem.n, problem.k, sms))
-    if "sm90a" not in layouts or (problem.m > SM80_FROM_M and "sm80" in layouts):
+        rows = LOWBIT_ROWS
+    elif "sm90a" not in layouts or (problem.m > SM80_FROM_M and "sm80" in layouts):
         return None  # the sm80-layout kernels are chosen by profiles only, until measured
-    schedule = next(s for max_m, s in ROWS if problem.m <= max_m)
+    else:
+        rows = ROWS
+    schedule = next(s for max_m, s in rows if problem.m <= max_m)
     config = GemvConfig.from_schedule(schedule, **problem.kind)
     if problem.bits == 8:
         config = config.replace(unroll=max(1, config.unroll // 2))

@@ -31,11 +31,13 @@ family reads it up to 32 tokens, the dequantize kernel (dequant_mm) above.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import math
+from typing import Tuple
 
 import torch
 
 from ...formats import sparse as sparse_format
+from ..common import round_up
 from ..sm90a import layout as sm90a_layout
 
 NAME = "lowbit"
@@ -44,10 +46,6 @@ PLANE_BITS = (1, 2, 3)
 SPARSE_BITS = 7
 BITS = PLANE_BITS + (SPARSE_BITS,)
 ALWAYS_ZEROS = True  # z' is always stored (zeros for symmetric weights), as in the sm90a layout
-
-
-def _round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 def block_atoms(bits: int) -> int:
@@ -60,15 +58,20 @@ def words(bits: int) -> int:
     return 1 if bits == SPARSE_BITS else bits
 
 
-def _check(q: torch.Tensor, bits: int) -> None:
+def _check_bits(bits: int) -> None:
     if bits not in BITS:
         raise ValueError(f"bits: the lowbit layout holds {BITS}-bit weights (7: 1:2-sparse), got {bits}")
+
+
+def _check(q: torch.Tensor, bits: int) -> None:
+    _check_bits(bits)
     if q.dtype != torch.uint8 or q.dim() != 2:
         raise TypeError(f"q: expected a 2-D torch.uint8 tensor, got {q.dtype} with shape {tuple(q.shape)}")
 
 
 def _coords(n_pad: int, kp: int, device):
-    """Per element of the padded ``(n_pad, kp)`` weight: (block-major word index without c, lane, r, k0, u)."""
+    """The atom coordinates ``(nb, n1, n0, kb, k2, k1, k0)`` of every element of the padded
+    ``(n_pad, kp)`` weight (``n = 16 nb + 8 n1 + n0``, ``k = 16 kb + 8 k2 + 2 k1 + k0``), broadcastable."""
     n = torch.arange(n_pad, device=device).view(-1, 1)
     k = torch.arange(kp, device=device).view(1, -1)
     nb, n1, n0 = n // 16, (n // 8) % 2, n % 8
@@ -105,7 +108,7 @@ def _b_shape(n_pad: int, kp: int, bits: int) -> Tuple[int, ...]:
 
 
 def padded_k(k: int, bits: int) -> int:
-    return _round_up(k, ATOM * block_atoms(bits))
+    return round_up(k, ATOM * block_atoms(bits))
 
 
 def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -114,11 +117,11 @@ def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == SPARSE_BITS:
         raise ValueError("bits: 1:2-sparse weights pack from their pair bytes (pack_pairs)")
     n, k = q.shape
-    n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
+    n_pad, kp = round_up(n, ATOM), padded_k(k, bits)
     shape = _b_shape(n_pad, kp, bits)
     qp = torch.zeros((n_pad, kp), dtype=torch.int64, device=q.device)
     qp[:n, :k] = q.to(torch.int64)
-    acc = torch.zeros(_numel(shape), dtype=torch.int64, device=q.device)
+    acc = torch.zeros(math.prod(shape), dtype=torch.int64, device=q.device)
     (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, q.device)
     if bits >= 2:
         acc.index_add_(0, lw.expand(n_pad, kp).reshape(-1), ((qp & 3) << lbit).reshape(-1))
@@ -127,17 +130,10 @@ def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
     return _to_int32(acc).view(shape).contiguous()
 
 
-def _numel(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
-
-
 def unpack_b(b: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
     """Exact inverse of :func:`pack_b` -> uint8 ``(n, k)``."""
-    _check(torch.zeros(1, 1, dtype=torch.uint8), bits)
-    n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
+    _check_bits(bits)
+    n_pad, kp = round_up(n, ATOM), padded_k(k, bits)
     _expect_b(b, n_pad, kp, bits, n, k)
     flat = b.contiguous().view(-1).to(torch.int64) & 0xFFFFFFFF
     (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, b.device)
@@ -158,18 +154,18 @@ def _expect_b(b: torch.Tensor, n_pad: int, kp: int, bits: int, n: int, k: int) -
 def pack_pairs(pairs: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """1:2-sparse pair bytes (format ``"sparse12"``'s ``qweight``, uint8 ``(N, K/2)``) -> int32
     ``(K16, N_pad/16, 32)``: byte ``r`` of lane ``l``'s word is its fragment register ``r``'s pair."""
-    n_pad, kp = _round_up(n, ATOM), padded_k(k, SPARSE_BITS)
+    n_pad, kp = round_up(n, ATOM), padded_k(k, SPARSE_BITS)
     padded = torch.zeros((n_pad, kp // 2), dtype=torch.uint8, device=pairs.device)
     padded[:n, : k // 2] = pairs
     idx = _pair_bytes(n_pad, kp, pairs.device)
-    out = torch.zeros(_numel(_b_shape(n_pad, kp, SPARSE_BITS)) * 4, dtype=torch.uint8, device=pairs.device)
+    out = torch.zeros(math.prod(_b_shape(n_pad, kp, SPARSE_BITS)) * 4, dtype=torch.uint8, device=pairs.device)
     out[idx.reshape(-1)] = padded.reshape(-1)
     return out.view(torch.int32).view(_b_shape(n_pad, kp, SPARSE_BITS)).contiguous()
 
 
 def unpack_pairs(b: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Exact inverse of :func:`pack_pairs` -> uint8 ``(n, k/2)``."""
-    n_pad, kp = _round_up(n, ATOM), padded_k(k, SPARSE_BITS)
+    n_pad, kp = round_up(n, ATOM), padded_k(k, SPARSE_BITS)
     _expect_b(b, n_pad, kp, SPARSE_BITS, n, k)
     idx = _pair_bytes(n_pad, kp, b.device)
     pairs = b.contiguous().view(torch.uint8).reshape(-1)[idx.reshape(-1)].view(n_pad, kp // 2)
@@ -193,7 +189,7 @@ def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype,
         b = pack_pairs(sparse_format.pack(q, s, z, _group(s, q.shape[1])), *q.shape)
     else:
         b = pack_b(q, bits)
-    n_pad = _round_up(q.shape[0], ATOM)
+    n_pad = round_up(q.shape[0], ATOM)
     s = s.to(dtype).float()
     z = None if z is None else z.to(dtype).float()
     zp = sm90a_layout.additive_zeros(s, z, bits, zero_mode)
@@ -216,5 +212,5 @@ def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int
 
 def shapes(n: int, k: int, bits: int, groups: int):
     """``(b shape, scales/zeros shape)`` of an ``(n, k)`` weight with ``groups`` groups."""
-    n_pad, kp = _round_up(n, ATOM), padded_k(k, bits)
+    n_pad, kp = round_up(n, ATOM), padded_k(k, bits)
     return _b_shape(n_pad, kp, bits), (groups, n_pad)

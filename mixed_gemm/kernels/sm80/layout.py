@@ -48,13 +48,10 @@ import functools
 
 import torch
 
-from ..common import ATOM_K, ATOM_N
+from ..common import ATOM_K, ATOM_N, round_up
 
 NAME = "sm80"
 
-
-def _round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +85,7 @@ def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
     if q.dtype != torch.uint8 or q.dim() != 2:
         raise TypeError(f"q: expected a 2-D torch.uint8 tensor, got {q.dtype} with shape {tuple(q.shape)}")
     n, k = q.shape
-    n_pad, k_pad = _round_up(n, ATOM_N), _round_up(k, ATOM_K)
+    n_pad, k_pad = round_up(n, ATOM_N), round_up(k, ATOM_K)
     qp = torch.zeros((n_pad, k_pad), dtype=torch.int64, device=q.device)
     qp[:n, :k] = q
     atoms = qp.view(n_pad // ATOM_N, ATOM_N, k_pad // ATOM_K, ATOM_K).permute(0, 2, 1, 3)
@@ -105,7 +102,7 @@ def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_b(b: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
     """Exact inverse of :func:`pack_b`: int32 atoms -> uint8 ``(n, k)``."""
     _check_bits(bits)
-    n_pad, k_pad = _round_up(n, ATOM_N), _round_up(k, ATOM_K)
+    n_pad, k_pad = round_up(n, ATOM_N), round_up(k, ATOM_K)
     slots = 32 // bits
     expect = (n_pad // ATOM_N, k_pad // ATOM_K, ATOM_N * ATOM_K // slots)
     if b.dtype != torch.int32 or tuple(b.shape) != expect:
@@ -126,7 +123,7 @@ def pack_group_params(s: torch.Tensor, dtype: torch.dtype = torch.float16) -> to
     if s.dim() != 2:
         raise ValueError(f"s: expected a 2-D (N, groups) tensor, got shape {tuple(s.shape)}")
     n, g = s.shape
-    n_pad = _round_up(n, ATOM_N)
+    n_pad = round_up(n, ATOM_N)
     out = torch.zeros((g, n_pad), dtype=dtype, device=s.device)
     out[:, :n] = s.t().to(dtype)
     return out.view(g, n_pad // ATOM_N, 8, 8).transpose(-1, -2).reshape(g, n_pad).contiguous()
@@ -135,8 +132,8 @@ def pack_group_params(s: torch.Tensor, dtype: torch.dtype = torch.float16) -> to
 def unpack_group_params(p: torch.Tensor, n: int) -> torch.Tensor:
     """Exact inverse of :func:`pack_group_params` (values stay in ``p``'s dtype): -> ``(n, G)``."""
     g, n_pad = p.shape
-    if n_pad != _round_up(n, ATOM_N):
-        raise ValueError(f"p: expected {_round_up(n, ATOM_N)} columns for n={n}, got {n_pad}")
+    if n_pad != round_up(n, ATOM_N):
+        raise ValueError(f"p: expected {round_up(n, ATOM_N)} columns for n={n}, got {n_pad}")
     return p.view(g, n_pad // ATOM_N, 8, 8).transpose(-1, -2).reshape(g, n_pad)[:, :n].t().contiguous()
 
 
@@ -163,5 +160,5 @@ def unpack(b: torch.Tensor, scales: torch.Tensor, zeros, bits: int, n: int, k: i
 def shapes(n: int, k: int, bits: int, groups: int):
     """``(b shape, scales/zeros shape)`` of an ``(n, k)`` weight with ``groups`` groups (for empty
     buffers, e.g. QuantLinear's before loading a state dict)."""
-    n_pad, k_pad = _round_up(n, ATOM_N), _round_up(k, ATOM_K)
+    n_pad, k_pad = round_up(n, ATOM_N), round_up(k, ATOM_K)
     return (n_pad // ATOM_N, k_pad // ATOM_K, ATOM_N * ATOM_K * bits // 32), (groups, n_pad)

@@ -50,13 +50,12 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..common import round_up
+
 NAME = "sm90a"
 ATOM = 16
 ALWAYS_ZEROS = True  # the collective is compiled with a zero operand: symmetric weights store 0
 
-
-def _round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
 
 
 def _check(q: torch.Tensor, bits: int) -> None:
@@ -74,7 +73,7 @@ def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Canonical ``q`` (uint8 ``(N, K)`` in ``[0, 2**bits)``) -> int32 ``(K16/16, N_pad/16, 8*bits)``."""
     _check(q, bits)
     n, k = q.shape
-    n_pad, k16 = _round_up(n, ATOM), _round_up(k, ATOM)
+    n_pad, k16 = round_up(n, ATOM), round_up(k, ATOM)
     half = 1 << (bits - 1)
     qp = torch.zeros((n_pad, k16), dtype=torch.uint8, device=q.device)
     qp[:n, :k] = q ^ half  # signed code q - 2**(bits-1), two's complement in `bits` bits
@@ -86,7 +85,7 @@ def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_b(b: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
     """Exact inverse of :func:`pack_b`: -> uint8 ``(n, k)``."""
-    n_pad, k16 = _round_up(n, ATOM), _round_up(k, ATOM)
+    n_pad, k16 = round_up(n, ATOM), round_up(k, ATOM)
     expect = (k16 // ATOM, n_pad // ATOM, 8 * bits)
     if b.dtype != torch.int32 or tuple(b.shape) != expect:
         raise ValueError(f"b: expected int32 {expect} for n={n}, k={k}, got {b.dtype} {tuple(b.shape)}")
@@ -134,7 +133,7 @@ def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype,
     _check(q, bits)
     if s.dim() != 2 or s.shape[0] != q.shape[0]:
         raise ValueError(f"s: expected ({q.shape[0]}, groups), got shape {tuple(s.shape)}")
-    n_pad = _round_up(q.shape[0], ATOM)
+    n_pad = round_up(q.shape[0], ATOM)
     # From the values the other layout stores (rounded to dtype), so both copies mean one weight.
     s = s.to(dtype).float()
     z = None if z is None else z.to(dtype).float()
@@ -174,5 +173,5 @@ def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int
 
 def shapes(n: int, k: int, bits: int, groups: int):
     """``(b shape, scales/zeros shape)`` of an ``(n, k)`` weight with ``groups`` groups."""
-    n_pad, k16 = _round_up(n, ATOM), _round_up(k, ATOM)
+    n_pad, k16 = round_up(n, ATOM), round_up(k, ATOM)
     return (k16 // ATOM, n_pad // ATOM, 8 * bits), (groups, n_pad)
