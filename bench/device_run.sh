@@ -68,7 +68,7 @@ for step in $steps; do
     e2e) python3 bench/e2e_smollm2.py --out "$OUT" 2>&1 | grep -vE "Warning|warn" | tail -20 ;;
     bench-bits)  # issue #15's table: every width at M=1 and 16 (gemlite beside, from .whl/)
       timeout ${BENCH_TIMEOUT:-400} python3 -m mixed_gemm.cli bench --compare --bits ${BENCH_BITS:-2,3,4,7} --group-size 64 \
-        --ms ${BENCH_MS:-1,16} --plot /tmp/bits.png --out "$OUT/bench-bits.md" 2>&1 | tail -12 ;;
+        --ms ${BENCH_MS:-1,16} --plot /tmp/bits.png --out "$OUT/bench-bits.md" 2>&1 | tee "$OUT/bench-bits.log" | tail -12 ;;
     profile-lowbit)  # the low-bit widths (group 64, the #15 targets' kind) at decode M and one dequant_mm M
       [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
       for b in ${PROFILE_BITS:-2 3 7}; do
