@@ -86,13 +86,16 @@ def _layout_names(layout: str) -> Tuple[str, ...]:
     return names
 
 
-def layout_for(device_index: Optional[int]) -> str:
+def layout_for(device_index: Optional[int], bits: int = 4) -> str:
     """The layout prepack uses on a device: one copy, the layout of the first family (in priority
     order) that runs there and sets the layout (the tile families; the decode and dequantize
     families read the layouts they find): ``"sm90a"`` on the H100, whose every family (gemv at
     M <= 32, sm90a above, dequant_mm for what the tiles cannot take) reads it; ``"sm80"`` on
     Ampere/Ada and the CPU (``None``). ``prepack(..., layout="sm80+sm90a")`` still holds both on
-    request (the sm80 tiles then compete at every M)."""
+    request (the sm80 tiles then compete at every M). 1-3-bit and 1:2-sparse 7-bit weights hold
+    ``"lowbit"`` on every device (only the gemv and dequantize kernels read those widths)."""
+    if bits in LAYOUTS["lowbit"].BITS:
+        return "lowbit"
     if device_index is not None:
         for f, (ok, _) in available(device_index):
             if ok and f.sets_layout:

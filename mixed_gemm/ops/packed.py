@@ -195,7 +195,7 @@ def prepack(qweight, scales, zeros=None, *, format: str = "awq", bits: int = 4, 
         q = q.index_select(1, perm)
     mode = "sym" if z is None else zero_mode
     if layout == "auto":
-        layout = "lowbit" if bits in LOWBIT_BITS else layout_for(q.device.index if q.device.type == "cuda" else None)
+        layout = layout_for(q.device.index if q.device.type == "cuda" else None, bits)
     names = layout_names(layout)
     if (names == ("lowbit",)) != (bits in LOWBIT_BITS):
         raise ValueError(f"layout: {LOWBIT_BITS}-bit weights (7: 1:2-sparse) are packed into 'lowbit', the layout "

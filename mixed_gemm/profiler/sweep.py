@@ -91,7 +91,7 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     sms, l2 = props.multi_processor_count, props.L2_cache_size
     gs = spec.group_size
     if spec.layout == "auto":
-        spec.layout = layout_for(torch.cuda.current_device())
+        spec.layout = layout_for(torch.cuda.current_device(), spec.bits)
         if spec.schedules:  # a --schedules sweep packs every layout its tile families read
             held = set(spec.layout.split("+")) | {fam.layout for fam, _ in map(split_schedule, spec.schedules)
                                                   if fam.sets_layout}

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "atoms/sm90a.cuh"
 
@@ -54,19 +55,43 @@ __device__ __forceinline__ void load_planes(uint32_t const* b, int blk, int nb, 
   for (int c = 0; c < kWords; ++c) w[c] = ld_stream(src + 32 * c);
 }
 
+// Exact constants as (x, x) pairs of the activation type, at compile time (no cvt at run time).
+template <typename Element>
+struct PairConst {
+  static constexpr bool kF16 = std::is_same<Element, cutlass::half_t>::value;
+  static constexpr int kMantissa = kF16 ? 10 : 7, kExpBias = kF16 ? 15 : 127;
+  static constexpr uint32_t splat(uint32_t h) { return h | h << 16; }
+  static constexpr int log2i(uint32_t v) { return v <= 1 ? 0 : 1 + log2i(v >> 1); }
+  static constexpr uint32_t inv_pow2(int e) { return splat(uint32_t(kExpBias - e) << kMantissa); }  // 2**-e
+  // -v for an integer 1 <= v < 2**(kMantissa + 1)
+  static constexpr uint32_t neg_int(uint32_t v) {
+    return splat(0x8000u | uint32_t(kExpBias + log2i(v)) << kMantissa | (v - (1u << log2i(v))) << (kMantissa - log2i(v)));
+  }
+};
+static_assert(PairConst<cutlass::half_t>::neg_int(1026) == 0xe402e402u && PairConst<cutlass::half_t>::inv_pow2(4) == 0x2c002c00u,
+              "fp16 constants");
+static_assert(PairConst<cutlass::bfloat16_t>::neg_int(130) == 0xc302c302u, "bf16 constants");
+
 // 1, 2 and 3 bits: a block is 4 atoms (k64); codes are unsigned, in bit planes so that a pair's two
 // values sit in the two halves of a word at the same offset (one mask extracts both):
 //   2-bit plane, words 0 (atoms 0, 1) and 1 (atoms 2, 3): pair p at bits 2 (p % 8) and 16 + 2 (p % 8);
 //   1-bit plane, word kBits - 1 (3 bits: the top bit; 1 bit: the code): pair p at bits p and 16 + p.
 // The field goes under the exponent of 1024.0 (fp16) / 128.0 (bf16) with one lop3, so the half reads
 // magic + q exactly; one subtraction of magic + 2**(bits-1) leaves q' (no per-element cvt).
+// 1 and 2 bits leave a field where it lies when it fits the mantissa (bit e: the half reads magic +
+// q 2**e, still exact), and one fma by 2**-e then gives q' exactly: a shift per word and window of
+// the mantissa's width instead of one per pair. At 2 bits the decode kernel issues ~17 instructions
+// per atom besides the loads, so the 4 shifts an atom saved are what it spends converting.
 template <typename Element, int kBits>
 struct PlaneAtoms {
   static_assert(kBits >= 1 && kBits <= 3, "bit planes hold 1, 2 or 3 bits");
   using P = Pair<Element>;
+  using C = PairConst<Element>;
   static constexpr int kAtoms = 4, kWords = kBits;
   static constexpr uint32_t kMagic = P::kMagic;
   static constexpr uint32_t kBias = kMagic + (1u << (kBits - 1)) * 0x10001u;  // magic + 2**(bits-1), both halves
+  // Field offsets that fit under the exponent as they are: 0 .. kWindow - kBits (fp16: 10 bits).
+  static constexpr int kWindow = C::kMantissa / kBits * kBits;
   // (a & b) | c: immLut = (0xf0 & 0xcc) | 0xaa.
   static constexpr uint32_t kAndOr = 0xea;
 
@@ -78,19 +103,15 @@ struct PlaneAtoms {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       int const p = 4 * u + r;
-      uint32_t f;
-      if (kBits == 1) {
-        f = lop3<kAndOr>(w[0] >> p, 0x00010001u, kMagic);
-      } else {
+      if (kBits <= 2) {  // the field at offset o of its word, shifted down by whole windows to bit e
+        int const o = kBits * (p % (16 / kBits)), e = o % kWindow;
+        uint32_t const f = lop3<kAndOr>(w[kBits == 1 ? 0 : p / 8] >> (o - e), ((1u << kBits) - 1) * 0x10001u << e, kMagic);
+        a[r] = P::fma(f, C::inv_pow2(e), C::neg_int((1u << (C::kMantissa - e)) + (1u << (kBits - 1))));
+      } else {  // the top bit from plane 2, moved to bit 2 of each half, then (lo & 3) | top | magic
         uint32_t const lo = w[p / 8] >> (2 * (p % 8));
-        if (kBits == 2) {
-          f = lop3<kAndOr>(lo, 0x00030003u, kMagic);
-        } else {  // the top bit from plane 2, moved to bit 2 of each half, then (lo & 3) | top | magic
-          uint32_t const top = p >= 2 ? w[kWords - 1] >> (p - 2) : w[kWords - 1] << (2 - p);
-          f = lop3<kAndOr>(lo, 0x00030003u, (top & 0x00040004u) | kMagic);
-        }
+        uint32_t const top = p >= 2 ? w[kWords - 1] >> (p - 2) : w[kWords - 1] << (2 - p);
+        a[r] = P::sub(lop3<kAndOr>(lo, 0x00030003u, (top & 0x00040004u) | kMagic), kBias);
       }
-      a[r] = P::sub(f, kBias);
     }
   }
   static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}

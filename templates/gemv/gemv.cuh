@@ -174,9 +174,11 @@ struct XStage {
   }
 };
 
-// Every gemv kernel's run(): zeroed accumulators, the main loop (a k-step of kUnroll atoms lies in
-// one group when the group spans a multiple of kUnroll atoms: both powers of two, steps start at
-// multiples of kUnroll, so one parameter load per step), then the epilogue.
+// Every gemv kernel's run(): zeroed accumulators, the main loop, then the epilogue. The main loop's
+// argument is how many atoms one load of the group parameters serves: the step (kUnroll atoms) when
+// the group spans a multiple of it (both powers of two, steps start at multiples of kUnroll), else
+// the group's atoms where the kernel has that variant (K::kFineGroups: 4 for group 64, 2 for 32),
+// else 1 (a load per atom: L1 hits, but at 2 bits a third of the loop's instructions).
 template <typename K>
 __device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -188,10 +190,20 @@ __device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
 #pragma unroll
   for (int i = 0; i < K::kAcc; ++i) flat[i] = 0.f;
   char* xs = smem + K::kReduceBytes + warp * K::kXWarpBytes;
-  if (p.group_shift - 4 >= __ffs(K::kU) - 1) {
-    K::template mainloop<true>(p, strip0, kbeg, kend, wk, xs, acc);
+  int const group_atoms_log2 = p.group_shift - 4;
+  constexpr int kU4 = K::kU < 4 ? K::kU : 4, kU2 = K::kU < 2 ? K::kU : 2;
+  if (group_atoms_log2 >= __ffs(K::kU) - 1) {
+    K::template mainloop<K::kU>(p, strip0, kbeg, kend, wk, xs, acc);
+  } else if constexpr (K::kFineGroups) {
+    if (group_atoms_log2 >= 2) {
+      K::template mainloop<kU4>(p, strip0, kbeg, kend, wk, xs, acc);
+    } else if (group_atoms_log2 == 1) {
+      K::template mainloop<kU2>(p, strip0, kbeg, kend, wk, xs, acc);
+    } else {
+      K::template mainloop<1>(p, strip0, kbeg, kend, wk, xs, acc);
+    }
   } else {
-    K::template mainloop<false>(p, strip0, kbeg, kend, wk, xs, acc);
+    K::template mainloop<1>(p, strip0, kbeg, kend, wk, xs, acc);
   }
   K::finish(flat);
   GemvEpilogue<typename K::raw, K::kAcc, K::kWN, K::kWK, K::kRows, K::kThreads>::run(
@@ -206,6 +218,7 @@ template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int
           int kFmaTokens = 0>
 struct Gemv {
   static constexpr int kWN = kWarpsN, kWK = kWarpsK, kSN = kStrips, kU = kUnroll;  // for gemv_run
+  static constexpr bool kFineGroups = true;
   using P = Pair<Element>;
   using raw = typename P::raw;
   using raw2 = typename P::raw2;
@@ -244,7 +257,7 @@ struct Gemv {
     for (int j = 0; j < kStrips; ++j) group_params(p, gi, min(strip0 + j, p.strips - 1), (threadIdx.x & 31) >> 2, s[j], z[j]);
   }
 
-  template <bool kChunkGroup>
+  template <int kGroupAtoms>  // atoms per parameter load (see gemv_run)
   static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
                                                   char* xs, float (&acc)[kStrips][kXRows][kPer]) {
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -287,15 +300,14 @@ struct Gemv {
             xf[u][mt][1] = XS::global_pair(p, kFma ? mt : mt * 8 + g, k + 8);
           }
       }
-      // One parameter load per step when the step lies in one group; else per atom, right before
-      // its use (they hit L1; holding all of them would double the registers).
+      // The group parameters once per kGroupAtoms atoms, right before their first use (they hit
+      // L1; holding a step's worth would double the registers).
       uint32_t s[kStrips][2], z[kStrips][2];
-      if (kChunkGroup) load_params(p, kb0, strip0, s, z);
       // 3. Convert, scale, multiply.
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (kb0 + u >= kend) break;
-        if (!kChunkGroup) load_params(p, kb0 + u, strip0, s, z);
+        if (u % kGroupAtoms == 0) load_params(p, kb0 + u, strip0, s, z);
 #pragma unroll
         for (int j = 0; j < kStrips; ++j) {
           uint32_t a[4];

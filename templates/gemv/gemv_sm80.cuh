@@ -16,6 +16,7 @@ template <typename Element, int kBits, int kZeroMode, int kStrips, int kWarpsN, 
           bool kStageX>
 struct GemvSm80 {
   static constexpr int kWN = kWarpsN, kWK = kWarpsK, kSN = kStrips, kU = kUnroll;  // for gemv_run
+  static constexpr bool kFineGroups = false;  // a step in one group, or columns per atom
   using P = Pair<Element>;
   using raw = typename P::raw;
   using Deq = Dequantizer<Element, kBits, static_cast<ZeroMode>(kZeroMode)>;
@@ -45,11 +46,12 @@ struct GemvSm80 {
     for (int j = 0; j < 8; ++j) cd[j] = Deq::column(sh[j], zh[j]);
   }
 
-  template <bool kChunkGroup>
+  template <int kGroupAtoms>  // kUnroll: the step lies in one group; else 1
   static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
                                                   char* xs, float (&acc)[kStrips][8][4]) {
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     char const* bb = static_cast<char const*>(p.b);
+    constexpr bool kChunkGroup = kGroupAtoms == kUnroll;
     for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
       // 1. Every weight load of the step first.
       uint32_t wq[kUnroll][kStrips][4 * kChunks];

@@ -91,8 +91,25 @@ def test_layout_for_cpu_is_the_primary_layout(monkeypatch):
     assert layout_for(None) == PRIMARY_LAYOUT == "sm80"
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
     assert layout_for(0) == "sm90a"  # the H100: one copy, read by gemv, sm90a and dequant_mm
+    assert [layout_for(0, b) for b in (1, 2, 3, 7)] == ["lowbit"] * 4  # low widths: one layout everywhere
     monkeypatch.setattr(base, "compute_capability", lambda i: (8, 9))
-    assert layout_for(0) == "sm80"
+    assert layout_for(0) == "sm80" and layout_for(None, 2) == "lowbit"
+
+
+def test_profiler_candidates_for_lowbit_weights_parse(monkeypatch):
+    """The profiler's sweep asks layout_for(device, bits): a 2-bit problem offers gemv and dequant_mm
+    schedules of the lowbit layout, each of which parses into a config (the H100 run once failed here)."""
+    from mixed_gemm.kernels import Problem, base, parse_schedule
+    from mixed_gemm.profiler.candidates import candidate_schedules
+
+    monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    for m in (1, 16, 128):
+        problem = Problem(m=m, n=4096, k=4096, dtype="f16", bits=2, zero_mode="int", group_size=64,
+                          layout=layout_for(0, 2))
+        scheds = candidate_schedules(problem, 132)
+        assert scheds and all(s.split(":")[0] in ("gemv", "dequant_mm") for s in scheds)
+        for s in scheds:
+            parse_schedule(s, dtype="f16", bits=2, zero_mode="int")
 
 
 @pytest.mark.nvcc

@@ -49,11 +49,18 @@ SM80_SHAPES = (
 
 
 # The lowbit layout (1-3 bits, 1:2-sparse 7 bits): unroll in whole 4-atom blocks; a 2-bit atom is
-# half an int4 one, so the same unroll keeps half the bytes in flight: the wider steps come first.
+# half an int4 one, so the same unroll keeps half the bytes in flight: 16 and 32 atoms per step give
+# a warp the int4 kernels' 1-2 KB (the u8 steps left the H100's 2-bit decode at ~1.1 TB/s).
 LOWBIT_SHAPES = (
     (8, 2, (4, 2), 8, False),
     (8, 4, (2, 2), 8, False),
+    (8, 2, (4, 2), 16, False),
+    (8, 4, (2, 2), 16, False),
+    (8, 2, (4, 2), 32, False),
+    (8, 1, (2, 4), 32, False),   # 32-row tiles: CTAs for the 4096-row shapes
     (16, 4, (2, 2), 4, True),
+    (16, 4, (2, 2), 8, True),
+    (16, 4, (2, 2), 16, True),
     (32, 4, (2, 2), 4, True),
     (1, 2, (4, 2), 8, False),
 )

@@ -67,7 +67,7 @@ class GemvConfig:
             (self.layout != "sm80" or self.tokens == 16, "the sm80-layout kernel serves 16 tokens (one m16 tile)"),
             (1 <= self.strips <= 8, "strips must be in [1, 8]"),
             (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),
-            (self.unroll in (1, 2, 4, 8, 16), "unroll must be a power of two <= 16 (steps stay inside a group)"),
+            (self.unroll in (1, 2, 4, 8, 16, 32), "unroll must be a power of two <= 32 (the step's weight and x fragments live in registers)"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
             (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
         ], "GemvConfig")

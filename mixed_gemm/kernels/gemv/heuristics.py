@@ -31,7 +31,7 @@ def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
 
 # The lowbit layout (1-3 bits, 1:2-sparse 7 bits; its catalog.LOWBIT_SHAPES): the only family that
 # reads it besides dequant_mm, so it serves every M up to MAX_M.
-LOWBIT_ROWS = ((8, "m8_s2_w4x2_u8"), (16, "m16_s4_w2x2_u4_xs"), (32, "m32_s4_w2x2_u4_xs"))
+LOWBIT_ROWS = ((8, "m8_s2_w4x2_u16"), (16, "m16_s4_w2x2_u8_xs"), (32, "m32_s4_w2x2_u4_xs"))
 
 
 def heuristic_config(problem: Problem, sms: int) -> Optional[GemvConfig]:
