@@ -16,17 +16,20 @@
 namespace mixed_gemm {
 
 // Every policy: kAtoms (atoms per block along K), kWords (32-bit words per lane per block),
-// load(b, block, strip, strips, lane, w), convert(w, u, a) and finish(w, u, a) (after atom_scale).
+// kLaneStride (words between lanes' first words: a block of one strip is 32 kWords words),
+// load_at(src, w) from the lane's first word, convert(w, u, a) and finish(w, u, a) (after atom_scale).
+template <typename W>
+__device__ __forceinline__ uint32_t const* block_words(uint32_t const* b, int blk, int nb, int strips, int lane) {
+  return b + ((size_t)blk * strips + nb) * (32 * W::kWords) + lane * W::kLaneStride;
+}
 template <typename Element, int kBits>
 struct WeightAtoms;
 
 // The sm90a layout: a block is one atom; int4 one word per lane, int8 two adjacent words.
 template <typename Element, int kBits>
 struct Sm90aAtoms {
-  static constexpr int kAtoms = 1, kWords = kBits / 4;
-  static __device__ __forceinline__ void load(uint32_t const* b, int blk, int nb, int strips, int lane,
-                                              uint32_t (&w)[kWords]) {
-    uint32_t const* src = b + (((size_t)blk * strips + nb) * 32 + lane) * kWords;
+  static constexpr int kAtoms = 1, kWords = kBits / 4, kLaneStride = kWords;
+  static __device__ __forceinline__ void load_at(uint32_t const* src, uint32_t (&w)[kWords]) {
     if (kWords == 1) {
       w[0] = ld_stream(src);
     } else {
@@ -48,9 +51,7 @@ struct WeightAtoms<Element, 8> : Sm90aAtoms<Element, 8> {};
 // Word c of a block for every lane: (blk, strip, c, lane), so each word of a warp is one coalesced
 // 128-byte request (the lowbit layout's order).
 template <int kWords>
-__device__ __forceinline__ void load_planes(uint32_t const* b, int blk, int nb, int strips, int lane,
-                                            uint32_t (&w)[kWords]) {
-  uint32_t const* src = b + ((size_t)blk * strips + nb) * (32 * kWords) + lane;
+__device__ __forceinline__ void load_planes(uint32_t const* src, uint32_t (&w)[kWords]) {
 #pragma unroll
   for (int c = 0; c < kWords; ++c) w[c] = ld_stream(src + 32 * c);
 }
@@ -87,7 +88,7 @@ struct PlaneAtoms {
   static_assert(kBits >= 1 && kBits <= 3, "bit planes hold 1, 2 or 3 bits");
   using P = Pair<Element>;
   using C = PairConst<Element>;
-  static constexpr int kAtoms = 4, kWords = kBits;
+  static constexpr int kAtoms = 4, kWords = kBits, kLaneStride = 1;
   static constexpr uint32_t kMagic = P::kMagic;
   static constexpr uint32_t kBias = kMagic + (1u << (kBits - 1)) * 0x10001u;  // magic + 2**(bits-1), both halves
   // Field offsets that fit under the exponent as they are: 0 .. kWindow - kBits (fp16: 10 bits).
@@ -95,9 +96,8 @@ struct PlaneAtoms {
   // (a & b) | c: immLut = (0xf0 & 0xcc) | 0xaa.
   static constexpr uint32_t kAndOr = 0xea;
 
-  static __device__ __forceinline__ void load(uint32_t const* b, int blk, int nb, int strips, int lane,
-                                              uint32_t (&w)[kWords]) {
-    load_planes<kWords>(b, blk, nb, strips, lane, w);
+  static __device__ __forceinline__ void load_at(uint32_t const* src, uint32_t (&w)[kWords]) {
+    load_planes<kWords>(src, w);
   }
   static __device__ __forceinline__ void convert(uint32_t const (&w)[kWords], int u, uint32_t (&a)[4]) {
 #pragma unroll
@@ -130,16 +130,13 @@ struct WeightAtoms<Element, 3> : PlaneAtoms<Element, 3> {};
 template <typename Element>
 struct WeightAtoms<Element, 7> {
   using P = Pair<Element>;
-  static constexpr int kAtoms = 1, kWords = 1;
+  static constexpr int kAtoms = 1, kWords = 1, kLaneStride = 1;
   static constexpr uint32_t kMagicBytes = ((P::kMagic >> 8) & 0xffu) * 0x01010101u;  // 0x64 / 0x43 in every byte
   static constexpr uint32_t kBias = P::kMagic + 64u * 0x10001u;              // magic + 2**6
   // a & (b ^ c): immLut = 0xf0 & (0xcc ^ 0xaa).
   static constexpr uint32_t kAndXorMask = 0x60;
 
-  static __device__ __forceinline__ void load(uint32_t const* b, int blk, int nb, int strips, int lane,
-                                              uint32_t (&w)[1]) {
-    load_planes<1>(b, blk, nb, strips, lane, w);
-  }
+  static __device__ __forceinline__ void load_at(uint32_t const* src, uint32_t (&w)[1]) { load_planes<1>(src, w); }
   static __device__ __forceinline__ void convert(uint32_t const (&w)[1], int, uint32_t (&a)[4]) {
     uint32_t const codes = w[0] & 0x7f7f7f7fu;
 #pragma unroll

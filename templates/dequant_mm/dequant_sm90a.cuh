@@ -34,7 +34,7 @@ struct DequantSm90aKernel {
     int const nb = blockIdx.x * kStrips + warp, blk = blockIdx.y;
     if (nb >= p.strips) return;
     uint32_t w[W::kWords];
-    W::load(static_cast<uint32_t const*>(p.b), blk, nb, p.strips, lane, w);
+    W::load_at(block_words<W>(static_cast<uint32_t const*>(p.b), blk, nb, p.strips, lane), w);
 #pragma unroll
     for (int u = 0; u < W::kAtoms; ++u) atom(p, w, nb, blk * W::kAtoms + u, u, lane);
   }

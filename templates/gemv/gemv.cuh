@@ -262,22 +262,46 @@ struct Gemv {
                                                   char* xs, float (&acc)[kStrips][kXRows][kPer]) {
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t const* bw = static_cast<uint32_t const*>(p.b);
+    // Loop invariants: the lane's word of the warp's first strip in block 0 and the stride between
+    // blocks; whether all the warp's strips exist; each x operand's row (row 0 past M, not read).
+    size_t const block_stride = (size_t)p.strips * (32 * W::kWords);
+    uint32_t const* wbase = block_words<W>(bw, 0, strip0, p.strips, lane);
+    bool const strips_inside = strip0 + kStrips <= p.strips;
+    raw const* xrow[kXRows];
+    bool xok[kXRows];
+#pragma unroll
+    for (int mt = 0; mt < kXRows; ++mt) {
+      int const row = kFma ? mt : mt * 8 + g;
+      xok[mt] = row < p.m;
+      xrow[mt] = static_cast<raw const*>(p.x) + (size_t)(xok[mt] ? row : 0) * p.k + 2 * t;
+    }
     for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
       // 1. Every weight load of the step first (they are what the SM waits for). Steps start on
       // multiples of kUnroll atoms and K is padded to whole blocks, so a block is in or out whole.
+      // A step wholly inside the slice, with all its strips (all but a slice's last step and a
+      // ragged N's last warps), loads at immediate offsets from one pointer, unchecked: at 2 bits
+      // the per-block checks and 64-bit address arithmetic were a fifth of the loop.
       uint32_t wq[kBlocks][kStrips][W::kWords];
+      if (kb0 + kUnroll <= kend && strips_inside) {
+        uint32_t const* src = wbase + (size_t)(kb0 / W::kAtoms) * block_stride;
 #pragma unroll
-      for (int bi = 0; bi < kBlocks; ++bi)
+        for (int bi = 0; bi < kBlocks; ++bi)
 #pragma unroll
-        for (int j = 0; j < kStrips; ++j) {
-          int const kb = kb0 + bi * W::kAtoms, nb = strip0 + j;
-          if (kb < kend && nb < p.strips) {
-            W::load(bw, kb / W::kAtoms, nb, p.strips, lane, wq[bi][j]);
-          } else {
+          for (int j = 0; j < kStrips; ++j) W::load_at(src + bi * block_stride + j * (32 * W::kWords), wq[bi][j]);
+      } else {
 #pragma unroll
-            for (int c = 0; c < W::kWords; ++c) wq[bi][j][c] = 0u;
+        for (int bi = 0; bi < kBlocks; ++bi)
+#pragma unroll
+          for (int j = 0; j < kStrips; ++j) {
+            int const kb = kb0 + bi * W::kAtoms, nb = strip0 + j;
+            if (kb < kend && nb < p.strips) {
+              W::load_at(block_words<W>(bw, kb / W::kAtoms, nb, p.strips, lane), wq[bi][j]);
+            } else {
+#pragma unroll
+              for (int c = 0; c < W::kWords; ++c) wq[bi][j][c] = 0u;
+            }
           }
-        }
+      }
       // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
       // The mma's B fragment of tile mt is token row mt * 8 + g; the FMA variant's operand m is token m.
       uint32_t xf[kUnroll][kXRows][2];
@@ -289,6 +313,15 @@ struct Gemv {
           for (int mt = 0; mt < kXRows; ++mt) {
             xf[u][mt][0] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 0);
             xf[u][mt][1] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 1);
+          }
+      } else if ((kb0 + kUnroll) * 16 <= p.k) {  // the step inside K: one row check, immediate offsets
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int mt = 0; mt < kXRows; ++mt) {
+            raw const* src = xrow[mt] + (kb0 + u) * 16;
+            xf[u][mt][0] = xok[mt] ? __ldg(reinterpret_cast<uint32_t const*>(src)) : 0u;
+            xf[u][mt][1] = xok[mt] ? __ldg(reinterpret_cast<uint32_t const*>(src + 8)) : 0u;
           }
       } else {
 #pragma unroll
