@@ -11,7 +11,7 @@ def geomean(values: Sequence[float]) -> float:
 
 
 def table(rows: List[Dict], compare: bool) -> List[str]:
-    head = "| shape | N | K | M | mg µs | fp16 µs | speedup | int4 floor share | TFLOP/s | schedule |"
+    head = "| shape | N | K | M | mg µs | fp16 µs | speedup | floor share (its bytes) | TFLOP/s | schedule |"
     sep = "|---|---|---|---|---|---|---|---|---|---|"
     if compare:
         head += " tinygemm µs | tinygemm speedup | gemlite µs | gemlite speedup |"
