@@ -6,8 +6,10 @@ template folders their source includes.
 """
 from __future__ import annotations
 
-from .cache import build_fatbin, build_many, cache_key, load_bytes, toolchain
+from . import packages
+from .cache import BuildSpec, build_fatbin, build_many, build_spec, cache_key, load_bytes, lookup, toolchain
 from .errors import BuildError
+from .policy import JIT_ENV, JitDisabledError, blocking, jit_mode
 from .fatbin import FATBIN_MAGIC, fatbin_targets
 from .nvcc import (
     compile_cubin,
@@ -22,7 +24,15 @@ from .nvcc import (
 
 __all__ = [
     "FATBIN_MAGIC",
+    "JIT_ENV",
     "BuildError",
+    "BuildSpec",
+    "JitDisabledError",
+    "blocking",
+    "build_spec",
+    "jit_mode",
+    "lookup",
+    "packages",
     "build_fatbin",
     "build_many",
     "cache_key",

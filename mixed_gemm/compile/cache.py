@@ -15,39 +15,40 @@ import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Tuple
 
 from filelock import FileLock
 from tqdm.auto import tqdm
 
 from .. import _paths
+from . import packages
+from .deps import template_deps
 from .errors import BuildError
+from .policy import compile_refused, jit_mode
 from .nvcc import compile_fatbin, compile_flags, cutlass_version, find_nvcc, key_flags, nvcc_version, output_suffix
 
 log = logging.getLogger(__name__)
 
-TEMPLATE_SUFFIXES = frozenset({".cuh", ".h", ".j2"})
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
-def _template_files(template_dirs: Optional[Sequence[str]]) -> list[tuple[str, Path]]:
-    root = _paths.templates_dir()
-    tops = [root] if template_dirs is None else [root / d for d in template_dirs]
-    files = {
-        (p.relative_to(root).as_posix(), p)
-        for top in tops
-        for p in top.rglob("*")
-        if p.suffix in TEMPLATE_SUFFIXES and p.is_file()
-    }
-    return sorted(files)
+class BuildSpec(NamedTuple):
+    """What the runtime needs to get one kernel's binary: its ``name`` (from its config), a thunk
+    rendering its ``source`` (called only when a key or a build needs it), the nvcc ``-gencode``
+    ``arch_flags`` of its family and the ``output`` kind (``"fatbin"`` or ``"shared"``)."""
+
+    name: str
+    source: Callable[[], str]
+    arch_flags: Sequence[str]
+    output: str = "fatbin"
 
 
-def cache_key(source: str, flags: Sequence[str], template_dirs: Optional[Sequence[str]] = None) -> str:
-    """sha256 (hex) over the source, the flags and the templates under ``template_dirs`` (folders of
-    ``templates/``; None: all of them), with their relative paths since kernels ``#include`` them by
-    name. It names the cache entry and needs no toolchain, so a verified entry loads on a machine
-    without nvcc or the CUTLASS headers; the toolchain that built it is recorded in the entry and
-    checked where one is installed (see :func:`build_fatbin`).
+def cache_key(source: str, flags: Sequence[str]) -> str:
+    """sha256 (hex) over the source, the flags and every file of ``templates/`` the source
+    includes (:func:`~.deps.template_deps`, with their relative paths since kernels ``#include``
+    them by name). It names the cache entry and a kernel package's entry and needs no toolchain,
+    so a verified binary loads on a machine without nvcc or the CUTLASS headers; the toolchain
+    that built it is recorded beside it (see :func:`build_fatbin`).
     """
     h = hashlib.sha256()
 
@@ -58,12 +59,12 @@ def cache_key(source: str, flags: Sequence[str], template_dirs: Optional[Sequenc
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
 
-    feed("mixed_gemm-fatbin-v2")
+    feed("mixed_gemm-fatbin-v3")
     feed(source)
     # Include directories enter through what they hold (template bytes below; CUTLASS through the
     # recorded toolchain), not their absolute paths, so a cache built on one machine is valid on another.
     feed(json.dumps([f for f in flags if not f.startswith("-I")]))
-    for rel, path in _template_files(template_dirs):
+    for rel, path in template_deps(source):
         feed(rel)
         feed(path.read_bytes())
     return h.hexdigest()
@@ -151,39 +152,60 @@ def _build_entry(entry: Path, binary: Path, name: str, key: str, source: str, fl
     return binary
 
 
+def _locate(name: str, source: str, arch_flags: Sequence[str], extra_flags: Sequence[str], output: str):
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(f"kernel name {name!r} must match {_NAME_RE.pattern}")
+    key = cache_key(source, key_flags(extra_flags, arch_flags=arch_flags, output=output))
+    entry = _paths.cache_dir() / f"{name}-{key[:16]}"
+    return key, entry, entry / f"{name}{output_suffix(output)}"
+
+
+def lookup(name: str, source: str, *, arch_flags: Sequence[str], extra_flags: Sequence[str] = (),
+           output: str = "fatbin") -> Optional[Path]:
+    """The binary :func:`build_fatbin` would return without compiling -- a verified entry of an
+    installed kernel package, else of the kernel cache -- or None."""
+    key, entry, binary = _locate(name, source, arch_flags, extra_flags, output)
+    packaged = packages.find(name, key, arch_flags)
+    if packaged is not None:
+        return packaged
+    tools, _ = toolchain()
+    return binary if _read_valid(entry, binary, name, key, tools) else None
+
+
 def build_fatbin(
     name: str,
     source: str,
     *,
     arch_flags: Sequence[str],
-    template_dirs: Optional[Sequence[str]] = None,
     extra_flags: Sequence[str] = (),
     output: str = "fatbin",
 ) -> Path:
-    """Compile ``source`` (CUDA C++ text) for ``arch_flags`` to a fatbin (``output="shared"``: a
-    shared library), or return the cached one.
+    """The binary of ``source`` (CUDA C++ text) for ``arch_flags``: a fatbin (``output="shared"``:
+    a shared library). Looked up in order: the installed kernel packages (:mod:`.packages`), the
+    kernel cache, and only then compiled with nvcc into the cache (unless ``$MIXED_GEMM_JIT=off``:
+    :class:`~.policy.JitDisabledError`).
 
-    ``name`` names the entry and its files (letters, digits, ``_.-``); ``template_dirs`` are the
-    folders of ``templates/`` the source includes (they feed the key; None: all). A verified entry
-    loads without any toolchain; where nvcc and the CUTLASS headers are installed, an entry built by
+    ``name`` names the entry and its files (letters, digits, ``_.-``). A verified entry loads
+    without any toolchain; where nvcc and the CUTLASS headers are installed, a cache entry built by
     other versions of them is rebuilt. Safe to call from several threads and processes at once:
     builds of one entry are serialized on a file lock.
     """
-    if not _NAME_RE.fullmatch(name):
-        raise ValueError(f"kernel name {name!r} must match {_NAME_RE.pattern}")
-    key = cache_key(source, key_flags(extra_flags, arch_flags=arch_flags, output=output), template_dirs)
-    root = _paths.cache_dir()
-    entry = root / f"{name}-{key[:16]}"
-    binary = entry / f"{name}{output_suffix(output)}"
+    key, entry, binary = _locate(name, source, arch_flags, extra_flags, output)
+    packaged = packages.find(name, key, arch_flags)
+    if packaged is not None:
+        return packaged
     tools, missing = toolchain()
+    root = entry.parent
 
     # Lock-free fast path: meta.json is written last and verified against the fatbin's bytes, so a
     # reader racing a writer sees either a verified entry or a miss, never a half-written fatbin.
     if _read_valid(entry, binary, name, key, tools):
         return binary
+    if jit_mode() == "off":
+        raise compile_refused(name, str(root), packages.summary())
     if tools is None:
-        raise BuildError(f"{name}: no verified build in the kernel cache {root} and no toolchain to "
-                         f"build one: {missing}")
+        raise BuildError(f"{name}: not in an installed kernel package, no verified build in the kernel cache "
+                         f"{root}, and no toolchain to build one: {missing}")
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{entry.name}.lock")):
         if _read_valid(entry, binary, name, key, tools):  # another process built it while we waited
@@ -192,6 +214,11 @@ def build_fatbin(
             log.info("rebuilding invalid cache entry %s", entry)
         flags = compile_flags(extra_flags, arch_flags=arch_flags, output=output)
         return _build_entry(entry, binary, name, key, source, flags, tools)
+
+
+def build_spec(spec: BuildSpec) -> Path:
+    """:func:`build_fatbin` of a :class:`BuildSpec`."""
+    return build_fatbin(spec.name, spec.source(), arch_flags=spec.arch_flags, output=spec.output)
 
 
 def build_many(

@@ -116,7 +116,11 @@ def output_suffix(output: str) -> str:
 
 def _base_flags(output: str, verbose: bool) -> list[str]:
     output_suffix(output)
-    flags = ["-std=c++17", "-O3", *OUTPUTS[output][0], "--expt-relaxed-constexpr", "-DNDEBUG"]
+    # nvcc's -O sets the host compiler's level only (cicc and ptxas optimize device code either
+    # way: the same SASS at -O1 and -O3). A kernel library's host code builds Params once per
+    # weight and M bucket, so -O1 there cuts its gcc time without costing a launch anything.
+    host_opt = "-O1" if output == "shared" else "-O3"
+    flags = ["-std=c++17", host_opt, *OUTPUTS[output][0], "--expt-relaxed-constexpr", "-DNDEBUG"]
     if verbose:
         flags.append("-Xptxas=-v")  # per-kernel register/spill report on stderr
     return flags

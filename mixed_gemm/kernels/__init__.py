@@ -11,7 +11,7 @@ import functools
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
-from . import dequant_mm, gemv, sm80, sm90a
+from . import base, dequant_mm, gemv, sm80, sm90a
 from .base import OK, Family, Problem, Verdict, compute_capability
 
 FAMILIES: Tuple[Family, ...] = (sm90a.FAMILY, gemv.FAMILY, sm80.FAMILY, dequant_mm.FAMILY)
@@ -86,6 +86,16 @@ def _layout_names(layout: str) -> Tuple[str, ...]:
     return names
 
 
+def layout_on(capability: Optional[Tuple[int, int]], bits: int = 4) -> str:
+    """:func:`layout_for` of a GPU of compute ``capability`` (None: the CPU)."""
+    if bits in LAYOUTS["lowbit"].BITS:
+        return "lowbit"
+    for f in FAMILIES:
+        if f.sets_layout and f.runs_on(capability)[0]:
+            return f.layout
+    return PRIMARY_LAYOUT
+
+
 def layout_for(device_index: Optional[int], bits: int = 4) -> str:
     """The layout prepack uses on a device: one copy, the layout of the first family (in priority
     order) that runs there and sets the layout (the tile families; the decode and dequantize
@@ -94,14 +104,8 @@ def layout_for(device_index: Optional[int], bits: int = 4) -> str:
     Ampere/Ada and the CPU (``None``). ``prepack(..., layout="sm80+sm90a")`` still holds both on
     request (the sm80 tiles then compete at every M). 1-3-bit and 1:2-sparse 7-bit weights hold
     ``"lowbit"`` on every device (only the gemv and dequantize kernels read those widths)."""
-    if bits in LAYOUTS["lowbit"].BITS:
-        return "lowbit"
-    if device_index is not None:
-        for f, (ok, _) in available(device_index):
-            if ok and f.sets_layout:
-                return f.layout
-    return PRIMARY_LAYOUT
+    return layout_on(None if device_index is None else base.compute_capability(device_index), bits)
 
 
 __all__ = ["FAMILIES", "LAYOUTS", "OK", "PRIMARY_LAYOUT", "layout_names", "Family", "Problem", "Verdict", "available", "compute_capability",
-           "family", "family_of", "layout_for", "parse_schedule", "qualified", "split_schedule"]
+           "family", "family_of", "layout_for", "layout_on", "parse_schedule", "qualified", "split_schedule"]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
+
+from ..compile import BuildSpec
 
 Verdict = Tuple[bool, str]  # (ok, reason when not ok)
 OK: Verdict = (True, "")
@@ -71,22 +73,24 @@ class Family:
     layout: str = ""                      # the weight layout it reads (see kernels.LAYOUTS)
     sets_layout: bool = True              # prepack packs for it on GPUs it runs on (see layout_for)
     arch_flags: Tuple[str, ...] = ()      # nvcc -gencode flags of its fatbins
-    template_dirs: Tuple[str, ...] = ()   # folders of templates/ its sources include (feed the cache key)
     output: str = "fatbin"                # what nvcc builds: "fatbin" or "shared" (kernel + host code, ctypes)
     min_capability: Tuple[int, int] = (8, 0)
     max_capability: Tuple[int, int] = (99, 9)
 
     # ---- where it runs ----
-    def supports(self, device_index: int) -> Verdict:
-        """Can this family's binaries run on CUDA device ``device_index``?"""
-        cc = compute_capability(device_index)
-        if cc is None:
+    def runs_on(self, capability: Optional[Tuple[int, int]], what: str = "the GPU") -> Verdict:
+        """Can this family's binaries run on a GPU of compute ``capability`` (None: no GPU)?"""
+        if capability is None:
             return False, "no CUDA GPU visible"
-        if not self.min_capability <= cc <= self.max_capability:
+        if not self.min_capability <= capability <= self.max_capability:
             lo, hi = self.min_capability, self.max_capability
             return False, (f"needs compute capability {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}, "
-                           f"device {device_index} is {cc[0]}.{cc[1]}")
+                           f"{what} is {capability[0]}.{capability[1]}")
         return OK
+
+    def supports(self, device_index: int) -> Verdict:
+        """Can this family's binaries run on CUDA device ``device_index``?"""
+        return self.runs_on(compute_capability(device_index), f"device {device_index}")
 
     def reads_weight(self, problem: Problem) -> Verdict:
         """Can any config of this family read ``problem``'s weight? A family that sets the layout
@@ -141,10 +145,10 @@ class Family:
         """The .cu source of ``config``'s compiled identity."""
         raise NotImplementedError
 
-    def build_spec(self, config) -> Tuple[str, Callable[[], str], Sequence[str], Sequence[str]]:
-        """``(kernel name, source thunk, arch flags, template dirs)`` for the runtime."""
+    def build_spec(self, config) -> BuildSpec:
+        """What the runtime needs to find, build and load ``config``'s compiled identity."""
         kernel = config.kernel
-        return kernel.kernel_name, (lambda: self.render(kernel)), self.arch_flags, self.template_dirs
+        return BuildSpec(kernel.kernel_name, lambda: self.render(kernel), self.arch_flags, self.output)
 
     def launcher(self, config, device_index: int):
         """A callable ``launch(x, w, bias, y, m, stream)`` for ``config`` on ``device_index``

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Dict, Tuple
 
 import torch
 
-from ..compile import build_fatbin, load_bytes
+from ..compile import BuildSpec, build_spec, load_bytes
 from .driver import CudaDriverError, check, driver, primary_context, raw_launch
 
 try:  # the raw-stream accessor Triton and Inductor use: an int, no Stream object
@@ -86,16 +86,14 @@ class Function:
 class Module:
     """One fatbin, loaded into torch's primary context of one device.
 
-    The runtime knows no kernel families: it gets the kernel's name, a thunk that renders its
-    source (called only when the cache must key or build it), the arch flags and the template
-    folders that feed the cache key.
+    The runtime knows no kernel families: it gets the kernel's :class:`~mixed_gemm.compile.BuildSpec`
+    (name, a thunk that renders its source only when a key or a build needs it, arch flags).
     """
 
-    def __init__(self, name: str, source: Callable[[], str], arch_flags: Sequence[str],
-                 template_dirs: Sequence[str], device_index: int):
+    def __init__(self, spec: BuildSpec, device_index: int):
         drv = driver()
-        self.name = name
-        fatbin = load_bytes(build_fatbin(name, source(), arch_flags=arch_flags, template_dirs=template_dirs))
+        self.name = name = spec.name
+        fatbin = load_bytes(build_spec(spec))
         with primary_context(device_index):
             self._module = check(drv.cuModuleLoadData(fatbin), f"cuModuleLoadData({name})")
         self._functions: Dict[str, Function] = {}
@@ -114,15 +112,15 @@ _MODULES: Dict[Tuple[str, int], Module] = {}
 _MODULES_LOCK = threading.Lock()
 
 
-def get_module(spec: Tuple[str, Callable[[], str], Sequence[str], Sequence[str]], device_index: int) -> Module:
-    """The loaded module of ``spec = (name, source thunk, arch flags, template dirs)`` on
-    ``device_index``; built (or read from the kernel cache) and loaded on first use. Kernel names
-    derive from configs, so the name identifies the module."""
-    key = (spec[0], device_index)
+def get_module(spec: BuildSpec, device_index: int) -> Module:
+    """The loaded module of ``spec`` on ``device_index``; taken from a kernel package or the
+    kernel cache (or built) and loaded on first use. Kernel names derive from configs, so the name
+    identifies the module."""
+    key = (spec.name, device_index)
     module = _MODULES.get(key)
     if module is None:
         with _MODULES_LOCK:
             module = _MODULES.get(key)
             if module is None:
-                module = _MODULES[key] = Module(*spec, device_index)
+                module = _MODULES[key] = Module(spec, device_index)
     return module

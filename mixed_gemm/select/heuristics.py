@@ -14,16 +14,19 @@ def m_bucket(m: int) -> int:
     return 1 << max(0, (m - 1).bit_length())
 
 
-def heuristic_choice(problem: Problem, device_index: int,
-                     check_device: bool = True) -> Tuple[Optional[Tuple[Family, object]], List[str]]:
+def heuristic_choice(problem: Problem, device_index: int, check_device: bool = True, *,
+                     capability: Optional[Tuple[int, int]] = None,
+                     sms: Optional[int] = None) -> Tuple[Optional[Tuple[Family, object]], List[str]]:
     """``((family, config), [])`` of the first family whose heuristic takes ``problem`` and can
     implement it, else ``(None, reasons)`` with one reason per family. ``check_device=False``
-    skips ``supports`` (what would run on a GPU like this one; for tests and docs)."""
+    skips ``supports`` (what would run on a GPU like this one; for tests and docs);
+    ``capability``/``sms`` ask for a GPU of that kind instead of device ``device_index`` (what a
+    kernel package for an arch must hold)."""
     reasons = []
-    sms = sm_count(device_index)
+    sms = sm_count(device_index) if sms is None else sms
     for fam in FAMILIES:
         if check_device:
-            ok, why = fam.supports(device_index)
+            ok, why = fam.supports(device_index) if capability is None else fam.runs_on(capability)
             if not ok:
                 reasons.append(f"{fam.name}: {why}")
                 continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from ..kernels import Family, Problem, family_of, parse_schedule, qualified
 from .heuristics import heuristic_choice, m_bucket, sm_count
@@ -43,12 +43,16 @@ class Choice:
         return f"Choice(family={self.family.name!r}, schedule={self.schedule!r}, source={self.source!r})"
 
 
-def _usable(fam: Family, config, problem: Problem, device_index: int) -> Tuple[bool, str]:
-    ok, why = fam.supports(device_index)
+def _usable(fam: Family, config, problem: Problem, device_index: int, capability=None) -> Tuple[bool, str]:
+    ok, why = fam.supports(device_index) if capability is None else fam.runs_on(capability)
     return fam.can_implement(config, problem) if ok else (ok, why)
 
 
-def choose(problem: Problem, device_index: int) -> Choice:
+_DEVICE = object()  # choose(profile=...): the device's own profile
+
+
+def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[int, int]] = None,
+           sms: Optional[int] = None, profile=_DEVICE) -> Choice:
     """The kernel for ``problem`` on ``device_index``:
 
     1. ``$MIXED_GEMM_SCHEDULE`` (``family:schedule``, or a bare sm80 schedule) for every weight
@@ -56,7 +60,9 @@ def choose(problem: Problem, device_index: int) -> Choice:
     2. the GPU's profile (:mod:`mixed_gemm.select.profiles`), nearest measured M bucket;
     3. the families' heuristics in priority order (:func:`heuristic_choice`).
 
-    Raises ``ValueError`` listing each family's reason when nothing fits.
+    Raises ``ValueError`` listing each family's reason when nothing fits. ``capability``,
+    ``sms`` and ``profile`` choose for a GPU of that kind rather than device ``device_index``'s
+    (what a kernel package built for an arch must hold: :mod:`.coverage`).
     """
     kind = problem.kind
     forced = os.environ.get(SCHEDULE_ENV)
@@ -66,12 +72,13 @@ def choose(problem: Problem, device_index: int) -> Choice:
         except ValueError as exc:
             raise ValueError(f"{SCHEDULE_ENV}: {exc}") from None
         fam = family_of(config)
-        ok, why = _usable(fam, config, problem, device_index)
+        ok, why = _usable(fam, config, problem, device_index, capability)
         if not ok:
             raise ValueError(f"{SCHEDULE_ENV}={forced}: {fam.name} cannot run this problem: {why}")
         return Choice(fam, config, "override", device_index)
     reasons = []
-    profile = device_profile(device_index)
+    sms = sm_count(device_index) if sms is None else sms
+    profile = device_profile(device_index) if profile is _DEVICE else profile
     if profile is not None:
         key = (problem.dtype, problem.bits, problem.zero_mode, problem.group_size, problem.n, problem.k)
         name = profile.path.name if profile.path is not None else "profile"
@@ -92,13 +99,13 @@ def choose(problem: Problem, device_index: int) -> Choice:
             fam = family_of(config)
             config = fam.for_layout(config, problem)
             if shape_key != key:  # borrowed from a similar shape: fit its launch to this one
-                config = fam.refit(config, dataclasses.replace(problem, m=bucket), sm_count(device_index))
-            ok, why = _usable(fam, config, problem, device_index)
+                config = fam.refit(config, dataclasses.replace(problem, m=bucket), sms)
+            ok, why = _usable(fam, config, problem, device_index, capability)
             where = f"profile {name} M={bucket}" + ("" if shape_key == key else f" of {shape_key[4]}x{shape_key[5]}")
             if ok:
                 return Choice(fam, config, where, device_index)
             reasons.append(f"{where} entry {schedule}: {why}")
-    picked, why_not = heuristic_choice(problem, device_index)
+    picked, why_not = heuristic_choice(problem, device_index, capability=capability, sms=sms)
     if picked is not None:
         return Choice(picked[0], picked[1], "heuristic", device_index)
     raise ValueError(f"no kernel family can run M={problem.m} N={problem.n} K={problem.k} "

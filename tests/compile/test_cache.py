@@ -213,39 +213,40 @@ def test_source_rewritten_only_when_different(fake_compiler):
     assert src.read_text() == TRIVIAL
 
 
-def test_key_covers_templates(fake_compiler, tmp_path, monkeypatch):
+def test_key_covers_included_templates(fake_compiler, tmp_path, monkeypatch):
     templates = tmp_path / "templates"
     (templates / "sub").mkdir(parents=True)
-    (templates / "gemm.cuh").write_text("// v1\n")
-    (templates / "sub" / "epilogue.h").write_text("// v1\n")
-    (templates / "README.txt").write_text("not a template\n")
+    (templates / "gemm.cuh").write_text('#include "sub/epilogue.h"\n// v1\n')
+    (templates / "sub" / "epilogue.h").write_text('#include "cutlass/cutlass.h"\n// v1\n')
+    (templates / "other.cuh").write_text("// v1\n")
     monkeypatch.setattr(_paths, "templates_dir", lambda: templates)
     flags = compile_flags(arch_flags=ARCH)
     assert f"-I{templates}" in flags
+    source = '#include "gemm.cuh"\n' + TRIVIAL
 
-    keys = [cache_key(TRIVIAL, flags)]
+    keys = [cache_key(source, flags)]
 
     def key_changed():
-        keys.append(cache_key(TRIVIAL, flags))
+        keys.append(cache_key(source, flags))
         return keys[-1] != keys[-2]
 
-    (templates / "README.txt").write_text("edited\n")
-    assert not key_changed()  # only .cuh/.h/.j2 count
-    (templates / "gemm.cuh").write_text("// v2\n")
+    (templates / "other.cuh").write_text("// v2\n")
+    assert not key_changed()  # a header nothing includes
+    (templates / "gemm.cuh").write_text('#include "sub/epilogue.h"\n// v2\n')
     assert key_changed()
-    (templates / "sub" / "epilogue.h").write_text("// v2\n")
+    (templates / "sub" / "epilogue.h").write_text("// v2\n")  # included through gemm.cuh
     assert key_changed()
-    (templates / "kernel.cu.j2").write_text("{{ x }}\n")
+    (templates / "gemm.cuh").write_text('#include "sub/epilogue.h"\n#include "other.cuh"\n')
     assert key_changed()
-    (templates / "gemm.cuh").rename(templates / "gemm2.cuh")
+    (templates / "other.cuh").write_text("// v3\n")  # now included
     assert key_changed()
-    assert cache_key(TRIVIAL, flags) == keys[-1]  # deterministic
-    assert cache_key(SECOND, flags) != keys[-1]
-    assert cache_key(TRIVIAL, flags + ["-DX"]) != keys[-1]
+    assert cache_key(source, flags) == keys[-1]  # deterministic
+    assert cache_key(SECOND, flags) != cache_key(TRIVIAL, flags)
+    assert cache_key(source, flags + ["-DX"]) != keys[-1]
 
-    first = _build("k", TRIVIAL)
-    (templates / "gemm2.cuh").write_text("// v3\n")
-    second = _build("k", TRIVIAL)
+    first = _build("k", source)
+    (templates / "sub" / "epilogue.h").write_text("// v3\n")
+    second = _build("k", source)
     assert first.parent != second.parent and fake_compiler == ["k", "k"]
     assert first.exists()  # the old entry stays valid for whoever still has the old templates
 
@@ -325,22 +326,23 @@ def test_two_processes_build_one_entry(tmp_cache, tmp_path, monkeypatch):
 # --- what feeds the key, and loading without a toolchain ------------------------------------
 
 
-def test_key_covers_only_the_families_templates(fake_compiler, tmp_path, monkeypatch):
+def test_key_covers_only_what_the_source_includes(fake_compiler, tmp_path, monkeypatch):
     templates = tmp_path / "templates"
     for rel in ("common/c.cuh", "fam_a/a.cuh", "fam_b/b.cuh"):
         (templates / rel).parent.mkdir(parents=True, exist_ok=True)
         (templates / rel).write_text("// v1\n")
+    (templates / "fam_a/a.cuh").write_text('#include "common/c.cuh"\n')
     monkeypatch.setattr(_paths, "templates_dir", lambda: templates)
     flags = ["-O3"]
-    key = cache_key(TRIVIAL, flags, ("common", "fam_a"))
+    source = '#include "fam_a/a.cuh"\n' + TRIVIAL
+    key = cache_key(source, flags)
     (templates / "fam_b/b.cuh").write_text("// v2\n")  # another family's template
-    assert cache_key(TRIVIAL, flags, ("common", "fam_a")) == key
-    assert cache_key(TRIVIAL, flags, None) != cache_key(TRIVIAL, flags, ("common", "fam_a"))
-    (templates / "fam_a/a.cuh").write_text("// v2\n")
-    assert cache_key(TRIVIAL, flags, ("common", "fam_a")) != key
-    key = cache_key(TRIVIAL, flags, ("common", "fam_a"))
+    assert cache_key(source, flags) == key
+    (templates / "fam_a/a.cuh").write_text('#include "common/c.cuh"\n// v2\n')
+    assert cache_key(source, flags) != key
+    key = cache_key(source, flags)
     (templates / "common/c.cuh").write_text("// v2\n")
-    assert cache_key(TRIVIAL, flags, ("common", "fam_a")) != key
+    assert cache_key(source, flags) != key
 
 
 def test_toolchain_is_recorded_and_a_new_one_rebuilds(fake_compiler, monkeypatch):

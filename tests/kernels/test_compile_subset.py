@@ -3,7 +3,7 @@
 dequantize kernel."""
 import pytest
 
-from mixed_gemm.compile import build_fatbin, fatbin_targets, load_bytes
+from mixed_gemm.compile import build_spec, fatbin_targets, load_bytes
 from mixed_gemm.kernels import family_of
 from mixed_gemm.kernels.dequant_mm import DequantMMConfig
 from mixed_gemm.kernels.sm80 import Sm80Config
@@ -20,6 +20,5 @@ SUBSET = [
 @pytest.mark.nvcc
 @pytest.mark.parametrize("config", SUBSET, ids=lambda c: c.kernel_name)
 def test_compile_catalog_config(tmp_cache, config):
-    name, thunk, arch, dirs = family_of(config).build_spec(config)
-    targets = fatbin_targets(load_bytes(build_fatbin(name, thunk(), arch_flags=arch, template_dirs=dirs)))
+    targets = fatbin_targets(load_bytes(build_spec(family_of(config).build_spec(config))))
     assert targets == ["sm_80", "compute_90", "sm_90"]

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from mixed_gemm.compile import build_fatbin, fatbin_targets, load_bytes
+from mixed_gemm.compile import build_spec, fatbin_targets, load_bytes
 from mixed_gemm.kernels import (FAMILIES, LAYOUTS, PRIMARY_LAYOUT, Problem, family, family_of, layout_for,
                                 parse_schedule, qualified, split_schedule)
 from mixed_gemm.kernels.common import constant_checks
@@ -46,10 +46,10 @@ def test_catalog_names_schedules_and_sources(fam):
     assert __version__ not in src.splitlines()[0]
     for cxx, value in constant_checks():  # every source checks every shared constant
         assert f"static_assert({cxx} == {value}," in src
-    name, thunk, arch, dirs = fam.build_spec(cat[0])
+    name, thunk, arch, output = fam.build_spec(cat[0])
     assert name == cat[0].kernel_name and thunk() == src
     assert arch and all(a.startswith("-gencode=") for a in arch)
-    assert fam.name in dirs and "common" in dirs
+    assert output == fam.output
 
 
 @pytest.mark.parametrize("fam", FAMILIES, ids=IDS)
@@ -116,8 +116,8 @@ def test_profiler_candidates_for_lowbit_weights_parse(monkeypatch):
 @pytest.mark.parametrize("fam", FAMILIES, ids=IDS)
 def test_compile_one_per_family(tmp_cache, fam):
     c = fam.catalog()[0]
-    name, thunk, arch, dirs = fam.build_spec(c)
-    path = build_fatbin(name, thunk(), arch_flags=arch, template_dirs=dirs, output=fam.output)
+    spec = fam.build_spec(c)
+    arch, path = spec.arch_flags, build_spec(spec)
     if fam.output == "fatbin":
         targets = fatbin_targets(load_bytes(path))
         assert sorted(targets) == sorted(re.search(r",code=(\w+)", a).group(1) for a in arch)
@@ -142,6 +142,6 @@ def test_compile_the_lowbit_kernels(tmp_cache, bits):
     configs = [(family("gemv"), GemvConfig.from_schedule("m16_s4_w2x2_u4_xs", dtype="bf16", bits=bits)),
                (family("dequant_mm"), DequantMMConfig(dtype="f16", bits=bits, layout="lowbit"))]
     for fam, c in configs:
-        name, thunk, arch, dirs = fam.build_spec(c)
-        path = build_fatbin(name, thunk(), arch_flags=arch, template_dirs=dirs, output=fam.output)
+        spec = fam.build_spec(c)
+        arch, path = spec.arch_flags, build_spec(spec)
         assert sorted(fatbin_targets(load_bytes(path))) == sorted(re.search(r",code=(\w+)", a).group(1) for a in arch)

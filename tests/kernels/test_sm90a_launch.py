@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from mixed_gemm.compile import BuildSpec
 from mixed_gemm.kernels.sm90a import Sm90aConfig, abi
 from mixed_gemm.ops.packed import LayoutView
 from mixed_gemm.kernels.sm90a import launch as L
@@ -62,7 +63,7 @@ def _launcher(monkeypatch, schedule="t128x64x128_coop_c1x1_s0_split2", ws_bytes=
     ptrs = iter(ws_ptrs or [])
     state = {"ptr": next(ptrs, 0)}
     monkeypatch.setattr(L, "workspace", lambda dev, stream, floats: state["ptr"])
-    return L.Sm90aLauncher(cfg, ("name", None, (), ()), 0), lib, state, ptrs
+    return L.Sm90aLauncher(cfg, BuildSpec("name", None, (), "shared"), 0), lib, state, ptrs
 
 
 def _weight(base=1000):
@@ -111,4 +112,4 @@ def test_a_library_built_otherwise_is_refused(monkeypatch):
     monkeypatch.setattr(L, "get_library", lambda spec, bind: lib)
     monkeypatch.setattr(abi, "info", lambda lib_: lib_.info())
     with pytest.raises(L.Sm90aLaunchError, match="8 stages; the config says otherwise"):
-        L.Sm90aLauncher(cfg, ("name", None, (), ()), 0)
+        L.Sm90aLauncher(cfg, BuildSpec("name", None, (), "shared"), 0)

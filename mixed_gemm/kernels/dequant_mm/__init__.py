@@ -31,7 +31,6 @@ class DequantMMFamily(Family):
     layout = sm80_layout.NAME
     sets_layout = False  # it reads whichever layout the tile families of the GPU chose
     arch_flags = sm80.Sm80Family.arch_flags  # the same GPUs as the sm80 kernels it stands in for
-    template_dirs = ("common", "atoms", "dequant_mm")
     min_capability = (8, 0)
 
     def layout_of(self, config: DequantMMConfig) -> str:

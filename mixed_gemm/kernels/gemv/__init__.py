@@ -31,7 +31,6 @@ class GemvFamily(Family):
         "-gencode=arch=compute_90,code=sm_90",
         "-gencode=arch=compute_90,code=compute_90",
     )
-    template_dirs = ("common", "atoms", "gemv")
     min_capability = (8, 0)
 
     def can_implement(self, config: GemvConfig, problem: Problem) -> Verdict:

@@ -30,7 +30,6 @@ class Sm80Family(Family):
         "-gencode=arch=compute_90,code=sm_90",
         "-gencode=arch=compute_90,code=compute_90",
     )
-    template_dirs = ("common", "sm80")
     min_capability = (8, 0)
 
     def can_implement(self, config: Sm80Config, problem: Problem) -> Verdict:

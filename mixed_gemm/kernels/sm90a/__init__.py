@@ -27,7 +27,6 @@ class Sm90aFamily(Family):
     config_class = Sm90aConfig
     layout = layout.NAME
     arch_flags = ("-gencode=arch=compute_90a,code=sm_90a",)
-    template_dirs = ("common", "sm90a")
     output = "shared"  # CUTLASS 3.x parameters (TMA descriptors) are built by the kernel's host code
     min_capability = (9, 0)
     max_capability = (9, 0)  # sm_90a SASS runs on 9.0 only, and there is no PTX to JIT elsewhere

@@ -32,16 +32,16 @@ class Sm90aLauncher:
         self.lib = lib = get_library(spec, abi.bind)
         self.info = info = abi.info(lib)
         if info["abi"] != abi.ABI_VERSION:
-            raise Sm90aLaunchError(f"{spec[0]}: library ABI {info['abi']}, expected {abi.ABI_VERSION}; "
+            raise Sm90aLaunchError(f"{spec.name}: library ABI {info['abi']}, expected {abi.ABI_VERSION}; "
                                    "clear the kernel cache entry")
         built = ((info["tile_m"], info["tile_n"], info["tile_k"]), (info["cluster_m"], info["cluster_n"]), info["bits"])
         if built != (config.tile, config.cluster, config.bits) or (config.stages and info["stages"] != config.stages):
-            raise Sm90aLaunchError(f"{spec[0]}: the library was built as tile {built[0]}, cluster {built[1]}, "
+            raise Sm90aLaunchError(f"{spec.name}: the library was built as tile {built[0]}, cluster {built[1]}, "
                                    f"{built[2]}-bit, {info['stages']} stages; the config says otherwise")
         with primary_context(device_index):
             rc = lib.mg_prepare()
         if rc:
-            raise Sm90aLaunchError(f"{spec[0]}: mg_prepare: {abi.describe(rc)}")
+            raise Sm90aLaunchError(f"{spec.name}: mg_prepare: {abi.describe(rc)}")
         self.sms = sm_count(device_index)
         self.splits = config.launch_splits
         self.order = (config.swizzle, abi.RASTERS[config.raster])
