@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 
@@ -30,18 +31,56 @@ def generated_sources():
     return [(c.kernel_name, fam.render(c)) for fam, c in catalog()]
 
 
-def run_build(args: argparse.Namespace) -> int:
-    from .compile import build_many
+def _build(items, args):
+    """Build (or find) every ``(family, config)`` of ``items``; ``[(name, key, path)]``."""
+    from .compile import blocking, build_many
+    from .compile.cache import locate
 
-    items = catalog(args.filter, build_families(args.all))
     specs = [fam.build_spec(c) for fam, c in items]
-    paths = build_many([(name, source(), dict(arch_flags=arch, template_dirs=dirs, output=fam.output))
-                        for (fam, _), (name, source, arch, dirs) in zip(items, specs)],
-                       jobs=args.jobs, progress=not args.quiet)
-    for (name, *_), p in zip(specs, paths):
+    sources = [spec.source() for spec in specs]
+    with blocking():
+        paths = build_many([(spec.name, src, dict(arch_flags=spec.arch_flags, output=spec.output))
+                            for spec, src in zip(specs, sources)], jobs=args.jobs, progress=not args.quiet)
+    keys = [locate(spec.name, src, spec.arch_flags, output=spec.output)[0] for spec, src in zip(specs, sources)]
+    return [(spec.name, key, path) for spec, key, path in zip(specs, keys, paths)]
+
+
+def run_build(args: argparse.Namespace) -> int:
+    if args.package is not None:
+        return run_package(args)
+    if args.arch is not None:
+        raise SystemExit("mixed-gemm build: --arch goes with --package (the families to build otherwise "
+                         "follow the visible GPU, or --all)")
+    start = time.perf_counter()
+    built = _build(catalog(args.filter, build_families(args.all)), args)
+    for name, _, p in built:
         if not args.quiet:
             print(f"{name}  {p}")
-    print(f"{len(paths)} kernels in the cache")
+    print(f"{len(built)} kernels in the cache ({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def run_package(args: argparse.Namespace) -> int:
+    """Build the kernels ``matmul`` can select on ``--arch`` and write them as a wheel."""
+    from collections import Counter
+
+    from .compile import BuildError, toolchain
+    from .compile.wheel import PackagedKernel, write_package
+    from .select.coverage import ARCHES, selectable
+
+    if args.arch is None:
+        raise SystemExit(f"mixed-gemm build --package: name the GPU arch with --arch ({', '.join(ARCHES)})")
+    tools, missing = toolchain()
+    if tools is None:
+        raise BuildError(f"a kernel package is built with nvcc and the CUTLASS headers: {missing}")
+    start = time.perf_counter()
+    items = [(fam, c) for fam, c in selectable(args.arch) if args.filter in c.kernel_name]
+    built = _build(items, args)
+    wheel = write_package(args.package, args.arch, [PackagedKernel(*b) for b in built], tools)
+    families = ", ".join(f"{n} {name}" for name, n in Counter(fam.name for fam, _ in items).items())
+    print(f"{wheel}: {len(built)} kernels ({families}), {wheel.stat().st_size / 2**20:.1f} MiB wheel, "
+          f"{sum(p.stat().st_size for _, _, p in built) / 2**20:.1f} MiB of binaries, "
+          f"{time.perf_counter() - start:.1f} s")
     return 0
 
 
@@ -60,6 +99,11 @@ def add_build_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-kernel lines")
     p.add_argument("--all", action="store_true",
                    help="every family, also those the visible GPU cannot run (default without a GPU)")
+    p.add_argument("--package", metavar="OUT_DIR", default=None,
+                   help="instead of the catalog: build every kernel matmul can select on --arch (shipped "
+                        "profiles, heuristics for every weight kind, fallbacks) and write them as an installable "
+                        "wheel mixed-gemm-kernels-<arch> into OUT_DIR")
+    p.add_argument("--arch", default=None, help="with --package: the GPU arch (sm90a: H100/H200; sm80: Ampere/Ada)")
     p.set_defaults(func=run_build)
     return p
 

@@ -152,7 +152,9 @@ def _build_entry(entry: Path, binary: Path, name: str, key: str, source: str, fl
     return binary
 
 
-def _locate(name: str, source: str, arch_flags: Sequence[str], extra_flags: Sequence[str], output: str):
+def locate(name: str, source: str, arch_flags: Sequence[str], extra_flags: Sequence[str] = (),
+           output: str = "fatbin") -> Tuple[str, Path, Path]:
+    """``(cache key, cache entry folder, binary path in it)`` of a kernel (nothing is read)."""
     if not _NAME_RE.fullmatch(name):
         raise ValueError(f"kernel name {name!r} must match {_NAME_RE.pattern}")
     key = cache_key(source, key_flags(extra_flags, arch_flags=arch_flags, output=output))
@@ -164,7 +166,7 @@ def lookup(name: str, source: str, *, arch_flags: Sequence[str], extra_flags: Se
            output: str = "fatbin") -> Optional[Path]:
     """The binary :func:`build_fatbin` would return without compiling -- a verified entry of an
     installed kernel package, else of the kernel cache -- or None."""
-    key, entry, binary = _locate(name, source, arch_flags, extra_flags, output)
+    key, entry, binary = locate(name, source, arch_flags, extra_flags, output)
     packaged = packages.find(name, key, arch_flags)
     if packaged is not None:
         return packaged
@@ -190,7 +192,7 @@ def build_fatbin(
     other versions of them is rebuilt. Safe to call from several threads and processes at once:
     builds of one entry are serialized on a file lock.
     """
-    key, entry, binary = _locate(name, source, arch_flags, extra_flags, output)
+    key, entry, binary = locate(name, source, arch_flags, extra_flags, output)
     packaged = packages.find(name, key, arch_flags)
     if packaged is not None:
         return packaged

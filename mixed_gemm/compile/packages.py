@@ -180,7 +180,7 @@ def arch_codes(arch_flags) -> Tuple[str, ...]:
     """The machine-code targets (``sm_90a``) and PTX (``compute_90``) ``-gencode`` flags build."""
     codes = []
     for flag in arch_flags:
-        m = re.search(r"code=([\w,\[\]]+)", flag)
+        m = re.search(r"[,\s]code=(\[[^\]]*\]|\w+)", flag)  # not the "code=" of "-gencode="
         if m:
             codes += [c for c in re.split(r"[,\[\]]", m.group(1)) if c]
     return tuple(codes)

@@ -52,7 +52,7 @@ _DEVICE = object()  # choose(profile=...): the device's own profile
 
 
 def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[int, int]] = None,
-           sms: Optional[int] = None, profile=_DEVICE) -> Choice:
+           sms: Optional[int] = None, profile=_DEVICE, override: bool = True) -> Choice:
     """The kernel for ``problem`` on ``device_index``:
 
     1. ``$MIXED_GEMM_SCHEDULE`` (``family:schedule``, or a bare sm80 schedule) for every weight
@@ -61,11 +61,12 @@ def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[in
     3. the families' heuristics in priority order (:func:`heuristic_choice`).
 
     Raises ``ValueError`` listing each family's reason when nothing fits. ``capability``,
-    ``sms`` and ``profile`` choose for a GPU of that kind rather than device ``device_index``'s
-    (what a kernel package built for an arch must hold: :mod:`.coverage`).
+    ``sms`` and ``profile`` choose for a GPU of that kind rather than device ``device_index``'s,
+    and ``override=False`` ignores step 1 (what a kernel package built for an arch must hold:
+    :mod:`.coverage`).
     """
     kind = problem.kind
-    forced = os.environ.get(SCHEDULE_ENV)
+    forced = os.environ.get(SCHEDULE_ENV) if override else None
     if forced:
         try:
             config = parse_schedule(forced, **kind)

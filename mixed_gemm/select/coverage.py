@@ -1,0 +1,96 @@
+"""Which kernels ``matmul`` can select on a kind of GPU without a user profile: what a prebuilt
+kernel package for that arch must hold (``mixed-gemm build --package DIR --arch sm90a``).
+
+Selection is run, not imitated: :func:`~.selection.choose` for a GPU of the arch's compute
+capability, with the shipped profile of such a GPU, over every weight kind the kernels serve
+(fp16/bf16; int4/int8 symmetric, integer zeros, float zeros, offsets; the low-bit widths; groups
+32/64/128 and per-channel), a grid of shapes (the profiled Llama-3 shapes and others around them:
+a borrowed profile entry or a heuristic picks by shape) and every M bucket. Added to that: the
+stand-ins an asynchronous cold call may run while the chosen kernel compiles (every family's
+heuristic pick, and dequantize + cuBLAS for each weight kind and layout).
+"""
+from __future__ import annotations
+
+import json
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from .._paths import profiles_dir
+from ..kernels import FAMILIES, LAYOUTS, Family, Problem, family, layout_on
+from ..kernels.common import DTYPES, ZERO_MODES
+from .heuristics import heuristic_choice
+from .profiles import Profile
+from .selection import choose
+
+# Kernel package arch -> the compute capability its kernels serve, and the SMs its heuristics assume.
+ARCHES: Dict[str, Tuple[Tuple[int, int], int]] = {"sm90a": ((9, 0), 132), "sm80": ((8, 0), 108)}
+GROUPS = (32, 64, 128, -1)
+TILE_BITS = (4, 8)
+LOW_BITS = LAYOUTS["lowbit"].BITS
+# (N, K): the eight Llama-3 8B/70B linear shapes, and others around them.
+SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192),
+          (57344, 8192), (8192, 28672), (1024, 1024), (2048, 2048), (2048, 8192), (14336, 2048),
+          (128256, 4096), (5120, 5120))
+M_BUCKETS = tuple(1 << i for i in range(15))  # 1 .. 16384: past the last heuristic row
+
+
+def arch_capability(arch: str) -> Tuple[Tuple[int, int], int]:
+    """``((major, minor), sms)`` of a kernel package arch; ``ValueError`` naming the known ones."""
+    try:
+        return ARCHES[arch]
+    except KeyError:
+        raise ValueError(f"arch: must be one of {tuple(ARCHES)}, got {arch!r}") from None
+
+
+def shipped_profile(capability: Tuple[int, int]) -> Optional[Profile]:
+    """The shipped profile of a GPU of ``capability`` (``profiles/*.json``; the first by name)."""
+    for path in sorted(profiles_dir().glob("*.json")):
+        try:
+            gpu = json.loads(path.read_text()).get("gpu", {})
+        except (OSError, ValueError):
+            continue
+        if str(gpu.get("compute_capability", "")) == f"{capability[0]}.{capability[1]}":
+            return Profile.load(path)
+    return None
+
+
+def weight_kinds() -> Iterator[Tuple[str, int, str]]:
+    """``(dtype, bits, zero mode)`` of every weight kind prepack makes."""
+    for dtype in DTYPES:
+        for bits in TILE_BITS + LOW_BITS:
+            for zero_mode in ZERO_MODES:
+                yield dtype, bits, zero_mode
+
+
+def problems(capability: Tuple[int, int], shapes=SHAPES, m_buckets=M_BUCKETS) -> Iterator[Problem]:
+    for dtype, bits, zero_mode in weight_kinds():
+        layout = layout_on(capability, bits)
+        for group in GROUPS:
+            for n, k in shapes:
+                for m in m_buckets:
+                    yield Problem(m=m, n=n, k=k, dtype=dtype, bits=bits, zero_mode=zero_mode,
+                                  group_size=k if group == -1 else group, layout=layout)
+
+
+def selectable(arch: str, shapes=SHAPES, m_buckets=M_BUCKETS) -> List[Tuple[Family, object]]:
+    """``(family, compiled config)`` of every kernel selection can pick on ``arch`` without a user
+    profile (and of the cold-call stand-ins), one per kernel name, in registry then name order."""
+    capability, sms = arch_capability(arch)
+    profile = shipped_profile(capability)
+    found: Dict[str, Tuple[Family, object]] = {}
+
+    def add(fam: Family, config) -> None:
+        found.setdefault(config.kernel.kernel_name, (fam, config.kernel))
+
+    dequant = family("dequant_mm")
+    for p in problems(capability, shapes, m_buckets):
+        try:
+            c = choose(p, 0, capability=capability, sms=sms, profile=profile, override=False)
+        except ValueError:
+            continue  # nothing serves this kind (the error names why where it happens)
+        add(c.family, c.config)
+        picked, _ = heuristic_choice(p, 0, capability=capability, sms=sms)
+        if picked is not None:
+            add(*picked)
+        add(dequant, dequant.heuristic(p, sms))
+    order = {f.name: i for i, f in enumerate(FAMILIES)}
+    return sorted(found.values(), key=lambda fc: (order[fc[0].name], fc[1].kernel_name))
