@@ -6,6 +6,9 @@ HQQ, GGUF), served by kernel families (:mod:`mixed_gemm.kernels`) chosen per pro
 from __future__ import annotations
 
 from . import reference  # float32 oracle
+from .compile import blocking, jit_mode
+from .compile.background import pending as pending_builds
+from .compile.background import wait as wait_for_builds
 from .formats import pack, quantize, sparsify_quantize, unpack
 from .kernels.dequant_mm import DequantMMConfig
 from .kernels.sm80 import Sm80Config
@@ -20,6 +23,10 @@ __all__ = [
     "PackedWeight",
     "Sm80Config",
     "__version__",
+    "blocking",
+    "jit_mode",
+    "pending_builds",
+    "wait_for_builds",
     "dequantize",
     "explain",
     "matmul",

@@ -82,6 +82,25 @@ def _path_of(name: str) -> Callable[[], str]:
     return probe
 
 
+def _kernel_packages() -> list[str]:
+    from .compile import packages
+
+    return packages.summary() or ["none installed (mixed-gemm build --package DIR --arch ARCH makes one)"]
+
+
+def _compiling() -> str:
+    """Whether a kernel missing from the packages and the cache could be compiled here, and when."""
+    from .compile import JIT_ENV, jit_mode, toolchain
+
+    tools, missing = toolchain()
+    mode = jit_mode()
+    can = (f"possible (nvcc {tools['nvcc']}, CUTLASS {tools['cutlass']})" if tools
+           else f"not possible here ({missing.splitlines()[0]})")
+    when = {"async": "in the background while a packaged or cached kernel runs",
+            "block": "on the calling thread", "off": "never: a missing kernel is an error"}[mode]
+    return f"{can}; {JIT_ENV}={mode}: {when}"
+
+
 def run_info(args: argparse.Namespace) -> int:
     """Print versions and paths of everything a kernel build and launch depends on."""
     from pathlib import Path
@@ -110,6 +129,11 @@ def run_info(args: argparse.Namespace) -> int:
         ("profiles", _probe(_path_of("profiles_dir"))),
         ("kernel cache", _probe(_path_of("cache_dir"))),
     ]
+    try:
+        pkgs: str | list[str] = _kernel_packages()
+    except Exception as exc:  # noqa: BLE001
+        pkgs = f"unavailable ({type(exc).__name__}: {exc})"
+    rows += [("kernel packages", pkgs), ("compiling", _probe(_compiling))]
     width = max(len(label) for label, _ in rows) + 2
     for label, value in rows:
         values = value if isinstance(value, list) else [value]
@@ -141,8 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mixed-gemm`` script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from .compile import blocking
+
     try:
-        return int(args.func(args) or 0)
+        # Commands that build, profile or time kernels want the kernel selection picked, compiled
+        # on the spot if need be, never a stand-in (MIXED_GEMM_JIT=off still forbids compiling).
+        with blocking():
+            return int(args.func(args) or 0)
     except BuildError as exc:
         print(f"mixed-gemm {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -6,7 +6,7 @@ template folders their source includes.
 """
 from __future__ import annotations
 
-from . import packages
+from . import background, packages
 from .cache import BuildSpec, build_fatbin, build_many, build_spec, cache_key, load_bytes, lookup, toolchain
 from .errors import BuildError
 from .policy import JIT_ENV, JitDisabledError, blocking, jit_mode
@@ -28,6 +28,7 @@ __all__ = [
     "BuildError",
     "BuildSpec",
     "JitDisabledError",
+    "background",
     "blocking",
     "build_spec",
     "jit_mode",

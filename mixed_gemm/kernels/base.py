@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ..compile import BuildSpec
+from ..compile import BuildSpec, lookup
 
 Verdict = Tuple[bool, str]  # (ok, reason when not ok)
 OK: Verdict = (True, "")
@@ -149,6 +149,12 @@ class Family:
         """What the runtime needs to find, build and load ``config``'s compiled identity."""
         kernel = config.kernel
         return BuildSpec(kernel.kernel_name, lambda: self.render(kernel), self.arch_flags, self.output)
+
+    def ready(self, config) -> bool:
+        """Is ``config``'s binary available without compiling (an installed kernel package or the
+        kernel cache holds it, verified)?"""
+        spec = self.build_spec(config)
+        return lookup(spec.name, spec.source(), arch_flags=spec.arch_flags, output=spec.output) is not None
 
     def launcher(self, config, device_index: int):
         """A callable ``launch(x, w, bias, y, m, stream)`` for ``config`` on ``device_index``

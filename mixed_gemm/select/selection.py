@@ -7,40 +7,112 @@ hot path of ``matmul`` is one dict lookup.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 from typing import Dict, Optional, Tuple
 
-from ..kernels import Family, Problem, family_of, parse_schedule, qualified
+from ..compile import background, jit_mode
+from ..kernels import FAMILIES, Family, Problem, family, family_of, parse_schedule, qualified
 from .heuristics import heuristic_choice, m_bucket, sm_count
 from .profiles import device_profile
 
 SCHEDULE_ENV = "MIXED_GEMM_SCHEDULE"
+log = logging.getLogger(__name__)
 
 
 class Choice:
     """What runs for a problem: ``family``, ``config``, ``schedule`` (``"family:schedule"``) and
     ``source`` (``"override"``, ``"profile <file> M=<bucket>"`` or ``"heuristic"``).
-    ``launch(x, w, bias, y, m, stream)`` builds and loads the kernel on first use."""
+    ``launch(x, w, bias, y, m, stream)`` loads the kernel on first use.
 
-    __slots__ = ("family", "config", "source", "device_index", "_launch")
+    A cold call never waits for nvcc (``$MIXED_GEMM_JIT=async``, the default, outside
+    :func:`mixed_gemm.compile.blocking`): when the chosen kernel is neither packaged nor cached,
+    it compiles in the background while a kernel available now runs (``standin``: another
+    family's pick, else dequantize + cuBLAS); the first call after the build lands switches to it
+    (never during CUDA-graph capture). ``running`` says which is in use."""
 
-    def __init__(self, family: Family, config, source: str, device_index: int):
+    __slots__ = ("family", "config", "source", "device_index", "problem", "standin", "_launch", "_pending")
+
+    def __init__(self, family: Family, config, source: str, device_index: int, problem: Optional[Problem] = None):
         self.family, self.config, self.source, self.device_index = family, config, source, device_index
+        self.problem = problem
+        self.standin = None  # (family, config) running while the chosen kernel compiles
         self._launch = None
+        self._pending = None
 
     @property
     def schedule(self) -> str:
         return qualified(self.config)
 
+    @property
+    def running(self) -> str:
+        """``"family:schedule"`` of the kernel calls run now (the stand-in's while one runs)."""
+        return qualified(self.standin[1]) if self.standin is not None else self.schedule
+
     def launch(self, x, w, bias, y, m: int, stream: int) -> None:
         fn = self._launch
-        if fn is None:
-            fn = self._launch = self.family.launcher(self.config, self.device_index)
+        if fn is None or self._pending is not None:
+            fn = self._resolve()
         fn(x, w, bias, y, m, stream)
 
+    def _resolve(self):
+        with _RESOLVE_LOCK:
+            if self._launch is None:
+                self._launch = self._first()
+            elif self._pending is not None and self._pending.done() and not _capturing():
+                if self._pending.exception() is None:
+                    self._launch = self.family.launcher(self.config, self.device_index)  # verified on load
+                    self.standin = None
+                else:
+                    log.warning("%s could not be built (%s); %s keeps running", self.config.kernel_name,
+                                self._pending.exception(), self.running)
+                self._pending = None
+            return self._launch
+
+    def _first(self):
+        if (jit_mode() != "async" or self.source in _EXPLICIT or self.problem is None
+                or self.family.ready(self.config)):
+            return self.family.launcher(self.config, self.device_index)
+        standin = _standin(self.problem, self.device_index, self.config)
+        if standin is None:  # the chosen kernel is the cheapest there is
+            return self.family.launcher(self.config, self.device_index)
+        self._pending = background.submit(self.family.build_spec(self.config))
+        self.standin = standin
+        log.info("%s is compiling in the background; %s runs meanwhile", self.config.kernel_name, self.running)
+        return standin[0].launcher(standin[1], self.device_index)
+
     def __repr__(self) -> str:
-        return f"Choice(family={self.family.name!r}, schedule={self.schedule!r}, source={self.source!r})"
+        extra = f", running={self.running!r}" if self.standin is not None else ""
+        return f"Choice(family={self.family.name!r}, schedule={self.schedule!r}, source={self.source!r}{extra})"
+
+
+_EXPLICIT = ("override", "config argument")  # the caller asked for exactly this kernel: compile it
+_RESOLVE_LOCK = threading.RLock()
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _standin(problem: Problem, device_index: int, chosen) -> Optional[Tuple[Family, object]]:
+    """A kernel to run while ``chosen`` compiles: the first family heuristic pick (in priority order)
+    that is packaged or cached, else dequantize + cuBLAS (a small fatbin, compiled now if need be).
+    None when ``chosen`` is that dequantize kernel itself."""
+    sms = sm_count(device_index)
+    for fam in FAMILIES:
+        if not fam.supports(device_index)[0] or not fam.reads_weight(problem)[0]:
+            continue
+        config = fam.heuristic(problem, sms)
+        if config is None or config.kernel == chosen.kernel or not fam.can_implement(config, problem)[0]:
+            continue
+        if fam.ready(config):
+            return fam, config
+    fam = family("dequant_mm")
+    config = fam.heuristic(problem, sms)
+    return None if config.kernel == chosen.kernel else (fam, config)
 
 
 def _usable(fam: Family, config, problem: Problem, device_index: int, capability=None) -> Tuple[bool, str]:
@@ -76,7 +148,7 @@ def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[in
         ok, why = _usable(fam, config, problem, device_index, capability)
         if not ok:
             raise ValueError(f"{SCHEDULE_ENV}={forced}: {fam.name} cannot run this problem: {why}")
-        return Choice(fam, config, "override", device_index)
+        return Choice(fam, config, "override", device_index, problem)
     reasons = []
     sms = sm_count(device_index) if sms is None else sms
     profile = device_profile(device_index) if profile is _DEVICE else profile
@@ -104,11 +176,11 @@ def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[in
             ok, why = _usable(fam, config, problem, device_index, capability)
             where = f"profile {name} M={bucket}" + ("" if shape_key == key else f" of {shape_key[4]}x{shape_key[5]}")
             if ok:
-                return Choice(fam, config, where, device_index)
+                return Choice(fam, config, where, device_index, problem)
             reasons.append(f"{where} entry {schedule}: {why}")
     picked, why_not = heuristic_choice(problem, device_index, capability=capability, sms=sms)
     if picked is not None:
-        return Choice(picked[0], picked[1], "heuristic", device_index)
+        return Choice(picked[0], picked[1], "heuristic", device_index, problem)
     raise ValueError(f"no kernel family can run M={problem.m} N={problem.n} K={problem.k} "
                      f"{problem.dtype}/{problem.bits}-bit/{problem.zero_mode} group {problem.group_size} "
                      f"({problem.layout} layout) on cuda:{device_index}: " + "; ".join(reasons + why_not))
