@@ -92,7 +92,7 @@ def _shape(t) -> Tuple[int, ...]:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(t.get_shape())  # a safetensors slice
 
 
-def _dims(qweight, scales, fmt: str, bits: int) -> Tuple[int, int]:
+def checkpoint_dims(qweight, scales, fmt: str, bits: int) -> Tuple[int, int]:
     """``(N, K)`` of a checkpoint's tensors (not hqq: unpacked first)."""
     qs = _shape(qweight)
     if fmt == "awq":
@@ -224,7 +224,7 @@ def rank_shard(qweight, scales, zeros=None, *, style: str, tp_rank: int, tp_size
                                         shape=shape)
         format, zero_mode, shape = "plain", "float", None
     act_order = g_idx is not None
-    n, ks = _dims(qweight, scales, format, bits)
+    n, ks = checkpoint_dims(qweight, scales, format, bits)
     full = (n * tp_size, ks) if style == "column" else (n, ks * tp_size)
     check_shardable(*full, style=style, tp_size=tp_size, format=format, bits=bits, group_size=group_size,
                     act_order=act_order, has_zeros=zeros is not None)
@@ -278,7 +278,7 @@ def shard_checkpoint(qweight, scales, zeros=None, *, style: str, tp_rank: int, t
         qweight, scales, zeros = unpack(_read(qweight), _read(scales), _read(zeros), format="hqq", bits=bits,
                                         group_size=group_size, shape=shape)
         format, zero_mode = "plain", "float"
-    n, k = _dims(qweight, scales, format, bits)
+    n, k = checkpoint_dims(qweight, scales, format, bits)
     ns, ks = check_shardable(n, k, style=style, tp_size=tp_size, format=format, bits=bits, group_size=group_size,
                              act_order=g_idx is not None, has_zeros=zeros is not None)
     lo = tp_rank * (ns if style == "column" else ks)

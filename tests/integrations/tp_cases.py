@@ -8,6 +8,7 @@ from typing import NamedTuple, Optional
 import torch
 
 import mixed_gemm as mg
+from mixed_gemm.nn import QuantLinear
 
 N, K, TP = 128, 256, 2
 
@@ -79,9 +80,16 @@ def make_layer(case: Case, n: int = N, k: int = K, seed: int = 0) -> Layer:
 
 
 def reference(case: Case, layer: Layer, x: torch.Tensor) -> torch.Tensor:
-    return mg.reference.matmul(x, layer.q, layer.s, layer.z, group_size=case.group_size, bits=case.bits,
-                               g_idx=layer.g_idx, bias=layer.bias,
-                               zero_mode="offset" if case.zero_mode == "offset" else "int")
+    """The float32 reference of the unsharded layer: ``x @ W.T + bias`` with ``W`` the weight an
+    unsharded QuantLinear of the whole checkpoint holds (the exact canonical weight, except where
+    the layout stores float zeros folded into fp16 ``z'``: lowbit/hqq, checked against it too)."""
+    full = QuantLinear.from_checkpoint(*layer.checkpoint, layer.bias, **shard_kwargs(case, layer))
+    exact = mg.reference.dequantize(layer.q, layer.s, layer.z, group_size=case.group_size, bits=case.bits,
+                                    g_idx=layer.g_idx, zero_mode="offset" if case.zero_mode == "offset" else "int")
+    w = full.dense_weight()
+    atol = 0 if full.layout != "lowbit" or case.zero_mode == "int" else 2e-3 * float(exact.abs().max())
+    torch.testing.assert_close(w, exact, rtol=0, atol=atol)
+    return torch.nn.functional.linear(x.float(), w, layer.bias.float())
 
 
 def shard_kwargs(case: Case, layer: Layer) -> dict:
