@@ -246,14 +246,13 @@ def _cut(qweight, scales, zeros, g_idx, bias, fmt, bits, style, lo, hi, group_si
     """This rank's slices of the full tensors (module docstring's tables)."""
     p = 32 // bits
     if style == "column":
-        if fmt == "awq":
-            cols = slice(lo // p, hi // p)
-        if fmt in ("awq", "gptq", "gptq_v2"):  # qzeros pack P columns per int32 in every one of them
+        b = None if bias is None else bias[lo:hi]
+        if fmt in ("awq", "gptq", "gptq_v2"):  # qzeros pack P columns per int32 in all three
+            cols = slice(lo // p, hi // p) if fmt == "awq" else slice(lo, hi)
             z = None if zeros is None else zeros[:, lo // p:hi // p]
-            return qweight[:, cols if fmt == "awq" else slice(lo, hi)], scales[:, lo:hi], z, g_idx, \
-                None if bias is None else bias[lo:hi]
+            return qweight[:, cols], scales[:, lo:hi], z, g_idx, b
         z = None if zeros is None else zeros[lo:hi]
-        return qweight[lo:hi], scales[lo:hi], z, g_idx, None if bias is None else bias[lo:hi]
+        return qweight[lo:hi], scales[lo:hi], z, g_idx, b
     act_order = g_idx is not None
     g0, g1 = (0, None) if group_size == -1 or act_order else (lo // group_size, hi // group_size)
     gi = None if g_idx is None else g_idx[lo:hi]
@@ -275,6 +274,8 @@ def shard_checkpoint(qweight, scales, zeros=None, *, style: str, tp_rank: int, t
     unpacked where the tensors are, then cut)."""
     check_tp_rank(tp_rank, tp_size)
     if format == "hqq":  # read whole (rows interleave over all of W_q), cut from the canonical form
+        if shape is not None:
+            check_shardable(*shape, style=style, tp_size=tp_size, format="plain", bits=bits, group_size=group_size)
         qweight, scales, zeros = unpack(_read(qweight), _read(scales), _read(zeros), format="hqq", bits=bits,
                                         group_size=group_size, shape=shape)
         format, zero_mode = "plain", "float"
