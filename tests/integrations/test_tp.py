@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 transformers = pytest.importorskip("transformers")
 
 from tolerance import assert_elementwise  # noqa: E402
-from tp_cases import CASES, K, N, TP, make_layer, reference, shard_kwargs  # noqa: E402
+from tp_cases import CASES, K, TP, make_layer, reference, shard_kwargs  # noqa: E402
 
 
 def _worker(rank, fn, rendezvous, args):
