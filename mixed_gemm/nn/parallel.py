@@ -1,0 +1,127 @@
+"""Tensor-parallel quantized layers, named and split as in vLLM / SGLang (Megatron-style):
+
+- :class:`ColumnParallelQuantLinear` (q/k/v, gate/up, a fused q|k|v or gate|up): rank ``r`` of
+  ``tp_size`` holds output rows ``[r N/tp, (r+1) N/tp)`` of ``W`` ``(N, K)`` and every input column;
+  its output is this rank's slice of ``y`` (``gather_output=False``): no communication.
+- :class:`RowParallelQuantLinear` (o, down): rank ``r`` holds input columns ``[r K/tp, (r+1) K/tp)``
+  and every output row; it takes this rank's slice of ``x`` (``input_is_parallel=True``: the column
+  slice the preceding column-parallel layer produced) and all-reduces (sum) the partial products
+  over the process group through ``torch.distributed`` (NCCL on GPUs, gloo on the CPU). A bias is
+  added by rank 0 only, before the all-reduce, so it is counted once.
+
+How a checkpoint's tensors are cut into these shards (packing, groups, act-order, zeros):
+:mod:`mixed_gemm.integrations.shard`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..ops import PackedWeight
+from .quant_linear import QuantLinear
+
+
+def tensor_parallel_all_reduce(y: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``y`` over the ranks of ``group`` (the default group when ``None``); returns the sum.
+    Eager: in place through :func:`torch.distributed.all_reduce` (capturable in a CUDA graph with
+    NCCL); under ``torch.compile`` the functional collective, which Dynamo traces."""
+    if torch.compiler.is_compiling():
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.all_reduce(y, "sum", group if group is not None else dist.group.WORLD)
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def check_tp_rank(tp_rank, tp_size) -> None:
+    """``tp_size >= 1`` and ``0 <= tp_rank < tp_size`` (ints)."""
+    for name, v in (("tp_rank", tp_rank), ("tp_size", tp_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank, tp_size: expected tp_size >= 1 and 0 <= tp_rank < tp_size, got {tp_rank}, {tp_size}")
+
+
+class ColumnParallelQuantLinear(QuantLinear):
+    """A :class:`QuantLinear` over output rows ``[tp_rank N/tp, (tp_rank+1) N/tp)`` of a weight
+    whose full output size is ``full_out_features`` (``out_features`` is the shard's). Forward is
+    QuantLinear's (no communication), so ``fuse_projections`` concatenates shards of one rank
+    (q_r | k_r | v_r) exactly as servers' QKVParallelLinear holds them."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    @classmethod
+    def from_shard(cls, w: PackedWeight, bias: Optional[torch.Tensor] = None, *, tp_rank: int, tp_size: int,
+                   format: str = "plain", group_size: Optional[int] = None) -> "ColumnParallelQuantLinear":
+        """This rank's shard ``w`` (``(N/tp, K)``) and bias slice as a layer (tensors shared)."""
+        check_tp_rank(tp_rank, tp_size)
+        mod = cls.from_packed(w, bias, format=format, group_size=group_size)
+        mod.tp_rank, mod.tp_size = tp_rank, tp_size
+        return mod
+
+    @property
+    def full_out_features(self) -> int:
+        return self.out_features * self.tp_size
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, tp_rank={self.tp_rank}, tp_size={self.tp_size}"
+
+
+class RowParallelQuantLinear(nn.Module):
+    """``y = all_reduce(x_r @ W_r.T) (+ bias)``: ``linear`` holds this rank's input columns.
+
+    ``input_index`` (optional, int64 ``(K'',)``): the columns of this rank's ``x`` slice the
+    weight reads, in the weight's order (a GPTQ act-order shard regrouped so its groups are
+    contiguous; see :func:`mixed_gemm.integrations.shard.regroup`). ``linear.in_features`` is then
+    ``K''``, and ``in_features`` is the slice's width ``K/tp``.
+    ``input_is_parallel=False`` takes the full ``x`` and keeps this rank's columns itself.
+    ``reduce_results=False`` returns the partial sum (a caller that fuses the all-reduce).
+    """
+
+    def __init__(self, linear: QuantLinear, *, tp_rank: int, tp_size: int, in_features: Optional[int] = None,
+                 input_index: Optional[torch.Tensor] = None, group=None, input_is_parallel: bool = True,
+                 reduce_results: bool = True):
+        super().__init__()
+        check_tp_rank(tp_rank, tp_size)
+        if not isinstance(linear, QuantLinear):
+            raise TypeError(f"linear: expected a QuantLinear, got {type(linear).__name__}")
+        if linear.bias is not None and tp_rank != 0:
+            raise ValueError("linear: only rank 0 of a row-parallel layer holds the bias (it is added once, "
+                             "before the all-reduce)")
+        in_features = linear.in_features if in_features is None else in_features
+        if input_index is not None:
+            if input_index.dim() != 1 or input_index.shape[0] != linear.in_features:
+                raise ValueError(f"input_index: expected ({linear.in_features},) (linear.in_features), "
+                                 f"got {tuple(input_index.shape)}")
+            input_index = input_index.to(device=linear.b.device, dtype=torch.int64)
+        elif in_features != linear.in_features:
+            raise ValueError(f"in_features: {in_features} differs from linear.in_features={linear.in_features} "
+                             "without an input_index")
+        self.linear = linear
+        self.register_buffer("input_index", input_index)
+        self.in_features, self.out_features = in_features, linear.out_features
+        self.tp_rank, self.tp_size, self.group = tp_rank, tp_size, group
+        self.input_is_parallel, self.reduce_results = input_is_parallel, reduce_results
+
+    @property
+    def full_in_features(self) -> int:
+        return self.in_features * self.tp_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            k0 = self.tp_rank * self.in_features
+            x = x[..., k0:k0 + self.in_features].contiguous()
+        if self.input_index is not None:
+            x = x.index_select(-1, self.input_index)
+        y = self.linear(x)
+        if self.reduce_results and self.tp_size > 1:
+            y = tensor_parallel_all_reduce(y, self.group)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features} (of {self.full_in_features}), out_features={self.out_features}, "
+                f"tp_rank={self.tp_rank}, tp_size={self.tp_size}, regrouped={self.input_index is not None}")
