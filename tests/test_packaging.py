@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from mixed_gemm.compile.cache import TEMPLATE_SUFFIXES
-
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -118,8 +116,9 @@ def test_outer_paths_keep_site_packages_inside_the_repository(tmp_path, monkeypa
 
 
 # Files the code reads at run time, wherever they sit below the data directory: the templates
-# that kernels #include (the suffixes the kernel cache hashes) and the tuning profiles.
-_NEEDED_SUFFIXES = {"templates": TEMPLATE_SUFFIXES, "profiles": {".json"}}
+# that are rendered or #included (kernel sources, headers, the kernel-package skeleton) and the
+# tuning profiles.
+_NEEDED_SUFFIXES = {"templates": {".cuh", ".h", ".j2"}, "profiles": {".json"}}
 
 
 def _relative_files(root: Path) -> set[str]:
