@@ -5,8 +5,11 @@
 #include "common/constants.cuh"
 #include "sm90a/gemm_sm90a.cuh"
 
-// Built as one shared library (device kernel + host parameter builder + launcher) with a C ABI
-// for ctypes: mixed_gemm/kernels/sm90a/abi.py mirrors it.
+// One shared library (host parameter builder + launcher, with the kernel's fatbin embedded) with a
+// C ABI for ctypes: mixed_gemm/kernels/sm90a/abi.py mirrors it. nvcc compiles this file twice, side
+// by side (mixed_gemm/compile/nvcc.py, compile_shared): the device pass (--fatbin) sees only the
+// kernel, the host pass (MIXED_GEMM_HOST_PASS) only the host code, so neither front end
+// instantiates the other's templates and the two halves of the build overlap in time.
 using G = mixed_gemm::sm90a::Gemm<cutlass::half_t, cutlass::int4b_t, 128, 128, 128, 1, 1,
                                   false, true, 0>;
 using Slot = mixed_gemm::sm90a::Slot<G>;
@@ -26,23 +29,47 @@ static_assert(mixed_gemm::kAtomK == 16, "mixed_gemm::kAtomK: mixed_gemm/kernels/
 static_assert(mixed_gemm::kAtomN == 64, "mixed_gemm::kAtomN: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kReduceThreads == 256, "mixed_gemm::kReduceThreads: mixed_gemm/kernels/common.py disagrees");
 
+#if !defined(MIXED_GEMM_HOST_PASS)
 extern "C" __global__ void __launch_bounds__(G::GemmKernel::MaxThreadsPerBlock, G::GemmKernel::MinBlocksPerMultiprocessor)
 mg_sm90a_f16_u4_t128x128x128_coop_c1x1_s0_sk(CUTLASS_GRID_CONSTANT G::Params const params) {
   extern __shared__ char smem[];
   G::GemmKernel op;
   op(params, smem);
 }
+#endif  // !MIXED_GEMM_HOST_PASS
 
-// The host side of the library. Hidden from the device passes (cicc), which would otherwise
-// parse and instantiate CUTLASS's host-only templates (Params, TMA descriptors) for nothing:
-// about a tenth of a library's compile time.
-#if !defined(__CUDA_ARCH__)
+// The host side of the library. Hidden from every device pass (cicc), which would otherwise parse
+// and instantiate CUTLASS's host-only templates (Params, TMA descriptors) for nothing.
+#if !defined(__CUDA_ARCH__) && defined(MIXED_GEMM_HOST_PASS)
+// The device pass's fatbin, linked in by the build (embed_fatbin.cpp.j2).
+extern "C" const unsigned char mg_fatbin[];
+
+namespace {
+// The kernel, loaded from the embedded fatbin once per process: a cudaLibrary_t is
+// context-independent (each device's context loads it lazily), and its cudaKernel_t is accepted
+// as is by cudaFuncSetAttribute and cudaLaunchKernelExC.
+struct Loaded {
+  cudaLibrary_t library = nullptr;
+  cudaKernel_t kernel = nullptr;
+  cudaError_t error = cudaSuccess;
+};
+Loaded const& loaded() {
+  static Loaded const l = [] {
+    Loaded r;
+    r.error = cudaLibraryLoadData(&r.library, mg_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.kernel, r.library, "mg_sm90a_f16_u4_t128x128x128_coop_c1x1_s0_sk");
+    return r;
+  }();
+  return l;
+}
+}  // namespace
+
 extern "C" {
 
 // Facts the launcher needs: [abi version, sizeof(Params), shared memory bytes, threads, cluster M,
 // cluster N, pipeline stages, bits, tile M, tile N, tile K].
 int mg_info(long long* out, int count) {
-  long long v[] = {2, (long long)sizeof(G::Params), (long long)G::GemmKernel::SharedStorageSize,
+  long long v[] = {3, (long long)sizeof(G::Params), (long long)G::GemmKernel::SharedStorageSize,
                    (long long)G::GemmKernel::MaxThreadsPerBlock, 1, 1,
                    (long long)G::CollectiveMainloop::DispatchPolicy::Stages, G::kBits, 128, 128, 128};
   int total = int(sizeof(v) / sizeof(v[0]));
@@ -70,7 +97,9 @@ long long mg_workspace_bytes(int m, int n, int n_pad, int k, int group, int sm_c
 // Once per device before the first launch (and before any capture): shared memory above 48 KiB
 // must be opted into, and this also loads the module.
 int mg_prepare() {
-  cudaError_t e = cudaFuncSetAttribute(mg_sm90a_f16_u4_t128x128x128_coop_c1x1_s0_sk, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  Loaded const& l = loaded();
+  if (l.error != cudaSuccess) return mixed_gemm::sm90a::kErrLoad;
+  cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<void const*>(l.kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(G::GemmKernel::SharedStorageSize));
   return e == cudaSuccess ? 0 : mixed_gemm::sm90a::kErrSetup;
 }
@@ -86,7 +115,7 @@ int mg_run(void* slot, const void* x, void* y, void* stream) {
   Slot* sl = static_cast<Slot*>(slot);
   int rc = mixed_gemm::sm90a::retarget<G>(sl, x, y);
   if (rc != 0) return rc;
-  return mixed_gemm::sm90a::launch<G>(sl, reinterpret_cast<void const*>(&mg_sm90a_f16_u4_t128x128x128_coop_c1x1_s0_sk), static_cast<cudaStream_t>(stream));
+  return mixed_gemm::sm90a::launch<G>(sl, reinterpret_cast<void const*>(loaded().kernel), static_cast<cudaStream_t>(stream));
 }
 
 // Element offset of weight element (n, k) in the reordered layout (tests check layout.py with it).
@@ -96,4 +125,4 @@ long long mg_layout_offset(int n, int k, int n_pad, int k16) {
 }
 
 }  // extern "C"
-#endif  // !__CUDA_ARCH__
+#endif  // !__CUDA_ARCH__ && MIXED_GEMM_HOST_PASS

@@ -15,15 +15,20 @@ def catalog(name_filter: str = "", families=None):
             if name_filter in c.kernel_name]
 
 
-def build_families(all_families: bool):
-    """The families ``mixed-gemm build`` compiles: those that run on a visible GPU (an sm90a kernel
-    takes a minute of nvcc, wasted on a GPU it cannot run on); all of them without a GPU (a cache
-    built for deployment elsewhere) or with ``--all``."""
-    from .kernels import FAMILIES, available, base
+def build_items(name_filter: str, all_families: bool):
+    """``(family, config)`` that ``mixed-gemm build`` compiles. With a GPU: the configs of the
+    families that run on it and read a layout ``prepack`` makes there (one weight copy: on the
+    H100 the sm80 tiles and the sm80-layout decode kernels would never run, and an sm90a library
+    costs half a minute of nvcc); without a GPU (a cache built for deployment elsewhere), or
+    with ``--all``: every family's whole catalog."""
+    from .kernels import FAMILIES, LAYOUTS, base, layout_on
 
-    if all_families or base.compute_capability(0) is None:
-        return FAMILIES
-    return tuple(f for f, (ok, _) in available(0) if ok)
+    capability = base.compute_capability(0)
+    if all_families or capability is None:
+        return catalog(name_filter)
+    layouts = {layout_on(capability, bits) for bits in (4, 8, *LAYOUTS["lowbit"].BITS)}
+    families = [f for f in FAMILIES if f.runs_on(capability)[0]]
+    return [(f, c) for f, c in catalog(name_filter, families) if f.layout_of(c) in layouts]
 
 
 def generated_sources():
@@ -52,7 +57,7 @@ def run_build(args: argparse.Namespace) -> int:
         raise SystemExit("mixed-gemm build: --arch goes with --package (the families to build otherwise "
                          "follow the visible GPU, or --all)")
     start = time.perf_counter()
-    built = _build(catalog(args.filter, build_families(args.all)), args)
+    built = _build(build_items(args.filter, args.all), args)
     for name, _, p in built:
         if not args.quiet:
             print(f"{name}  {p}")
@@ -93,12 +98,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def add_build_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("build", help="compile every kernel family's default catalog into the cache")
+    p = subparsers.add_parser("build", help="compile the kernel catalogs the visible GPU can use into the cache")
     p.add_argument("--filter", default="", help="only configs whose name contains this text")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-kernel lines")
     p.add_argument("--all", action="store_true",
-                   help="every family, also those the visible GPU cannot run (default without a GPU)")
+                   help="every family's whole catalog, also kernels the visible GPU cannot run or whose weight "
+                        "layout prepack does not make there (default without a GPU)")
     p.add_argument("--package", metavar="OUT_DIR", default=None,
                    help="instead of the catalog: build every kernel matmul can select on --arch (shipped "
                         "profiles, heuristics for every weight kind, fallbacks) and write them as an installable "

@@ -116,17 +116,28 @@ def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
-def test_build_compiles_the_families_the_gpu_runs(monkeypatch):
-    from mixed_gemm.cli_catalog import build_families
-    from mixed_gemm.kernels import FAMILIES, base
+def test_build_compiles_what_the_gpu_can_use(monkeypatch):
+    """Without a GPU (or with --all) every catalog; with one, the families it runs, and of those
+    only the configs reading a layout prepack makes there (one copy: no sm80 tiles on the H100)."""
+    from collections import Counter
 
+    from mixed_gemm.cli_catalog import build_items, catalog
+    from mixed_gemm.kernels import base
+
+    everything = catalog("")
     monkeypatch.setattr(base, "compute_capability", lambda i: None)
-    assert build_families(False) == FAMILIES  # no GPU: a cache for anywhere
+    assert build_items("", False) == everything  # no GPU: a cache for anywhere
     monkeypatch.setattr(base, "compute_capability", lambda i: (8, 9))
-    assert [f.name for f in build_families(False)] == ["gemv", "sm80", "dequant_mm"]
-    assert build_families(True) == FAMILIES
+    ada = build_items("", False)
+    assert {f.name for f, _ in ada} == {"gemv", "sm80", "dequant_mm"}
+    assert {f.layout_of(c) for f, c in ada} == {"sm80", "lowbit"}
+    assert build_items("", True) == everything
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
-    assert build_families(False) == FAMILIES
+    hopper = build_items("", False)
+    assert {f.layout_of(c) for f, c in hopper} == {"sm90a", "lowbit"}
+    counts = Counter(f.name for f, _ in hopper)
+    assert "sm80" not in counts and counts["sm90a"] == sum(f.name == "sm90a" for f, _ in everything)
+    assert build_items("mg_sm90a_f16", False) == [(f, c) for f, c in hopper if "mg_sm90a_f16" in c.kernel_name]
 
 
 def test_bench_takes_a_list_of_widths_profile_one(capsys):

@@ -8,10 +8,12 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from .. import _paths
+from ..codegen import render_template
 from .errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -144,10 +146,10 @@ def compile_flags(
     return _base_flags(output, verbose) + _include_flags() + list(arch_flags) + list(extra)
 
 
-def _run_nvcc(cmd: list[str], source_path: Path) -> str:
+def _run_nvcc(cmd: list[str], source_path: Path, cwd: str | os.PathLike | None = None) -> str:
     log.debug("running %s", shlex.join(cmd))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=cwd)
     except OSError as exc:
         raise BuildError(
             f"could not run {cmd[0]}: {exc}", source_path=source_path, cmd=cmd
@@ -172,15 +174,82 @@ def _run_nvcc(cmd: list[str], source_path: Path) -> str:
     return output
 
 
-def compile_fatbin(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str]) -> str:
-    """Compile ``source_path`` to ``out_path`` with ``flags`` (see :func:`compile_flags`).
+def compile_fatbin(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str], *,
+                   threads: int | None = None) -> str:
+    """Compile ``source_path`` to ``out_path`` with ``flags`` (see :func:`compile_flags`): a fatbin,
+    or with the ``"shared"`` output's flags a kernel library (:func:`compile_shared`).
 
-    Returns nvcc's (usually empty) output, e.g. the ``-Xptxas=-v`` report; raises
-    :class:`BuildError` carrying nvcc's error text and the source path on failure.
+    ``threads``: CPU threads the build may use (default: every CPU; :func:`build_many` gives each
+    of its parallel builds a share). Returns nvcc's (usually empty) output, e.g. the
+    ``-Xptxas=-v`` report; raises :class:`BuildError` carrying nvcc's error text and the source
+    path on failure.
     """
     source_path = Path(source_path)
+    if all(f in flags for f in OUTPUTS["shared"][0]):
+        return compile_shared(source_path, out_path, flags, threads=threads)
     cmd = [str(find_nvcc()), *flags, "-o", str(out_path), str(source_path)]
     return _run_nvcc(cmd, source_path)
+
+
+# The preprocessor symbol of a kernel library's host pass (see compile_shared).
+HOST_PASS_MACRO = "MIXED_GEMM_HOST_PASS"
+
+
+def _run_together(cmds: Sequence[list[str]], source_path: Path) -> str:
+    """Run nvcc commands at the same time; their joined output, or the first failure's BuildError."""
+    procs = []
+    for cmd in cmds:
+        log.debug("running %s", shlex.join(cmd))
+        try:
+            procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                errors="replace")))
+        except OSError as exc:
+            for _, p in procs:
+                p.kill()
+            raise BuildError(f"could not run {cmd[0]}: {exc}", source_path=source_path, cmd=cmd) from exc
+    outputs, failed = [], None
+    for cmd, proc in procs:
+        out = proc.communicate()[0].strip()
+        outputs.append(out)
+        if proc.returncode != 0 and failed is None:
+            failed = (cmd, proc.returncode, out)
+    if failed is not None:
+        cmd, rc, out = failed
+        raise BuildError(f"nvcc failed (exit {rc}) compiling {source_path}\ncommand: {shlex.join(cmd)}\n"
+                         f"{out[:_MAX_MESSAGE_CHARS]}", source_path=source_path, cmd=cmd, stderr=out)
+    return "\n".join(o for o in outputs if o)
+
+
+def compile_shared(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str], *,
+                   threads: int | None = None) -> str:
+    """A kernel library (``output="shared"``) in two nvcc processes that run side by side:
+
+    - the device pass, ``--fatbin`` with ``-split-compile`` over ``threads`` (cicc's optimizer is
+      most of a CUTLASS 3.x kernel's build), sees the kernels and none of the host code;
+    - the host pass, ``-c -D{HOST_PASS_MACRO}``, sees the host code and none of the kernels;
+
+    then the host object and the fatbin (embedded as the hidden symbol ``mg_fatbin`` by
+    ``templates/common/embed_fatbin.cpp.j2``) link into one ``.so``. The contract for such a
+    source: kernels are defined only when ``{HOST_PASS_MACRO}`` is not, and the host code loads
+    them from ``mg_fatbin`` at run time (``cudaLibraryLoadData``, ``cudaLibraryGetKernel``).
+    """
+    source_path, out_path = Path(source_path), Path(out_path)
+    shared = OUTPUTS["shared"][0]
+    common = [f for f in flags if f not in shared]
+    threads = max(1, threads or os.cpu_count() or 1)
+    nvcc = str(find_nvcc())
+    with tempfile.TemporaryDirectory(prefix=".split-", dir=out_path.parent) as tmp:
+        fatbin, host, blob = Path(tmp) / "device.fatbin", Path(tmp) / "host.o", Path(tmp) / "embed.cpp"
+        device = [nvcc, *common, "--fatbin", f"-split-compile={threads}", "-o", str(fatbin), str(source_path)]
+        host_cmd = [nvcc, *common, "-c", "-Xcompiler=-fPIC", f"-D{HOST_PASS_MACRO}", "-o", str(host),
+                    str(source_path)]
+        out = _run_together([device, host_cmd], source_path)
+        blob.write_text(render_template("common/embed_fatbin.cpp.j2", fatbin=fatbin.name, symbol="mg_fatbin",
+                                        source=source_path.name))
+        link = [nvcc, *[f for f in common if not f.startswith("-I")], *shared, "-o", str(out_path.resolve()),
+                str(host), str(blob)]
+        _run_nvcc(link, source_path, cwd=tmp)
+    return out
 
 
 def compile_cubin(

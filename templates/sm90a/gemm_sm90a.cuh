@@ -196,7 +196,7 @@ inline ReplaceAddressFn replace_address_fn() {
 
 // Error codes of the C ABI (0 = success; positive values are cutlass::Status).
 enum : int { kErrNoReplace = -1, kErrReplaceX = -2, kErrReplaceY = -3, kErrWorkspace = -4, kErrSetup = -5,
-             kErrLaunch = -6 };
+             kErrLaunch = -6, kErrLoad = -7 };
 
 template <class G>
 int init(Slot<G>* slot, const void* w, const void* s, const void* z, const void* x, void* y, const void* bias, int m,

@@ -117,7 +117,7 @@ def test_build_many_with_progress(in_real_cache, monkeypatch):
     compiled = []
     real_compile = cache.compile_fatbin
 
-    def counting(src, out, flags):
+    def counting(src, out, flags, **kw):
         compiled.append(Path(src).name)
         return real_compile(src, out, flags)
 
@@ -139,7 +139,7 @@ def fake_compiler(tmp_cache, monkeypatch):
     """Replace nvcc with a function writing a deterministic blob; returns the list of calls."""
     calls: list[str] = []
 
-    def fake_compile(src, out, flags):
+    def fake_compile(src, out, flags, **kw):
         calls.append(Path(src).stem)
         text = Path(src).read_text()
         if "FAIL" in text:
@@ -317,7 +317,7 @@ def test_two_processes_build_one_entry(tmp_cache, tmp_path, monkeypatch):
     assert len(log.read_text().split()) == 1
     (entry,) = _entries(tmp_cache)
     assert _entry_files(entry) == {"race.cu", "race.fatbin", "meta.json"}
-    monkeypatch.setattr(cache, "compile_fatbin", lambda *a: pytest.fail("entry should be valid"))
+    monkeypatch.setattr(cache, "compile_fatbin", lambda *a, **kw: pytest.fail("entry should be valid"))
     path = _build("race", TRIVIAL)
     assert path == entry / "race.fatbin"
     assert fatbin_targets(path.read_bytes()) == ["sm_80", "compute_90", "sm_90"]
@@ -358,7 +358,7 @@ def test_toolchain_is_recorded_and_a_new_one_rebuilds(fake_compiler, monkeypatch
 def test_verified_entry_loads_without_toolchain(fake_compiler, monkeypatch):
     path = _build("k", TRIVIAL)
     monkeypatch.setattr(cache, "toolchain", lambda: (None, "nvcc not found; CUTLASS headers missing"))
-    monkeypatch.setattr(cache, "compile_fatbin", lambda *a: pytest.fail("no compile without a toolchain"))
+    monkeypatch.setattr(cache, "compile_fatbin", lambda *a, **kw: pytest.fail("no compile without a toolchain"))
     assert _build("k", TRIVIAL) == path
     with pytest.raises(BuildError, match="no verified build .* and no toolchain to build one: nvcc not found"):
         _build("k", SECOND)
@@ -416,7 +416,7 @@ def test_shared_library_entry_builds_loads_and_hits(tmp_cache, monkeypatch):
     fatbin = _build("lib", LIBRARY)  # the same source as a fatbin: another entry
     assert fatbin.parent != path.parent and fatbin.suffix == ".fatbin"
     calls = []
-    monkeypatch.setattr(cache, "compile_fatbin", lambda *a: calls.append(a))
+    monkeypatch.setattr(cache, "compile_fatbin", lambda *a, **kw: calls.append(a))
     assert _build("lib", LIBRARY, output="shared") == path and calls == []  # a hit runs no nvcc
     with pytest.raises(ValueError, match="output: must be one of"):
         _build("lib", LIBRARY, output="cubin")

@@ -81,7 +81,7 @@ def fake_compiler(monkeypatch):
     """build_fatbin without nvcc: 'compiles' write a fatbin-shaped file and are counted."""
     built = []
 
-    def compile_fatbin(src, out, flags):
+    def compile_fatbin(src, out, flags, **kw):
         built.append(Path(src).stem)
         Path(out).write_bytes(_fatbin(("sm_80",), b"cache"))
 

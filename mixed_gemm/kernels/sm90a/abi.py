@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 RASTERS = {"h": 0, "m": 1, "n": 2}  # tile order: CUTLASS's heuristic, weight tiles first, token tiles first
 # mg_info's fields, in order.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "cluster_m", "cluster_n", "stages", "bits",
@@ -17,7 +17,7 @@ INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "cluster_m", "clu
 # Negative return codes of mg_init / mg_run (kErr* in gemm_sm90a.cuh); positive ones are cutlass::Status.
 ERRORS = {-1: "cuTensorMapReplaceAddress unavailable", -2: "re-targeting the x descriptor failed",
           -3: "re-targeting the y descriptor failed", -4: "workspace too small", -5: "cudaFuncSetAttribute failed",
-          -6: "cudaLaunchKernelExC failed"}
+          -6: "cudaLaunchKernelExC failed", -7: "loading the embedded fatbin (cudaLibraryLoadData) failed"}
 CUTLASS_STATUS = {1: "kErrorMisalignedOperand", 2: "kErrorInvalidDataType", 3: "kErrorInvalidLayout",
                   4: "kErrorInvalidProblem", 5: "kErrorNotSupported", 6: "kErrorWorkspaceNull",
                   7: "kErrorInternal", 8: "kErrorArchMismatch", 9: "kErrorInsufficientDriver",
