@@ -2,14 +2,17 @@
 // Family: sm90a
 // Kernel: mg_sm90a_bf16_u4_t64x128x64_pp_c1x1_s0
 // Config: Sm90aConfig(dtype='bf16', bits=4, zero_mode='int', tile=(64, 128, 64), kind='pp', cluster=(1, 1), stages=0, decomposition='persistent', splits=1, swizzle=1, raster='h')
-#include "common/constants.cuh"
-#include "sm90a/gemm_sm90a.cuh"
 
 // One shared library (host parameter builder + launcher, with the kernel's fatbin embedded) with a
 // C ABI for ctypes: mixed_gemm/kernels/sm90a/abi.py mirrors it. nvcc compiles this file twice, side
 // by side (mixed_gemm/compile/nvcc.py, compile_shared): the device pass (--fatbin) sees only the
 // kernel, the host pass (MIXED_GEMM_HOST_PASS) only the host code, so neither front end
-// instantiates the other's templates and the two halves of the build overlap in time.
+// instantiates the other's templates and the two halves of the build overlap in time. The host
+// pass's own device side (cicc) has nothing to compile, so it skips even the headers.
+#if !(defined(MIXED_GEMM_HOST_PASS) && defined(__CUDA_ARCH__))
+#include "common/constants.cuh"
+#include "sm90a/gemm_sm90a.cuh"
+
 using G = mixed_gemm::sm90a::Gemm<cutlass::bfloat16_t, cutlass::int4b_t, 64, 128, 64, 1, 1,
                                   true, false, 0>;
 using Slot = mixed_gemm::sm90a::Slot<G>;
@@ -126,3 +129,4 @@ long long mg_layout_offset(int n, int k, int n_pad, int k16) {
 
 }  // extern "C"
 #endif  // !__CUDA_ARCH__ && MIXED_GEMM_HOST_PASS
+#endif  // !(MIXED_GEMM_HOST_PASS && __CUDA_ARCH__)

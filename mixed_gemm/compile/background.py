@@ -42,7 +42,7 @@ def workers() -> int:
 def _run(spec: BuildSpec, future: Future) -> None:
     with _SLOTS:
         try:
-            path = build_spec(spec, threads=max(1, (os.cpu_count() or 1) // workers()))
+            path = build_spec(spec)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
             log.warning("background build of %s failed: %s", spec.name, exc)
             future.set_exception(exc)

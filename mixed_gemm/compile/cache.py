@@ -114,7 +114,7 @@ def _read_valid(entry: Path, binary: Path, name: str, key: str, tools: Optional[
 
 
 def _build_entry(entry: Path, binary: Path, name: str, key: str, source: str, flags: list[str],
-                 tools: dict, threads: Optional[int]) -> Path:
+                 tools: dict) -> Path:
     entry.mkdir(parents=True, exist_ok=True)
     meta_path = entry / "meta.json"
     # Drop the old meta first: from here until the new one lands the entry must read as invalid.
@@ -131,7 +131,7 @@ def _build_entry(entry: Path, binary: Path, name: str, key: str, source: str, fl
 
     tmp = _tmp_path(binary)
     try:
-        compile_fatbin(src, tmp, flags, threads=threads)
+        compile_fatbin(src, tmp, flags)
         data = tmp.read_bytes()
         if not data:
             raise BuildError(f"nvcc exited 0 but wrote an empty {binary.suffix} for {src}", source_path=src)
@@ -181,7 +181,6 @@ def build_fatbin(
     arch_flags: Sequence[str],
     extra_flags: Sequence[str] = (),
     output: str = "fatbin",
-    threads: Optional[int] = None,
 ) -> Path:
     """The binary of ``source`` (CUDA C++ text) for ``arch_flags``: a fatbin (``output="shared"``:
     a shared library). Looked up in order: the installed kernel packages (:mod:`.packages`), the
@@ -190,8 +189,7 @@ def build_fatbin(
 
     ``name`` names the entry and its files (letters, digits, ``_.-``). A verified entry loads
     without any toolchain; where nvcc and the CUTLASS headers are installed, a cache entry built by
-    other versions of them is rebuilt. ``threads``: CPU threads a compile may use (default: all;
-    it never enters the key). Safe to call from several threads and processes at once:
+    other versions of them is rebuilt. Safe to call from several threads and processes at once:
     builds of one entry are serialized on a file lock.
     """
     key, entry, binary = locate(name, source, arch_flags, extra_flags, output)
@@ -217,12 +215,12 @@ def build_fatbin(
         if entry.exists():
             log.info("rebuilding invalid cache entry %s", entry)
         flags = compile_flags(extra_flags, arch_flags=arch_flags, output=output)
-        return _build_entry(entry, binary, name, key, source, flags, tools, threads)
+        return _build_entry(entry, binary, name, key, source, flags, tools)
 
 
-def build_spec(spec: BuildSpec, threads: Optional[int] = None) -> Path:
+def build_spec(spec: BuildSpec) -> Path:
     """:func:`build_fatbin` of a :class:`BuildSpec`."""
-    return build_fatbin(spec.name, spec.source(), arch_flags=spec.arch_flags, output=spec.output, threads=threads)
+    return build_fatbin(spec.name, spec.source(), arch_flags=spec.arch_flags, output=spec.output)
 
 
 def build_many(
@@ -233,15 +231,13 @@ def build_many(
 
     nvcc does the work in subprocesses, so threads are enough. Kernel libraries (``output="shared"``,
     a minute of nvcc where a fatbin takes seconds) start first, so no long build is left for the
-    end; each build gets an equal share of the CPUs. On the first failure the builds not yet
+    end. On the first failure the builds not yet
     started are cancelled, the running ones finish, and that first error is raised.
     """
     items = list(items)
     if not items:
         return []
-    cpus = os.cpu_count() or 1
-    jobs = max(1, jobs or cpus)
-    threads = max(1, cpus // min(jobs, len(items)))
+    jobs = max(1, jobs or os.cpu_count() or 1)
     order = sorted(range(len(items)), key=lambda i: items[i][2].get("output", "fatbin") != "shared")
     results: list[Path | None] = [None] * len(items)
     first_error: BaseException | None = None
@@ -250,8 +246,7 @@ def build_many(
     with ThreadPoolExecutor(max_workers=min(jobs, len(items))) as pool, tqdm(
         total=len(items), desc="nvcc", unit="kernel", disable=None if progress else True
     ) as bar:
-        futures = {pool.submit(build_fatbin, items[i][0], items[i][1], **{"threads": threads, **items[i][2]}): i
-                   for i in order}
+        futures = {pool.submit(build_fatbin, items[i][0], items[i][1], **items[i][2]): i for i in order}
         for fut in as_completed(futures):
             i = futures[fut]
             if fut.cancelled():

@@ -174,19 +174,17 @@ def _run_nvcc(cmd: list[str], source_path: Path, cwd: str | os.PathLike | None =
     return output
 
 
-def compile_fatbin(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str], *,
-                   threads: int | None = None) -> str:
+def compile_fatbin(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str]) -> str:
     """Compile ``source_path`` to ``out_path`` with ``flags`` (see :func:`compile_flags`): a fatbin,
     or with the ``"shared"`` output's flags a kernel library (:func:`compile_shared`).
 
-    ``threads``: CPU threads the build may use (default: every CPU; :func:`build_many` gives each
-    of its parallel builds a share). Returns nvcc's (usually empty) output, e.g. the
+    Returns nvcc's (usually empty) output, e.g. the
     ``-Xptxas=-v`` report; raises :class:`BuildError` carrying nvcc's error text and the source
     path on failure.
     """
     source_path = Path(source_path)
     if all(f in flags for f in OUTPUTS["shared"][0]):
-        return compile_shared(source_path, out_path, flags, threads=threads)
+        return compile_shared(source_path, out_path, flags)
     cmd = [str(find_nvcc()), *flags, "-o", str(out_path), str(source_path)]
     return _run_nvcc(cmd, source_path)
 
@@ -220,12 +218,11 @@ def _run_together(cmds: Sequence[list[str]], source_path: Path) -> str:
     return "\n".join(o for o in outputs if o)
 
 
-def compile_shared(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str], *,
-                   threads: int | None = None) -> str:
+def compile_shared(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str]) -> str:
     """A kernel library (``output="shared"``) in two nvcc processes that run side by side:
 
-    - the device pass, ``--fatbin`` with ``-split-compile`` over ``threads`` (cicc's optimizer is
-      most of a CUTLASS 3.x kernel's build), sees the kernels and none of the host code;
+    - the device pass, ``--fatbin``, sees the kernels and none of the host code (its cicc is most
+      of a CUTLASS 3.x kernel's build: ``-split-compile`` measured no faster, one kernel);
     - the host pass, ``-c -D{HOST_PASS_MACRO}``, sees the host code and none of the kernels;
 
     then the host object and the fatbin (embedded as the hidden symbol ``mg_fatbin`` by
@@ -236,11 +233,10 @@ def compile_shared(source_path: str | os.PathLike, out_path: str | os.PathLike, 
     source_path, out_path = Path(source_path), Path(out_path)
     shared = OUTPUTS["shared"][0]
     common = [f for f in flags if f not in shared]
-    threads = max(1, threads or os.cpu_count() or 1)
     nvcc = str(find_nvcc())
     with tempfile.TemporaryDirectory(prefix=".split-", dir=out_path.parent) as tmp:
         fatbin, host, blob = Path(tmp) / "device.fatbin", Path(tmp) / "host.o", Path(tmp) / "embed.cpp"
-        device = [nvcc, *common, "--fatbin", f"-split-compile={threads}", "-o", str(fatbin), str(source_path)]
+        device = [nvcc, *common, "--fatbin", "-o", str(fatbin), str(source_path)]
         host_cmd = [nvcc, *common, "-c", "-Xcompiler=-fPIC", f"-D{HOST_PASS_MACRO}", "-o", str(host),
                     str(source_path)]
         out = _run_together([device, host_cmd], source_path)
