@@ -30,7 +30,7 @@ for step in $steps; do
       MIXED_GEMM_CACHE_DIR=/tmp/one-cache /usr/bin/time -v python3 -m mixed_gemm.cli build \
         --filter ${ONE_FILTER:-mg_sm90a_f16_u4_t128x128x128_coop_c1x1_s0_sk} --jobs 1 \
         --quiet 2>&1 | tee "$OUT/build-one.log" | grep -E "kernels in|Elapsed|Maximum resident" ;;
-    build-all)  # the whole catalog, every core (issue #22's "full build" figure)
+    build-all)  # what `mixed-gemm build` compiles on this GPU, every core (issue #22's "full build" figure)
       /usr/bin/time -v timeout ${BUILD_TIMEOUT:-500} python3 -m mixed_gemm.cli build --jobs ${BUILD_JOBS:-16} --quiet 2>&1 \
         | tee "$OUT/build-all.log" | grep -E "kernels in|Elapsed|Maximum resident|rror" ;;
     package)  # the sm90a kernel package from the cache just built (the wheel comes back in 15 MB parts)
