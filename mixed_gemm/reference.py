@@ -156,3 +156,55 @@ def matmul(
         _check(bias.device == q.device, f"bias: expected device {q.device} (same as q), got {bias.device}")
         out = out + bias.float()
     return out
+
+
+def moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Reference mixture-of-experts layer (SiLU-gated MLP experts), in float32.
+
+    Args:
+        x: float ``(T, H)`` tokens.
+        w13: float ``(E, 2I, H)``: each expert's gate rows ``[0, I)`` then up rows ``[I, 2I)``
+            (dequantized, e.g. with :func:`dequantize` per expert).
+        w2: float ``(E, H, I)``: each expert's down projection.
+        topk_weights: float ``(T, k)``: the router's weight of each chosen expert.
+        topk_ids: integer ``(T, k)``: the chosen experts, in ``[0, E)``.
+
+    Returns:
+        float32 ``(T, H)``: ``sum_j topk_weights[t, j] * w2[e] @ (silu(gate_e x_t) * (up_e x_t))``
+        with ``e = topk_ids[t, j]``.
+    """
+    _tensor("x", x, 2, "float")
+    _tensor("w13", w13, 3, "float")
+    _tensor("w2", w2, 3, "float")
+    _tensor("topk_weights", topk_weights, 2, "float")
+    _tensor("topk_ids", topk_ids, 2, "int")
+    t, h = x.shape
+    e, two_i, h13 = w13.shape
+    _check(two_i % 2 == 0 and two_i > 0, f"w13: expected (E, 2I, H) with an even, non-zero 2I, got {tuple(w13.shape)}")
+    inter = two_i // 2
+    _check(h13 == h, f"w13: expected shape (E, 2I, {h}) (H of x), got {tuple(w13.shape)}")
+    _check(tuple(w2.shape) == (e, h, inter), f"w2: expected shape ({e}, {h}, {inter}) (E, H, I), got {tuple(w2.shape)}")
+    _check(topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == t,
+           f"topk_ids, topk_weights: expected equal (T={t}, top_k) shapes, got {tuple(topk_ids.shape)} and "
+           f"{tuple(topk_weights.shape)}")
+    for name, other in (("w13", w13), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+        _check(other.device == x.device, f"{name}: expected device {x.device} (same as x), got {other.device}")
+    if topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        _check(0 <= lo and hi < e, f"topk_ids: expert ids must lie in [0, {e}) (E), got {lo if lo < 0 else hi}")
+    xf = x.float()
+    out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
+    for expert in range(e):
+        rows, slots = (topk_ids == expert).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        gate_up = xf[rows] @ w13[expert].float().t()
+        act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        out.index_add_(0, rows, (act @ w2[expert].float().t()) * topk_weights[rows, slots].float()[:, None])
+    return out

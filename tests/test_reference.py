@@ -166,3 +166,54 @@ def test_reference_errors(case):
     fn, exc, msg = ERRORS[case]
     with pytest.raises(exc, match=re.escape(msg)):
         fn()
+
+
+# --- mixture of experts ---------------------------------------------------------------------------
+
+
+def _moe_inputs(gen, t=5, h=16, inter=8, e=4, top_k=2):
+    x = torch.randn(t, h, generator=gen).half()
+    w13 = torch.randn(e, 2 * inter, h, generator=gen) / h**0.5
+    w2 = torch.randn(e, h, inter, generator=gen) / inter**0.5
+    ids = torch.rand(t, e, generator=gen).topk(top_k, dim=1).indices
+    weights = torch.rand(t, top_k, generator=gen).softmax(dim=1)
+    return x, w13, w2, weights, ids
+
+
+def test_moe_matches_a_token_loop(gen):
+    x, w13, w2, weights, ids = _moe_inputs(gen)
+    want = torch.zeros(x.shape[0], x.shape[1])
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gate, up = (w13[e] @ x[t].float()).chunk(2)
+            want[t] += weights[t, j] * (w2[e] @ (torch.nn.functional.silu(gate) * up))
+    got = ref.moe(x, w13, w2, weights, ids)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_edge_cases(gen):
+    x, w13, w2, weights, ids = _moe_inputs(gen)
+    # every pair on one expert equals that expert's dense MLP times the summed weights
+    one = torch.full_like(ids, 2)
+    dense = ref.moe(x, w13[2:3], w2[2:3], weights, torch.zeros_like(ids))
+    torch.testing.assert_close(ref.moe(x, w13, w2, weights, one), dense)
+    assert ref.moe(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, x.shape[1])  # no tokens
+
+
+@pytest.mark.parametrize("change, exc, msg", [
+    (dict(ids=torch.tensor([[0, 4]] * 5)), ValueError, r"topk_ids: expert ids must lie in \[0, 4\) \(E\), got 4"),
+    (dict(ids=torch.tensor([[0, -1]] * 5)), ValueError, "got -1"),
+    (dict(w2=torch.zeros(4, 16, 9)), ValueError, r"w2: expected shape \(4, 16, 8\) \(E, H, I\)"),
+    (dict(w13=torch.zeros(4, 15, 16)), ValueError, "w13: expected .E, 2I, H. with an even"),
+    (dict(w13=torch.zeros(4, 16, 17)), ValueError, r"w13: expected shape \(E, 2I, 16\)"),
+    (dict(weights=torch.rand(5, 3)), ValueError, "topk_ids, topk_weights: expected equal"),
+    (dict(ids=torch.rand(5, 2)), TypeError, "topk_ids: expected an integer tensor"),
+])
+def test_moe_bad_arguments_name_the_rule(gen, change, exc, msg):
+    x, w13, w2, weights, ids = _moe_inputs(gen)
+    args = dict(w13=w13, w2=w2, weights=weights, ids=ids)
+    args.update(change)
+    with pytest.raises(exc, match=msg):
+        ref.moe(x, args["w13"], args["w2"], args["weights"], args["ids"])
