@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Tuple
@@ -223,6 +224,22 @@ def build_spec(spec: BuildSpec) -> Path:
     return build_fatbin(spec.name, spec.source(), arch_flags=spec.arch_flags, output=spec.output)
 
 
+# Peak memory of one kernel library's build: its device pass (cicc, 5.1 GB for an sm90a GEMM) and
+# host pass (1.9 GB) run at the same time (measured on the H100 machine, bench/NOTES.md).
+LIBRARY_BUILD_BYTES = 7 * 2**30
+
+
+def library_slots() -> int:
+    """How many kernel-library builds fit in the memory available now (at least one)."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # not Linux: no cap beyond --jobs
+        return os.cpu_count() or 1
+    return max(1, available // LIBRARY_BUILD_BYTES)
+
+
 def build_many(
     items: Iterable[tuple[str, str, dict]], *, jobs: int | None = None, progress: bool = True
 ) -> list[Path]:
@@ -231,14 +248,26 @@ def build_many(
 
     nvcc does the work in subprocesses, so threads are enough. Kernel libraries (``output="shared"``,
     a minute of nvcc where a fatbin takes seconds) start first, so no long build is left for the
-    end. On the first failure the builds not yet
-    started are cancelled, the running ones finish, and that first error is raised.
+    end, and no more of them at once than memory holds (:func:`library_slots`): the rest wait
+    behind the fatbins. On the first failure the builds not yet started are cancelled, the running
+    ones finish, and that first error is raised.
     """
     items = list(items)
     if not items:
         return []
     jobs = max(1, jobs or os.cpu_count() or 1)
-    order = sorted(range(len(items)), key=lambda i: items[i][2].get("output", "fatbin") != "shared")
+    libraries = [i for i, item in enumerate(items) if item[2].get("output", "fatbin") == "shared"]
+    slots = min(jobs, library_slots())
+    others = [i for i, item in enumerate(items) if item[2].get("output", "fatbin") != "shared"]
+    order = libraries[:slots] + others + libraries[slots:]
+    gate = threading.BoundedSemaphore(slots)
+
+    def build(name, src, kw):
+        if kw.get("output", "fatbin") != "shared":
+            return build_fatbin(name, src, **kw)
+        with gate:
+            return build_fatbin(name, src, **kw)
+
     results: list[Path | None] = [None] * len(items)
     first_error: BaseException | None = None
     failed: list[str] = []
@@ -246,7 +275,7 @@ def build_many(
     with ThreadPoolExecutor(max_workers=min(jobs, len(items))) as pool, tqdm(
         total=len(items), desc="nvcc", unit="kernel", disable=None if progress else True
     ) as bar:
-        futures = {pool.submit(build_fatbin, items[i][0], items[i][1], **items[i][2]): i for i in order}
+        futures = {pool.submit(build, *items[i]): i for i in order}
         for fut in as_completed(futures):
             i = futures[fut]
             if fut.cancelled():

@@ -420,3 +420,33 @@ def test_shared_library_entry_builds_loads_and_hits(tmp_cache, monkeypatch):
     assert _build("lib", LIBRARY, output="shared") == path and calls == []  # a hit runs no nvcc
     with pytest.raises(ValueError, match="output: must be one of"):
         _build("lib", LIBRARY, output="cubin")
+
+
+def test_build_many_caps_kernel_libraries_by_memory(tmp_cache, monkeypatch):
+    """Kernel libraries start first but no more at once than memory holds; fatbins fill the rest."""
+    import threading
+    import time
+
+    running, peak, order = [0], [0], []
+    lock = threading.Lock()
+
+    def fake_build(name, source, **kw):
+        with lock:
+            order.append(name)
+            if kw.get("output") == "shared":
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            if kw.get("output") == "shared":
+                running[0] -= 1
+        return Path(name)
+
+    monkeypatch.setattr(cache, "build_fatbin", fake_build)
+    monkeypatch.setattr(cache, "library_slots", lambda: 2)
+    items = [(f"f{i}", "", dict(arch_flags=ARCH)) for i in range(3)]
+    items += [(f"lib{i}", "", dict(arch_flags=ARCH, output="shared")) for i in range(5)]
+    paths = build_many(items, jobs=4, progress=False)
+    assert [p.name for p in paths] == [name for name, _, _ in items]  # input order
+    later = min(order.index(f"lib{i}") for i in (2, 3, 4))
+    assert peak[0] == 2 and max(order.index("lib0"), order.index("lib1"), order.index("f0")) < later
