@@ -2,7 +2,7 @@
 
 Each build is an nvcc process started from a daemon thread (the Python side only waits on it),
 at most ``$MIXED_GEMM_JIT_WORKERS`` at a time (default: a quarter of the CPUs, 1 to 4: an sm90a
-library takes ~5 GB of compiler memory). A build lands in the kernel cache like any other --
+library takes up to 7 GB of compiler memory). A build lands in the kernel cache like any other --
 meta.json last, with the binary's sha256 -- and the caller loads it through
 :func:`~.cache.build_spec`, which verifies it, so nothing unverified is ever launched. One request
 per kernel name; a finished or failed one is remembered.
