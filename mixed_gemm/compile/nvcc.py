@@ -147,28 +147,36 @@ def compile_flags(
 
 
 def _run_nvcc(cmd: list[str], source_path: Path, cwd: str | os.PathLike | None = None) -> str:
-    log.debug("running %s", shlex.join(cmd))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=cwd)
-    except OSError as exc:
-        raise BuildError(
-            f"could not run {cmd[0]}: {exc}", source_path=source_path, cmd=cmd
-        ) from exc
-    output = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
-        shown = output
+    return _run_together([cmd], source_path, cwd)
+
+
+def _run_together(cmds: Sequence[list[str]], source_path: Path, cwd: str | os.PathLike | None = None) -> str:
+    """Run nvcc commands at the same time; their joined (usually empty) output, or a BuildError
+    for the first that failed, carrying its whole output."""
+    procs = []
+    for cmd in cmds:
+        log.debug("running %s", shlex.join(cmd))
+        try:
+            procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                errors="replace", cwd=cwd)))
+        except OSError as exc:
+            for _, p in procs:
+                p.kill()
+            raise BuildError(f"could not run {cmd[0]}: {exc}", source_path=source_path, cmd=cmd) from exc
+    outputs, failed = [], None
+    for cmd, proc in procs:
+        out = proc.communicate()[0].strip()
+        outputs.append(out)
+        if proc.returncode != 0 and failed is None:
+            failed = (cmd, proc.returncode, out)
+    if failed is not None:
+        cmd, rc, out = failed
+        shown = out
         if len(shown) > _MAX_MESSAGE_CHARS:
-            shown = (
-                shown[:_MAX_MESSAGE_CHARS]
-                + f"\n... [{len(output) - _MAX_MESSAGE_CHARS} more characters in BuildError.stderr]"
-            )
-        raise BuildError(
-            f"nvcc failed (exit {proc.returncode}) compiling {source_path}\n"
-            f"command: {shlex.join(cmd)}\n{shown}",
-            source_path=source_path,
-            cmd=cmd,
-            stderr=output,
-        )
+            shown = shown[:_MAX_MESSAGE_CHARS] + f"\n... [{len(out) - _MAX_MESSAGE_CHARS} more characters in BuildError.stderr]"
+        raise BuildError(f"nvcc failed (exit {rc}) compiling {source_path}\ncommand: {shlex.join(cmd)}\n{shown}",
+                         source_path=source_path, cmd=cmd, stderr=out)
+    output = "\n".join(o for o in outputs if o)
     if output:
         log.debug("nvcc output for %s:\n%s", source_path, output)
     return output
@@ -191,31 +199,6 @@ def compile_fatbin(source_path: str | os.PathLike, out_path: str | os.PathLike, 
 
 # The preprocessor symbol of a kernel library's host pass (see compile_shared).
 HOST_PASS_MACRO = "MIXED_GEMM_HOST_PASS"
-
-
-def _run_together(cmds: Sequence[list[str]], source_path: Path) -> str:
-    """Run nvcc commands at the same time; their joined output, or the first failure's BuildError."""
-    procs = []
-    for cmd in cmds:
-        log.debug("running %s", shlex.join(cmd))
-        try:
-            procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                                errors="replace")))
-        except OSError as exc:
-            for _, p in procs:
-                p.kill()
-            raise BuildError(f"could not run {cmd[0]}: {exc}", source_path=source_path, cmd=cmd) from exc
-    outputs, failed = [], None
-    for cmd, proc in procs:
-        out = proc.communicate()[0].strip()
-        outputs.append(out)
-        if proc.returncode != 0 and failed is None:
-            failed = (cmd, proc.returncode, out)
-    if failed is not None:
-        cmd, rc, out = failed
-        raise BuildError(f"nvcc failed (exit {rc}) compiling {source_path}\ncommand: {shlex.join(cmd)}\n"
-                         f"{out[:_MAX_MESSAGE_CHARS]}", source_path=source_path, cmd=cmd, stderr=out)
-    return "\n".join(o for o in outputs if o)
 
 
 def compile_shared(source_path: str | os.PathLike, out_path: str | os.PathLike, flags: Sequence[str]) -> str:
