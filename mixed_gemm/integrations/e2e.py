@@ -1,6 +1,7 @@
 """``mixed-gemm e2e``: a transformers model with random weights, fp16 against its int4
-(mixed_gemm) twin, both alive, their runs alternating and repeated (median), because the host is
-noisy. Per batch: the decode step (one token's forward, no KV cache) replayed in a CUDA graph, and
+(mixed_gemm) twin and, with ``compare``, the peer users already have (torch's tinygemm int4 in
+bf16, :mod:`.tinygemm`, the same codes), all alive, their runs alternating and repeated (median),
+because the host is noisy. Per batch: the decode step (one token's forward, no KV cache) replayed in a CUDA graph, and
 ``generate`` tokens/s eager and compiled (static cache: torch.compile with CUDA-graph trees); time
 to first token for a 512-token prompt; peak memory and the weights' bytes."""
 from __future__ import annotations
@@ -56,6 +57,20 @@ def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = T
     return fp16, int4
 
 
+PEER = "tinygemm"
+
+
+def build_peer(fp16, group_size: int = 128):
+    """The tinygemm twin of ``fp16``: a bf16 copy whose linear layers but lm_head hold the codes
+    :func:`mixed_gemm.quantize` makes, in tinygemm's layout (unfused, as torchao leaves them)."""
+    from .tinygemm import tinygemm_model
+
+    peer = copy.deepcopy(fp16).to(torch.bfloat16)
+    tinygemm_model(peer, group_size)
+    torch.cuda.empty_cache()
+    return peer
+
+
 def weight_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
@@ -106,10 +121,13 @@ def ttft_ms(model) -> float:
 
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compiled: bool = True,
-        fuse: bool = True, log=print) -> Dict:
-    """Every measurement, fp16 and int4 alternating within each repetition; medians."""
+        fuse: bool = True, compare: bool = False, log=print) -> Dict:
+    """Every measurement, the models alternating within each repetition (order reversed every
+    other one); medians. ``compare`` adds the tinygemm peer."""
     fp16, int4 = build_models(preset, layers, fuse=fuse)
     models = {"fp16": fp16, "mixed_gemm": int4}
+    if compare:
+        models[PEER] = build_peer(fp16)
     result: Dict = {"preset": preset, "layers": fp16.config.num_hidden_layers, "gpu": torch.cuda.get_device_name(),
                     "fused": fuse,
                     "weight_bytes": {k: weight_bytes(m) for k, m in models.items()}, "rows": []}
@@ -133,46 +151,70 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
         for name in models:
             for key in samples[name][0]:
                 row[f"{name}_{key}"] = statistics.median(s[key] for s in samples[name])
-        row["decode_speedup"] = row["fp16_decode_ms"] / row["mixed_gemm_decode_ms"]
-        row["eager_ratio"] = row["mixed_gemm_eager_tps"] / row["fp16_eager_tps"]
-        if compiled:
-            row["compiled_ratio"] = row["mixed_gemm_compiled_tps"] / row["fp16_compiled_tps"]
+        for name in models:
+            if name == "fp16":
+                continue
+            prefix = "" if name == "mixed_gemm" else f"{name}_"
+            row[f"{prefix}decode_speedup"] = row["fp16_decode_ms"] / row[f"{name}_decode_ms"]
+            row[f"{prefix}eager_ratio"] = row[f"{name}_eager_tps"] / row["fp16_eager_tps"]
+            if compiled:
+                row[f"{prefix}compiled_ratio"] = row[f"{name}_compiled_tps"] / row["fp16_compiled_tps"]
         result["rows"].append(row)
         log(_row_line(row, compiled))
     result["ttft_ms"] = {}
     for name, model in models.items():
         torch.cuda.reset_peak_memory_stats()
         result["ttft_ms"][name] = statistics.median(ttft_ms(model) for _ in range(reps))
-        # Both models are alive: the other one's weights are not this one's peak.
-        other = result["weight_bytes"]["mixed_gemm" if name == "fp16" else "fp16"]
-        result.setdefault("peak_bytes", {})[name] = torch.cuda.max_memory_allocated() - other
+        # Every model is alive: the others' weights are not this one's peak.
+        others = sum(v for k, v in result["weight_bytes"].items() if k != name)
+        result.setdefault("peak_bytes", {})[name] = torch.cuda.max_memory_allocated() - others
     return result
 
 
 def _row_line(r: Dict, compiled: bool) -> str:
-    line = (f"| {r['batch']} | {r['fp16_decode_ms']:.2f} | {r['mixed_gemm_decode_ms']:.2f} | {r['decode_speedup']:.2f}x | "
-            f"{r['fp16_eager_tps']:.0f} | {r['mixed_gemm_eager_tps']:.0f} | {r['eager_ratio']:.2f}x |")
+    peer = f"{PEER}_decode_ms" in r
+    line = (f"| {r['batch']} | {r['fp16_decode_ms']:.2f} | {r['mixed_gemm_decode_ms']:.2f} | {r['decode_speedup']:.2f}x |")
+    if peer:
+        line += f" {r[f'{PEER}_decode_ms']:.2f} | {r[f'{PEER}_decode_speedup']:.2f}x |"
+    line += f" {r['fp16_eager_tps']:.0f} | {r['mixed_gemm_eager_tps']:.0f} | {r['eager_ratio']:.2f}x |"
+    if peer:
+        line += f" {r[f'{PEER}_eager_tps']:.0f} | {r[f'{PEER}_eager_ratio']:.2f}x |"
     if compiled:
         line += f" {r['fp16_compiled_tps']:.0f} | {r['mixed_gemm_compiled_tps']:.0f} | {r['compiled_ratio']:.2f}x |"
+        if peer:
+            line += f" {r[f'{PEER}_compiled_tps']:.0f} | {r[f'{PEER}_compiled_ratio']:.2f}x |"
     return line
 
 
 def table(result: Dict, compiled: bool) -> List[str]:
-    head = ("| batch | fp16 decode step ms (graph) | int4 decode step ms | speedup | fp16 eager tok/s | "
-            "int4 eager tok/s | ratio |")
-    sep = "|---|---|---|---|---|---|---|"
+    """The markdown table of :func:`run`'s result: per batch, each model's figure and its ratio to
+    fp16 (the peer's columns beside mixed_gemm's when it ran), then weights, peak memory and TTFT."""
+    peer = PEER in result["weight_bytes"]
+    tg = f" {PEER} (bf16 int4)"
+    head = "| batch | fp16 decode step ms (graph) | int4 decode step ms | speedup |"
+    if peer:
+        head += f"{tg} decode step ms | speedup |"
+    head += " fp16 eager tok/s | int4 eager tok/s | ratio |"
+    if peer:
+        head += f"{tg} eager tok/s | ratio |"
     if compiled:
         head += " fp16 compiled tok/s | int4 compiled tok/s | ratio |"
-        sep += "---|---|---|"
+        if peer:
+            head += f"{tg} compiled tok/s | ratio |"
+    sep = "|" + "---|" * (head.count("|") - 1)
     lines = [head, sep] + [_row_line(r, compiled) for r in result["rows"]]
     gib = 2.0**30
-    lines += ["", "| | fp16 | mixed_gemm int4 |", "|---|---|---|",
-              f"| weights + buffers | {result['weight_bytes']['fp16'] / gib:.2f} GiB | "
-              f"{result['weight_bytes']['mixed_gemm'] / gib:.2f} GiB |",
-              f"| peak memory (TTFT run) | {result['peak_bytes']['fp16'] / gib:.2f} GiB | "
-              f"{result['peak_bytes']['mixed_gemm'] / gib:.2f} GiB |",
-              f"| time to first token, {TTFT_PROMPT}-token prompt | {result['ttft_ms']['fp16']:.1f} ms | "
-              f"{result['ttft_ms']['mixed_gemm']:.1f} ms |"]
+    names = list(result["weight_bytes"])
+    label = {"fp16": "fp16", "mixed_gemm": "mixed_gemm int4", PEER: f"{PEER} int4 (bf16)"}
+
+    def cells(fn) -> str:
+        return " | ".join(fn(n) for n in names)
+
+    lines += ["", "| | " + cells(lambda n: label[n]) + " |", "|---|" + "---|" * len(names),
+              "| weights + buffers | " + cells(lambda n: f"{result['weight_bytes'][n] / gib:.2f} GiB") + " |",
+              "| peak memory (TTFT run) | " + cells(lambda n: f"{result['peak_bytes'][n] / gib:.2f} GiB") + " |",
+              f"| time to first token, {TTFT_PROMPT}-token prompt | "
+              + cells(lambda n: f"{result['ttft_ms'][n]:.1f} ms") + " |"]
     return lines
 
 
@@ -191,10 +233,15 @@ def plot(result: Dict, path: str, title: str, compiled: bool):
     ax.plot(xs, [r["eager_ratio"] for r in rows], marker="s", label="generate, eager")
     if compiled:
         ax.plot(xs, [r["compiled_ratio"] for r in rows], marker="^", label="generate, compiled (static cache)")
+    if rows and f"{PEER}_decode_speedup" in rows[0]:
+        ax.plot(xs, [r[f"{PEER}_decode_speedup"] for r in rows], ls="--", marker="o", label=f"{PEER}: decode step")
+        key = f"{PEER}_compiled_ratio" if compiled else f"{PEER}_eager_ratio"
+        ax.plot(xs, [r[key] for r in rows], ls="--", marker="^", label=f"{PEER}: generate, "
+                + ("compiled" if compiled else "eager"))
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch")
-    ax.set_ylabel("int4 (mixed_gemm) / fp16")
+    ax.set_ylabel("int4 / fp16 (same batch)")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8)
     fig.tight_layout()
