@@ -16,19 +16,18 @@ def catalog(name_filter: str = "", families=None):
 
 
 def build_items(name_filter: str, all_families: bool):
-    """``(family, config)`` that ``mixed-gemm build`` compiles. With a GPU: the configs of the
-    families that run on it and read a layout ``prepack`` makes there (one weight copy: on the
-    H100 the sm80 tiles and the sm80-layout decode kernels would never run, and an sm90a library
-    costs half a minute of nvcc); without a GPU (a cache built for deployment elsewhere), or
-    with ``--all``: every family's whole catalog."""
-    from .kernels import FAMILIES, LAYOUTS, base, layout_on
+    """``(family, config)`` that ``mixed-gemm build`` compiles. With a GPU: every kernel selection
+    can pick there (its profile's schedules, each family's heuristic picks for every weight kind,
+    the cold-call stand-ins: :func:`~mixed_gemm.select.coverage.selectable_on`, what a kernel
+    package for it holds), so no call waits for nvcc; the profiler compiles its other candidates
+    as it times them. Without a GPU (a cache built for deployment elsewhere), or with ``--all``:
+    every family's whole catalog."""
+    from .kernels import base
+    from .select.coverage import selectable_on
 
-    capability = base.compute_capability(0)
-    if all_families or capability is None:
+    if all_families or base.compute_capability(0) is None:
         return catalog(name_filter)
-    layouts = {layout_on(capability, bits) for bits in (4, 8, *LAYOUTS["lowbit"].BITS)}
-    families = [f for f in FAMILIES if f.runs_on(capability)[0]]
-    return [(f, c) for f, c in catalog(name_filter, families) if f.layout_of(c) in layouts]
+    return [(f, c) for f, c in selectable_on(0) if name_filter in c.kernel_name]
 
 
 def generated_sources():
@@ -98,13 +97,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def add_build_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("build", help="compile the kernel catalogs the visible GPU can use into the cache")
+    p = subparsers.add_parser("build", help="compile the kernels matmul can select on the visible GPU into the cache")
     p.add_argument("--filter", default="", help="only configs whose name contains this text")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-kernel lines")
     p.add_argument("--all", action="store_true",
-                   help="every family's whole catalog, also kernels the visible GPU cannot run or whose weight "
-                        "layout prepack does not make there (default without a GPU)")
+                   help="every family's whole catalog (what the profiler times), also kernels the visible GPU "
+                        "cannot run (default without a GPU); otherwise what matmul can select on the GPU")
     p.add_argument("--package", metavar="OUT_DIR", default=None,
                    help="instead of the catalog: build every kernel matmul can select on --arch (shipped "
                         "profiles, heuristics for every weight kind, fallbacks) and write them as an installable "

@@ -116,27 +116,23 @@ def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
-def test_build_compiles_what_the_gpu_can_use(monkeypatch):
-    """Without a GPU (or with --all) every catalog; with one, the families it runs, and of those
-    only the configs reading a layout prepack makes there (one copy: no sm80 tiles on the H100)."""
-    from collections import Counter
-
+def test_build_compiles_what_the_gpu_can_select(monkeypatch):
+    """Without a GPU (or with --all) every catalog; with one, what selection can pick there (its
+    profile, every family's heuristics, the stand-ins): the contents of a kernel package for it."""
     from mixed_gemm.cli_catalog import build_items, catalog
     from mixed_gemm.kernels import base
+    from mixed_gemm.select import coverage, profiles
 
     everything = catalog("")
     monkeypatch.setattr(base, "compute_capability", lambda i: None)
     assert build_items("", False) == everything  # no GPU: a cache for anywhere
-    monkeypatch.setattr(base, "compute_capability", lambda i: (8, 9))
-    ada = build_items("", False)
-    assert {f.name for f, _ in ada} == {"gemv", "sm80", "dequant_mm"}
-    assert {f.layout_of(c) for f, c in ada} == {"sm80", "lowbit"}
-    assert build_items("", True) == everything
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    monkeypatch.setattr(base, "sm_count", lambda i: 132)
+    monkeypatch.setattr(profiles, "device_profile", lambda i: coverage.shipped_profile((9, 0)))
+    assert build_items("", True) == everything
     hopper = build_items("", False)
-    assert {f.layout_of(c) for f, c in hopper} == {"sm90a", "lowbit"}
-    counts = Counter(f.name for f, _ in hopper)
-    assert "sm80" not in counts and counts["sm90a"] == sum(f.name == "sm90a" for f, _ in everything)
+    assert [c.kernel_name for _, c in hopper] == [c.kernel_name for _, c in coverage.selectable("sm90a")]
+    assert {f.name for f, _ in hopper} == {"sm90a", "gemv", "dequant_mm"}
     assert build_items("mg_sm90a_f16", False) == [(f, c) for f, c in hopper if "mg_sm90a_f16" in c.kernel_name]
 
 

@@ -75,7 +75,24 @@ def selectable(arch: str, shapes=SHAPES, m_buckets=M_BUCKETS) -> List[Tuple[Fami
     """``(family, compiled config)`` of every kernel selection can pick on ``arch`` without a user
     profile (and of the cold-call stand-ins), one per kernel name, in registry then name order."""
     capability, sms = arch_capability(arch)
-    profile = shipped_profile(capability)
+    return selectable_for(capability, sms, shipped_profile(capability), shapes, m_buckets)
+
+
+def selectable_on(device_index: int = 0) -> List[Tuple[Family, object]]:
+    """:func:`selectable` for a visible GPU: its compute capability, SM count and profile (a
+    user's own included): what ``mixed-gemm build`` compiles there."""
+    from ..kernels import base
+    from .profiles import device_profile
+
+    capability = base.compute_capability(device_index)
+    if capability is None:
+        raise ValueError(f"device_index: no CUDA GPU {device_index} is visible")
+    return selectable_for(capability, base.sm_count(device_index), device_profile(device_index))
+
+
+def selectable_for(capability: Tuple[int, int], sms: int, profile: Optional[Profile], shapes=SHAPES,
+                   m_buckets=M_BUCKETS) -> List[Tuple[Family, object]]:
+    """The kernels selection can pick on a GPU of ``capability`` with ``sms`` SMs and ``profile``."""
     found: Dict[str, Tuple[Family, object]] = {}
 
     def add(fam: Family, config) -> None:
