@@ -1,4 +1,4 @@
-"""``mixed-gemm build`` (precompile every family's catalog into the kernel cache) and
+"""``mixed-gemm build`` (precompile what selection can pick on the GPU, or with --all every catalog) and
 ``mixed-gemm generate`` (re-render ``generated/`` from the templates)."""
 from __future__ import annotations
 

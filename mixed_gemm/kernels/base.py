@@ -118,7 +118,7 @@ class Family:
         return self.config_class.from_schedule(schedule, dtype=dtype, bits=bits, zero_mode=zero_mode)
 
     def catalog(self) -> List:
-        """The compiled configs ``mixed-gemm build`` precompiles and ``generated/`` shows."""
+        """The compiled configs ``mixed-gemm build --all`` precompiles and ``generated/`` shows."""
         return []
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:

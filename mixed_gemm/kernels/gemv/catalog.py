@@ -1,4 +1,4 @@
-"""The gemv family's default catalog: the compiled identities ``mixed-gemm build`` precompiles."""
+"""The gemv family's default catalog: the compiled identities ``mixed-gemm build --all`` precompiles."""
 from __future__ import annotations
 
 from typing import List

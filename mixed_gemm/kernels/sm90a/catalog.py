@@ -1,4 +1,4 @@
-"""The sm90a family's default catalog: the compiled identities ``mixed-gemm build`` precompiles.
+"""The sm90a family's default catalog: the compiled identities ``mixed-gemm build --all`` precompiles.
 
 Its rendered sources are checked into ``generated/``. Cooperative kernels are compiled with the
 stream-K tile scheduler, which also runs data-parallel and split-K (a launch-time choice), so one
