@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -101,18 +101,42 @@ def _skipped(name: str, skip: Iterable[str]) -> bool:
                for s in skip)
 
 
+# quantize_model(lm_head=...): the kinds an output head may take, as (bits, group size).
+LM_HEAD_KINDS = {"int8": (8, -1), "int4": (4, 128)}
+
+
 def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, symmetric: bool = False,
-                   skip: Sequence[str] = ("lm_head",), progress: bool = True, layout: str = "auto") -> nn.Module:
+                   skip: Sequence[str] = ("lm_head",), progress: bool = True, layout: str = "auto",
+                   lm_head: Optional[str] = None) -> nn.Module:
     """Replace every ``nn.Linear`` of a loaded fp16/bf16 model (except names matching ``skip``) by a
     :class:`QuantLinear` quantized round-to-nearest, in place, on the layer's device (``layout``: as
-    for :func:`mixed_gemm.prepack`, default the device's). Returns ``model``."""
+    for :func:`mixed_gemm.prepack`, default the device's). Returns ``model``.
+
+    ``lm_head``: also quantize the output head, ``"int8"`` (per output channel) or ``"int4"``
+    (group 128). It is the largest single GEMM of a decode step (vocab x hidden) and stays fp16 by
+    default because its error reaches the logits directly. A head tied to the input embeddings is
+    untied (the embeddings stay in the model's dtype). Such a model holds two quantization kinds,
+    which the AWQ/GPTQ checkpoint writer rejects."""
     from tqdm import tqdm
 
+    if lm_head is not None and lm_head not in LM_HEAD_KINDS:
+        raise ValueError(f"lm_head: expected None or one of {tuple(LM_HEAD_KINDS)}, got {lm_head!r}")
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not _skipped(n, skip)]
     for name in tqdm(names, desc="quantize", unit="layer", disable=not progress):
         _set_submodule(model, name, QuantLinear.from_linear(model.get_submodule(name), bits=bits,
                                                            group_size=group_size, symmetric=symmetric,
                                                            layout=layout))
+    if lm_head is not None:
+        head = getattr(model, "lm_head", None)
+        if not isinstance(head, nn.Linear):
+            raise ValueError(f"lm_head={lm_head!r}: the model has no nn.Linear lm_head "
+                             f"(found {type(head).__name__})")
+        head_bits, head_group = LM_HEAD_KINDS[lm_head]
+        model.lm_head = QuantLinear.from_linear(head, bits=head_bits, group_size=head_group, symmetric=symmetric,
+                                                layout=layout)
+        config = getattr(model, "config", None)
+        if getattr(config, "tie_word_embeddings", False):
+            config.tie_word_embeddings = False  # so no later tie_weights() puts the fp16 weight back
     return model
 
 
