@@ -256,14 +256,15 @@ def build_many(
     if not items:
         return []
     jobs = max(1, jobs or os.cpu_count() or 1)
-    libraries = [i for i, item in enumerate(items) if item[2].get("output", "fatbin") == "shared"]
+    is_library = [kw.get("output", "fatbin") == "shared" for _, _, kw in items]
+    libraries = [i for i, lib in enumerate(is_library) if lib]
     slots = min(jobs, library_slots())
-    others = [i for i, item in enumerate(items) if item[2].get("output", "fatbin") != "shared"]
-    order = libraries[:slots] + others + libraries[slots:]
+    order = libraries[:slots] + [i for i, lib in enumerate(is_library) if not lib] + libraries[slots:]
     gate = threading.BoundedSemaphore(slots)
 
-    def build(name, src, kw):
-        if kw.get("output", "fatbin") != "shared":
+    def build(i):
+        name, src, kw = items[i]
+        if not is_library[i]:
             return build_fatbin(name, src, **kw)
         with gate:
             return build_fatbin(name, src, **kw)
@@ -275,7 +276,7 @@ def build_many(
     with ThreadPoolExecutor(max_workers=min(jobs, len(items))) as pool, tqdm(
         total=len(items), desc="nvcc", unit="kernel", disable=None if progress else True
     ) as bar:
-        futures = {pool.submit(build, *items[i]): i for i in order}
+        futures = {pool.submit(build, i): i for i in order}
         for fut in as_completed(futures):
             i = futures[fut]
             if fut.cancelled():
