@@ -8,6 +8,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from ..formats.tinygemm import pack_codes
 from ..ops import explain, matmul
 from ..profiler.timing import calls_for, copies_for, host_overhead, time_graph
 from ..profiler.workload import TORCH_DTYPES, packed_bytes, random_weights
@@ -28,8 +29,7 @@ def _timed(fn, copies: int) -> float:
 def _tinygemm_weights(n: int, k: int, group: int, copies: int):
     """int4 weights in tinygemm's layout (``torch._convert_weight_to_int4pack``) with bf16
     scales-and-zeros; raises when this torch lacks it or rejects the shape."""
-    q = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
-    packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
+    packed = pack_codes(torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda"))
     sz = (torch.rand(k // group, n, 2, device="cuda") * 0.01).to(torch.bfloat16)
     return [(packed, sz) if i == 0 else (packed.clone(), sz.clone()) for i in range(copies)]
 

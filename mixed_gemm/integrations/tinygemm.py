@@ -4,47 +4,18 @@ torchao's int4 weight-only quantization packs). ``mixed-gemm e2e --compare`` bui
 these beside fp16 and mixed_gemm (issue #25), quantized by the same :func:`mixed_gemm.quantize`, so
 the two int4 models hold the same codes and differ only in the kernels that read them.
 
-tinygemm dequantizes ``w = (q - 8) * scale + zero``; ours is ``w = (q - z) * s``, so its ``zero``
-is ``(8 - z) * s`` (``scales_and_zeros`` is ``(K / G, N, 2)`` bf16: ``[..., 0]`` scale,
-``[..., 1]`` zero). On the CPU the layer runs tinygemm's CPU kernel
-(``torch._weight_int4pack_mm_for_cpu``), so tests check it without a GPU.
+The layout and its packing: :mod:`mixed_gemm.formats.tinygemm`. On the CPU the layer runs
+tinygemm's CPU kernel (``torch._weight_int4pack_mm_for_cpu``), so tests check it without a GPU.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..formats.quantize import quantize
-
-INNER_K_TILES = 8  # torchao's default for int4 weight-only: K must be a multiple of 8 * 16
-
-
-def check_shape(n: int, k: int, group_size: int) -> None:
-    """``ValueError`` naming the rule tinygemm's packing sets on ``(N, K)`` and the group."""
-    if group_size not in (32, 64, 128, 256):
-        raise ValueError(f"group_size: tinygemm takes 32, 64, 128 or 256, got {group_size}")
-    if k % (INNER_K_TILES * 16) or k % group_size:
-        raise ValueError(f"K={k}: tinygemm needs a multiple of {INNER_K_TILES * 16} and of the group size {group_size}")
-    if n % 8:
-        raise ValueError(f"N={n}: tinygemm needs a multiple of 8")
-
-
-def pack(q: torch.Tensor, s: torch.Tensor, z: torch.Tensor, group_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Canonical 4-bit ``(q, s, z)`` (``w = (q - z) s``; ``q`` ``(N, K)`` in ``[0, 16)``) as tinygemm's
-    ``(packed weight, scales_and_zeros)`` on ``q``'s device."""
-    n, k = q.shape
-    check_shape(n, k, group_size)
-    s32 = s.float()
-    zeros = (8 - z.float()) * s32
-    scales_and_zeros = torch.stack([s32.t(), zeros.t()], dim=-1).to(torch.bfloat16).contiguous()
-    if q.is_cuda:
-        qi = q.to(torch.int32)
-        packed = torch._convert_weight_to_int4pack((qi[:, ::2] << 4 | qi[:, 1::2]).to(torch.uint8), INNER_K_TILES)
-    else:
-        packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), INNER_K_TILES)
-    return packed, scales_and_zeros
+from ..formats.tinygemm import check_shape, pack
 
 
 class TinyGemmLinear(nn.Module):

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 import mixed_gemm as mg
-from mixed_gemm.integrations.tinygemm import TinyGemmLinear, check_shape, pack, tinygemm_model
+from mixed_gemm.formats.tinygemm import check_shape, pack
+from mixed_gemm.integrations.tinygemm import TinyGemmLinear, tinygemm_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tolerance import assert_elementwise  # noqa: E402
