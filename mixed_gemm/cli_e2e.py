@@ -32,11 +32,11 @@ def run_e2e(args: argparse.Namespace) -> int:
 
     compiled = not args.no_compiled
     title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
-             f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused)'}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
+             f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused)'}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
              f"alternating; {e2e.PROMPT}-token prompt, {e2e.NEW_TOKENS} new tokens")
     print(f"# {title}", flush=True)
     result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled, fuse=not args.no_fuse,
-                     compare=args.compare, log=lambda line: print(line, flush=True))
+                     compare=args.compare, lm_head=args.lm_head, log=lambda line: print(line, flush=True))
     text = "\n".join([f"# {title}", ""] + e2e.table(result, compiled)) + "\n"
     print(text)
     if args.out:
@@ -71,6 +71,9 @@ def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--compare", action="store_true",
                         help="also build the model with torch's tinygemm int4 (bf16, group 128, the same codes) and "
                              "report it beside fp16 and mixed_gemm in every row")
+    parser.add_argument("--lm-head", choices=("int8", "int4"), default=None,
+                        help="also quantize the int4 model's output head (quantize_model's lm_head=): int8 per "
+                             "channel or int4 g128; default: fp16")
     parser.add_argument("--out", default="", help="also write the table (markdown) here")
     parser.add_argument("--json", default="", help="also write every measurement (JSON) here")
     parser.add_argument("--plot", default="", help="also save a PNG plot here")

@@ -37,6 +37,30 @@ def scales_and_zeros(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return torch.stack([s32.t(), ((8 - z.float()) * s32).t()], dim=-1).to(torch.bfloat16).contiguous()
 
 
+def padded_k(k: int) -> int:
+    """K rounded up to what the packer takes (a multiple of ``INNER_K_TILES * 16``)."""
+    step = INNER_K_TILES * 16
+    return -(-k // step) * step
+
+
+def pad_k(q: torch.Tensor, s: torch.Tensor, z: torch.Tensor, group_size: int):
+    """``(q, s, z)`` with K zero-padded to :func:`padded_k` (as torchao pads in_features): the
+    padded codes, and the whole groups added past the last one (scale 1, zero 0), meet zero
+    activations (the layer pads x), so they add nothing. A ragged last group (K % group != 0) keeps
+    its scale, which the padded columns share."""
+    n, k = q.shape
+    kp = padded_k(k)
+    check_shape(n, kp, group_size)
+    if kp == k:
+        return q, s, z
+    extra = kp // group_size - s.shape[1]
+    q = torch.cat([q, q.new_zeros(n, kp - k)], 1)
+    if extra > 0:
+        s = torch.cat([s, s.new_ones(n, extra)], 1)
+        z = torch.cat([z, z.new_zeros(n, extra)], 1)
+    return q, s, z
+
+
 def pack(q: torch.Tensor, s: torch.Tensor, z: torch.Tensor, group_size: int):
     """Canonical 4-bit ``(q, s, z)`` as tinygemm's ``(packed codes, scales_and_zeros)``."""
     check_shape(q.shape[0], q.shape[1], group_size)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..formats.quantize import quantize
-from ..formats.tinygemm import check_shape, pack
+from ..formats.tinygemm import pack, pad_k, padded_k
 
 
 class TinyGemmLinear(nn.Module):
@@ -33,9 +33,8 @@ class TinyGemmLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128) -> "TinyGemmLinear":
         w = linear.weight.detach()
-        check_shape(w.shape[0], w.shape[1], group_size)
         q, s, z = quantize(w.float(), bits=4, group_size=group_size)
-        packed, sz = pack(q, s, z, group_size)
+        packed, sz = pack(*pad_k(q, s, z, group_size), group_size)
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(packed, sz, w.shape[1], w.shape[0], group_size, bias)
 
@@ -43,6 +42,8 @@ class TinyGemmLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected shape (..., {self.in_features}) (in_features), got {tuple(x.shape)}")
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if padded_k(self.in_features) != self.in_features:  # the packer's K step; torchao pads the same way
+            flat = torch.nn.functional.pad(flat, (0, padded_k(self.in_features) - self.in_features))
         mm = torch._weight_int4pack_mm if flat.is_cuda else torch._weight_int4pack_mm_for_cpu
         y = mm(flat, self.packed, self.group_size, self.scales_and_zeros)
         if self.bias is not None:

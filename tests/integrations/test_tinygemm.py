@@ -40,6 +40,27 @@ def test_matches_the_reference_on_the_same_codes(n, k, group, m):
     assert_elementwise(y, ref, k)
 
 
+@pytest.mark.parametrize("k, group", [(576, 64), (576, 128), (200, 32)])
+def test_k_off_the_packers_step_is_padded(k, group):
+    """K not a multiple of 128 (SmolLM2's 576; a ragged last group at 128): codes and x are
+    zero-padded as torchao pads in_features, and the result is the unpadded product."""
+    from mixed_gemm.formats.tinygemm import pad_k, padded_k
+
+    gen = torch.Generator().manual_seed(k + group)
+    linear = nn.Linear(k, 64, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(64, k, generator=gen) / k**0.5)
+    layer = TinyGemmLinear.from_linear(linear, group)
+    q, s, z = pad_k(*mg.quantize(linear.weight.detach().float(), bits=4, group_size=group), group)
+    assert q.shape[1] == padded_k(k) and padded_k(k) % 128 == 0
+    sz = pack(q, s, z, group)[1].float()
+    w = (q.float() - 8) * sz[..., 0].t().repeat_interleave(group, 1) + sz[..., 1].t().repeat_interleave(group, 1)
+    x = torch.randn(3, k, generator=gen).bfloat16()
+    y = layer(x)
+    assert y.shape == (3, 64) and not y.isnan().any()
+    assert_elementwise(y, x.float() @ w[:, :k].t(), k)
+
+
 def test_shape_rules_are_named():
     with pytest.raises(ValueError, match="K=200: tinygemm needs a multiple of 128"):
         check_shape(64, 200, 128)
