@@ -143,7 +143,9 @@ class QuantLinear(nn.Module):
                 return torch.ops.mixed_gemm.matmul(x, buf["b"], buf["scales"], buf["zeros"], buf["perm"], buf["bias"],
                                                    self.out_features, self.in_features, self.bits, g, self.zero_mode,
                                                    self.layout, self._aux())
-            return matmul(x, self.packed(), bias=self._buffers["bias"])
+            # A drop-in for nn.Linear takes any strides (transformers hands the lm_head a
+            # hidden_states[:, -1:, :] view); matmul itself takes contiguous rows only.
+            return matmul(x if x.is_contiguous() else x.contiguous(), self.packed(), bias=self._buffers["bias"])
         w = self.dense_weight().to(x.device)
         bias = None if self.bias is None else self.bias.float()
         return torch.nn.functional.linear(x.float(), w, bias).to(x.dtype)

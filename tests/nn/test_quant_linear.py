@@ -63,6 +63,10 @@ def test_cuda_forward_matches_reference_and_moves():
                               bias=bias.cuda())
     assert _rel(y, ref) <= 2e-3 and _rel(y.cpu(), y_cpu) <= 2e-3
     assert_elementwise(y, ref, 256)
+    # a strided view (what transformers hands the lm_head: hidden_states[:, -1:, :]), like nn.Linear
+    view = x.cuda()[:, -1:, :]
+    assert not view.is_contiguous()
+    assert torch.equal(ql(view), ql(view.contiguous()))
 
 
 @GPU
