@@ -8,6 +8,7 @@ test extras install it). Its checkpoint weights are those Q4_1 values, so the mo
     from ``checkpoint`` is arithmetic);
   - ``mixed_gemm int4 gG``: ``quantize_model(checkpoint, bits=4, group_size=G)``, round to nearest
     (K = 576 is not a multiple of 128: g128's last group is ragged);
+  - ``mixed_gemm int4 g128, lm_head int8 / int4``: ``quantize_model(..., lm_head=...)``;
   - ``tinygemm int4 gG (bf16)``: torch's int4 kernel on the same codes (K padded to 640, as torchao pads).
 The text is ``bench/data/ppl_text.txt`` (public-domain prose, ~1.3k tokens), scored in
 non-overlapping windows; perplexity = exp(mean token NLL).
@@ -68,6 +69,10 @@ def models(device: str, groups):
         m = copy.deepcopy(base)
         quantize_model(m, bits=4, group_size=g, progress=False)
         yield f"mixed_gemm int4 g{g}", m
+    for head in ("int8", "int4"):  # the output head too (tied in SmolLM2: quantize_model unties it)
+        m = copy.deepcopy(base)
+        quantize_model(m, bits=4, group_size=128, progress=False, lm_head=head)
+        yield f"mixed_gemm int4 g128, lm_head {head}", m
     for g in groups:
         m = copy.deepcopy(base).to(torch.bfloat16)
         tinygemm_model(m, g)
