@@ -12,7 +12,7 @@ from .compile.background import wait as wait_for_builds
 from .formats import pack, quantize, sparsify_quantize, unpack
 from .kernels.dequant_mm import DequantMMConfig
 from .kernels.sm80 import Sm80Config
-from .ops import PackedWeight, dequantize, explain, matmul, prepack
+from .ops import PackedExperts, PackedWeight, dequantize, explain, matmul, moe, prepack, prepack_experts
 from .version import __version__
 
 KernelConfig = Sm80Config  # the sm80 family's config under its historical name
@@ -20,6 +20,7 @@ KernelConfig = Sm80Config  # the sm80 family's config under its historical name
 __all__ = [
     "DequantMMConfig",
     "KernelConfig",
+    "PackedExperts",
     "PackedWeight",
     "Sm80Config",
     "__version__",
@@ -30,8 +31,10 @@ __all__ = [
     "dequantize",
     "explain",
     "matmul",
+    "moe",
     "pack",
     "prepack",
+    "prepack_experts",
     "quantize",
     "sparsify_quantize",
     "reference",

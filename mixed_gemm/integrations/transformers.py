@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..formats import make_g_idx, pack
-from ..nn import QuantLinear
+from ..nn import QuantExperts, QuantLinear, is_experts
 from .fuse import fuse_projections  # noqa: F401  (re-exported: quantize/load, then fuse for inference)
 
 SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
@@ -101,6 +101,10 @@ def _skipped(name: str, skip: Iterable[str]) -> bool:
                for s in skip)
 
 
+# Mixture-of-experts routers (and Qwen2-MoE's shared-expert gate) stay in the model's dtype, as
+# servers keep them: a few rows whose error would reroute tokens, never a bandwidth cost.
+ROUTERS = ("gate", "shared_expert_gate")
+
 # quantize_model(lm_head=...): the kinds an output head may take, as (bits, group size).
 LM_HEAD_KINDS = {"int8": (8, -1), "int4": (4, 128)}
 
@@ -108,8 +112,10 @@ LM_HEAD_KINDS = {"int8": (8, -1), "int4": (4, 128)}
 def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, symmetric: bool = False,
                    skip: Sequence[str] = ("lm_head",), progress: bool = True, layout: str = "auto",
                    lm_head: Optional[str] = None) -> nn.Module:
-    """Replace every ``nn.Linear`` of a loaded fp16/bf16 model (except names matching ``skip``) by a
-    :class:`QuantLinear` quantized round-to-nearest, in place, on the layer's device (``layout``: as
+    """Replace every ``nn.Linear`` of a loaded fp16/bf16 model (except names matching ``skip`` and
+    mixture-of-experts routers, :data:`ROUTERS`) by a :class:`QuantLinear`, and every transformers
+    experts module (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2: stacked ``gate_up_proj`` /
+    ``down_proj``) by a :class:`~mixed_gemm.nn.QuantExperts`, quantized round-to-nearest, in place, on the layer's device (``layout``: as
     for :func:`mixed_gemm.prepack`, default the device's). Returns ``model``.
 
     ``lm_head``: also quantize the output head, ``"int8"`` (per output channel) or ``"int4"``
@@ -121,11 +127,13 @@ def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, sy
 
     if lm_head is not None and lm_head not in LM_HEAD_KINDS:
         raise ValueError(f"lm_head: expected None or one of {tuple(LM_HEAD_KINDS)}, got {lm_head!r}")
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not _skipped(n, skip)]
+    names = [n for n, m in model.named_modules()
+             if (isinstance(m, nn.Linear) and not _skipped(n, tuple(skip) + ROUTERS)
+                 or is_experts(m) and not _skipped(n, skip))]
     for name in tqdm(names, desc="quantize", unit="layer", disable=not progress):
-        _set_submodule(model, name, QuantLinear.from_linear(model.get_submodule(name), bits=bits,
-                                                           group_size=group_size, symmetric=symmetric,
-                                                           layout=layout))
+        mod = model.get_submodule(name)
+        kind = QuantExperts.from_experts if is_experts(mod) else QuantLinear.from_linear
+        _set_submodule(model, name, kind(mod, bits=bits, group_size=group_size, symmetric=symmetric, layout=layout))
     if lm_head is not None:
         head = getattr(model, "lm_head", None)
         if not isinstance(head, nn.Linear):

@@ -1,8 +1,9 @@
 """The public operations: prepack weights once, multiply many times."""
 from .dequantize import dequantize
+from .experts import PackedExperts, moe, prepack_experts
 from .matmul import explain, matmul, problem
 from .packed import PackedWeight, prepack
 from .library import matmul_packed_op, packed_view  # registers torch.ops.mixed_gemm.matmul
 
-__all__ = ["PackedWeight", "dequantize", "explain", "matmul", "matmul_packed_op", "packed_view", "prepack",
+__all__ = ["PackedExperts", "PackedWeight", "dequantize", "moe", "prepack_experts", "explain", "matmul", "matmul_packed_op", "packed_view", "prepack",
            "problem"]

@@ -1,0 +1,106 @@
+"""QuantExperts in transformers' mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE,
+DeepSeek-V2; tiny random configs, CPU): quantize_model replaces every experts module and keeps
+the routers; logits equal a dequantized twin (the same model with the dequantized weights put back
+into transformers' own modules); state_dict round trip; the activation rule."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+from mixed_gemm.integrations.transformers import quantize_model  # noqa: E402
+from mixed_gemm.nn import QuantExperts, QuantLinear  # noqa: E402
+
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
+CONFIGS = {
+    "mixtral": lambda: transformers.MixtralConfig(**COMMON, intermediate_size=64, num_key_value_heads=2,
+                                                  num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**COMMON, intermediate_size=96, moe_intermediate_size=32,
+                                                     num_experts=8, num_experts_per_tok=2, num_key_value_heads=2,
+                                                     head_dim=16, decoder_sparse_step=1, mlp_only_layers=[]),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(**COMMON, intermediate_size=96, moe_intermediate_size=32,
+                                                     shared_expert_intermediate_size=64, num_experts=4,
+                                                     num_experts_per_tok=2, num_key_value_heads=2,
+                                                     decoder_sparse_step=1, mlp_only_layers=[]),
+    "deepseek_v2": lambda: transformers.DeepseekV2Config(**COMMON, intermediate_size=96, moe_intermediate_size=32,
+                                                         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                                         num_key_value_heads=4, first_k_dense_replace=0,
+                                                         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
+                                                         qk_nope_head_dim=16, v_head_dim=16, n_group=1, topk_group=1),
+}
+
+
+def tiny(arch):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(CONFIGS[arch]()).eval()
+
+
+def dequantized_twin(original, quantized):
+    """``original`` with every quantized weight's dequantized value put back into its own module."""
+    twin = copy.deepcopy(original)
+    for name, mod in quantized.named_modules():
+        if isinstance(mod, QuantExperts):
+            w13, w2 = mod.dense_weights()
+            target = twin.get_submodule(name)
+            target.gate_up_proj.data.copy_(w13)
+            target.down_proj.data.copy_(w2)
+        elif isinstance(mod, QuantLinear):
+            twin.get_submodule(name).weight.data.copy_(mod.dense_weight())
+    return twin
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_quantized_moe_model_equals_its_dequantized_twin(arch):
+    model = tiny(arch)
+    experts_names = [n for n, m in model.named_modules() if type(m).__name__.endswith("Experts")]
+    quantized = quantize_model(copy.deepcopy(model), bits=4, group_size=32, progress=False)
+    assert experts_names and all(isinstance(quantized.get_submodule(n), QuantExperts) for n in experts_names)
+    # routers and the shared-expert gate keep the model's dtype (not QuantLinear)
+    assert not any(isinstance(m, QuantLinear) for n, m in quantized.named_modules()
+                   if n.endswith((".gate", ".shared_expert_gate")))
+    twin = dequantized_twin(model, quantized)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, want = quantized(ids).logits, twin(ids).logits
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
+
+
+def test_state_dict_round_trip_and_repr():
+    quantized = quantize_model(tiny("mixtral"), bits=4, group_size=32, progress=False)
+    experts = quantized.model.layers[0].mlp.experts
+    other = copy.deepcopy(experts)
+    for buf in other.buffers():
+        buf.zero_()
+    other.load_state_dict(experts.state_dict())
+    x = torch.randn(5, 64)
+    ids, weights = torch.randint(0, 4, (5, 2)), torch.rand(5, 2)
+    assert torch.equal(other(x, ids, weights), experts(x, ids, weights))
+    assert "num_experts=4" in repr(experts) and "group_size=32" in repr(experts)
+
+
+def test_only_silu_experts():
+    experts = tiny("mixtral").model.layers[0].mlp.experts
+    experts.act_fn = nn.GELU()
+    with pytest.raises(ValueError, match="fuse SiLU\\(gate\\) \\* up; this module's activation is GELU"):
+        QuantExperts.from_experts(experts)
+    with pytest.raises(TypeError, match="3-D gate_up_proj"):
+        QuantExperts.from_experts(nn.Linear(4, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_quantized_moe_model_on_gpu_equals_its_dequantized_twin(arch):
+    model = tiny(arch).half().cuda()
+    quantized = quantize_model(copy.deepcopy(model), bits=4, group_size=32, progress=False)
+    twin = dequantized_twin(model, quantized)
+    ids = torch.randint(0, 128, (3, 5), generator=torch.Generator().manual_seed(2)).cuda()
+    with torch.no_grad():
+        got, want = quantized(ids).logits.float(), twin(ids).logits.float()
+    assert not got.isnan().any()
+    assert (got - want).norm() / want.norm() < 1e-2

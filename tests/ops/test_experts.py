@@ -1,0 +1,113 @@
+"""Stacked experts (mixed_gemm.ops.experts): the layout contract (expert e is prepack's weight for
+its matrix), the moe layer element-wise against the float32 reference on fresh inputs, every
+rule named before anything runs; on a GPU the per-expert path and its refusal under capture."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mixed_gemm as mg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tolerance import assert_elementwise  # noqa: E402
+
+E, H, I = 4, 128, 64
+
+
+def experts(n, k, *, bits=4, group=32, symmetric=False, dtype=torch.float16, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(E, n, k, generator=gen) / k**0.5
+    parts = [mg.quantize(w[e], bits=bits, group_size=group, symmetric=symmetric) for e in range(E)]
+    q, s = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    z = None if symmetric else torch.stack([p[2] for p in parts])
+    return (q, s, z), mg.prepack_experts(q.to(device), s.to(device), None if z is None else z.to(device), bits=bits,
+                                         group_size=group, dtype=dtype)
+
+
+def routing(t, k, seed, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.rand(t, E, generator=gen).topk(k, dim=1).indices
+    weights = torch.rand(t, k, generator=gen)
+    return weights.to(device), ids.to(device)
+
+
+@pytest.mark.parametrize("bits, group, symmetric", [(4, 32, False), (4, 64, True), (8, -1, False), (4, 128, False)])
+def test_each_expert_is_prepacks_weight(bits, group, symmetric):
+    (q, s, z), w = experts(2 * I, H, bits=bits, group=group, symmetric=symmetric)
+    assert (w.num_experts, w.n, w.k) == (E, 2 * I, H)
+    for e in range(E):
+        one = mg.prepack(q[e], s[e], None if z is None else z[e], format="plain", bits=bits, group_size=group)
+        got = w.expert(e)
+        assert torch.equal(got.b, one.b) and torch.equal(got.scales, one.scales)
+        assert (got.zeros is None) == (one.zeros is None) and (got.zeros is None or torch.equal(got.zeros, one.zeros))
+        assert got.b.data_ptr() == w.b.data_ptr() + e * one.b.numel() * one.b.element_size()  # a view at stride
+
+
+@pytest.mark.parametrize("t, k", [(1, 1), (5, 2), (33, 2)])
+def test_moe_matches_reference_cpu(t, k):
+    _, w13 = experts(2 * I, H, seed=1)
+    _, w2 = experts(H, I, seed=2)
+    x = torch.randn(t, H, generator=torch.Generator().manual_seed(t)).half()
+    weights, ids = routing(t, k, seed=t)
+    y = torch.full((t, H), float("nan"), dtype=torch.float16)
+    y.copy_(mg.moe(x, w13, w2, weights, ids))
+    ref = mg.reference.moe(x.float(), w13.dequantize(), w2.dequantize(), weights, ids)
+    assert_elementwise(y, ref, I)
+
+
+def test_rules_are_named_before_anything_runs():
+    _, w13 = experts(2 * I, H)
+    _, w2 = experts(H, I)
+    x = torch.randn(3, H).half()
+    weights, ids = routing(3, 2, seed=0)
+    with pytest.raises(ValueError, match=r"topk_ids: expert ids must lie in \[0, 4\)"):
+        mg.moe(x, w13, w2, weights, torch.full_like(ids, 4))
+    with pytest.raises(ValueError, match="w13: expected K = H = 64"):
+        mg.moe(x[:, :64].contiguous(), w13, w2, weights, ids)
+    with pytest.raises(ValueError, match=r"w2: expected \(E, H, I\)"):
+        mg.moe(x, w13, w13, weights, ids)
+    with pytest.raises(TypeError, match="x: dtype must equal"):
+        mg.moe(x.float(), w13, w2, weights, ids)
+    with pytest.raises(ValueError, match="topk_ids, topk_weights: expected equal"):
+        mg.moe(x, w13, w2, weights[:, :1], ids)
+    with pytest.raises(TypeError, match="topk_ids: expected int32 or int64"):
+        mg.moe(x, w13, w2, weights, ids.float())
+    with pytest.raises(TypeError, match="w13, w2: expected PackedExperts"):
+        mg.moe(x, w13.expert(0), w2, weights, ids)
+    with pytest.raises(ValueError, match="layout: experts hold one layout"):
+        mg.prepack_experts(*experts(2 * I, H)[0], group_size=32, layout="sm80+sm90a")
+
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("t, k", [(1, 2), (16, 2), (300, 2)])
+def test_moe_gpu_matches_reference(dtype, t, k):
+    _, w13 = experts(2 * I, H, seed=3, dtype=dtype, device="cuda")
+    _, w2 = experts(H, I, seed=4, dtype=dtype, device="cuda")
+    x = torch.randn(t, H, generator=torch.Generator().manual_seed(t)).to("cuda", dtype)
+    weights, ids = routing(t, k, seed=t, device="cuda")
+    y = torch.full((t, H), float("nan"), dtype=dtype, device="cuda")
+    y.copy_(mg.moe(x, w13, w2, weights, ids))
+    ref = mg.reference.moe(x.float(), w13.dequantize(), w2.dequantize(), weights, ids)
+    assert_elementwise(y, ref, I)
+
+
+@GPU
+@pytest.mark.gpu
+def test_moe_gpu_refuses_capture_with_a_reason():
+    _, w13 = experts(2 * I, H, device="cuda")
+    _, w2 = experts(H, I, device="cuda")
+    x = torch.randn(2, H, device="cuda").half()
+    weights, ids = routing(2, 2, seed=0, device="cuda")
+    mg.moe(x, w13, w2, weights, ids)  # warm: kernels selected and loaded outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graph cannot capture"):
+        with torch.cuda.graph(graph):
+            mg.moe(x, w13, w2, weights, ids)
