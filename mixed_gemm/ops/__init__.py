@@ -3,7 +3,7 @@ from .dequantize import dequantize
 from .experts import PackedExperts, moe, prepack_experts
 from .matmul import explain, matmul, problem
 from .packed import PackedWeight, prepack
-from .library import matmul_packed_op, packed_view  # registers torch.ops.mixed_gemm.matmul
+from .library import matmul_packed_op, moe_packed_op, packed_view  # registers torch.ops.mixed_gemm.matmul, .moe
 
-__all__ = ["PackedExperts", "PackedWeight", "dequantize", "moe", "prepack_experts", "explain", "matmul", "matmul_packed_op", "packed_view", "prepack",
-           "problem"]
+__all__ = ["PackedExperts", "PackedWeight", "dequantize", "explain", "matmul", "matmul_packed_op", "moe",
+           "moe_packed_op", "packed_view", "prepack", "prepack_experts", "problem"]

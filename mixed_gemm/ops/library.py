@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from .experts import PackedExperts, moe
 from .matmul import matmul
 from .packed import PackedWeight
 
@@ -45,3 +46,30 @@ def matmul_packed_op(x: torch.Tensor, w: PackedWeight, bias: Optional[torch.Tens
     """Call the custom op for ``w``."""
     return torch.ops.mixed_gemm.matmul(x, w.b, w.scales, w.zeros, w.perm, bias, w.n, w.k, w.bits, w.group_size,
                                        w.zero_mode, w.layout, list(w.aux))
+
+
+@torch.library.custom_op("mixed_gemm::moe", mutates_args=())
+def moe_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+           w13_b: torch.Tensor, w13_scales: torch.Tensor, w13_zeros: Optional[torch.Tensor],
+           w2_b: torch.Tensor, w2_scales: torch.Tensor, w2_zeros: Optional[torch.Tensor],
+           inter: int, hidden: int, bits: int, group13: int, group2: int, zero_mode: str, layout: str) -> torch.Tensor:
+    """:func:`mixed_gemm.moe` over :class:`PackedExperts` tensors and fields (``w13``: ``(2I, H)``
+    per expert with group ``group13``; ``w2``: ``(H, I)`` with ``group2``)."""
+    w13 = PackedExperts(w13_b, w13_scales, w13_zeros, 2 * inter, hidden, bits, group13, zero_mode, layout)
+    w2 = PackedExperts(w2_b, w2_scales, w2_zeros, hidden, inter, bits, group2, zero_mode, layout)
+    return moe(x if x.is_contiguous() else x.contiguous(), w13, w2, topk_weights, topk_ids)
+
+
+@moe_op.register_fake
+def _moe_fake(x, topk_weights, topk_ids, w13_b, w13_scales, w13_zeros, w2_b, w2_scales, w2_zeros, inter, hidden,
+              bits, group13, group2, zero_mode, layout):
+    torch._check(x.shape[-1] == hidden, lambda: f"x: last dimension must equal the experts' H={hidden}")
+    return torch.empty_like(x)
+
+
+def moe_packed_op(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+    """Call the ``mixed_gemm::moe`` custom op for ``w13``/``w2`` (both of one kind)."""
+    return torch.ops.mixed_gemm.moe(x, topk_weights, topk_ids, w13.b, w13.scales, w13.zeros, w2.b, w2.scales,
+                                    w2.zeros, w2.k, w13.k, w13.bits, w13.group_size, w2.group_size, w13.zero_mode,
+                                    w13.layout)

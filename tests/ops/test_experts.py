@@ -111,3 +111,17 @@ def test_moe_gpu_refuses_capture_with_a_reason():
     with pytest.raises(RuntimeError, match="CUDA graph cannot capture"):
         with torch.cuda.graph(graph):
             mg.moe(x, w13, w2, weights, ids)
+
+
+def test_custom_op_opcheck_and_compile():
+    """torch.ops.mixed_gemm.moe: schema, fake implementation and dispatch (opcheck), on the CPU."""
+    from mixed_gemm.ops import moe_packed_op
+
+    _, w13 = experts(2 * I, H, seed=5)
+    _, w2 = experts(H, I, seed=6)
+    x = torch.randn(6, H).half()
+    weights, ids = routing(6, 2, seed=6)
+    args = (x, weights, ids, w13.b, w13.scales, w13.zeros, w2.b, w2.scales, w2.zeros, I, H, 4, 32, 32,
+            w13.zero_mode, w13.layout)
+    torch.library.opcheck(torch.ops.mixed_gemm.moe.default, args)
+    assert torch.equal(moe_packed_op(x, w13, w2, weights, ids), mg.moe(x, w13, w2, weights, ids))
