@@ -25,6 +25,7 @@ from torch import nn
 
 from ..formats import make_g_idx, pack
 from ..nn import QuantExperts, QuantLinear, is_experts
+from .moe_checkpoint import ExpertCollector, expert_name, expert_tensors
 from .fuse import fuse_projections  # noqa: F401  (re-exported: quantize/load, then fuse for inference)
 
 SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")
@@ -162,9 +163,11 @@ def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
     if format not in ("awq", "gptq"):
         raise ValueError(f"format: expected 'awq', 'gptq' or 'hqq', got {format!r}")
     quant = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
-    if not quant:
+    experts = {n: m for n, m in model.named_modules() if isinstance(m, QuantExperts)}
+    if not quant and not experts:
         raise ValueError("model: has no QuantLinear layers; run quantize_model first")
     kinds = {(m.bits, m.group_size, m.zero_mode) for m in quant.values()}
+    kinds |= {(m.bits, m.group_size, m.zero_mode) for m in experts.values()}
     if len(kinds) != 1:
         raise ValueError(f"model: a checkpoint holds one bits/group_size/zero kind, the layers have {sorted(kinds)}")
     bits, group, zero_mode = kinds.pop()
@@ -193,10 +196,12 @@ def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
             tensors[f"{name}.g_idx"] = g_idx if g_idx is not None else make_g_idx(m.in_features, group, device=q.device)
         if m.bias is not None:
             tensors[f"{name}.bias"] = m.bias
+    for name, m in experts.items():
+        tensors.update(expert_tensors(name, m, format=format))
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     for key, t in model.state_dict().items():
         owner = key.rpartition(".")[0]
-        if owner in quant or (tied and key == "lm_head.weight"):
+        if owner in quant or owner in experts or (tied and key == "lm_head.weight"):
             continue
         tensors[key] = t
     out = Path(out_dir)
@@ -319,7 +324,15 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
     # Quantized layers keep 16-bit scales; a float32 model (CPU reference runs) uses float16 ones.
     kdtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
     qnames = set(_quantized_names(shards))
-    for name in qnames:
+    collectors: Dict[str, ExpertCollector] = {}  # experts module path -> its per-expert layers so far
+    expert_of: Dict[str, tuple] = {}  # checkpoint layer name -> (experts path, expert, role)
+    for name in sorted(qnames):
+        where = expert_name(name, model)
+        if where is not None:
+            expert_of[name] = where
+            if where[0] not in collectors:
+                collectors[where[0]] = ExpertCollector(model.get_submodule(where[0]), spec, kdtype)
+    for name in qnames - set(expert_of):
         lin = model.get_submodule(name)
         if not isinstance(lin, nn.Linear):
             raise ValueError(f"checkpoint: {name}.qweight belongs to a {type(lin).__name__}, not an nn.Linear")
@@ -344,6 +357,13 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
         for owner in [o for o, parts in pending.items() if "qweight" in parts and "scales" in parts
                       and ("qzeros" in parts or spec["symmetric"])]:
             parts = pending.pop(owner)
+            if owner in expert_of:
+                path, e, role = expert_of[owner]
+                collectors[path].add(e, role, parts, owner)
+                bar.update()
+                if collectors[path].complete():
+                    _set_submodule(model, path, collectors.pop(path).build())
+                continue
             new = QuantLinear.from_checkpoint(
                 parts["qweight"], parts["scales"].to(kdtype), None if spec["symmetric"] else parts["qzeros"],
                 parts.get("bias"), format=spec["format"], bits=spec["bits"], group_size=spec["group_size"],
@@ -353,6 +373,9 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
     bar.close()
     if pending:
         raise ValueError(f"checkpoint: incomplete quantized layers {sorted(pending)[:5]} (missing qweight/scales/qzeros)")
+    if collectors:
+        raise ValueError(f"checkpoint: experts modules {sorted(collectors)[:3]} lack some experts' layers "
+                         "(every expert needs gate, up and down)")
     finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
     model.config.quantization_config = qc
     return model.eval()

@@ -28,9 +28,14 @@ class QuantExperts(nn.Module):
     :class:`PackedExperts` (``*_zeros`` ``None`` for symmetric weights in the sm80 layout).
     ``load_state_dict`` expects a module built from experts of the same shapes and kind."""
 
-    def __init__(self, w13: PackedExperts, w2: PackedExperts):
+    def __init__(self, w13: PackedExperts, w2: PackedExperts, group_size: Optional[int] = None):
         super().__init__()
         self.num_experts, self.hidden_size, self.intermediate_size = w13.num_experts, w13.k, w2.k
+        # the nominal group (-1: per channel), as quantized or as the checkpoint says; an expert
+        # whose K is no larger holds one group
+        self.group_size = group_size if group_size is not None else (
+            w13.group_size if w13.scales.shape[1] > 1 else -1)
+        self.bits, self.zero_mode = w13.bits, w13.zero_mode
         self._meta = {name: {f: getattr(w, f) for f in ("n", "k", "bits", "group_size", "zero_mode", "layout")}
                       for name, w in (("w13", w13), ("w2", w2))}
         for name, w in (("w13", w13), ("w2", w2)):
@@ -61,7 +66,7 @@ class QuantExperts(nn.Module):
             z = None if parts[0][2] is None else torch.stack([p[2] for p in parts])
             packed.append(prepack_experts(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), z,
                                           bits=bits, group_size=group_size, dtype=dtype, layout=layout))
-        return cls(*packed)
+        return cls(*packed, group_size=group_size)
 
     def packed(self) -> Tuple[PackedExperts, PackedExperts]:
         """``(w13, w2)`` over the current buffers (after ``.to()`` / loading)."""
@@ -93,7 +98,7 @@ class QuantExperts(nn.Module):
     def extra_repr(self) -> str:
         m = self._meta["w13"]
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}, bits={m['bits']}, group_size={m['group_size']}, "
+                f"intermediate_size={self.intermediate_size}, bits={m['bits']}, group_size={self.group_size}, "
                 f"zero_mode={m['zero_mode']}, layout={m['layout']}")
 
 

@@ -104,3 +104,48 @@ def test_quantized_moe_model_on_gpu_equals_its_dequantized_twin(arch):
         got, want = quantized(ids).logits.float(), twin(ids).logits.float()
     assert not got.isnan().any()
     assert (got - want).norm() / want.norm() < 1e-2
+
+
+@pytest.mark.parametrize("arch, fmt", [("mixtral", "awq"), ("qwen2_moe", "gptq"), ("deepseek_v2", "awq"),
+                                       ("qwen3_moe", "gptq")])
+def test_checkpoint_round_trip(arch, fmt, tmp_path):
+    """save_quantized writes each expert's gate/up/down as AutoAWQ/GPTQ do (per-expert modules);
+    load_quantized stacks them back into QuantExperts: the same logits."""
+    from mixed_gemm.integrations.transformers import load_quantized, save_quantized
+
+    quantized = quantize_model(tiny(arch), bits=4, group_size=32, progress=False)
+    save_quantized(quantized, tmp_path, format=fmt)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.layers.0.mlp.experts.3.up_proj.qweight" in keys and not any("gate_up_proj" in k for k in keys)
+    loaded = load_quantized(tmp_path, dtype=torch.float32, device="cpu", progress=False)
+    assert isinstance(loaded.model.layers[1].mlp.experts, QuantExperts)
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, quantized(ids).logits, rtol=0, atol=1e-4)
+
+
+def test_mixtral_original_expert_names_load(tmp_path):
+    """Mixtral checkpoints name experts block_sparse_moe.experts.<e>.w1/w3/w2 (gate, up, down)."""
+    from safetensors.torch import load_file, save_file
+
+    from mixed_gemm.integrations.transformers import load_quantized, save_quantized
+
+    quantized = quantize_model(tiny("mixtral"), bits=4, group_size=32, progress=False)
+    save_quantized(quantized, tmp_path, format="awq")
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    rename = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    renamed = {}
+    for key, t in tensors.items():
+        parts = key.split(".")
+        if "experts" in parts and parts[-2] in rename:
+            parts[parts.index("mlp")] = "block_sparse_moe"
+            parts[-2] = rename[parts[-2]]
+        renamed[".".join(parts)] = t
+    save_file(renamed, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    loaded = load_quantized(tmp_path, dtype=torch.float32, device="cpu", progress=False)
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, quantized(ids).logits, rtol=0, atol=1e-4)
