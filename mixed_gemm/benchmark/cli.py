@@ -8,7 +8,54 @@ import json
 from ..profiler.cli import _common, prepare
 
 
+def run_bench_moe(args: argparse.Namespace) -> int:
+    """``--moe``: the MoE layer table (:mod:`.moe`)."""
+    import sys
+
+    from ..profiler.problems import parse_ints
+    from ..profiler.timing import gpu_missing
+    from .moe import MOE_MODELS, TABLE_HEAD, bench_moe
+
+    names = [m for m in args.moe.split(",") if m]
+    bad = [m for m in names if m not in MOE_MODELS]
+    try:
+        tokens = parse_ints(args.tokens, "--tokens")
+    except ValueError as exc:
+        print(f"mixed-gemm bench: error: {exc}", file=sys.stderr)
+        return 2
+    if bad or not names:
+        print(f"mixed-gemm bench: error: --moe takes comma-separated presets from {', '.join(MOE_MODELS)}, "
+              f"got {args.moe!r}", file=sys.stderr)
+        return 2
+    why = gpu_missing()
+    if why:
+        print(f"mixed-gemm bench: {why}", file=sys.stderr)
+        return 1
+    import torch
+
+    from ..profiler.timing import copy_bandwidth
+
+    dtype = torch.float16 if args.dtype == "f16" else torch.bfloat16
+    bw = copy_bandwidth()
+    title = (f"MoE layer, mg.moe (int4 g{args.group_size}) vs the best {args.dtype} path — "
+             f"{torch.cuda.get_device_name()}, {datetime.date.today()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
+             "random routing, cold L2, eager, median")
+    print(f"# {title}\n\n" + "\n".join(TABLE_HEAD), flush=True)
+    rows = [r for name in names for r in bench_moe(name, tokens, dtype, bw, group_size=args.group_size)]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"title": title, "rows": rows}, f, indent=1)
+    if args.out:
+        from .moe import table_line
+
+        with open(args.out, "w") as f:
+            f.write("\n".join([f"# {title}", ""] + TABLE_HEAD + [table_line(r) for r in rows]) + "\n")
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    if args.moe:
+        return run_bench_moe(args)
     ready = prepare(args, "bench")
     if isinstance(ready, int):
         return ready
@@ -86,5 +133,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--plot", default="", help="PNG path (default: mixed_gemm_bench_<gpu>.png)")
     parser.add_argument("--out", default="", help="also write the tables (markdown) here")
     parser.add_argument("--json", default="", help="also write every measurement (JSON) here")
+    parser.add_argument("--moe", default="", metavar="PRESETS",
+                        help="instead: one mixture-of-experts layer per preset (mixtral-8x7b, qwen3-30b-a3b, "
+                             "deepseek-v2-lite), mg.moe on int4 experts vs the best fp16/bf16 path and the int4 floor")
+    parser.add_argument("--tokens", default="1,4,16,64,256,4096", help="with --moe: token counts (default: %(default)s)")
     parser.set_defaults(func=run_bench)
     return parser

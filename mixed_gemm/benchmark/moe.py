@@ -1,0 +1,164 @@
+"""``mixed-gemm bench --moe``: one mixture-of-experts layer (gate|up, SiLU * up, down, weighted top-k
+sum) of a model's shape with random routing: :func:`mixed_gemm.moe` on int4 experts against the best
+fp16/bf16 path in the same run (``torch._grouped_mm`` where this torch runs it for the dtype, else a
+per-expert cuBLAS loop over the routed experts, transformers' eager way) and against the int4 floor,
+the bytes of the experts actually routed at the copy bandwidth.
+
+Timed eager on a cold L2 (a buffer twice the L2 is written before each call), median of the
+repetitions, ours and the dense path alternating: ``mg.moe`` reads the routing on the host today,
+so it cannot be replayed from a CUDA graph (the grouped kernel family of issue #24 will).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    experts: int
+    top_k: int
+    hidden: int
+    inter: int
+
+
+MOE_MODELS = {
+    "mixtral-8x7b": MoeShape(8, 2, 4096, 14336),
+    "qwen3-30b-a3b": MoeShape(128, 8, 2048, 768),
+    "deepseek-v2-lite": MoeShape(64, 6, 2048, 1408),
+}
+MOE_TOKENS = (1, 4, 16, 64, 256, 4096)
+
+
+def expert_bytes(shape: MoeShape, bits: int = 4, group_size: int = 128, scale_bytes: int = 2) -> int:
+    """Bytes one expert's three projections occupy: codes plus a scale and a zero per group."""
+    weights = 3 * shape.hidden * shape.inter
+    return weights * bits // 8 + 2 * scale_bytes * (weights // group_size)
+
+
+def routed_floor_s(shape: MoeShape, topk_ids: torch.Tensor, bandwidth: float, bits: int = 4,
+                   group_size: int = 128) -> float:
+    """Seconds to read the experts ``topk_ids`` routes to, once each, at ``bandwidth`` bytes/s (the
+    copy bandwidth, as ``mixed-gemm bench``'s int4 floor uses it)."""
+    active = int(torch.unique(topk_ids).numel())
+    return active * expert_bytes(shape, bits, group_size) / bandwidth
+
+
+def random_routing(tokens: int, shape: MoeShape, gen: torch.Generator, device="cuda"):
+    """``(topk_weights, topk_ids)`` of a softmax router over random logits (renormalized top-k)."""
+    logits = torch.randn(tokens, shape.experts, generator=gen).to(device)
+    weights, ids = torch.softmax(logits, dim=-1).topk(shape.top_k, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def dense_loop(x, w13, w2, weights, ids):
+    """The fp16/bf16 layer as transformers' eager loop does it: one GEMM pair per routed expert."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    inter = w2.shape[2]
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            pairs = order[start:start + c]
+            start += c
+            tok = pairs // ids.shape[1]
+            h = x.index_select(0, tok) @ w13[e].t()
+            y = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].t()
+            out.index_add_(0, tok, y.float() * weights.reshape(-1)[pairs].float().unsqueeze(1))
+    return out.to(x.dtype)
+
+
+def dense_grouped(x, w13_t, w2_t, weights, ids):
+    """The same with ``torch._grouped_mm``: rows sorted by expert, one grouped GEMM per projection.
+    ``w13_t`` ``(E, H, 2I)`` and ``w2_t`` ``(E, I, H)`` are the weights transposed (its layout)."""
+    k = ids.shape[1]
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=w13_t.shape[0]), 0).to(torch.int32)
+    rows = x.index_select(0, order // k)
+    h = torch._grouped_mm(rows, w13_t, offs=offs)
+    inter = w2_t.shape[1]
+    y = torch._grouped_mm(torch.nn.functional.silu(h[:, :inter]) * h[:, inter:], w2_t, offs=offs)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    out.index_add_(0, order // k, y.float() * weights.reshape(-1)[order].float().unsqueeze(1))
+    return out.to(x.dtype)
+
+
+def _cold_eager_s(fns: Dict[str, Callable[[], object]], reps: int) -> Dict[str, float]:
+    """Median seconds per call of each fn, eager, L2 flushed before every call, fns alternating."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    samples: Dict[str, List[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for rep in range(reps):
+        for name, fn in (list(fns.items()) if rep % 2 == 0 else list(reversed(fns.items()))):
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / 1e3)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def bench_moe(name: str, tokens: Sequence[int], dtype: torch.dtype, bandwidth: float, group_size: int = 128,
+              reps: int = 9, log=print) -> List[Dict]:
+    """Rows (one per token count) for the MoE layer of preset ``name``."""
+    from ..formats import quantize
+    from ..ops import moe, prepack_experts
+
+    shape = MOE_MODELS[name]
+    gen = torch.Generator().manual_seed(0)
+    dense13 = (torch.randn(shape.experts, 2 * shape.inter, shape.hidden, generator=gen) / shape.hidden**0.5)
+    dense2 = (torch.randn(shape.experts, shape.hidden, shape.inter, generator=gen) / shape.inter**0.5)
+    packed = []
+    for w in (dense13, dense2):
+        parts = [quantize(w[e].cuda(), bits=4, group_size=group_size) for e in range(shape.experts)]
+        packed.append(prepack_experts(*(torch.stack([p[i] for p in parts]) for i in range(3)), bits=4,
+                                         group_size=group_size, dtype=dtype))
+    w13, w2 = dense13.to("cuda", dtype), dense2.to("cuda", dtype)
+    w13_t, w2_t = w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous()
+    rows = []
+    for t in tokens:
+        x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
+        weights, ids = random_routing(t, shape, gen)
+        fns = {"mixed_gemm": lambda: moe(x, packed[0], packed[1], weights, ids),
+               "dense loop": lambda: dense_loop(x, w13, w2, weights, ids)}
+        grouped_error = ""
+        if hasattr(torch, "_grouped_mm"):
+            try:
+                dense_grouped(x, w13_t, w2_t, weights, ids)
+                fns["torch._grouped_mm"] = lambda: dense_grouped(x, w13_t, w2_t, weights, ids)
+            except (RuntimeError, TypeError, ValueError) as exc:  # dtype/arch this torch does not run
+                grouped_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        secs = _cold_eager_s(fns, reps)
+        best_dense = min((k for k in secs if k != "mixed_gemm"), key=secs.get)
+        floor = routed_floor_s(shape, ids, bandwidth, group_size=group_size)
+        row = dict(model=name, tokens=t, active_experts=int(torch.unique(ids).numel()),
+                   mixed_gemm_us=secs["mixed_gemm"] * 1e6, dense=best_dense, dense_us=secs[best_dense] * 1e6,
+                   dense_loop_us=secs["dense loop"] * 1e6, floor_us=floor * 1e6,
+                   speedup=secs[best_dense] / secs["mixed_gemm"], share_of_floor=floor / secs["mixed_gemm"])
+        if "torch._grouped_mm" in secs:
+            row["grouped_mm_us"] = secs["torch._grouped_mm"] * 1e6
+        if grouped_error:
+            row["grouped_mm_error"] = grouped_error
+        rows.append(row)
+        log(table_line(row))
+    return rows
+
+
+TABLE_HEAD = ["| model | tokens | active experts | mixed_gemm µs | best dense (which) µs | speedup | int4 floor µs "
+              "| share of floor |", "|---|---|---|---|---|---|---|---|"]
+
+
+def table_line(r: Dict) -> str:
+    return (f"| {r['model']} | {r['tokens']} | {r['active_experts']} | {r['mixed_gemm_us']:.1f} | "
+            f"{r['dense_us']:.1f} ({r['dense']}) | {r['speedup']:.2f}x | {r['floor_us']:.1f} | "
+            f"{100 * r['share_of_floor']:.0f}% |")
