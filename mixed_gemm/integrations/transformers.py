@@ -116,8 +116,9 @@ def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, sy
     """Replace every ``nn.Linear`` of a loaded fp16/bf16 model (except names matching ``skip`` and
     mixture-of-experts routers, :data:`ROUTERS`) by a :class:`QuantLinear`, and every transformers
     experts module (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2: stacked ``gate_up_proj`` /
-    ``down_proj``) by a :class:`~mixed_gemm.nn.QuantExperts`, quantized round-to-nearest, in place, on the layer's device (``layout``: as
-    for :func:`mixed_gemm.prepack`, default the device's). Returns ``model``.
+    ``down_proj``) by a :class:`~mixed_gemm.nn.QuantExperts`, quantized round-to-nearest, in place,
+    on the layer's device (``layout``: as for :func:`mixed_gemm.prepack`, default the device's).
+    Returns ``model``.
 
     ``lm_head``: also quantize the output head, ``"int8"`` (per output channel) or ``"int4"``
     (group 128). It is the largest single GEMM of a decode step (vocab x hidden) and stays fp16 by
