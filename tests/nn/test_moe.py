@@ -149,3 +149,16 @@ def test_mixtral_original_expert_names_load(tmp_path):
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, quantized(ids).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_fuse_projections_keeps_moe_models_equal(arch):
+    from mixed_gemm.integrations.transformers import fuse_projections
+
+    model = quantize_model(tiny(arch), bits=4, group_size=32, progress=False)
+    ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before = model(ids).logits
+        fuse_projections(model)
+        after = model(ids).logits
+    assert torch.equal(before, after)
