@@ -137,19 +137,22 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
         raise RuntimeError("mixed_gemm.moe: this build runs one GEMM pair per routed expert and reads the routing on "
                            "the host, which a CUDA graph cannot capture; the grouped kernel family (issue #24) will")
     e_count = w13.num_experts
-    if topk_ids.numel():
-        lo, hi = int(topk_ids.min()), int(topk_ids.max())
-        if lo < 0 or hi >= e_count:
-            raise ValueError(f"topk_ids: expert ids must lie in [0, {e_count}) (E), got {lo if lo < 0 else hi}")
+    flat = topk_ids.reshape(-1)
+    if not flat.numel():
+        return torch.zeros_like(x)
+    # One host read: the ids' range and each expert's pair count (ids clamped for the count only).
+    stats = torch.cat([flat.min().view(1), flat.max().view(1),
+                       torch.bincount(flat.clamp(0, e_count - 1), minlength=e_count)]).tolist()
+    lo, hi, counts = stats[0], stats[1], stats[2:]
+    if lo < 0 or hi >= e_count:
+        raise ValueError(f"topk_ids: expert ids must lie in [0, {e_count}) (E), got {lo if lo < 0 else hi}")
     if x.device.type != "cuda":
         from ..reference import moe as reference_moe
 
         return reference_moe(x.float(), w13.dequantize(), w2.dequantize(), topk_weights.float(), topk_ids).to(x.dtype)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     inter = w13.n // 2
-    flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=e_count).tolist()  # the one host read of the routing
     start = 0
     for e, c in enumerate(counts):
         if c == 0:

@@ -125,3 +125,10 @@ def test_custom_op_opcheck_and_compile():
             w13.zero_mode, w13.layout)
     torch.library.opcheck(torch.ops.mixed_gemm.moe.default, args)
     assert torch.equal(moe_packed_op(x, w13, w2, weights, ids), mg.moe(x, w13, w2, weights, ids))
+
+
+def test_no_tokens():
+    _, w13 = experts(2 * I, H)
+    _, w2 = experts(H, I)
+    y = mg.moe(torch.empty(0, H).half(), w13, w2, torch.empty(0, 2), torch.empty(0, 2, dtype=torch.long))
+    assert y.shape == (0, H) and y.dtype == torch.float16
