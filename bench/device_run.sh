@@ -15,7 +15,7 @@ if ls kcache/kcache.tgz.part-* >/dev/null 2>&1 && [ ! -d "$MIXED_GEMM_CACHE_DIR"
 # sm90a kernel libraries (1 MB each, mostly the same static cudart: xz over the tar dedupes them).
 if ls kcache/kcache90.txz.part-* >/dev/null 2>&1; then
   mkdir -p "$MIXED_GEMM_CACHE_DIR" && cat kcache/kcache90.txz.part-* | xz -dc | tar xf - -C "$MIXED_GEMM_CACHE_DIR"; fi
-# The rest of the catalog's fatbins less what the kernel package holds (kcache/rest.txz).
+# Every catalog fatbin (kcache/rest.txz; the sm90a libraries are the txz parts above).
 if [ -f kcache/rest.txz ]; then mkdir -p "$MIXED_GEMM_CACHE_DIR" && xz -dc kcache/rest.txz | tar xf - -C "$MIXED_GEMM_CACHE_DIR"; fi
 # The kernel package: the packaged test installs it itself (MIXED_GEMM_KERNEL_WHEEL); the benchmark
 # steps find it in /tmp/kpkg (with_pkg), the suite runs without it.
