@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import time
 
 import torch
@@ -171,7 +172,7 @@ def main() -> None:
     args = ap.parse_args()
     fp16, int4 = e2e.build_models("llama3-8b", args.layers)
     models = {"fp16": fp16, "mixed_gemm": int4, e2e.PEER: e2e.build_peer(fp16)}
-    graph = {n: statistics_median([e2e.decode_step_ms(m, args.batch) for _ in range(3)]) for n, m in models.items()}
+    graph = {n: statistics.median([e2e.decode_step_ms(m, args.batch) for _ in range(3)]) for n, m in models.items()}
     head = {n: lm_head_graph_ms(m, args.batch) for n, m in models.items()}
     hooks = [h for m in models.values() for h in annotate(m)]
     eager = {n: eager_view(m, args.batch) for n, m in models.items()}
@@ -195,12 +196,6 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)
-
-
-def statistics_median(xs):
-    import statistics
-
-    return statistics.median(xs)
 
 
 if __name__ == "__main__":

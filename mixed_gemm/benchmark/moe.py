@@ -56,21 +56,16 @@ def random_routing(tokens: int, shape: MoeShape, gen: torch.Generator, device="c
 
 def dense_loop(x, w13, w2, weights, ids):
     """The fp16/bf16 layer as transformers' eager loop does it: one GEMM pair per routed expert."""
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    from ..ops.experts import per_expert
+
     inter = w2.shape[2]
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
-    start = 0
-    for e, c in enumerate(counts):
-        if c:
-            pairs = order[start:start + c]
-            start += c
-            tok = pairs // ids.shape[1]
-            h = x.index_select(0, tok) @ w13[e].t()
-            y = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].t()
-            out.index_add_(0, tok, y.float() * weights.reshape(-1)[pairs].float().unsqueeze(1))
-    return out.to(x.dtype)
+
+    def expert(e, rows):
+        h = rows @ w13[e].t()
+        return (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].t()
+
+    counts = torch.bincount(ids.reshape(-1), minlength=w13.shape[0]).tolist()
+    return per_expert(x, weights, ids, counts, expert)
 
 
 def dense_grouped(x, w13_t, w2_t, weights, ids):

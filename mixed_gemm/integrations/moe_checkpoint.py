@@ -71,13 +71,13 @@ class ExpertCollector:
         return len(self.parts) == 3 * self.num_experts
 
     def build(self) -> QuantExperts:
+        def field(rows, i):  # canonical field i of every expert, its roles' rows concatenated
+            return torch.stack([torch.cat([self.parts[(e, r)][i] for r in rows]) for e in range(self.num_experts)])
+
         def stacked(rows):
-            q = torch.stack([torch.cat([self.parts[(e, r)][0] for r in rows]) for e in range(self.num_experts)])
-            s = torch.stack([torch.cat([self.parts[(e, r)][1] for r in rows]) for e in range(self.num_experts)])
-            z = None if self.spec["symmetric"] else torch.stack(
-                [torch.cat([self.parts[(e, r)][2] for r in rows]) for e in range(self.num_experts)])
-            return prepack_experts(q, s.to(self.dtype), z, bits=self.spec["bits"], group_size=self.spec["group_size"],
-                                   dtype=self.dtype)
+            z = None if self.spec["symmetric"] else field(rows, 2)
+            return prepack_experts(field(rows, 0), field(rows, 1).to(self.dtype), z, bits=self.spec["bits"],
+                                   group_size=self.spec["group_size"], dtype=self.dtype)
 
         return QuantExperts(stacked(("gate", "up")), stacked(("down",)), group_size=self.spec["group_size"])
 

@@ -35,7 +35,6 @@ class QuantExperts(nn.Module):
         # whose K is no larger holds one group
         self.group_size = group_size if group_size is not None else (
             w13.group_size if w13.scales.shape[1] > 1 else -1)
-        self.bits, self.zero_mode = w13.bits, w13.zero_mode
         self._meta = {name: {f: getattr(w, f) for f in ("n", "k", "bits", "group_size", "zero_mode", "layout")}
                       for name, w in (("w13", w13), ("w2", w2))}
         for name, w in (("w13", w13), ("w2", w2)):
@@ -68,6 +67,14 @@ class QuantExperts(nn.Module):
                                           bits=bits, group_size=group_size, dtype=dtype, layout=layout))
         return cls(*packed, group_size=group_size)
 
+    @property
+    def bits(self) -> int:
+        return self._meta["w13"]["bits"]
+
+    @property
+    def zero_mode(self) -> str:
+        return self._meta["w13"]["zero_mode"]
+
     def packed(self) -> Tuple[PackedExperts, PackedExperts]:
         """``(w13, w2)`` over the current buffers (after ``.to()`` / loading)."""
         buf = self._buffers
@@ -96,10 +103,9 @@ class QuantExperts(nn.Module):
                              top_k_index).to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
-        m = self._meta["w13"]
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}, bits={m['bits']}, group_size={self.group_size}, "
-                f"zero_mode={m['zero_mode']}, layout={m['layout']}")
+                f"intermediate_size={self.intermediate_size}, bits={self.bits}, group_size={self.group_size}, "
+                f"zero_mode={self.zero_mode}, layout={self._meta['w13']['layout']}")
 
 
 def is_experts(module: nn.Module) -> bool:

@@ -150,9 +150,21 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
         from ..reference import moe as reference_moe
 
         return reference_moe(x.float(), w13.dequantize(), w2.dequantize(), topk_weights.float(), topk_ids).to(x.dtype)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     inter = w13.n // 2
-    order = torch.argsort(flat, stable=True)
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        h = matmul(rows, w13.expert(e))
+        return matmul((torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).contiguous(), w2.expert(e))
+
+    return per_expert(x, topk_weights, topk_ids, counts, expert)
+
+
+def per_expert(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, counts, expert) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * expert(e, x rows routed to e)`` accumulated in float32, one
+    ``expert(e, rows)`` call per expert with pairs (``counts[e]`` of them, read on the host): the
+    per-expert loop of transformers' eager experts, for ``moe`` on a GPU and the dense baseline."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    order = torch.argsort(topk_ids.reshape(-1), stable=True)
     start = 0
     for e, c in enumerate(counts):
         if c == 0:
@@ -160,9 +172,6 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
         pairs = order[start:start + c]
         start += c
         tokens = pairs // topk_ids.shape[1]
-        h = matmul(x.index_select(0, tokens), w13.expert(e))
-        act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
-        y = matmul(act.contiguous(), w2.expert(e))
-        weight = topk_weights.reshape(-1).index_select(0, pairs).float().unsqueeze(1)
-        out.index_add_(0, tokens, y.float() * weight)
+        y = expert(e, x.index_select(0, tokens))
+        out.index_add_(0, tokens, y.float() * topk_weights.reshape(-1).index_select(0, pairs).float().unsqueeze(1))
     return out.to(x.dtype)
