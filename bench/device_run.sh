@@ -16,7 +16,8 @@ if ls kcache/kcache.tgz.part-* >/dev/null 2>&1 && [ ! -d "$MIXED_GEMM_CACHE_DIR"
 if ls kcache/kcache90.txz.part-* >/dev/null 2>&1; then
   mkdir -p "$MIXED_GEMM_CACHE_DIR" && cat kcache/kcache90.txz.part-* | xz -dc | tar xf - -C "$MIXED_GEMM_CACHE_DIR"; fi
 # Every catalog fatbin (kcache/rest.txz; the sm90a libraries are the txz parts above).
-if [ -f kcache/rest.txz ]; then mkdir -p "$MIXED_GEMM_CACHE_DIR" && xz -dc kcache/rest.txz | tar xf - -C "$MIXED_GEMM_CACHE_DIR"; fi
+# (and any other kcache/*.txz: entries built since, for the kernels a session changed).
+for f in kcache/*.txz; do [ -f "$f" ] && mkdir -p "$MIXED_GEMM_CACHE_DIR" && xz -dc "$f" | tar xf - -C "$MIXED_GEMM_CACHE_DIR"; done
 # The kernel package: the packaged test installs it itself (MIXED_GEMM_KERNEL_WHEEL); the benchmark
 # steps find it in /tmp/kpkg (with_pkg), the suite runs without it.
 if ls .kpkg/*.whl >/dev/null 2>&1; then
@@ -62,6 +63,14 @@ for step in $steps; do
     pack-sm90a)  # the sm90a libraries, in parts under the 16 MB return limit (carried back as kcache/)
       (cd "$MIXED_GEMM_CACHE_DIR" && tar cf - --exclude='*.lock' mg_sm90a_*) | xz -9 -T0 | split -b 15M - "$OUT/kcache90.txz.part-"
       ls -la "$OUT"/kcache90.txz.part-* ;;
+    sm80-90a-tests)  # issue #23: the sm80 tiles on the one copy (every catalog kernel, split-K, graphs)
+      timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -x tests/ops/test_sm80_sm90a_layout_gpu.py 2>&1 \
+        | tee "$OUT/pytest-sm80-90a.log" | tail -8 ;;
+    bench-ms)  # mixed-gemm bench --compare at BENCH_MS with the profile in $OUT (a profile-merge before it)
+      MIXED_GEMM_PROFILE=$( [ -f "$OUT/h100.json" ] && echo "$OUT/h100.json" || echo profiles/h100.json ) \
+        timeout ${BENCH_TIMEOUT:-300} python3 -m mixed_gemm.cli bench --compare --dtype ${BENCH_DTYPE:-f16} \
+        --ms ${BENCH_MS:-1,2,4,8,16,32,64,256,4096} --out "$OUT/bench-${BENCH_DTYPE:-f16}.md" --json "$OUT/bench-${BENCH_DTYPE:-f16}.json" \
+        --plot /tmp/bench.png 2>&1 | tail -14 ;;
     sm90a-tests) timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -x ${SM90A_TESTS:-tests/ops/test_sm90a_gpu.py} 2>&1 \
                    | tee "$OUT/pytest-sm90a.log" | tail -25 ;;
     profile-merge)  # the 8 Llama-3 shapes at PROFILE_MS, every family's candidates, merged into a copy

@@ -72,7 +72,6 @@ class PackedWeight:
     num_groups: int = field(init=False, repr=False)
     group_shift: int = field(init=False, repr=False)
     signature: Tuple = field(init=False, repr=False)   # what selection depends on (with M's bucket)
-    launch_key: Tuple = field(init=False, repr=False)  # what a kernel's argument block depends on
     parts: Dict[str, LayoutView] = field(init=False, repr=False)  # layout name -> its tensors
 
     def __post_init__(self):
@@ -97,9 +96,6 @@ class PackedWeight:
             put(self, name, value)
         put(self, "signature", (self.n, self.k, self.bits, self.group_size, self.zero_mode, self.kernel_dtype,
                                 self.layout, self.device.index))
-        put(self, "launch_key", (self.b.data_ptr(), self.scales.data_ptr(),
-                                 0 if self.zeros is None else self.zeros.data_ptr(), self.n, self.k, self.n_pad,
-                                 self.k16, self.group_shift, self.num_groups))
         parts = {}
         for name, (b, sc, z) in zip(names, ((self.b, self.scales, self.zeros), tuple(self.aux))):
             key = (b.data_ptr(), sc.data_ptr(), 0 if z is None else z.data_ptr(), self.n, self.k, self.group_size)

@@ -93,8 +93,9 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     if spec.layout == "auto":
         spec.layout = layout_for(torch.cuda.current_device(), spec.bits)
         if spec.schedules:  # a --schedules sweep packs every layout its tile families read
-            held = set(spec.layout.split("+")) | {fam.layout for fam, _ in map(split_schedule, spec.schedules)
-                                                  if fam.sets_layout}
+            kind = dict(dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode)
+            held = set(spec.layout.split("+")) | {fam.layout_of(fam.from_schedule(s, **kind))
+                                                  for fam, s in map(split_schedule, spec.schedules) if fam.sets_layout}
             spec.layout = "+".join(sorted(held, key=lambda name: name != PRIMARY_LAYOUT))
     plan = [(label, n, k, m, candidate_schedules(
                 Problem(m=m, n=n, k=k, dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode,

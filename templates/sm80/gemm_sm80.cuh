@@ -28,6 +28,15 @@
 // Scales/zeros contract: fp16 (num_groups, N_pad) row-major; inside each 64-column block column
 // 8 t + g is stored at position 8 g + t, so lane (g = lane / 4) reads its 8 tiles' values as one
 // 16-byte vector.
+//
+// kSm90aLayout: the same kernel reading the Hopper one copy (mixed_gemm/kernels/sm90a/layout.py),
+// so decode batches of 9-32 tokens get this multistage pipeline without a second weight copy. An
+// sm90a atom (16 n x 16 k) is the mma A fragment of W, i.e. the B fragments of W^T for two n8 tiles
+// (lane 4 g + t: registers 0, 2 are column g's k pairs, 1, 3 column g + 8's). The 4 atoms of one
+// 64-column block at one k16 are 512 (int4) bytes in a row of global memory, so a stage copies
+// BN/16 atoms per k16 verbatim and one ldmatrix.x4 (lane t at 16 t) hands lane l atom i's word as
+// register i, exactly as the sm80 atom does. The codes are signed and the zero additive
+// (w = q' s + z', every zero mode folded in at prepack), scales/zeros plain (G, N_pad) rows.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -42,6 +51,7 @@
 #include "cutlass/gemm/gemm.h"
 #include "cutlass/gemm/threadblock/threadblock_swizzle.h"
 
+#include "atoms/sm90a.cuh"
 #include "common/dequant.cuh"
 
 namespace mixed_gemm {
@@ -67,7 +77,7 @@ struct GemmArgs {
 };
 
 template <typename Element_, int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
-          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>>
+          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>, bool kSm90aLayout_ = false>
 struct MixedGemmSm80 {
   using Element = Element_;
   using P = Pair<Element>;
@@ -104,6 +114,12 @@ struct MixedGemmSm80 {
   // Bytes of one atom (16 x 64 elements) and of one chunk that a single ldmatrix.x4 reads.
   static constexpr int kAtomBytes = 16 * 64 * kBits / 8;
   static constexpr int kChunks = kBits / 4;
+  // The sm90a layout (kL90): a 16 x 16 atom, and one k16 row of the CTA's BN columns.
+  static constexpr bool kL90 = kSm90aLayout_;
+  static constexpr int kAtom90Bytes = 16 * 16 * kBits / 8;
+  static constexpr int kRow90Bytes = (BN / 16) * kAtom90Bytes;
+  static_assert(!kL90 || kZeroMode_ == int(ZeroMode::kInteger),
+                "the sm90a layout always stores the additive zero: compile it as the integer-zero kind");
 
   // Shared memory per stage. Group sizes are >= 32, so a k-tile touches at most BK/32 groups.
   static constexpr int kGroupRows = BK / 32;
@@ -155,8 +171,24 @@ struct MixedGemmSm80 {
         cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_swizzle(row, chunk) * 16, src, ok);
       }
     }
-    // B: BN / 64 strips, each BK / 16 consecutive atoms.
-    {
+    // B: BN / 64 strips, each BK / 16 consecutive atoms (sm80), or BK / 16 rows of BN / 16 atoms (sm90a).
+    if constexpr (kL90) {
+      constexpr int kChunksRow = kRow90Bytes / 16;
+      constexpr int kChunksB = kK16 * kChunksRow;
+      char const* b = static_cast<char const*>(p.b);
+      char* sb = stage + kSmemA;
+      int const strips = p.n_pad / 16;
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < (kChunksB + kThreads - 1) / kThreads; ++it) {
+        int const i = tid + it * kThreads;
+        if (kChunksB % kThreads != 0 && i >= kChunksB) break;
+        int const kk = i / kChunksRow, off = (i % kChunksRow) * 16;
+        int const kb = ktile * kK16 + kk;
+        bool const ok = kb < p.k16 && t.n0 / 16 + off / kAtom90Bytes < strips;
+        char const* src = ok ? b + ((size_t)kb * strips + t.n0 / 16) * kAtom90Bytes + off : b;
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(sb + kk * kRow90Bytes + off, src, ok);
+      }
+    } else {
       constexpr int kStripBytes = (BK / 16) * kAtomBytes;
       constexpr int kChunksB = (BN / 64) * kStripBytes / 16;
       char const* b = static_cast<char const*>(p.b);
@@ -206,16 +238,37 @@ struct MixedGemmSm80 {
   // ---------------------------------------------------------------------------------------------
   // One k16 step of one warp: ldmatrix A and B, dequantize B, mma.
   // ---------------------------------------------------------------------------------------------
-  static __device__ __forceinline__ void mma_k16(GemmArgs const& p, char const* stage, int kk, int warp_m,
-                                                 int warp_n, int lane, float (&acc)[kMmaM][kTilesN][4]) {
+  static __device__ __forceinline__ void load_a(char const* stage, int kk, int warp_m, int lane,
+                                                cutlass::Array<unsigned, 4> (&a_frag)[kMmaM]) {
     // A fragments: lane supplies row (lane % 16), chunk 2 kk + lane / 16.
-    cutlass::Array<unsigned, 4> a_frag[kMmaM];
     CUTLASS_PRAGMA_UNROLL
     for (int mi = 0; mi < kMmaM; ++mi) {
       int row = warp_m * WM + mi * 16 + (lane & 15);
       int chunk = kk * 2 + (lane >> 4);
       cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(a_frag[mi], stage + a_swizzle(row, chunk) * 16);
     }
+  }
+
+  // The mma's of one warp's 64-column block at one k16 step: kMmaM x 8 n8 tiles.
+  static __device__ __forceinline__ void mma_block(cutlass::Array<unsigned, 4> const (&a_frag)[kMmaM],
+                                                   uint32_t const (&bfrag)[8][2], int a,
+                                                   float (&acc)[kMmaM][kTilesN][4]) {
+    MmaOp mma;
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < kMmaM; ++mi) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        auto& d = *reinterpret_cast<cutlass::Array<float, 4>*>(acc[mi][a * 8 + j]);
+        mma(d, *reinterpret_cast<typename MmaOp::FragmentA const*>(&a_frag[mi]),
+            *reinterpret_cast<typename MmaOp::FragmentB const*>(bfrag[j]), d);
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void mma_k16(GemmArgs const& p, char const* stage, int kk, int warp_m,
+                                                 int warp_n, int lane, float (&acc)[kMmaM][kTilesN][4]) {
+    cutlass::Array<unsigned, 4> a_frag[kMmaM];
+    load_a(stage, kk, warp_m, lane, a_frag);
 
     // Scales / zeros of this lane's columns for the group of this k16 step.
     int const grow = (kk * 16) >> p.group_shift;  // 0 unless groups are smaller than BK
@@ -243,17 +296,87 @@ struct MixedGemmSm80 {
         cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(w, atom + c * 512 + lane * 16);
         Deq::chunk(reinterpret_cast<uint32_t const*>(&w), c, cd, bfrag);
       }
+      mma_block(a_frag, bfrag, a, acc);
+    }
+  }
 
-      MmaOp mma;
+  // ---------------------------------------------------------------------------------------------
+  // The sm90a layout (kL90): a warp's scales/zeros, then one k16 step.
+  // ---------------------------------------------------------------------------------------------
+  // (s, s) and (z', z') of the lane's 8 columns in each of the warp's 64-column blocks, n8 tile j =
+  // 2 i + n1 being column 64 a + 16 i + 8 n1 + g: held in registers across the k16 steps of a group
+  // (at group 128 one read serves a whole k-tile; the sm80 path re-reads its 16-byte vectors).
+  static __device__ __forceinline__ void load_params90(char const* stage, int kk, int group_shift, int warp_n,
+                                                       int lane, uint32_t (&s)[kAtomsN][8], uint32_t (&z)[kAtomsN][8]) {
+    int const grow = (kk * 16) >> group_shift;  // 0 unless groups are smaller than BK
+    raw const* ss = reinterpret_cast<raw const*>(stage + kSmemA + kSmemB) + grow * BN;
+    raw const* zs = reinterpret_cast<raw const*>(stage + kSmemA + kSmemB + kSmemS) + grow * BN;
+    CUTLASS_PRAGMA_UNROLL
+    for (int a = 0; a < kAtomsN; ++a)
       CUTLASS_PRAGMA_UNROLL
-      for (int mi = 0; mi < kMmaM; ++mi) {
+      for (int j = 0; j < 8; ++j) {
+        int const col = (warp_n * kAtomsN + a) * 64 + 8 * j + (lane >> 2);
+        s[a][j] = P::splat(ss[col]);
+        z[a][j] = P::splat(zs[col]);
+      }
+  }
+
+  static __device__ __forceinline__ void mma_k16_90(char const* stage, int kk, int warp_m, int warp_n, int lane,
+                                                    uint32_t const (&s)[kAtomsN][8], uint32_t const (&z)[kAtomsN][8],
+                                                    float (&acc)[kMmaM][kTilesN][4]) {
+    cutlass::Array<unsigned, 4> a_frag[kMmaM];
+    load_a(stage, kk, warp_m, lane, a_frag);
+    CUTLASS_PRAGMA_UNROLL
+    for (int a = 0; a < kAtomsN; ++a) {
+      // The block's 4 atoms (strips 4 a' .. 4 a' + 3 of the CTA) at this k16, 4 x kAtom90Bytes in a row.
+      char const* blk = stage + kSmemA + kk * kRow90Bytes + (warp_n * kAtomsN + a) * 4 * kAtom90Bytes;
+      uint32_t w[4][kBits / 4];
+      if constexpr (kBits == 4) {
+        cutlass::Array<unsigned, 4> v;
+        cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(v, blk + lane * 16);
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < 8; ++j) {
-          auto& d = *reinterpret_cast<cutlass::Array<float, 4>*>(acc[mi][a * 8 + j]);
-          mma(d, *reinterpret_cast<typename MmaOp::FragmentA const*>(&a_frag[mi]),
-              *reinterpret_cast<typename MmaOp::FragmentB const*>(bfrag[j]), d);
+        for (int i = 0; i < 4; ++i) w[i][0] = v[i];
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < 4; ++i) {  // 8 bytes per lane per atom: a warp reads 256 contiguous bytes
+          uint2 const v = *reinterpret_cast<uint2 const*>(blk + i * kAtom90Bytes + lane * 8);
+          w[i][0] = v.x;
+          w[i][1] = v.y;
         }
       }
+      uint32_t bfrag[8][2];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        uint32_t q[4];
+        AtomConvert<Element, kBits>::run(w[i], q);
+        uint32_t const si[2] = {s[a][2 * i], s[a][2 * i + 1]}, zi[2] = {z[a][2 * i], z[a][2 * i + 1]};
+        atom_scale<Element>(q, si, zi);
+        // A-fragment registers 0, 2 (rows g) are column g's B fragment, 1, 3 (rows g + 8) column g + 8's.
+        bfrag[2 * i][0] = q[0];
+        bfrag[2 * i][1] = q[2];
+        bfrag[2 * i + 1][0] = q[1];
+        bfrag[2 * i + 1][1] = q[3];
+      }
+      mma_block(a_frag, bfrag, a, acc);
+    }
+  }
+
+  // One warp's k16 steps of a stage.
+  static __device__ __forceinline__ void mma_stage(GemmArgs const& p, char const* stage, int warp_m, int warp_n,
+                                                   int warp_k, int lane, float (&acc)[kMmaM][kTilesN][4]) {
+    if constexpr (kL90) {
+      uint32_t s[kAtomsN][8], z[kAtomsN][8];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kK16PerWarp; ++j) {
+        int const kk = warp_k * kK16PerWarp + j;
+        // A new group row starts here (uniform across the warp: no divergence).
+        if (j == 0 || ((kk * 16) >> p.group_shift) != (((kk - 1) * 16) >> p.group_shift))
+          load_params90(stage, kk, p.group_shift, warp_n, lane, s, z);
+        mma_k16_90(stage, kk, warp_m, warp_n, lane, s, z, acc);
+      }
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kK16PerWarp; ++j) mma_k16(p, stage, warp_k * kK16PerWarp + j, warp_m, warp_n, lane, acc);
     }
   }
 
@@ -328,11 +451,7 @@ struct MixedGemmSm80 {
       if (next < k_tiles) load_stage(p, t, kt_begin + next, smem + (next % Stages) * kSmemStage, tid);
       cutlass::arch::cp_async_fence();
 
-      char const* stage = smem + (kt % Stages) * kSmemStage;
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kK16PerWarp; ++j) {
-        mma_k16(p, stage, warp_k * kK16PerWarp + j, warp_m, warp_n, lane, acc);
-      }
+      mma_stage(p, smem + (kt % Stages) * kSmemStage, warp_m, warp_n, warp_k, lane, acc);
     }
     cutlass::arch::cp_async_wait<0>();
 

@@ -28,7 +28,8 @@ def test_launch_fields_change_name_not_kernel():
     assert Sm80Config().grid(m=1, n_pad=4096) == (1, 32, 1)
 
 
-@pytest.mark.parametrize("schedule", ["t16x64x128_w1x1x4_s4", "t64x128x64_w2x2x1_s4_kfused3",
+@pytest.mark.parametrize("schedule", ["t16x64x128_w1x1x4_s4", "t64x128x64_w2x2x1_s4_kfused3", "t16x64x128_w1x1x4_s4_sm90a",
+                                      "t32x128x128_w1x2x2_s4_sm90a_kparallel2_sw4",
                                       "t128x128x64_w2x2x1_s4_kparallel2_sw4", "t128x256x64_w2x4x1_s3_sw8"])
 def test_schedule_round_trip(schedule):
     c = Sm80Config.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
@@ -68,3 +69,43 @@ def test_render_asserts(c):
     assert f'extern "C" __global__ void __launch_bounds__({c.threads}) {c.kernel_name}(' in src
     assert f"{c.kernel_name}_reduce(" in src
     assert ("cutlass::bfloat16_t" in src) == (c.dtype == "bf16")
+
+
+def test_sm90a_layout_kernels():
+    """On the sm90a layout the zero mode is not compiled in (the additive zero is always stored), so
+    every zero kind shares one kernel, with room for the zeros in shared memory."""
+    kinds = [Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_sm90a_kfused4", zero_mode=z) for z in ("sym", "int", "float")]
+    assert {c.kernel_name for c in kinds} == {"mg_sm80_f16_u4_t16x64x128_w1x1x4_s4_sm90a"}
+    assert kinds[0].name == "mg_sm80_f16_u4_zsym_t16x64x128_w1x1x4_s4_sm90a_kfused4"
+    assert len({c.smem_bytes for c in kinds}) == 1
+    assert kinds[0].smem_bytes > Sm80Config.from_schedule("t16x64x128_w1x1x4_s4", zero_mode="sym").smem_bytes
+    src = sm80.FAMILY.render(kinds[0])
+    assert '#include "sm80/gemm_sm80.cuh"' in src and "true>;" in src
+    with pytest.raises(ValueError, match="layout must be one of"):
+        Sm80Config(layout="sm75")
+
+
+def test_sm90a_layout_catalog_candidates_and_reads():
+    from mixed_gemm.kernels.base import Problem
+    from mixed_gemm.kernels.sm80.catalog import SHAPES_SM90A
+
+    cat = [c for c in sm80.FAMILY.catalog() if c.layout == "sm90a"]
+    assert len(cat) == len(SHAPES_SM90A) * 4 and {c.zero_mode for c in cat} == {"int"}
+    one = Problem(m=16, n=4096, k=4096, dtype="f16", bits=4, zero_mode="sym", group_size=128, layout="sm90a")
+    two = Problem(**{**one.__dict__, "layout": "sm80+sm90a"})
+    fam = sm80.FAMILY
+    assert fam.reads_weight(one)[0] and fam.reads_weight(two)[0]
+    assert not fam.reads_weight(Problem(**{**one.__dict__, "layout": "lowbit"}))[0]
+    cands = fam.candidates(one, 132)
+    assert cands and all("_sm90a" in s for s in cands)
+    assert any("_sm90a" in s for s in fam.candidates(two, 132)) and any("_sm90a" not in s for s in fam.candidates(two, 132))
+    h = fam.heuristic(one, 132)
+    assert h.layout == "sm90a" and fam.can_implement(h, one)[0] and (h.tile, h.warps, h.stages) in SHAPES_SM90A
+    assert fam.heuristic(Problem(**{**one.__dict__, "m": 64}), 132) is None  # the wgmma family takes it
+    # A two-copy profile's sm80 entry moves to the one copy where the catalog has the tile, else stays.
+    entry = Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_kfused4", zero_mode="sym")
+    moved = fam.for_layout(entry, one)
+    assert moved.layout == "sm90a" and moved.split_k == 4 and fam.can_implement(moved, one)[0]
+    assert fam.for_layout(entry, two) == entry
+    big = Sm80Config.from_schedule("t128x128x64_w2x2x1_s4", zero_mode="sym")
+    assert fam.for_layout(big, one) == big and not fam.can_implement(big, one)[0]

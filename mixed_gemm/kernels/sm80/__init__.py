@@ -1,6 +1,7 @@
 """The ``sm80`` family: a CUTLASS 2.x-style multistage mma.sync mixed-input GEMM
 (templates/sm80/gemm_sm80.cuh). One fatbin runs on sm_80 and sm_90 (plus compute_90 PTX for newer
-GPUs); it reads the ``sm80`` weight layout (:mod:`.layout`)."""
+GPUs); it reads the ``sm80`` weight layout (:mod:`.layout`), and its ``_sm90a`` schedules the
+Hopper one copy (the ``sm90a`` layout: decode batches there get this pipeline without a second copy)."""
 from __future__ import annotations
 
 from typing import List
@@ -11,8 +12,8 @@ from ..common import DTYPES, ZERO_MODES, constant_checks
 from . import layout
 from .abi import GEMM_ARGS_BYTES, REDUCE_ARGS_BYTES
 from .candidates import candidate_schedules
-from .catalog import default_catalog
-from .config import Sm80Config
+from .catalog import catalog_shapes, default_catalog
+from .config import LAYOUTS, Sm80Config
 from .heuristics import heuristic_config, refit_split_k
 from .launch import Sm80Launcher
 
@@ -42,14 +43,35 @@ class Sm80Family(Family):
                            f"above the grid limit {MAX_GRID_Y}")
         return OK
 
+    def reads_weight(self, problem: Problem) -> Verdict:
+        if not set(LAYOUTS) & set(problem.layout.split("+")):
+            return False, f"reads the {' or '.join(map(repr, LAYOUTS))} weight layout, the weight holds {problem.layout!r}"
+        return OK
+
+    def layout_of(self, config: Sm80Config) -> str:
+        return config.layout
+
+    def for_layout(self, config: Sm80Config, problem: Problem) -> Sm80Config:
+        """An entry measured on the other layout, on the layout the weight holds, where the catalog
+        compiles that tile for it (a profile taken with two copies serves a one-copy weight)."""
+        held = problem.layout.split("+")
+        if config.layout in held:
+            return config
+        other = next((name for name in LAYOUTS if name in held), None)
+        if other is None or (config.tile, config.warps, config.stages) not in catalog_shapes(other):
+            return config
+        return config.replace(layout=other)
+
     def catalog(self) -> List[Sm80Config]:
         return default_catalog()
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:
-        return candidate_schedules(problem.m, problem.n, problem.k, sms)
+        return [s for layout in LAYOUTS if layout in problem.layout.split("+")
+                for s in candidate_schedules(problem.m, problem.n, problem.k, sms, layout=layout)]
 
     def heuristic(self, problem: Problem, sms: int):
-        return heuristic_config(problem.m, n=problem.n, k=problem.k, sms=sms, **problem.kind)
+        layout = next((name for name in LAYOUTS if name in problem.layout.split("+")), LAYOUTS[0])
+        return heuristic_config(problem.m, n=problem.n, k=problem.k, sms=sms, layout=layout, **problem.kind)
 
     def refit(self, config: Sm80Config, problem: Problem, sms: int) -> Sm80Config:
         return refit_split_k(config, problem.m, problem.n, problem.k, sms)
@@ -65,6 +87,7 @@ class Sm80Family(Family):
             threads=kernel.threads, smem_bytes=kernel.smem_bytes,
             bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=kernel.stages,
             inst_m=kernel.instruction[0], inst_n=kernel.instruction[1], inst_k=kernel.instruction[2],
+            sm90a_layout="true" if kernel.layout == "sm90a" else "false",
             args_bytes=GEMM_ARGS_BYTES, reduce_args_bytes=REDUCE_ARGS_BYTES, constants=constant_checks(),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .catalog import SHAPES
+from .catalog import catalog_shapes
 
 SPLITS = (2, 3, 4, 6, 8)        # fused split-K factors
 PARALLEL_SPLITS = (2, 4)        # parallel split-K (a reduce kernel), for comparison
@@ -13,14 +13,16 @@ SWIZZLES = (4,)
 MIN_K_TILES_PER_SLICE = 2
 
 
-def candidate_schedules(m: int, n: int, k: int, sms: int, shapes=SHAPES) -> List[str]:
-    """Schedules (see :attr:`Sm80Config.schedule`) worth timing for an ``m`` x ``n`` x ``k`` problem."""
+def candidate_schedules(m: int, n: int, k: int, sms: int, shapes=None, layout: str = "sm80") -> List[str]:
+    """Schedules (see :attr:`Sm80Config.schedule`) worth timing for an ``m`` x ``n`` x ``k`` problem
+    whose weight holds ``layout`` (the catalog's shapes for it, unless ``shapes`` is given)."""
     out: List[str] = []
-    for (bm, bn, bk), (wm, wn, wk), stages in shapes:
+    suffix = "_sm90a" if layout == "sm90a" else ""
+    for (bm, bn, bk), (wm, wn, wk), stages in (catalog_shapes(layout) if shapes is None else shapes):
         # Tiles much taller than M only multiply padding work; tiny tiles at large M re-read B too often.
         if bm > max(16, 2 * m) or (m >= 1024 and bm < 128) or (m >= 256 and bm < 64):
             continue
-        base = f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{stages}"
+        base = f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{stages}{suffix}"
         out.append(base)
         tiles_m, tiles_n, k_tiles = -(-m // bm), -(-n // bn), -(-k // bk)
         if tiles_m * tiles_n < 2 * sms:

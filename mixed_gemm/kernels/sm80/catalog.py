@@ -24,7 +24,17 @@ SHAPES = (
     ((128, 256, 64), (2, 4, 1), 3),    # prefill: 256 threads, 64x64 warp tiles
     ((256, 128, 64), (4, 2, 1), 3),
 )
+# The decode tiles again on the sm90a layout (the Hopper one copy): 9-32 tokens, where the gemv
+# kernels re-read x per warp and the wgmma tiles pay their TMA prologue on small shapes.
+SHAPES_SM90A = SHAPES[:7]
 WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in (4, 8) for zero in ZERO_MODES)
+# The sm90a layout folds every zero mode into its additive zero: one kernel per dtype and width.
+WEIGHT_KINDS_SM90A = tuple((dtype, bits, "int") for dtype in DTYPES for bits in (4, 8))
+
+
+def catalog_shapes(layout: str):
+    """The (tile, warps, stages) the catalog compiles for weights of ``layout``."""
+    return SHAPES_SM90A if layout == "sm90a" else SHAPES
 
 
 def default_catalog() -> List[Sm80Config]:
@@ -32,4 +42,8 @@ def default_catalog() -> List[Sm80Config]:
         Sm80Config(dtype=dtype, bits=bits, zero_mode=zero, tile=tile, warps=warps, stages=stages)
         for dtype, bits, zero in WEIGHT_KINDS
         for tile, warps, stages in SHAPES
+    ] + [
+        Sm80Config(dtype=dtype, bits=bits, zero_mode=zero, tile=tile, warps=warps, stages=stages, layout="sm90a")
+        for dtype, bits, zero in WEIGHT_KINDS_SM90A
+        for tile, warps, stages in SHAPES_SM90A
     ]

@@ -12,7 +12,8 @@ from typing import Tuple
 
 from ..common import SPLIT_K_MODES, check_weight_kind, raise_on
 
-_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(_sm90a)?(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
+LAYOUTS = ("sm80", "sm90a")
 SWIZZLES = (1, 2, 4, 8)
 
 
@@ -22,7 +23,9 @@ class Sm80Config:
 
     Compiled into the kernel: ``dtype`` (activations and output), ``bits``, ``zero_mode`` (see
     dequant.cuh), ``tile`` = threadblock (BM, BN, BK), ``warps`` = warp grid (M, N, K) inside it
-    (K warps are summed through shared memory), ``stages`` (cp.async pipeline depth).
+    (K warps are summed through shared memory), ``stages`` (cp.async pipeline depth), ``layout``:
+    the weight layout read, ``"sm80"`` or ``"sm90a"`` (the Hopper one copy, schedule suffix
+    ``_sm90a``: its zero is additive and always stored, so the zero mode is not compiled in).
     Chosen at launch: ``split_k_mode`` / ``split_k`` (K slices, blockIdx.z; "serial" takes turns
     on a semaphore, "parallel" adds a reduce kernel, "fused" lets the last slice of each tile sum
     the others) and ``swizzle`` (tile-group size of CUTLASS's identity threadblock swizzle).
@@ -41,6 +44,7 @@ class Sm80Config:
     split_k: int = 1
     swizzle: int = 1
     instruction: Tuple[int, int, int] = (16, 8, 16)
+    layout: str = "sm80"
 
     family = "sm80"
 
@@ -59,6 +63,7 @@ class Sm80Config:
             (1 <= self.split_k <= 64, "split_k must be in [1, 64]"),
             (self.split_k == 1 or self.split_k_mode != "none", "split_k > 1 needs split_k_mode serial or parallel"),
             (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
+            (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
         ], f"Sm80Config {self.tile}/{self.warps}")
 
     def __hash__(self) -> int:
@@ -81,26 +86,30 @@ class Sm80Config:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
         s_bytes = (bk // 32) * bn * 2  # group sizes >= 32: at most BK/32 groups per k-tile
-        stage = bm * bk * 2 + bk * bn * self.bits // 8 + s_bytes + (0 if self.zero_mode == "sym" else s_bytes)
+        zeros = self.kernel.zero_mode != "sym"  # the sm90a layout always stores its additive zero
+        stage = bm * bk * 2 + bk * bn * self.bits // 8 + s_bytes + (s_bytes if zeros else 0)
         acc_per_thread = (bm // wm // 16) * (bn // wn // 8) * 4
         reduce = (wk - 1) * wm * wn * 32 * acc_per_thread * 4
         return max(self.stages * stage, reduce)
 
     @functools.cached_property
     def kernel(self) -> "Sm80Config":
-        """The compiled identity: this config with the launch-time fields at their defaults."""
-        return dataclasses.replace(self, split_k_mode="none", split_k=1, swizzle=1)
+        """The compiled identity: this config with the launch-time fields at their defaults (and,
+        on the sm90a layout, whose zero is always additive, one zero mode for all)."""
+        zero = self.zero_mode if self.layout == "sm80" else "int"
+        return dataclasses.replace(self, split_k_mode="none", split_k=1, swizzle=1, zero_mode=zero)
 
     @functools.cached_property
     def kernel_name(self) -> str:
         """The kernel's symbol and cache name (compiled fields only)."""
-        return f"mg_sm80_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self._tile_schedule}"
+        zero = f"_z{self.zero_mode}" if self.layout == "sm80" else ""  # compiled in there only
+        return f"mg_sm80_{self.dtype}_u{self.bits}{zero}_{self._tile_schedule}"
 
     @functools.cached_property
     def _tile_schedule(self) -> str:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
-        return f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}"
+        return f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}" + ("_sm90a" if self.layout == "sm90a" else "")
 
     @functools.cached_property
     def schedule(self) -> str:
@@ -123,11 +132,11 @@ class Sm80Config:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm80 schedule "
-                             "t<BM>x<BN>x<BK>_w<M>x<N>x<K>_s<stages>[_k<serial|parallel|fused><splits>][_sw<1|2|4|8>]")
+                             "t<BM>x<BN>x<BK>_w<M>x<N>x<K>_s<stages>[_sm90a][_k<serial|parallel|fused><splits>][_sw<1|2|4|8>]")
         v = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tuple(map(int, v[0:3])),
-                   warps=tuple(map(int, v[3:6])), stages=int(v[6]), split_k_mode=v[7] or "none",
-                   split_k=int(v[8] or 1), swizzle=int(v[9] or 1))
+                   warps=tuple(map(int, v[3:6])), stages=int(v[6]), layout="sm90a" if v[7] else "sm80",
+                   split_k_mode=v[8] or "none", split_k=int(v[9] or 1), swizzle=int(v[10] or 1))
 
     def grid(self, m: int, n_pad: int) -> Tuple[int, int, int]:
         """Launch grid of CUTLASS's GemmIdentityThreadblockSwizzle: (tiles_m * t, ceil(tiles_n / t), splits)."""

@@ -5,7 +5,11 @@ from __future__ import annotations
 from ...runtime import get_module, semaphores, workspace
 from ..common import REDUCE_THREADS, SPLIT_K_MODES
 from .abi import GemmArgs, ReduceArgs
+from ..sm90a import layout as sm90a_layout
+from . import layout as sm80_layout
 from .config import Sm80Config
+
+_DIMS = {sm80_layout.NAME: sm80_layout.dims, sm90a_layout.NAME: sm90a_layout.dims}  # b -> (N_pad, K16)
 
 _REDUCE_MAX_BLOCKS = 4096  # grid-stride loop beyond this: enough blocks to fill any GPU
 
@@ -24,25 +28,29 @@ class Sm80Launcher:
         self.mode_id = SPLIT_K_MODES[self.mode]
         self.log_tile = config.swizzle.bit_length() - 1
         self.bm, self.swizzle = config.tile[0], config.swizzle
-        self._blocks = {}  # weight launch_key -> (argument block, its pointer array's address, grid y, grid z)
+        self.layout = config.layout
+        self._dims = _DIMS[config.layout]
+        self._blocks = {}  # the weight's view key (of the layout read) -> (argument block, its pointer array's address, grid y, grid z)
 
     def _block(self, w):
         """The argument block of weight ``w``: every field that depends only on the weight is
         filled once, so a call writes just x, y, bias, M and the split-K scratch."""
+        view = w.parts[self.layout]
         args, argv = self.gemm.block()
-        b_ptr, s_ptr, z_ptr, n, k, n_pad, k16, group_shift, num_groups = w.launch_key
-        args.b, args.scales, args.zeros = b_ptr, s_ptr, z_ptr
-        args.n, args.k, args.n_pad, args.k16, args.lda, args.ldc = n, k, n_pad, k16, k, n
-        args.group_shift, args.num_groups = group_shift, num_groups
+        n_pad, k16 = self._dims(view.b)
+        args.b, args.scales = view.b.data_ptr(), view.scales.data_ptr()
+        args.zeros = 0 if view.zeros is None else view.zeros.data_ptr()
+        args.n, args.k, args.n_pad, args.k16, args.lda, args.ldc = w.n, w.k, n_pad, k16, w.k, w.n
+        args.group_shift, args.num_groups = w.group_shift, w.num_groups
         args.split_mode, args.log_tile = self.mode_id, self.log_tile
         # The grid's y (column-tile groups) and z (slices) depend on the weight only; x depends on M.
         _, grid_y, grid_z = self.config.grid(1, n_pad)
-        blk = self._blocks[w.launch_key] = (args, argv, grid_y, grid_z)
+        blk = self._blocks[view.key] = (args, argv, grid_y, grid_z)
         return blk
 
     def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
         config, dev, mode = self.config, self.device_index, self.mode
-        blk = self._blocks.get(w.launch_key)
+        blk = self._blocks.get(w.parts[self.layout].key)
         if blk is None:
             blk = self._block(w)
         a, argv, grid_y, grid_z = blk
