@@ -32,7 +32,14 @@ SHAPES = (
     (16, 8, (1, 4), 4, True),
     (16, 4, (2, 2), 4, False),
     (32, 4, (2, 2), 2, True),
+    # A CTA per 16 or 32 rows with 8 K-warps of 16 atoms: an 8B-sized K (4096) is two steps and its
+    # 4096-row shapes get 128-256 CTAs without split-K, so no fp32 planes and no last-CTA pass (the
+    # latency the small shapes pay: issue #23 item 2).
+    (8, 1, (1, 8), 16, False),
+    (8, 1, (2, 8), 8, False),
     # CUDA-core FMA variant (1-4 tokens): no n8 padding, fp32 FMAs; timed beside the mma kernels.
+    (1, 1, (1, 8), 16, False),
+    (1, 1, (2, 8), 8, False),
     (1, 2, (4, 2), 8, False),
     (1, 4, (2, 2), 4, False),
     (2, 2, (4, 2), 8, False),
