@@ -56,10 +56,11 @@ def _gpus() -> list[str]:
 
 
 def _families() -> list[str]:
-    """Each kernel family and whether it runs on each visible GPU (with the reason when not)."""
+    """Each kernel family (dense, then grouped) and whether it runs on each visible GPU (with the
+    reason when not)."""
     import torch
 
-    from .kernels import FAMILIES
+    from .kernels import ALL_FAMILIES as FAMILIES
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     lines = []

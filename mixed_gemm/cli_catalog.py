@@ -8,10 +8,11 @@ from pathlib import Path
 
 
 def catalog(name_filter: str = "", families=None):
-    """``(family, config)`` of every family's catalog (or of ``families``), in registry order."""
-    from .kernels import FAMILIES
+    """``(family, config)`` of every family's catalog (or of ``families``), in registry order: the dense
+    families', then the grouped (MoE) families' (``kernels.ALL_FAMILIES``)."""
+    from .kernels import ALL_FAMILIES
 
-    return [(fam, c) for fam in (FAMILIES if families is None else families) for c in fam.catalog()
+    return [(fam, c) for fam in (ALL_FAMILIES if families is None else families) for c in fam.catalog()
             if name_filter in c.kernel_name]
 
 

@@ -132,7 +132,8 @@ def test_build_compiles_what_the_gpu_can_select(monkeypatch):
     assert build_items("", True) == everything
     hopper = build_items("", False)
     assert [c.kernel_name for _, c in hopper] == [c.kernel_name for _, c in coverage.selectable("sm90a")]
-    assert {f.name for f, _ in hopper} == {"sm90a", "gemv", "dequant_mm"}
+    assert {f.name for f, _ in hopper} == {"sm90a", "gemv", "sm80", "dequant_mm"}
+    assert all(c.layout == "sm90a" for f, c in hopper if f.name == "sm80")  # the one copy's decode tiles
     assert build_items("mg_sm90a_f16", False) == [(f, c) for f, c in hopper if "mg_sm90a_f16" in c.kernel_name]
 
 

@@ -5,8 +5,9 @@ per-expert cuBLAS loop over the routed experts, transformers' eager way) and aga
 the bytes of the experts actually routed at the copy bandwidth.
 
 Timed eager on a cold L2 (a buffer twice the L2 is written before each call), median of the
-repetitions, ours and the dense path alternating: ``mg.moe`` reads the routing on the host today,
-so it cannot be replayed from a CUDA graph (the grouped kernel family of issue #24 will).
+repetitions, ours and the dense path alternating. ``mg.moe`` runs the grouped decode kernels
+(moe_gemv, two launches, capturable) where they take the experts and pay (T * top_k at most a few
+times E), else its per-expert loop, which reads the routing on the host; both are timed eager.
 """
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
 """Kernel families and their registry.
 
-``FAMILIES`` lists the families in priority order: when no override or profile decides, selection
-asks each in turn for its heuristic choice and takes the first it can implement. Adding a family:
-a sub-package here with a :class:`~.base.Family` (see docs/DESIGN.md), its ``templates/<name>/``,
-and one entry below.
+``FAMILIES`` lists the dense families in priority order: when no override or profile decides,
+selection asks each in turn for its heuristic choice and takes the first it can implement.
+``GROUPED_FAMILIES`` lists the grouped (mixture-of-experts) families, whose problems are
+:class:`~.base.MoeProblem`: ``ops.experts.moe`` chooses among them, and dense selection, profiles,
+the profiler and kernel-package coverage never walk them. Name lookup (``family``,
+``parse_schedule``), the catalog walkers (``mixed-gemm build --all``, ``generate``) and ``info``
+walk both (``ALL_FAMILIES``). Adding a family: a sub-package here with a :class:`~.base.Family`
+(see docs/DESIGN.md), its ``templates/<name>/``, and one entry below.
 """
 from __future__ import annotations
 
@@ -11,10 +15,12 @@ import functools
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
-from . import base, dequant_mm, gemv, sm80, sm90a
-from .base import OK, Family, Problem, Verdict, compute_capability
+from . import base, dequant_mm, gemv, moe_gemv, sm80, sm90a
+from .base import OK, Family, MoeProblem, Problem, Verdict, compute_capability
 
 FAMILIES: Tuple[Family, ...] = (sm90a.FAMILY, gemv.FAMILY, sm80.FAMILY, dequant_mm.FAMILY)
+GROUPED_FAMILIES: Tuple[Family, ...] = (moe_gemv.FAMILY,)  # MoE projections: never in dense selection
+ALL_FAMILIES: Tuple[Family, ...] = FAMILIES + GROUPED_FAMILIES
 # The weight layouts families read, by name (one layout module per name). A PackedWeight holds one
 # of them (layout_for: the one the tile family of its GPU reads), or, when asked for, sm80 plus
 # a second copy. PRIMARY_LAYOUT is the CPU's (and any GPU's without a layout-setting family).
@@ -23,7 +29,7 @@ LAYOUTS: Dict[str, ModuleType] = {sm80.layout.NAME: sm80.layout, sm90a.layout.NA
 PRIMARY_LAYOUT = sm80.layout.NAME
 LEGACY_FAMILY = "sm80"  # a schedule without "family:" (profile format 1, old overrides)
 
-_BY_NAME = {f.name: f for f in FAMILIES}
+_BY_NAME = {f.name: f for f in ALL_FAMILIES}
 
 
 def family(name: str) -> Family:
@@ -65,7 +71,7 @@ def qualified(config) -> str:
 
 
 def available(device_index: int) -> List[Tuple[Family, Verdict]]:
-    """Each family with ``supports(device_index)``, in priority order."""
+    """Each dense family with ``supports(device_index)``, in priority order."""
     return [(f, f.supports(device_index)) for f in FAMILIES]
 
 
@@ -107,5 +113,6 @@ def layout_for(device_index: Optional[int], bits: int = 4) -> str:
     return layout_on(None if device_index is None else base.compute_capability(device_index), bits)
 
 
-__all__ = ["FAMILIES", "LAYOUTS", "OK", "PRIMARY_LAYOUT", "layout_names", "Family", "Problem", "Verdict", "available", "compute_capability",
+__all__ = ["ALL_FAMILIES", "FAMILIES", "GROUPED_FAMILIES", "LAYOUTS", "OK", "PRIMARY_LAYOUT", "layout_names", "Family",
+           "MoeProblem", "Problem", "Verdict", "available", "compute_capability",
            "family", "family_of", "layout_for", "layout_on", "parse_schedule", "qualified", "split_schedule"]

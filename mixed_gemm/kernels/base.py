@@ -36,6 +36,35 @@ class Problem:
         return dict(dtype=self.dtype, bits=self.bits, zero_mode=self.zero_mode)
 
 
+@dataclass(frozen=True)
+class MoeProblem:
+    """One projection of a mixture-of-experts layer as a grouped family sees it (``GROUPED_FAMILIES``):
+    ``tokens`` x ``top_k`` (token, slot) pairs, each multiplying one row by its expert's ``(n, k)``
+    weight, ``experts`` of them stacked (``ops.experts.PackedExperts``). ``stage``: ``"w13"`` (gate|up,
+    ``n`` = 2I, ``k`` = H; SiLU(gate) * up follows) or ``"w2"`` (down, ``n`` = H, ``k`` = I; the top-k
+    weighted sum follows). Shapes only: nothing here depends on the routing's values."""
+
+    tokens: int
+    top_k: int
+    experts: int
+    n: int
+    k: int
+    dtype: str
+    bits: int
+    zero_mode: str
+    group_size: int
+    layout: str
+    stage: str
+
+    @property
+    def pairs(self) -> int:
+        return self.tokens * self.top_k
+
+    @property
+    def kind(self) -> dict:
+        return dict(dtype=self.dtype, bits=self.bits, zero_mode=self.zero_mode)
+
+
 @functools.lru_cache(maxsize=None)
 def compute_capability(device_index: int) -> Optional[Tuple[int, int]]:
     """``(major, minor)`` of CUDA device ``device_index``, or None without a visible GPU."""
@@ -128,6 +157,11 @@ class Family:
     def heuristic(self, problem: Problem, sms: int):
         """This family's config for ``problem`` when no profile covers it, or None to pass."""
         return None
+
+    def pays(self, tokens: int, top_k: int, experts: int) -> bool:
+        """Grouped families (``GROUPED_FAMILIES``): worth running for ``tokens`` x ``top_k`` pairs over
+        ``experts`` outside CUDA-graph capture, where ``moe`` has its per-expert path to fall back on?"""
+        return True
 
     def refit(self, config, problem: Problem, sms: int):
         """``config`` measured best on a similar shape, adjusted to ``problem``'s (selection calls

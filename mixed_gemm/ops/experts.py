@@ -11,20 +11,39 @@ expert as a zero-copy PackedWeight, which every dense family runs.
 ``w13`` holds each expert's gate rows ``[0, I)`` then its up rows ``[I, 2I)`` (transformers'
 ``gate_up_proj``, vLLM's ``w13``), ``(2I, H)``; ``w2`` its down projection ``(H, I)``.
 
-Execution today: on the CPU the float32 reference (:func:`mixed_gemm.reference.moe` of the
-dequantized experts); on a GPU, one gate|up and one down :func:`matmul` per expert that got tokens
-(the grouped family that does it in one launch is the rest of issue #24). Finding those experts
-reads the routing on the host, so this path cannot be captured in a CUDA graph; it says so.
+Execution: on the CPU the float32 reference (:func:`mixed_gemm.reference.moe` of the dequantized
+experts). On a GPU, the grouped path when a grouped family (``kernels.GROUPED_FAMILIES``: the
+``moe_gemv`` decode kernels, "pair mode") can take the experts (the ``sm90a`` layout, 4/8 bits,
+``I`` a multiple of 16): two launches, gate|up with SiLU(gate) * up fused, then down with the
+top-k weighted sum fused, reading no routing on the host, so it runs under CUDA-graph capture.
+Outside capture it runs while it pays (``T * top_k`` at most a few times ``E``: each pair reads its
+expert's weights); otherwise, and for what no grouped family takes (``sm80``-layout experts), one
+gate|up and one down :func:`matmul` per expert that got tokens (:func:`per_expert`). Finding those
+experts reads the routing on the host, so that path cannot be captured; it says so.
+
+Rounding (grouped path): the gate and up dot products accumulate in float32, ``silu(g) * u`` is
+computed in float32 and rounded once to the activation dtype (the intermediate ``h``); the down
+dot products accumulate in float32, each slot's is multiplied by its top-k weight in float32, the
+slots are added in slot order (deterministic, no atomics), and ``y`` is rounded once.
 """
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
+from ..compile import JitDisabledError, background, blocking, jit_mode
+from ..kernels import GROUPED_FAMILIES, MoeProblem, family_of
+from ..kernels.base import sm_count
+from ..runtime import current_stream
+from ..select import m_bucket
 from .matmul import matmul
-from .packed import PackedWeight, prepack
+from .packed import KERNEL_DTYPES, PackedWeight, prepack
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,12 @@ class PackedExperts:
     @property
     def device(self) -> torch.device:
         return self.b.device
+
+    @property
+    def signature(self) -> Tuple:
+        """What the choice of a grouped kernel depends on (kind, shape, layout, device)."""
+        return (self.num_experts, self.n, self.k, self.bits, self.group_size, self.zero_mode, self.dtype, self.layout,
+                self.device.index)
 
     def expert(self, e: int) -> PackedWeight:
         """Expert ``e`` as a PackedWeight over the stacked tensors (no copy)."""
@@ -130,16 +155,29 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
 
     ``x`` ``(T, H)`` float16/bfloat16 (the experts' dtype), ``w13`` ``(E, 2I, H)`` and ``w2``
     ``(E, H, I)`` :class:`PackedExperts`, ``topk_weights`` float ``(T, k)``, ``topk_ids`` int
-    ``(T, k)`` in ``[0, E)``. Returns ``(T, H)`` in ``x``'s dtype. Expert ids out of range raise
-    ``ValueError`` (this path reads the routing on the host anyway)."""
+    ``(T, k)`` in ``[0, E)``. Returns ``(T, H)`` in ``x``'s dtype (module docstring: which path runs
+    and where it rounds). Expert ids out of range raise ``ValueError`` on the CPU and on the
+    per-expert path; the grouped path does not check them (that would read the routing on the
+    host): a pair whose id lies outside ``[0, E)`` contributes nothing there, never reading out of
+    bounds."""
     _check(x, w13, w2, topk_weights, topk_ids)
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():  # before any host read of the routing
-        raise RuntimeError("mixed_gemm.moe: this build runs one GEMM pair per routed expert and reads the routing on "
-                           "the host, which a CUDA graph cannot capture; the grouped kernel family (issue #24) will")
+    if not topk_ids.numel():  # no tokens (or top_k = 0): nothing to route
+        return torch.zeros_like(x)
+    if x.is_cuda:
+        capturing = torch.cuda.is_current_stream_capturing()
+        plan = grouped_plan(x, w13, w2, topk_ids.shape[1])
+        if isinstance(plan, GroupedPlan) and (capturing or plan.family.pays(x.shape[0], topk_ids.shape[1],
+                                                                            w13.num_experts)):
+            launchers = plan.launchers(capturing)
+            if launchers is not None:
+                return _run_grouped(launchers, x, w13, w2, topk_weights, topk_ids)
+        if capturing:  # before any host read of the routing
+            why = plan if isinstance(plan, str) else "its kernels are not available (MIXED_GEMM_JIT=off)"
+            raise RuntimeError("mixed_gemm.moe: the per-expert path runs one GEMM pair per routed expert and reads the "
+                               "routing on the host, which a CUDA graph cannot capture; the grouped kernels, which can, "
+                               f"cannot run these experts: {why}")
     e_count = w13.num_experts
     flat = topk_ids.reshape(-1)
-    if not flat.numel():
-        return torch.zeros_like(x)
     # One host read: the ids' range and each expert's pair count (ids clamped for the count only).
     stats = torch.cat([flat.min().view(1), flat.max().view(1),
                        torch.bincount(flat.clamp(0, e_count - 1), minlength=e_count)]).tolist()
@@ -157,6 +195,147 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
         return matmul((torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).contiguous(), w2.expert(e))
 
     return per_expert(x, topk_weights, topk_ids, counts, expert)
+
+
+class GroupedPlan:
+    """The grouped kernels of one ``(w13, w2, top_k, T bucket, device)``: a family and a config per
+    projection (``configs`` = (gate|up, down)), chosen once (:func:`grouped_plan`), their launchers
+    loaded on first use. ``family.pays(T, top_k, E)`` says whether to run them outside capture."""
+
+    __slots__ = ("family", "configs", "device_index", "_launchers", "_lock")
+
+    def __init__(self, family, configs, device_index: int):
+        self.family, self.configs, self.device_index = family, tuple(configs), device_index
+        self._launchers = None
+        self._lock = threading.Lock()
+
+    def launchers(self, capturing: bool = False):
+        """``(gate|up launcher, down launcher)``, or None while they are not available: with
+        ``MIXED_GEMM_JIT=async`` (outside capture) a kernel neither packaged nor cached compiles in
+        the background meanwhile, as matmul's do; with ``off`` a missing kernel never comes."""
+        if self._launchers is not None:
+            return self._launchers
+        with self._lock:
+            if self._launchers is not None:
+                return self._launchers
+            if jit_mode() == "async" and not capturing and not all(self.family.ready(c) for c in self.configs):
+                jobs = [background.submit(self.family.build_spec(c)) for c in self.configs]
+                if not all(j.done() for j in jobs):
+                    return None  # the per-expert path runs while they compile
+                failed = next((j.exception() for j in jobs if j.exception() is not None), None)
+                if failed is not None:
+                    log.warning("grouped MoE kernels could not be built (%s); the per-expert path runs", failed)
+                    return None
+            try:
+                self._launchers = tuple(self.family.launcher(c, self.device_index) for c in self.configs)
+            except JitDisabledError:
+                if capturing:
+                    raise
+                return None
+            return self._launchers
+
+    def __repr__(self) -> str:
+        return f"GroupedPlan(family={self.family.name!r}, schedules={[c.schedule for c in self.configs]!r})"
+
+
+# (w13 signature, w2 signature, top_k, T bucket) -> GroupedPlan, or the reason no grouped family runs it
+GROUPED: Dict[Tuple, Union[GroupedPlan, str]] = {}
+_GROUPED_LOCK = threading.Lock()
+
+
+def _problems(tokens: int, top_k: int, w13: PackedExperts, w2: PackedExperts):
+    kind = dict(dtype=KERNEL_DTYPES[w13.dtype], bits=w13.bits, zero_mode=w13.zero_mode)
+    return tuple(MoeProblem(tokens=tokens, top_k=top_k, experts=w.num_experts, n=w.n, k=w.k, group_size=w.group_size,
+                            layout=w.layout, stage=stage, **kind) for w, stage in ((w13, "w13"), (w2, "w2")))
+
+
+def _stacked_reason(w13: PackedExperts, w2: PackedExperts) -> Optional[str]:
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.zeros is None or not all(t.is_contiguous() for t in (w.b, w.scales, w.zeros)):
+            return f"{name}: the grouped kernels read contiguous stacked b, scales and zeros (prepack_experts' tensors)"
+    return None
+
+
+def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: int,
+                 configs=None) -> Union[GroupedPlan, str]:
+    """The :class:`GroupedPlan` for ``moe`` on ``x``'s rows (cached per signatures, ``top_k`` and the
+    power-of-two bucket of T), or the reason (a str, one clause per grouped family) none runs it.
+    ``configs`` = (gate|up config, down config) forces the kernels (tests, sweeps; not cached)."""
+    tokens = x.shape[0]
+    device_index = x.device.index if x.is_cuda else 0  # (a CPU x: what device 0 would run, for tests)
+    key = (w13.signature, w2.signature, top_k, m_bucket(max(1, tokens)), device_index)
+    plan = GROUPED.get(key) if configs is None else None
+    if plan is not None:
+        return plan
+    problems = _problems(m_bucket(max(1, tokens)), top_k, w13, w2)
+    reasons = []
+    stacked = _stacked_reason(w13, w2)
+    for fam in GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),):
+        ok, why = fam.supports(device_index)
+        if ok and stacked is not None:
+            ok, why = False, stacked
+        if ok:
+            chosen = configs if configs is not None else [fam.heuristic(p, sm_count(device_index)) for p in problems]
+            for config, problem in zip(chosen, problems):
+                ok, why = (False, "its heuristic passes") if config is None else fam.can_implement(config, problem)
+                if not ok:
+                    break
+        if ok:
+            plan = GroupedPlan(fam, chosen, device_index)
+            break
+        reasons.append(f"{fam.name}: {why}")
+    else:
+        plan = "; ".join(reasons)
+    if configs is None:
+        with _GROUPED_LOCK:
+            plan = GROUPED.setdefault(key, plan)
+    return plan
+
+
+def _family_of_configs(configs):
+    fams = {family_of(c) for c in configs}
+    if len(configs) != 2 or len(fams) != 1 or not set(GROUPED_FAMILIES) >= fams:
+        raise ValueError("configs: expected (gate|up config, down config) of one grouped family")
+    return fams.pop()
+
+
+def _run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor) -> torch.Tensor:
+    """The two grouped launches on the current stream: h = SiLU(gate) * up (``(T * k, I)``, the
+    activation dtype), then y. No host read of the routing; allocations come from torch's
+    allocator (a CUDA graph's pool under capture)."""
+    tokens, top_k = topk_ids.shape
+    if not x.is_contiguous() or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)  # rows are read 16 bytes at a time
+    ids = topk_ids.contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()  # applied in fp32
+    h = torch.empty((tokens * top_k, w2.k), dtype=x.dtype, device=x.device)
+    y = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
+    stream = current_stream(x.device.index)
+    gate_up, down = launchers
+    gate_up(x, w13, ids, None, h, tokens, top_k, stream)
+    down(h, w2, ids, weights, y, tokens, top_k, stream)
+    return y
+
+
+def moe_grouped(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, *, configs=None) -> torch.Tensor:
+    """:func:`moe` through the grouped kernels, whatever the token count (tests, benchmarks):
+    ``configs`` = (gate|up config, down config) forces them. ``ValueError`` naming why when no
+    grouped family can run these experts (or the forced configs cannot)."""
+    _check(x, w13, w2, topk_weights, topk_ids)
+    if not x.is_cuda:
+        raise ValueError(f"x: the grouped kernels run on a CUDA device, got {x.device}")
+    if not topk_ids.numel():
+        return torch.zeros_like(x)
+    plan = grouped_plan(x, w13, w2, topk_ids.shape[1], configs)
+    if isinstance(plan, str):
+        raise ValueError(f"mixed_gemm.moe: no grouped kernel family can run these experts: {plan}")
+    with blocking():  # compile here if need be: the caller asked for these kernels
+        launchers = plan.launchers(torch.cuda.is_current_stream_capturing())
+    if launchers is None:
+        raise ValueError(f"mixed_gemm.moe: the grouped kernels {plan!r} are not available (MIXED_GEMM_JIT=off)")
+    return _run_grouped(launchers, x, w13, w2, topk_weights, topk_ids)
 
 
 def per_expert(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, counts, expert) -> torch.Tensor:

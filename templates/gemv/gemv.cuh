@@ -73,12 +73,11 @@ struct GemvMath<cutlass::bfloat16_t> {
 // planes in slice order (the result does not depend on the arrival order), writes y and resets
 // the tile's arrival counter, so the next launch (or graph replay) finds it at zero: one kernel
 // node, no memset. `outputs(f)` calls f(n, token, value) for each of the lane's kAcc accumulators
-// that lies inside y.
+// that lies inside y. reduce() alone is the first step (moe_gemv's epilogues run it, then their own).
 template <typename raw, int kAcc, int kWarpsN, int kWarpsK, int kRows, int kThreads>
 struct GemvEpilogue {
-  template <typename Outputs>
-  static __device__ void run(GemvArgs const& p, char* smem, float (&acc)[kAcc], int wn, int wk, int lane,
-                             Outputs const& outputs) {
+  // Afterwards the warps with wk == 0 hold their column's CTA sums, added in warp order.
+  static __device__ __forceinline__ void reduce(char* smem, float (&acc)[kAcc], int wn, int wk, int lane) {
     if (kWarpsK > 1) {
       float* red = reinterpret_cast<float*>(smem);
       if (wk > 0) {
@@ -96,7 +95,12 @@ struct GemvEpilogue {
         }
       }
     }
+  }
 
+  template <typename Outputs>
+  static __device__ void run(GemvArgs const& p, char* smem, float (&acc)[kAcc], int wn, int wk, int lane,
+                             Outputs const& outputs) {
+    reduce(smem, acc, wn, wk, lane);
     raw const* bias = static_cast<raw const*>(p.bias);
     raw* y = static_cast<raw*>(p.y);
     if (p.splits == 1) {
@@ -179,6 +183,27 @@ struct XStage {
 // the group spans a multiple of it (both powers of two, steps start at multiples of kUnroll), else
 // the group's atoms where the kernel has that variant (K::kFineGroups: 4 for group 64, 2 for 32),
 // else 1 (a load per atom: L1 hits, but at 2 bits a third of the loop's instructions).
+// gemv_mainloop is that choice; `extra` goes on to the main loop (moe_gemv: the strip gap).
+template <typename K, typename... Extra>
+__device__ __forceinline__ void gemv_mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk, char* xs,
+                                              typename K::Acc& acc, Extra... extra) {
+  int const group_atoms_log2 = p.group_shift - 4;
+  constexpr int kU4 = K::kU < 4 ? K::kU : 4, kU2 = K::kU < 2 ? K::kU : 2;
+  if (group_atoms_log2 >= __ffs(K::kU) - 1) {
+    K::template mainloop<K::kU>(p, strip0, kbeg, kend, wk, xs, acc, extra...);
+  } else if constexpr (K::kFineGroups) {
+    if (group_atoms_log2 >= 2) {
+      K::template mainloop<kU4>(p, strip0, kbeg, kend, wk, xs, acc, extra...);
+    } else if (group_atoms_log2 == 1) {
+      K::template mainloop<kU2>(p, strip0, kbeg, kend, wk, xs, acc, extra...);
+    } else {
+      K::template mainloop<1>(p, strip0, kbeg, kend, wk, xs, acc, extra...);
+    }
+  } else {
+    K::template mainloop<1>(p, strip0, kbeg, kend, wk, xs, acc, extra...);
+  }
+}
+
 template <typename K>
 __device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -190,21 +215,7 @@ __device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
 #pragma unroll
   for (int i = 0; i < K::kAcc; ++i) flat[i] = 0.f;
   char* xs = smem + K::kReduceBytes + warp * K::kXWarpBytes;
-  int const group_atoms_log2 = p.group_shift - 4;
-  constexpr int kU4 = K::kU < 4 ? K::kU : 4, kU2 = K::kU < 2 ? K::kU : 2;
-  if (group_atoms_log2 >= __ffs(K::kU) - 1) {
-    K::template mainloop<K::kU>(p, strip0, kbeg, kend, wk, xs, acc);
-  } else if constexpr (K::kFineGroups) {
-    if (group_atoms_log2 >= 2) {
-      K::template mainloop<kU4>(p, strip0, kbeg, kend, wk, xs, acc);
-    } else if (group_atoms_log2 == 1) {
-      K::template mainloop<kU2>(p, strip0, kbeg, kend, wk, xs, acc);
-    } else {
-      K::template mainloop<1>(p, strip0, kbeg, kend, wk, xs, acc);
-    }
-  } else {
-    K::template mainloop<1>(p, strip0, kbeg, kend, wk, xs, acc);
-  }
+  gemv_mainloop<K>(p, strip0, kbeg, kend, wk, xs, acc);
   K::finish(flat);
   GemvEpilogue<typename K::raw, K::kAcc, K::kWN, K::kWK, K::kRows, K::kThreads>::run(
       p, smem, flat, wn, wk, lane, [&](auto&& f) { K::for_each_output(p, strip0, lane, acc, f); });
@@ -214,8 +225,11 @@ __device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
 // instead of an mma whose n8 tile would be 7/8 (M=1) padding: lane (g, t) multiplies its 8 weights
 // (rows g, g + 8; k 2t, 2t+1, 2t+8, 2t+9) by x[m] at those k for each token m and, after the loop,
 // the 4 lanes t of a row sum their partials with two shuffles. kTiles is then unused.
+// kRuns > 1 (moe_gemv's gate|up kernel): a warp's kStrips strips are kRuns runs of kStrips / kRuns
+// adjacent strips, run r starting r * gap strips after strip0 (gate strip s and up strip s + I/16
+// of one weight), so one lane holds both operands of an output; gemv's strips are one run.
 template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, bool kStageX,
-          int kFmaTokens = 0>
+          int kFmaTokens = 0, int kRuns = 1>
 struct Gemv {
   static constexpr int kWN = kWarpsN, kWK = kWarpsK, kSN = kStrips, kU = kUnroll;  // for gemv_run
   static constexpr bool kFineGroups = true;
@@ -237,6 +251,17 @@ struct Gemv {
   static constexpr int kSmemBytes = kReduceBytes + kWarpsN * kWarpsK * kXWarpBytes;
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
   static_assert(kUnroll % W::kAtoms == 0, "kUnroll: whole blocks of the layout (4 atoms for 1-3 bits)");
+  static_assert(kRuns >= 1 && kStrips % kRuns == 0, "kRuns: equal runs of strips");
+  static constexpr int kRun = kStrips / kRuns;
+
+  // The weight strip of the warp's strip j (strip0 + j with one run: gemv's code is unchanged).
+  static __device__ __forceinline__ int strip_of(int strip0, int j, int gap) {
+    if constexpr (kRuns == 1) {
+      return strip0 + j;
+    } else {
+      return strip0 + j % kRun + (j / kRun) * gap;
+    }
+  }
 
   // s and z' of rows (g, g + 8) of strip nb in group gi, as (s, s) / (z, z) pairs.
   static __device__ __forceinline__ void group_params(GemvArgs const& p, int gi, int nb, int g, uint32_t (&s)[2],
@@ -251,22 +276,39 @@ struct Gemv {
   }
 
   static __device__ __forceinline__ void load_params(GemvArgs const& p, int kb, int strip0, uint32_t (&s)[kStrips][2],
-                                                     uint32_t (&z)[kStrips][2]) {
+                                                     uint32_t (&z)[kStrips][2], int gap = 0) {
     int const gi = min((kb * 16) >> p.group_shift, p.num_groups - 1);
 #pragma unroll
-    for (int j = 0; j < kStrips; ++j) group_params(p, gi, min(strip0 + j, p.strips - 1), (threadIdx.x & 31) >> 2, s[j], z[j]);
+    for (int j = 0; j < kStrips; ++j)
+      group_params(p, gi, min(strip_of(strip0, j, gap), p.strips - 1), (threadIdx.x & 31) >> 2, s[j], z[j]);
+  }
+
+  // prefetch.global.L1 of the lines holding the scales and zeros of the warp's strips for every
+  // group row the step at kb0 touches (one 32-byte strip row each; lanes share the work).
+  static __device__ __forceinline__ void prefetch_params(GemvArgs const& p, int kb0, int strip0, int lane, int gap) {
+    constexpr int kMaxLines = (kUnroll > 1 ? kUnroll / 2 : 1) * kStrips * 2;  // groups >= 32 = 2 atoms
+    int const first = (kb0 * 16) >> p.group_shift;
+    int const lines = min(max(1, (kUnroll * 16) >> p.group_shift), p.num_groups - first) * kStrips * 2;
+#pragma unroll
+    for (int i0 = 0; i0 < kMaxLines; i0 += 32) {
+      int const i = i0 + lane, nb = strip_of(strip0, (i >> 1) % kStrips, gap);
+      if (i < lines && nb < p.strips) {
+        raw const* base = static_cast<raw const*>((i & 1) ? p.zeros : p.scales);
+        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(base + (first + (i >> 1) / kStrips) * (16 * p.strips) + 16 * nb));
+      }
+    }
   }
 
   template <int kGroupAtoms>  // atoms per parameter load (see gemv_run)
   static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
-                                                  char* xs, float (&acc)[kStrips][kXRows][kPer]) {
+                                                  char* xs, float (&acc)[kStrips][kXRows][kPer], int gap = 0) {
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t const* bw = static_cast<uint32_t const*>(p.b);
     // Loop invariants: the lane's word of the warp's first strip in block 0 and the stride between
     // blocks; whether all the warp's strips exist; each x operand's row (row 0 past M, not read).
     size_t const block_stride = (size_t)p.strips * (32 * W::kWords);
     uint32_t const* wbase = block_words<W>(bw, 0, strip0, p.strips, lane);
-    bool const strips_inside = strip0 + kStrips <= p.strips;
+    bool const strips_inside = kRuns == 1 ? strip0 + kStrips <= p.strips : strip_of(strip0, kStrips - 1, gap) < p.strips;
     raw const* xrow[kXRows];
     bool xok[kXRows];
 #pragma unroll
@@ -287,13 +329,14 @@ struct Gemv {
 #pragma unroll
         for (int bi = 0; bi < kBlocks; ++bi)
 #pragma unroll
-          for (int j = 0; j < kStrips; ++j) W::load_at(src + bi * block_stride + j * (32 * W::kWords), wq[bi][j]);
+          for (int j = 0; j < kStrips; ++j)
+            W::load_at(src + bi * block_stride + strip_of(0, j, gap) * (32 * W::kWords), wq[bi][j]);
       } else {
 #pragma unroll
         for (int bi = 0; bi < kBlocks; ++bi)
 #pragma unroll
           for (int j = 0; j < kStrips; ++j) {
-            int const kb = kb0 + bi * W::kAtoms, nb = strip0 + j;
+            int const kb = kb0 + bi * W::kAtoms, nb = strip_of(strip0, j, gap);
             if (kb < kend && nb < p.strips) {
               W::load_at(block_words<W>(bw, kb / W::kAtoms, nb, p.strips, lane), wq[bi][j]);
             } else {
@@ -302,6 +345,10 @@ struct Gemv {
             }
           }
       }
+      // The step's group parameters on their way to L1 beside the weights: fetched at their first
+      // use they were a second memory round trip per step, after the weights had arrived (on the
+      // small shapes, a few steps per warp, that latency is most of the kernel).
+      prefetch_params(p, kb0, strip0, lane, gap);
       // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
       // The mma's B fragment of tile mt is token row mt * 8 + g; the FMA variant's operand m is token m.
       uint32_t xf[kUnroll][kXRows][2];
@@ -340,7 +387,7 @@ struct Gemv {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (kb0 + u >= kend) break;
-        if (u % kGroupAtoms == 0) load_params(p, kb0 + u, strip0, s, z);
+        if (u % kGroupAtoms == 0) load_params(p, kb0 + u, strip0, s, z, gap);
 #pragma unroll
         for (int j = 0; j < kStrips; ++j) {
           uint32_t a[4];
@@ -391,7 +438,7 @@ struct Gemv {
     }
   }
 
-  // Calls f(n, token, value) for every accumulator inside the output. mma accumulator (j, mt, e):
+  // Calls f(n, token, value) for every accumulator inside the output (one run). mma accumulator (j, mt, e):
   // c0 c1 are rows g, tokens 2t, 2t+1 of strip j and n8 tile mt; c2 c3 rows g + 8. FMA accumulator
   // (j, m, e): row g + 8 e, token m, written by lane t = m % 4 (all four hold it).
   template <typename F>

@@ -9,7 +9,7 @@ import pytest
 from mixed_gemm import _paths
 from mixed_gemm.compile import compile_flags, find_nvcc
 from mixed_gemm.compile.deps import template_deps
-from mixed_gemm.kernels import FAMILIES
+from mixed_gemm.kernels import ALL_FAMILIES
 
 
 def _nvcc_deps(tmp_path, source: str, arch_flags) -> set:
@@ -25,7 +25,7 @@ def _nvcc_deps(tmp_path, source: str, arch_flags) -> set:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize("fam", ALL_FAMILIES, ids=lambda f: f.name)
 def test_scan_matches_nvcc_dependencies(tmp_path, fam):
     configs = fam.catalog()
     # One config of every distinct set of include lines the family renders (dequant_mm has two

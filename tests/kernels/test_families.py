@@ -1,25 +1,33 @@
-"""The family contract, checked for every registered family (a new family gets these for free)."""
+"""The family contract, checked for every registered family, dense and grouped (a new family gets
+these for free)."""
 import re
 
 import pytest
 
 from mixed_gemm.compile import build_spec, fatbin_targets, load_bytes
-from mixed_gemm.kernels import (FAMILIES, LAYOUTS, PRIMARY_LAYOUT, Problem, family, family_of, layout_for,
-                                parse_schedule, qualified, split_schedule)
+from mixed_gemm.kernels import (ALL_FAMILIES, FAMILIES, GROUPED_FAMILIES, LAYOUTS, PRIMARY_LAYOUT, MoeProblem, Problem,
+                                family, family_of, layout_for, parse_schedule, qualified, split_schedule)
 from mixed_gemm.kernels.common import constant_checks
 from mixed_gemm.version import __version__
 
-IDS = [f.name for f in FAMILIES]
+IDS = [f.name for f in ALL_FAMILIES]
 
 
 def _problem(fam, m=64, **kw):
+    """A problem of ``fam``'s kind: a dense GEMM, or for a grouped family one projection of a MoE layer
+    (the stage of its first catalog config) with ``m`` tokens."""
+    if fam in GROUPED_FAMILIES:
+        base = dict(tokens=m, top_k=2, experts=8, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int",
+                    group_size=128, layout=fam.layout, stage=fam.catalog()[0].stage)
+        return MoeProblem(**dict(base, **kw))
     base = dict(m=m, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout=fam.layout)
     return Problem(**dict(base, **kw))
 
 
 def test_registry_names_unique_and_lookup():
     assert len(set(IDS)) == len(IDS) and IDS[0] == "sm90a"
-    for fam in FAMILIES:
+    assert ALL_FAMILIES == FAMILIES + GROUPED_FAMILIES and not set(FAMILIES) & set(GROUPED_FAMILIES)
+    for fam in ALL_FAMILIES:
         assert family(fam.name) is fam and fam.layout in LAYOUTS
     with pytest.raises(ValueError, match="family: 'nope' is not one of"):
         family("nope")
@@ -27,7 +35,7 @@ def test_registry_names_unique_and_lookup():
         family_of(object())
 
 
-@pytest.mark.parametrize("fam", FAMILIES, ids=IDS)
+@pytest.mark.parametrize("fam", ALL_FAMILIES, ids=IDS)
 def test_catalog_names_schedules_and_sources(fam):
     cat = fam.catalog()
     assert cat, "a family ships a catalog (what `mixed-gemm build` precompiles)"
@@ -52,7 +60,7 @@ def test_catalog_names_schedules_and_sources(fam):
     assert output == fam.output
 
 
-@pytest.mark.parametrize("fam", FAMILIES, ids=IDS)
+@pytest.mark.parametrize("fam", ALL_FAMILIES, ids=IDS)
 def test_can_implement_reports_reasons(fam):
     c = fam.catalog()[0]
     kind = dict(m=1, dtype=c.dtype, zero_mode=c.zero_mode)  # M=1: every family serves decode sizes
@@ -65,7 +73,30 @@ def test_can_implement_reports_reasons(fam):
     assert not ok and f"{other_bits}-bit" in why
 
 
-@pytest.mark.parametrize("fam", FAMILIES, ids=IDS)
+@pytest.mark.parametrize("fam", GROUPED_FAMILIES, ids=[f.name for f in GROUPED_FAMILIES])
+def test_dense_selection_never_considers_a_grouped_family(fam, monkeypatch):
+    """Grouped families are reachable by name (schedules, configs) but neither dense selection, its
+    heuristics, the profiler's candidates nor kernel-package coverage walk them; forced onto a
+    dense problem, they say why not."""
+    from mixed_gemm.kernels import base
+    from mixed_gemm.profiler.candidates import candidate_schedules
+    from mixed_gemm.select import heuristic_choice
+    from mixed_gemm.select.coverage import selectable
+    from mixed_gemm.select.selection import _usable
+
+    monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    dense = Problem(m=1, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
+    picked, _ = heuristic_choice(dense, 0, check_device=False)
+    assert picked is not None and picked[0] is not fam
+    assert not any(s.startswith(f"{fam.name}:") for s in candidate_schedules(dense, 132))
+    assert fam.heuristic(dense, 132) is None and fam.candidates(dense, 132) == []
+    c = fam.catalog()[0]
+    ok, why = _usable(fam, c, dense, 0, capability=(9, 0))
+    assert not ok and "not a dense matmul" in why
+    assert all(f is not fam for f, _ in selectable("sm90a", shapes=((4096, 4096),), m_buckets=(1, 64)))
+
+
+@pytest.mark.parametrize("fam", ALL_FAMILIES, ids=IDS)
 def test_supports_says_why_without_a_gpu(fam, monkeypatch):
     from mixed_gemm.kernels import base
 
@@ -113,7 +144,7 @@ def test_profiler_candidates_for_lowbit_weights_parse(monkeypatch):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("fam", FAMILIES, ids=IDS)
+@pytest.mark.parametrize("fam", ALL_FAMILIES, ids=IDS)
 def test_compile_one_per_family(tmp_cache, fam):
     c = fam.catalog()[0]
     spec = fam.build_spec(c)

@@ -1,6 +1,7 @@
 """Stacked experts (mixed_gemm.ops.experts): the layout contract (expert e is prepack's weight for
 its matrix), the moe layer element-wise against the float32 reference on fresh inputs, every
-rule named before anything runs; on a GPU the per-expert path and its refusal under capture."""
+rule named before anything runs; on a GPU the per-expert path and its refusal under capture (the
+grouped path, which captures, is tests/ops/test_moe_gemv_gpu.py's)."""
 from __future__ import annotations
 
 import sys
@@ -17,14 +18,14 @@ from tolerance import assert_elementwise  # noqa: E402
 E, H, I = 4, 128, 64
 
 
-def experts(n, k, *, bits=4, group=32, symmetric=False, dtype=torch.float16, device="cpu", seed=0):
+def experts(n, k, *, bits=4, group=32, symmetric=False, dtype=torch.float16, device="cpu", seed=0, layout="auto"):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(E, n, k, generator=gen) / k**0.5
     parts = [mg.quantize(w[e], bits=bits, group_size=group, symmetric=symmetric) for e in range(E)]
     q, s = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
     z = None if symmetric else torch.stack([p[2] for p in parts])
     return (q, s, z), mg.prepack_experts(q.to(device), s.to(device), None if z is None else z.to(device), bits=bits,
-                                         group_size=group, dtype=dtype)
+                                         group_size=group, dtype=dtype, layout=layout)
 
 
 def routing(t, k, seed, device="cpu"):
@@ -102,13 +103,14 @@ def test_moe_gpu_matches_reference(dtype, t, k):
 @GPU
 @pytest.mark.gpu
 def test_moe_gpu_refuses_capture_with_a_reason():
-    _, w13 = experts(2 * I, H, device="cuda")
-    _, w2 = experts(H, I, device="cuda")
+    # sm80-layout experts: no grouped kernel reads them, so only the per-expert path could run
+    _, w13 = experts(2 * I, H, device="cuda", layout="sm80")
+    _, w2 = experts(H, I, device="cuda", layout="sm80")
     x = torch.randn(2, H, device="cuda").half()
     weights, ids = routing(2, 2, seed=0, device="cuda")
     mg.moe(x, w13, w2, weights, ids)  # warm: kernels selected and loaded outside the capture
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="CUDA graph cannot capture"):
+    with pytest.raises(RuntimeError, match="CUDA graph cannot capture.*'sm90a' weight layout"):
         with torch.cuda.graph(graph):
             mg.moe(x, w13, w2, weights, ids)
 

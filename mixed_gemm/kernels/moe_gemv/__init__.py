@@ -1,0 +1,96 @@
+"""The ``moe_gemv`` family: the decode path of a mixture-of-experts layer in "pair mode" (issue
+#24, docs/moe-plan.md section 5.1; templates/moe_gemv/). Two launches per layer, no host sync: the
+gate|up kernel (``stage="w13"``, SiLU(gate) * up fused) and the down kernel (``stage="w2"``, the
+top-k weighted sum fused, deterministic), each CTA serving one (token, slot) pair of the router and
+reading its expert's weights from the stacked sm90a-layout experts (``ops.experts.PackedExperts``).
+The main loop is the gemv family's (templates/gemv/gemv.cuh, its FMA variant for one token).
+
+A grouped family: it is registered in ``kernels.GROUPED_FAMILIES``, not ``FAMILIES``, so dense
+selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.experts.moe``
+chooses among the grouped families.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from ...codegen import render_template
+from ..base import OK, Family, MoeProblem, Verdict
+from ..common import DTYPES, constant_checks
+from ..sm90a import layout
+from .abi import MOE_GEMV_ARGS_BYTES
+from .candidates import candidate_schedules
+from .catalog import default_catalog
+from .config import MoeGemvConfig
+from .heuristics import heuristic_config, pays
+from .launch import MoeGemvLauncher
+
+_STAGES = {"w13": ("kGateUp", "gate|up: h[p] = silu(x[t] Wg_e^T) * (x[t] Wu_e^T), one CTA per (pair, row tile, K slice)"),
+           "w2": ("kDown", "down: y[t] = sum_j topk_weights[t, j] * (h[t k + j] W2_e^T), slots added in slot order")}
+MAX_PAIRS = 2**31 - 1  # pair indices are 32-bit in the kernel
+
+
+class MoeGemvFamily(Family):
+    name = "moe_gemv"
+    config_class = MoeGemvConfig
+    layout = layout.NAME
+    sets_layout = False  # it reads the sm90a copy prepack_experts made on the H100
+    arch_flags = (
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    )
+    min_capability = (8, 0)
+
+    def can_implement(self, config: MoeGemvConfig, problem) -> Verdict:
+        if not isinstance(problem, MoeProblem):
+            return False, ("moe_gemv runs the projections of a mixture-of-experts layer (mixed_gemm.moe, a MoeProblem), "
+                           "not a dense matmul")
+        ok, why = super().can_implement(config, problem)
+        if not ok:
+            return ok, why
+        if config.stage != problem.stage:
+            return False, f"{config.schedule} is the {config.stage} kernel, the problem is the {problem.stage} projection"
+        if problem.stage == "w13" and problem.n % 32:
+            return False, (f"gate|up: I = N/2 must be a multiple of 16 (a warp pairs gate strip s with up strip s + I/16 "
+                           f"of the sm90a layout's 16-row atoms), got I={problem.n / 2:g}")
+        if problem.k % 8:
+            return False, f"K must be a multiple of 8 (rows of x are 16-byte aligned), got K={problem.k}"
+        if problem.top_k < 1 or problem.experts < 1 or problem.tokens < 0:
+            return False, (f"needs top_k >= 1, experts >= 1 and tokens >= 0, got top_k={problem.top_k}, "
+                           f"experts={problem.experts}, tokens={problem.tokens}")
+        if problem.pairs > MAX_PAIRS:
+            return False, f"at most {MAX_PAIRS} (token, slot) pairs (32-bit indices), got {problem.pairs}"
+        return OK
+
+    def catalog(self) -> List[MoeGemvConfig]:
+        return default_catalog()
+
+    def candidates(self, problem, sms: int) -> List[str]:
+        return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
+
+    def heuristic(self, problem, sms: int):
+        return heuristic_config(problem, sms) if isinstance(problem, MoeProblem) else None
+
+    def pays(self, tokens: int, top_k: int, experts: int) -> bool:
+        """Is this family worth running outside CUDA-graph capture for ``tokens`` x ``top_k`` pairs
+        over ``experts`` (heuristics.pays)? Under capture ``moe`` runs it whenever it can."""
+        return pays(tokens, top_k, experts)
+
+    def render(self, config: MoeGemvConfig) -> str:
+        kernel = config.kernel
+        stage, doc = _STAGES[kernel.stage]
+        return render_template(
+            "moe_gemv/kernel.cu.j2",
+            family=self.name, config=repr(kernel), name=kernel.kernel_name,
+            element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,
+            warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
+            rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=constant_checks(),
+        )
+
+    def launcher(self, config: MoeGemvConfig, device_index: int) -> MoeGemvLauncher:
+        return MoeGemvLauncher(config, self.build_spec(config), device_index)
+
+
+FAMILY = MoeGemvFamily()
+
+__all__ = ["FAMILY", "MoeGemvConfig", "MoeGemvFamily"]

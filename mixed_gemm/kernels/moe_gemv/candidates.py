@@ -1,0 +1,25 @@
+"""The moe_gemv schedules worth timing for one projection: every catalog shape of its stage, at
+split counts around the heuristic's (and, for the down projection, with and without ``_kloop``)."""
+from __future__ import annotations
+
+from typing import List
+
+from ..base import MoeProblem
+from .catalog import shapes_for
+from .config import MAX_SPLITS, MoeGemvConfig
+from .heuristics import launch_fields
+
+
+def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
+    out: List[str] = []
+    for stage, strips, warps, unroll in shapes_for(problem.bits, problem.stage):
+        base = launch_fields(MoeGemvConfig(bits=problem.bits, stage=stage, strips=strips, warps=warps, unroll=unroll),
+                             problem, sms)
+        loops = (base.slot_loop,) if stage == "w13" or problem.top_k == 1 else (False, True)
+        for slot_loop in loops:
+            best, steps = base.splits, base.steps(problem.k)
+            for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
+                name = base.replace(splits=s, slot_loop=slot_loop).schedule
+                if name not in out:
+                    out.append(name)
+    return out

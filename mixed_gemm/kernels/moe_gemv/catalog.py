@@ -1,0 +1,29 @@
+"""The moe_gemv family's default catalog: the compiled identities ``mixed-gemm build --all``
+precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled): two shapes per
+stage for each activation dtype and width, 16 kernels."""
+from __future__ import annotations
+
+from typing import List
+
+from ..common import DTYPES
+from .config import MoeGemvConfig
+
+# (stage, strips per warp, (warps along the outputs, warps along K), unroll) for int4; int8 halves
+# the unroll (the same weight bytes in flight per warp). One token row per CTA (pair mode).
+SHAPES = (
+    # gate|up: a warp loads 2 x strips strips (gate and up) per atom column.
+    ("w13", 2, (4, 1), 8),   # 128 h columns (256 weight rows) per CTA: 16 KB of int4 in flight per CTA step
+    ("w13", 1, (4, 2), 8),   # 64 h columns, K split over 2 warps: twice the CTAs at T = 1
+    # down: the top-k slots of a token are planes (or one CTA's loop, _kloop)
+    ("w2", 2, (4, 2), 8),    # 128 y columns per CTA (gemv's m1_s2_w4x2_u8)
+    ("w2", 1, (4, 2), 8),    # 64 y columns: more CTAs for H = 2048
+)
+
+
+def shapes_for(bits: int, stage: str = None):
+    return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SHAPES if stage in (None, st)]
+
+
+def default_catalog() -> List[MoeGemvConfig]:
+    return [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u)
+            for d in DTYPES for b in (4, 8) for st, s, w, u in shapes_for(b)]

@@ -1,0 +1,155 @@
+"""``MoeGemvConfig``: the frozen configuration of the grouped MoE decode family (pair mode), its
+single source of truth: name, rendered source, build-cache key and schedule derive from it."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass
+from typing import Tuple
+
+from ..common import check_weight_kind, raise_on
+
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_split(\d+))?(_kloop)?$")
+STAGES = ("w13", "w2")
+MAX_SPLITS = 32
+MAX_THREADS = 512
+MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
+GRID_Z = 65535               # CUDA's grid.z limit: pairs (w13) or tokens (w2) beyond it take more launches
+
+
+@dataclass(frozen=True)
+class MoeGemvConfig:
+    """One launch configuration of the grouped decode kernels (templates/moe_gemv/).
+
+    Compiled in: ``dtype``, ``bits`` (the sm90a layout folds every zero mode into its additive zero,
+    so ``zero_mode`` is not), ``stage``: ``"w13"`` (gate|up with SiLU(gate) * up fused: each warp
+    owns ``strips`` gate strips of 16 rows and the up strips ``I/16`` strips further) or ``"w2"``
+    (down, the top-k weighted sum over slots fused); ``strips`` (16-row output strips per warp);
+    ``warps`` = (warps along the outputs, warps splitting K inside a CTA); ``unroll`` (k16 atoms a
+    warp loads before it converts any). One row of x per CTA (pair mode: the FMA variant of
+    templates/gemv/gemv.cuh for one token). At launch: ``splits``, K slices across CTAs (grid.y;
+    added in slice order in the kernel), and for ``w2`` ``slot_loop`` (``_kloop``: each CTA adds
+    all top-k slots of its token itself, instead of one CTA per slot whose fp32 planes the last
+    arrival adds in slot order). ``schedule`` (``w13_s2_w4x1_u8_split2``) is what a profile would
+    store (as ``moe_gemv:<schedule>``).
+    """
+
+    dtype: str = "f16"
+    bits: int = 4
+    zero_mode: str = "int"
+    stage: str = "w13"
+    strips: int = 2
+    warps: Tuple[int, int] = (4, 1)
+    unroll: int = 8
+    splits: int = 1
+    slot_loop: bool = False
+
+    family = "moe_gemv"
+
+    def __post_init__(self) -> None:
+        wn, wk = self.warps
+        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
+            (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up with SiLU * up, or down with the "
+                                   "top-k weighted sum)"),
+            (1 <= self.strips <= 8, "strips must be in [1, 8]"),
+            (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),
+            (self.unroll in (1, 2, 4, 8, 16, 32),
+             "unroll must be a power of two <= 32 (the step's weight and x fragments live in registers)"),
+            (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+            (self.stage == "w2" or not self.slot_loop, "slot_loop (_kloop) is the down projection's (stage w2)"),
+            (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
+        ], "MoeGemvConfig")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(dataclasses.astuple(self))
+
+    @property
+    def layout(self) -> str:
+        return "sm90a"
+
+    @property
+    def gated(self) -> bool:
+        return self.stage == "w13"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps[0] * self.warps[1]
+
+    @property
+    def rows(self) -> int:
+        """Outputs per CTA: columns of h (w13; twice as many weight rows) or of y (w2)."""
+        return 16 * self.strips * self.warps[0]
+
+    @property
+    def accumulators(self) -> int:
+        """fp32 accumulators per lane: rows g and g + 8 of each strip it loads (w13: gate and up)."""
+        return 2 * self.strips * (2 if self.gated else 1)
+
+    @property
+    def step(self) -> int:
+        """K atoms (of 16) a CTA consumes per step of its warps."""
+        return self.unroll * self.warps[1]
+
+    @property
+    def smem_bytes(self) -> int:
+        """Static shared memory: the cross-warp K reduction buffer (gemv's)."""
+        wn, wk = self.warps
+        return (wk - 1) * wn * self.accumulators * 32 * 4
+
+    @functools.cached_property
+    def kernel(self) -> "MoeGemvConfig":
+        """The compiled identity: launch-time fields at their defaults, the zero mode folded."""
+        return dataclasses.replace(self, zero_mode="int", splits=1, slot_loop=False)
+
+    @functools.cached_property
+    def _tile_schedule(self) -> str:
+        wn, wk = self.warps
+        return f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
+
+    @functools.cached_property
+    def kernel_name(self) -> str:
+        return f"mg_moe_{self.dtype}_u{self.bits}_{self._tile_schedule}"
+
+    @functools.cached_property
+    def schedule(self) -> str:
+        return (self._tile_schedule + (f"_split{self.splits}" if self.splits > 1 else "")
+                + ("_kloop" if self.slot_loop else ""))
+
+    @functools.cached_property
+    def name(self) -> str:
+        return f"mg_moe_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self.schedule}"
+
+    @classmethod
+    def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4,
+                      zero_mode: str = "int") -> "MoeGemvConfig":
+        m = _SCHEDULE.match(schedule)
+        if m is None:
+            raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
+                             "[_split<S>][_kloop]")
+        stage, s, wn, wk, u, sp, kloop = m.groups()
+        return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
+                   unroll=int(u), splits=int(sp or 1), slot_loop=bool(kloop))
+
+    def replace(self, **changes) -> "MoeGemvConfig":
+        return dataclasses.replace(self, **changes)
+
+    def steps(self, k: int) -> int:
+        """CTA steps (of ``step`` k16 atoms) that cover ``k``: the most splits that each get work."""
+        return -(-(-(-k // 16)) // self.step)
+
+    def launch_geometry(self, n: int, k: int) -> Tuple[int, int, int, int]:
+        """``(row tiles, splits, chunk, strips)`` for a stacked ``(n, k)`` expert weight (``n``: 2I
+        for w13, H for w2): the CTAs along the outputs (I for w13, H for w2), the K slices (each
+        non-empty: ``chunk`` k16 atoms, a multiple of ``unroll``), and the weight's 16-row strips."""
+        strips = -(-n // 16)
+        outputs = n // 2 if self.gated else n
+        row_tiles = -(-(-(-outputs // 16)) // (self.strips * self.warps[0]))
+        katoms = -(-k // 16)
+        chunk = -(-katoms // self.splits)
+        chunk = -(-chunk // self.unroll) * self.unroll
+        return row_tiles, -(-katoms // chunk), chunk, strips

@@ -1,0 +1,70 @@
+"""Launching one moe_gemv config: the argument block filled once per stacked weight, the call's
+tensors, and the split-K / slot planes and arrival counters from the per-stream workspaces."""
+from __future__ import annotations
+
+import torch
+
+from ...runtime import get_module, semaphores, workspace
+from ..common import PER_CHANNEL_SHIFT
+from .abi import MoeGemvArgs
+from .config import GRID_Z, MoeGemvConfig
+
+
+class MoeGemvLauncher:
+    """``launch(x, w, ids, weights, out, tokens, top_k, stream)`` for one config on one device.
+
+    ``w``: stacked experts (``ops.experts.PackedExperts``, sm90a layout, contiguous); ``x``: the
+    rows the stage reads (w13: ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)``), contiguous and
+    16-byte aligned; ``ids``: contiguous int32/int64 ``(tokens, top_k)``; ``weights``: contiguous
+    fp32 ``(tokens, top_k)`` (w2; None for w13); ``out``: ``h`` ``(tokens * top_k, I)`` (w13) or ``y``
+    ``(tokens, H)`` (w2), contiguous. Nothing here reads a tensor's values (capturable)."""
+
+    def __init__(self, config: MoeGemvConfig, spec, device_index: int):
+        module = get_module(spec, device_index)
+        self.config = config
+        self.device_index = device_index
+        self.fn = module.function(config.kernel_name, MoeGemvArgs, config.threads)  # static shared memory
+        self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
+
+    def _block(self, w, key):
+        args, argv = self.fn.block()
+        row_tiles, splits, chunk, strips = self.config.launch_geometry(w.n, w.k)
+        if (w.b.shape[1], w.b.shape[2]) != (-(-w.k // 16), strips):
+            raise ValueError(f"w: expected sm90a atoms (E, {-(-w.k // 16)}, {strips}, 8 * bits), got {tuple(w.b.shape)}")
+        num_groups = w.scales.shape[1]
+        args.b, args.scales, args.zeros = w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr()
+        args.expert_b, args.expert_s = w.b[0].numel(), w.scales[0].numel()
+        args.experts, args.n, args.k, args.strips, args.katoms = w.num_experts, w.n, w.k, strips, w.b.shape[1]
+        args.group_shift = PER_CHANNEL_SHIFT if num_groups == 1 else w.group_size.bit_length() - 1
+        args.num_groups, args.splits, args.chunk = num_groups, splits, chunk
+        blk = self._blocks[key] = (args, argv, row_tiles, splits)
+        return blk
+
+    def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
+                 stream: int) -> None:
+        key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k, w.group_size)
+        blk = self._blocks.get(key)
+        if blk is None:
+            blk = self._block(w, key)
+        a, argv, row_tiles, splits = blk
+        if self.config.gated:  # grid (row tiles, splits, pairs)
+            z, slots, grid_y = tokens * top_k, 1, splits
+            planes, counters = (z * splits * w.n, z * row_tiles) if splits > 1 else (0, 0)
+        else:  # grid (row tiles, slot groups x splits, tokens)
+            slots = top_k if self.config.slot_loop else 1
+            z, grid_y = tokens, (top_k // slots) * splits
+            planes, counters = (z * grid_y * w.n, z * row_tiles) if grid_y > 1 else (0, 0)
+        if z == 0:
+            return
+        dev = self.device_index
+        ws = workspace(dev, stream, planes) if planes else 0
+        cnt = semaphores(dev, stream, counters) if counters else 0
+        fn = self.fn
+        with fn.lock:
+            a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
+            a.weights = 0 if weights is None else weights.data_ptr()
+            a.workspace, a.counters = ws, cnt
+            a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
+            for z0 in range(0, z, GRID_Z):  # CUDA's grid.z limit: more pairs / tokens take more launches
+                a.z0 = z0
+                fn.launch((row_tiles, grid_y, min(GRID_Z, z - z0)), stream, argv)

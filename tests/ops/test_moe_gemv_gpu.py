@@ -1,0 +1,319 @@
+"""The grouped MoE decode kernels (moe_gemv, pair mode) on the GPU: every catalog schedule against
+the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros /
+offsets, groups 32/64/128/per-channel), top-k 1/2/6/8, token counts, split-K and slot looping;
+routing edge cases (experts without tokens, every token on one expert, ids out of range, T = 0),
+grid.z chunking, determinism, and CUDA-graph capture with new routing written between replays.
+
+Each stage is checked on its own, outputs poisoned with NaN first: h against the reference computed
+from the weights exactly as the kernel forms them (q' s + z' rounded once to the activation dtype:
+then only fp32 summation order and h's one rounding remain), y against the reference of the
+kernel's own h; and the whole layer against ``mixed_gemm.reference.moe`` of the canonical
+dequantized experts (its h is not rounded: within the same sqrt(K) tolerance)."""
+import random
+
+import pytest
+import torch
+
+import mixed_gemm as mg
+from mixed_gemm.kernels import family
+from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
+from mixed_gemm.kernels.moe_gemv.catalog import shapes_for
+from mixed_gemm.kernels.sm90a import layout as sm90a_layout
+from mixed_gemm.ops.experts import GroupedPlan, _problems, grouped_plan, moe_grouped
+from mixed_gemm.runtime import current_stream
+from test_sm90a_gpu import DTYPES, ZERO_KINDS, make_case
+from tolerance import assert_elementwise
+from weights import seed_of
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+FAMILY = family("moe_gemv")
+GROUPS = (32, 64, 128, -1)
+TOP_KS = (1, 2, 6, 8)
+
+
+class Experts:
+    """``e`` random experts of one kind, stacked in the sm90a layout, with their canonical weights
+    dequantized in float32 (``dense``) and as the kernels form them (``kernel``)."""
+
+    def __init__(self, e, n, k, *, dtype, bits, zero, group, seed):
+        tdtype = DTYPES[dtype]
+        qs, ss, zs, dense = [], [], [], []
+        zm = "int"
+        for i in range(e):
+            q, s, z, _, zm = make_case(bits, zero, group, n, k, seed + i)
+            s_t, z_t = s.to(tdtype), None if z is None else z.to(tdtype)
+            qs.append(q)
+            ss.append(s_t)
+            zs.append(z_t)
+            dense.append(mg.reference.dequantize(q, s_t, z_t, group_size=group, bits=bits,
+                                                 zero_mode="offset" if zero == "offset" else "int"))
+        z_all = None if zs[0] is None else torch.stack(zs).cuda()
+        self.packed = mg.prepack_experts(torch.stack(qs).cuda(), torch.stack(ss).cuda(), z_all, bits=bits,
+                                         group_size=group, zero_mode=zm, dtype=tdtype, layout="sm90a")
+        assert self.packed.layout == "sm90a" and self.packed.b.is_contiguous()
+        self.dense = torch.stack(dense).cuda()
+        self.kernel = kernel_weights(self.packed)
+
+
+def kernel_weights(w) -> torch.Tensor:
+    """float32 ``(E, N, K)``: w = q' s + z' rounded once to the activation dtype, from the stacked
+    sm90a tensors (what atom_scale computes with one fma per pair)."""
+    half = 1 << (w.bits - 1)
+    groups = w.scales.shape[1]
+    gsize = w.k if groups == 1 else w.group_size
+    gi = (torch.arange(w.k, device=w.b.device) // gsize).clamp(max=groups - 1)
+    out = []
+    for e in range(w.num_experts):
+        q = sm90a_layout.unpack_b(w.b[e], w.bits, w.n, w.k).float() - half
+        s = w.scales[e][:, :w.n].float()[gi].t()
+        z = w.zeros[e][:, :w.n].float()[gi].t()
+        out.append((q * s + z).to(w.dtype).float())
+    return torch.stack(out)
+
+
+def routing(t, k, e, seed, *, one_expert=None, ids_dtype=torch.int64, weights_dtype=torch.float32):
+    """Random top-k routing (distinct experts per token); ``one_expert``: slot 0 of every token routes
+    there (and no other slot does)."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.rand(t, e, generator=gen)
+    if one_expert is not None:
+        scores[:, one_expert] = 2.0  # the top score of every token
+    ids = scores.topk(k, dim=1).indices
+    weights = torch.rand(t, k, generator=gen)
+    return weights.to("cuda", weights_dtype), ids.to("cuda", ids_dtype)
+
+
+def _per_expert(rows, ids, weights_of):
+    """float64 ``rows[p] @ weights_of[ids[p]]^T`` for every pair p, one matmul per expert used."""
+    flat = ids.reshape(-1).long()
+    out = torch.empty(flat.numel(), weights_of.shape[1], dtype=torch.float64, device=rows.device)
+    for e in flat.unique().tolist():
+        sel = (flat == e).nonzero().squeeze(1)
+        out[sel] = rows.double()[sel] @ weights_of[e].double().t()
+    return out
+
+
+def ref_h(x, w13_weights, ids, top_k):
+    """float32 (T*k, I): silu(gate) * up per pair from ``w13_weights`` (E, 2I, H), in float64."""
+    inter = w13_weights.shape[1] // 2
+    rows = x[torch.arange(ids.numel(), device=x.device) // top_k]
+    gu = _per_expert(rows, ids, w13_weights)
+    return (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).float()
+
+
+def ref_y(h, w2_weights, ids, weights):
+    """float32 (T, H): sum_j weights[t, j] * h[t k + j] @ W2_e^T, in float64."""
+    t, k = ids.shape
+    per_pair = _per_expert(h, ids, w2_weights)
+    return (per_pair * weights.reshape(-1, 1).double()).view(t, k, -1).sum(1).float()
+
+
+def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
+    """Both kernels through their launchers into NaN-poisoned outputs: (h, y)."""
+    t, k = ids.shape
+    stream = current_stream(0)
+    h = torch.full((t * k, w2.k), float("nan"), dtype=x.dtype, device="cuda")
+    y = torch.full((t, w2.n), float("nan"), dtype=x.dtype, device="cuda")
+    with mg.compile.blocking():
+        gate_up, down = FAMILY.launcher(cfg13, 0), FAMILY.launcher(cfg2, 0)
+    gate_up(x, w13, ids.contiguous(), None, h, t, k, stream)
+    down(h, w2, ids.contiguous(), weights.float().contiguous(), y, t, k, stream)
+    torch.cuda.synchronize()
+    return h, y
+
+
+def _sched(shape, splits, kloop=False):
+    stage, strips, (wn, wk), unroll = shape
+    return f"{stage}_s{strips}_w{wn}x{wk}_u{unroll}" + (f"_split{splits}" if splits > 1 else "") + ("_kloop" if kloop else "")
+
+
+def _sweep_params():
+    """Every catalog gate|up schedule paired with every down schedule of its kind (all 16 catalog
+    kernels run), twice each: 32 cases over which the zero kind and group size go through all 16
+    combinations twice, and top-k, T, splits, slot looping, id widths and shapes are drawn (ragged
+    against the 64/128-output CTAs; per-channel K with K % 16 == 8)."""
+    rng = random.Random(24)
+    cases = []
+    for dtype in DTYPES:
+        for bits in (4, 8):
+            for a in [s for s in shapes_for(bits) if s[0] == "w13"]:
+                for b in [s for s in shapes_for(bits) if s[0] == "w2"]:
+                    for _ in range(2):
+                        c = len(cases)
+                        zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 4]
+                        top_k, t = TOP_KS[(c + c // 4 + c // 16) % 4], rng.choice((1, 4, 16))
+                        e = max(top_k, rng.choice((8, 16)))
+                        if group == -1:
+                            h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
+                        else:
+                            h, inter = group * rng.randrange(1, 12), group * rng.randrange(1, 6)
+                        s13 = _sched(a, rng.choice((1, 2, 5)))
+                        s2 = _sched(b, rng.choice((1, 2, 3)), kloop=top_k > 1 and rng.random() < 0.5)
+                        ids32 = rng.random() < 0.3
+                        cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32,
+                                                  id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}"
+                                                     f"-h{h}-i{inter}" + ("-ids32" if ids32 else "")))
+    assert {p.values[6] for p in cases} == set(TOP_KS) and {p.values[7] for p in cases} == {1, 4, 16}
+    return cases
+
+
+@pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,ids32", _sweep_params())
+def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32):
+    seed = seed_of("moe", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter)
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
+    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 1000)
+    zm = w13.packed.zero_mode
+    cfg13 = MoeGemvConfig.from_schedule(s13, dtype=dtype, bits=bits, zero_mode=zm)
+    cfg2 = MoeGemvConfig.from_schedule(s2, dtype=dtype, bits=bits, zero_mode=zm)
+    tdtype = DTYPES[dtype]
+    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", tdtype)
+    weights, ids = routing(t, top_k, e, seed, ids_dtype=torch.int32 if ids32 else torch.int64)
+
+    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
+    assert not torch.isnan(hk).any() and not torch.isnan(yk).any(), "an output was never written"
+    assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), h)          # gate|up + silu * up
+    assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), inter)    # down + top-k sum
+    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=(cfg13, cfg2))
+    assert torch.equal(y, yk)  # the same kernels: deterministic, whoever arrives last
+    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
+    assert_elementwise(y, ref, inter)
+
+
+def _layer(dtype="f16", bits=4, zero="int", group=64, e=8, h=256, inter=128, seed=7):
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
+    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 100)
+    return w13, w2
+
+
+@pytest.mark.parametrize("top_k", TOP_KS)
+def test_every_token_on_one_expert_and_experts_without_tokens(top_k):
+    w13, w2 = _layer(e=max(8, top_k + 2))
+    t = 16
+    x = torch.randn(t, 256, device="cuda").half()
+    weights, ids = routing(t, top_k, w13.packed.num_experts, seed_of("one", top_k), one_expert=3)
+    assert (ids[:, 0] == 3).all() and ((ids == 3).sum(1) == 1).all()
+    unused = set(range(w13.packed.num_experts)) - set(ids.reshape(-1).tolist())
+    assert unused or top_k >= 6  # some experts get no token
+    cfg13 = FAMILY.heuristic(_problem(w13, w2, t, top_k, "w13"), 132)
+    cfg2 = FAMILY.heuristic(_problem(w13, w2, t, top_k, "w2"), 132)
+    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
+    assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), 256)
+    assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), 128)
+    y = mg.moe(x, w13.packed, w2.packed, weights, ids)  # selection: the grouped path (16 * k <= 4 E or not)
+    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), 128)
+
+
+def _problem(w13, w2, t, top_k, stage):
+    return next(p for p in _problems(t, top_k, w13.packed, w2.packed) if p.stage == stage)
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("s2", ["w2_s1_w4x2_u8_split2", "w2_s2_w4x2_u8_kloop"])
+def test_ids_out_of_range_contribute_nothing(ids_dtype, s2):
+    """Ids outside [0, E) are not checked on the device (no host sync): such a pair's h row is zero
+    and it adds nothing to y; nothing is read out of bounds."""
+    w13, w2 = _layer()
+    t, top_k, e = 5, 2, w13.packed.num_experts
+    x = torch.randn(t, 256, device="cuda").half()
+    weights, ids = routing(t, top_k, e, seed_of("oob"), ids_dtype=ids_dtype)
+    bad = ids.clone()
+    bad[0, 1], bad[2, 0], bad[3, 1] = -1, e, (2**40 if ids_dtype == torch.int64 else 2**31 - 1)
+    bad[4, :] = -7  # a token with no valid slot: y row zero
+    cfg13 = MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_split3", zero_mode=w13.packed.zero_mode)
+    cfg2 = MoeGemvConfig.from_schedule(s2, zero_mode=w13.packed.zero_mode)
+    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, bad)
+    valid = (bad >= 0) & (bad < e)
+    hv = hk.view(t, top_k, -1)
+    assert (hv[~valid] == 0).all()
+    kept_ids = torch.where(valid, bad, torch.zeros_like(bad))
+    kept_weights = torch.where(valid, weights, torch.zeros_like(weights))
+    assert_elementwise(hv[valid], ref_h(x, w13.kernel, kept_ids, top_k).view(t, top_k, -1)[valid], 256)
+    assert (yk[4] == 0).all()
+    assert_elementwise(yk, ref_y(hk, w2.kernel, kept_ids, kept_weights), 128)
+    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, kept_weights, kept_ids)
+    assert_elementwise(moe_grouped(x, w13.packed, w2.packed, weights, bad, configs=(cfg13, cfg2)), ref, 128)
+
+
+def test_no_tokens():
+    w13, w2 = _layer()
+    x = torch.empty(0, 256, device="cuda").half()
+    weights, ids = torch.empty(0, 2, device="cuda"), torch.empty(0, 2, dtype=torch.long, device="cuda")
+    for y in (mg.moe(x, w13.packed, w2.packed, weights, ids), moe_grouped(x, w13.packed, w2.packed, weights, ids)):
+        assert y.shape == (0, 256) and y.dtype == torch.float16
+    cfg13 = MoeGemvConfig(stage="w13", zero_mode=w13.packed.zero_mode)
+    cfg2 = MoeGemvConfig(stage="w2", zero_mode=w13.packed.zero_mode)
+    run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)  # no launch, no error
+
+
+def test_more_pairs_than_one_grid_z():
+    """grid.z is at most 65535: more pairs (gate|up) and more tokens (down) take more launches."""
+    w13, w2 = _layer(e=4, h=64, inter=32, group=32)
+    t, top_k = 65600, 2  # 131200 pairs; 65600 tokens
+    x = torch.randn(t, 64, device="cuda").half()
+    weights, ids = routing(t, top_k, 4, seed_of("gridz"))
+    cfg13 = MoeGemvConfig.from_schedule("w13_s1_w4x2_u8", zero_mode=w13.packed.zero_mode)
+    cfg2 = MoeGemvConfig.from_schedule("w2_s1_w4x2_u8", zero_mode=w13.packed.zero_mode)
+    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
+    assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), 64)
+    assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), 32)
+
+
+def test_split_and_slot_planes_are_deterministic():
+    w13, w2 = _layer(h=2048, inter=512, group=128)
+    x = torch.randn(3, 2048, device="cuda").half()
+    weights, ids = routing(3, 8, 8, seed_of("det"))
+    configs = (MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_split8", zero_mode=w13.packed.zero_mode),
+               MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_split4", zero_mode=w13.packed.zero_mode))
+    first = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=configs)
+    for _ in range(3):
+        assert torch.equal(moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=configs), first)
+
+
+def test_moe_takes_the_grouped_path_and_falls_back_for_sm80_experts():
+    w13, w2 = _layer()
+    x = torch.randn(2, 256, device="cuda").half()
+    weights, ids = routing(2, 2, 8, seed_of("route"))
+    plan = grouped_plan(x, w13.packed, w2.packed, 2)
+    assert isinstance(plan, GroupedPlan) and plan.family is FAMILY and FAMILY.pays(2, 2, 8)
+    y = mg.moe(x, w13.packed, w2.packed, weights, ids)
+    assert torch.equal(y, moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=plan.configs))
+    # The same experts in the sm80 layout: no grouped kernel reads it; the per-expert path runs.
+    q = torch.randint(0, 16, (8, 256, 256), dtype=torch.uint8)
+    s = torch.rand(8, 256, 4) * 0.01 + 0.001
+    w13_80 = mg.prepack_experts(q.cuda(), s.cuda(), None, bits=4, group_size=64, layout="sm80")
+    w2_80 = mg.prepack_experts(q[:, :, :128].contiguous().cuda(), s[:, :, :2].contiguous().cuda(), None, bits=4,
+                               group_size=64, layout="sm80")
+    why = grouped_plan(x, w13_80, w2_80, 2)
+    assert isinstance(why, str) and "'sm90a' weight layout" in why
+    ref = mg.reference.moe(x.float(), w13_80.dequantize(), w2_80.dequantize(), weights, ids)
+    assert_elementwise(mg.moe(x, w13_80, w2_80, weights, ids), ref, 128)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_graph_capture_replays_new_routing(dtype):
+    """``moe`` captured once runs the routing, weights and x written into the captured tensors before
+    each replay: nothing was read on the host."""
+    w13, w2 = _layer(dtype=dtype, zero="float", group=128, e=16, h=512, inter=256)
+    t, top_k, e = 4, 2, 16
+    tdtype = DTYPES[dtype]
+    x = torch.randn(t, 512, device="cuda").to(tdtype)
+    weights, ids = routing(t, top_k, e, seed_of("graph", 0), weights_dtype=tdtype)  # cast to fp32 inside
+    assert isinstance(grouped_plan(x, w13.packed, w2.packed, top_k), GroupedPlan)
+    warm = mg.moe(x, w13.packed, w2.packed, weights, ids)  # eager: kernels loaded, workspaces sized
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mg.moe(x, w13.packed, w2.packed, weights, ids)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, warm)
+    for round_ in range(1, 4):
+        new_w, new_ids = routing(t, top_k, e, seed_of("graph", round_), weights_dtype=tdtype)
+        weights.copy_(new_w)
+        ids.copy_(new_ids)
+        x.copy_(torch.randn(t, 512, device="cuda").to(tdtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, mg.moe(x, w13.packed, w2.packed, weights, ids))  # eager, same kernels
+        assert_elementwise(out, mg.reference.moe(x.float(), w13.dense, w2.dense, weights.float(), ids), 256)
