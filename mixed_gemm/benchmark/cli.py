@@ -39,7 +39,7 @@ def run_bench_moe(args: argparse.Namespace) -> int:
     bw = copy_bandwidth()
     title = (f"MoE layer, mg.moe (int4 g{args.group_size}) vs the best {args.dtype} path — "
              f"{torch.cuda.get_device_name()}, {datetime.date.today()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
-             "random routing, cold L2, eager, median")
+             "random routing, cold L2, CUDA graphs where capturable (g) else eager (e), median")
     print(f"# {title}\n\n" + "\n".join(TABLE_HEAD), flush=True)
     rows = [r for name in names for r in bench_moe(name, tokens, dtype, bw, group_size=args.group_size)]
     if args.json:

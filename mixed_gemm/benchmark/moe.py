@@ -4,10 +4,11 @@ fp16/bf16 path in the same run (``torch._grouped_mm`` where this torch runs it f
 per-expert cuBLAS loop over the routed experts, transformers' eager way) and against the int4 floor,
 the bytes of the experts actually routed at the copy bandwidth.
 
-Timed eager on a cold L2 (a buffer twice the L2 is written before each call), median of the
-repetitions, ours and the dense path alternating. ``mg.moe`` runs the grouped decode kernels
-(moe_gemv, two launches, capturable) where they take the experts and pay (T * top_k at most a few
-times E), else its per-expert loop, which reads the routing on the host; both are timed eager.
+Timed on a cold L2 (a buffer twice the L2 is written before each call), median of the repetitions,
+ours and the dense paths alternating, replayed from a CUDA graph where a path can be captured (mg.moe's
+grouped decode kernels, torch._grouped_mm) and eager where it cannot (the per-expert loops, which
+read the routing on the host); mg.moe is timed both ways and keeps the faster (eager it takes its
+grouped kernels where they pay, T * top_k at most a few times E, else its per-expert loop).
 """
 from __future__ import annotations
 
@@ -85,23 +86,49 @@ def dense_grouped(x, w13_t, w2_t, weights, ids):
     return out.to(x.dtype)
 
 
-def _cold_eager_s(fns: Dict[str, Callable[[], object]], reps: int) -> Dict[str, float]:
-    """Median seconds per call of each fn, eager, L2 flushed before every call, fns alternating."""
+def _graph_of(fn: Callable[[], object]):
+    """``fn`` captured in a CUDA graph, or None where it cannot be (mg.moe's per-expert path reads
+    the routing on the host; the dense loop too)."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph
+    except (RuntimeError, ValueError):
+        torch.cuda.synchronize()
+        return None
+
+
+def _cold_s(fns: Dict[str, Callable[[], object]], reps: int) -> Dict[str, tuple]:
+    """``(seconds, how)`` per fn: the median over ``reps`` of one call on a cold L2 (a buffer twice
+    the L2 is written before each), replayed from a CUDA graph where the fn can be captured, else
+    eager (``how`` says which; a capturable fn is timed both ways and keeps the faster: mg.moe under
+    capture always takes its grouped kernels, eager it may take its per-expert path). Fns alternate."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
-    samples: Dict[str, List[float]] = {name: [] for name in fns}
-    for fn in fns.values():
+    runs: Dict[tuple, Callable[[], object]] = {}
+    for name, fn in fns.items():
         fn()
+        runs[(name, "eager")] = fn
+        graph = _graph_of(fn)
+        if graph is not None:
+            runs[(name, "graph")] = graph.replay
+    samples: Dict[tuple, List[float]] = {key: [] for key in runs}
     for rep in range(reps):
-        for name, fn in (list(fns.items()) if rep % 2 == 0 else list(reversed(fns.items()))):
+        for key, fn in (list(runs.items()) if rep % 2 == 0 else list(reversed(runs.items()))):
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             end.synchronize()
-            samples[name].append(start.elapsed_time(end) / 1e3)
-    return {name: statistics.median(s) for name, s in samples.items()}
+            samples[key].append(start.elapsed_time(end) / 1e3)
+    out: Dict[str, tuple] = {}
+    for (name, how), times in samples.items():
+        t = statistics.median(times)
+        if name not in out or t < out[name][0]:
+            out[name] = (t, how)
+    return out
 
 
 def bench_moe(name: str, tokens: Sequence[int], dtype: torch.dtype, bandwidth: float, group_size: int = 128,
@@ -134,12 +161,14 @@ def bench_moe(name: str, tokens: Sequence[int], dtype: torch.dtype, bandwidth: f
                 fns["torch._grouped_mm"] = lambda: dense_grouped(x, w13_t, w2_t, weights, ids)
             except (RuntimeError, TypeError, ValueError) as exc:  # dtype/arch this torch does not run
                 grouped_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-        secs = _cold_eager_s(fns, reps)
+        timed = _cold_s(fns, reps)
+        secs = {name: t for name, (t, _) in timed.items()}
         best_dense = min((k for k in secs if k != "mixed_gemm"), key=secs.get)
         floor = routed_floor_s(shape, ids, bandwidth, group_size=group_size)
         row = dict(model=name, tokens=t, active_experts=int(torch.unique(ids).numel()),
                    mixed_gemm_us=secs["mixed_gemm"] * 1e6, dense=best_dense, dense_us=secs[best_dense] * 1e6,
                    dense_loop_us=secs["dense loop"] * 1e6, floor_us=floor * 1e6,
+                   mixed_gemm_how=timed["mixed_gemm"][1], dense_how=timed[best_dense][1],
                    speedup=secs[best_dense] / secs["mixed_gemm"], share_of_floor=floor / secs["mixed_gemm"])
         if "torch._grouped_mm" in secs:
             row["grouped_mm_us"] = secs["torch._grouped_mm"] * 1e6
@@ -152,9 +181,11 @@ def bench_moe(name: str, tokens: Sequence[int], dtype: torch.dtype, bandwidth: f
 
 TABLE_HEAD = ["| model | tokens | active experts | mixed_gemm µs | best dense (which) µs | speedup | int4 floor µs "
               "| share of floor |", "|---|---|---|---|---|---|---|---|"]
+# µs figures carry "(g)" when replayed from a CUDA graph, "(e)" when eager (not capturable).
 
 
 def table_line(r: Dict) -> str:
-    return (f"| {r['model']} | {r['tokens']} | {r['active_experts']} | {r['mixed_gemm_us']:.1f} | "
-            f"{r['dense_us']:.1f} ({r['dense']}) | {r['speedup']:.2f}x | {r['floor_us']:.1f} | "
+    how = lambda key: "" if key not in r else f" ({r[key][0]})"  # noqa: E731
+    return (f"| {r['model']} | {r['tokens']} | {r['active_experts']} | {r['mixed_gemm_us']:.1f}{how('mixed_gemm_how')} | "
+            f"{r['dense_us']:.1f}{how('dense_how')} ({r['dense']}) | {r['speedup']:.2f}x | {r['floor_us']:.1f} | "
             f"{100 * r['share_of_floor']:.0f}% |")

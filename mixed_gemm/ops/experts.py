@@ -272,14 +272,14 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
     stacked = _stacked_reason(w13, w2)
     for fam in GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),):
         ok, why = fam.supports(device_index)
-        if ok and stacked is not None:
-            ok, why = False, stacked
         if ok:
             chosen = configs if configs is not None else [fam.heuristic(p, sm_count(device_index)) for p in problems]
             for config, problem in zip(chosen, problems):
                 ok, why = (False, "its heuristic passes") if config is None else fam.can_implement(config, problem)
                 if not ok:
                     break
+        if ok and stacked is not None:  # after the family's own rules (layout first: the likelier reason)
+            ok, why = False, stacked
         if ok:
             plan = GroupedPlan(fam, chosen, device_index)
             break
