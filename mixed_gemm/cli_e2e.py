@@ -17,6 +17,10 @@ def run_e2e(args: argparse.Namespace) -> int:
     if preset not in e2e.PRESETS:
         print(f"mixed-gemm e2e: error: --model must be one of {', '.join(e2e.PRESETS)}", file=sys.stderr)
         return 2
+    if args.compare and e2e.is_moe(preset):
+        print(f"mixed-gemm e2e: error: --compare: the tinygemm peer replaces nn.Linear layers only; {preset}'s "
+              "experts would stay fp16 (no MoE peer yet)", file=sys.stderr)
+        return 2
     try:
         batches = [int(b) for b in args.batches.split(",")]
         assert batches and all(b > 0 for b in batches)
@@ -62,7 +66,8 @@ def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                     "trees), time to first token for a 512-token prompt and memory; fp16 and int4 runs alternate "
                     "and repeat (median).")
     parser.add_argument("--model", default="llama3-8b",
-                        help="preset: " + ", ".join(m for m in MODELS if not m.endswith("-unfused")))
+                        help="preset: " + ", ".join(m for m in MODELS if not m.endswith("-unfused"))
+                        + ", qwen3-30b-a3b (transformers' Qwen3-MoE: give a few --layers)")
     parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: the preset's)")
     parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions, median (default: %(default)s)")

@@ -110,6 +110,7 @@ def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
     (["profile", "--ms", "1,x"], "--ms"),
     (["e2e", "--model", "gpt5"], "--model must be one of llama3-8b"),
     (["e2e", "--batches", "1,0"], "--batches must be positive integers"),
+    (["e2e", "--model", "qwen3-30b-a3b", "--compare"], "no MoE peer yet"),
 ])
 def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
     assert cli.main(argv) == 2

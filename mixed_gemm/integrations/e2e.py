@@ -13,7 +13,9 @@ from typing import Callable, Dict, List, Sequence
 
 import torch
 
-# Llama-architecture stand-ins for the presets (Qwen2.5's q/k/v biases are left out: shapes only).
+# Llama-architecture stand-ins for the presets (Qwen2.5's q/k/v biases are left out: shapes only),
+# and transformers' own Qwen3-MoE for the mixture of experts (issue #24: run it with a few --layers;
+# its 48 layers of 128 experts are 58 GB in fp16).
 PRESETS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                       num_hidden_layers=32, vocab_size=128256),
@@ -23,7 +25,16 @@ PRESETS = {
                        num_hidden_layers=28, vocab_size=152064),
     "mistral-7b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                        num_hidden_layers=32, vocab_size=32000),
+    "qwen3-30b-a3b": dict(arch="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                          num_local_experts=128, num_experts_per_tok=8, norm_topk_prob=True, head_dim=128,
+                          num_attention_heads=32, num_key_value_heads=4, num_hidden_layers=48, vocab_size=151936),
 }
+# transformers' (config, model) classes per architecture.
+ARCHS = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+
+
+def is_moe(preset: str) -> bool:
+    return PRESETS[preset].get("arch", "llama") != "llama"
 PROMPT, NEW_TOKENS, TTFT_PROMPT = 16, 48, 512
 
 
@@ -37,15 +48,16 @@ def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = T
     from .transformers import quantize_model
 
     fields = dict(PRESETS[preset], max_position_embeddings=4096, tie_word_embeddings=False)
+    config_class, model_class = (getattr(transformers, name) for name in ARCHS[fields.pop("arch", "llama")])
     if layers:
         fields["num_hidden_layers"] = layers
-    cfg = transformers.LlamaConfig(**fields)
+    cfg = config_class(**fields)
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float16)
     try:
         with torch.device("cuda"):
-            fp16 = transformers.LlamaForCausalLM(cfg).eval()
+            fp16 = model_class(cfg).eval()
     finally:
         torch.set_default_dtype(default)
     gen = fp16.generation_config
