@@ -283,22 +283,6 @@ struct Gemv {
       group_params(p, gi, min(strip_of(strip0, j, gap), p.strips - 1), (threadIdx.x & 31) >> 2, s[j], z[j]);
   }
 
-  // prefetch.global.L1 of the lines holding the scales and zeros of the warp's strips for every
-  // group row the step at kb0 touches (one 32-byte strip row each; lanes share the work).
-  static __device__ __forceinline__ void prefetch_params(GemvArgs const& p, int kb0, int strip0, int lane, int gap) {
-    constexpr int kMaxLines = (kUnroll > 1 ? kUnroll / 2 : 1) * kStrips * 2;  // groups >= 32 = 2 atoms
-    int const first = (kb0 * 16) >> p.group_shift;
-    int const lines = min(max(1, (kUnroll * 16) >> p.group_shift), p.num_groups - first) * kStrips * 2;
-#pragma unroll
-    for (int i0 = 0; i0 < kMaxLines; i0 += 32) {
-      int const i = i0 + lane, nb = strip_of(strip0, (i >> 1) % kStrips, gap);
-      if (i < lines && nb < p.strips) {
-        raw const* base = static_cast<raw const*>((i & 1) ? p.zeros : p.scales);
-        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(base + (first + (i >> 1) / kStrips) * (16 * p.strips) + 16 * nb));
-      }
-    }
-  }
-
   template <int kGroupAtoms>  // atoms per parameter load (see gemv_run)
   static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk,
                                                   char* xs, float (&acc)[kStrips][kXRows][kPer], int gap = 0) {
@@ -345,10 +329,6 @@ struct Gemv {
             }
           }
       }
-      // The step's group parameters on their way to L1 beside the weights: fetched at their first
-      // use they were a second memory round trip per step, after the weights had arrived (on the
-      // small shapes, a few steps per warp, that latency is most of the kernel).
-      prefetch_params(p, kb0, strip0, lane, gap);
       // 2. The activations' B fragments (L1/L2 hits) and the group parameters.
       // The mma's B fragment of tile mt is token row mt * 8 + g; the FMA variant's operand m is token m.
       uint32_t xf[kUnroll][kXRows][2];
