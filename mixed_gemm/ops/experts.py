@@ -13,13 +13,15 @@ expert as a zero-copy PackedWeight, which every dense family runs.
 
 Execution: on the CPU the float32 reference (:func:`mixed_gemm.reference.moe` of the dequantized
 experts). On a GPU, the grouped path when a grouped family (``kernels.GROUPED_FAMILIES``: the
-``moe_gemv`` decode kernels, "pair mode") can take the experts (the ``sm90a`` layout, 4/8 bits,
-``I`` a multiple of 16): two launches, gate|up with SiLU(gate) * up fused, then down with the
-top-k weighted sum fused, reading no routing on the host, so it runs under CUDA-graph capture.
-Outside capture it runs while it pays (``T * top_k`` at most a few times ``E``: each pair reads its
-expert's weights); otherwise, and for what no grouped family takes (``sm80``-layout experts), one
-gate|up and one down :func:`matmul` per expert that got tokens (:func:`per_expert`). Finding those
-experts reads the routing on the host, so that path cannot be captured; it says so.
+``moe_gemv`` decode kernels, "pair mode" at one token, "expert mode" once experts get several
+pairs) can take the experts (the ``sm90a`` layout, 4/8 bits, ``I`` a multiple of 16): two launches,
+gate|up with SiLU(gate) * up fused, then down with the top-k weighted sum fused, reading no routing
+on the host, so it runs under CUDA-graph capture. Outside capture it runs while it pays (every
+decode-size ``T``, up to 256 tokens, and above that while ``T * top_k`` is at most a few times
+``E``: ``moe_gemv.heuristics.pays``); otherwise, and for what no grouped family takes
+(``sm80``-layout experts), one gate|up and one down :func:`matmul` per expert that got tokens
+(:func:`per_expert`). Finding those experts reads the routing on the host, so that path cannot be
+captured; it says so.
 
 Rounding (grouped path): the gate and up dot products accumulate in float32, ``silu(g) * u`` is
 computed in float32 and rounded once to the activation dtype (the intermediate ``h``); the down

@@ -1,7 +1,9 @@
-// Grouped decode GEMMs of a mixture-of-experts layer in "pair mode" (issue #24, docs/moe-plan.md
-// section 5.1): every (token t, slot j) pair p = t * top_k + j of a top-k router multiplies one
-// row of activations by the weight of its expert e = topk_ids[t, j], read from a stack of sm90a
-// layout weights (expert e at a fixed element stride). Two launches per layer, no host sync:
+// Grouped decode GEMMs of a mixture-of-experts layer (issue #24, docs/moe-plan.md section 5.1):
+// every (token t, slot j) pair p = t * top_k + j of a top-k router multiplies one row of
+// activations by the weight of its expert e = topk_ids[t, j], read from a stack of sm90a layout
+// weights (expert e at a fixed element stride). Two launches per layer, no host sync, in one of two
+// schedules: "pair mode" (MoeGemv: a CTA column per pair) and "expert mode" (MoeGemvExpert, at the
+// end of this file: a CTA column per expert, serving up to kTokens of its pairs per weight pass).
 //
 //   kGateUp: h[p, i] = silu(x[t] . Wg_e[i]) * (x[t] . Wu_e[i])   (w13[e] = (2I, H): gate rows [0, I),
 //            up rows [I, 2I)); h is (T * top_k, I) in the activation dtype.
@@ -52,6 +54,7 @@ struct MoeGemvArgs {
   int slots;             // kDown: consecutive top-k slots one CTA adds up (1: one per CTA, planes; top_k: all)
   int z0;                // first pair (kGateUp) / token (kDown) of this launch: grid.z is at most 65535
   int ids_64;            // topk_ids are int64
+  int chunks;            // expert mode: grid.z = experts * chunks; CTA z serves chunks z % chunks, + chunks, ...
 };
 
 enum class MoeStage : int { kGateUp = 0, kDown = 1 };
@@ -233,6 +236,392 @@ struct MoeGemv {
     typename K::Acc const& total = reinterpret_cast<typename K::Acc const&>(sum);
     Epilogue::run(out, smem, sum, wn, wk, lane,
                   [&](auto&& f) { K::for_each_output(out, strip0, lane, total, f); });
+  }
+
+  static __device__ void run(MoeGemvArgs const& a, char* smem) {
+    if constexpr (kGated) {
+      gate_up(a, smem);
+    } else {
+      down(a, smem);
+    }
+  }
+};
+
+// ----------------------------------------------------------------------------------------------
+// Expert mode (MoeGemvConfig.by_expert, schedules "..._m<kTokens>_xe"). Pair mode streams an
+// expert's weight once per pair routed to it: with r pairs per active expert that is r passes over
+// the same bytes (Mixtral, 16 tokens: ~4x the routed experts' bytes, measured 1280 us against a
+// 308 us floor). Here grid.z indexes (expert e, chunk slot c), z = e * chunks + c:
+//
+//   1. Scan. Every thread of the CTA reads kScanPer of the T * top_k ids per round (all its loads
+//      issued before any is used: at decode sizes one round of L2 hits), and the CTA ranks the
+//      pairs routed to e in pair order: a ballot and popc inside each warp, the warps' counts
+//      through shared memory (a prefix in warp order). The pairs ranked [c kTokens, (c+1) kTokens)
+//      are the CTA's chunk; their entries go to shared memory. A chunk without pairs ends the CTA
+//      before it touches a weight, a plane or a counter: an expert without tokens costs one scan.
+//   2. One pass over e's weight for the whole chunk: gemv's mma path (m16n8k16, the weight as the
+//      A operand straight from the sm90a atoms, kTokens / 8 n8 tiles of x as B), the chunk's rows
+//      of x (x[p / top_k] for gate|up, h[p] for down) gathered into each warp's shared-memory slice
+//      of the step in gemv's kStageX layout (at 8-16 rows, fragments read from global memory touch
+//      one L1 line per row and bound the kernel: templates/gemv/gemv.cuh, XStage). gemv's own main
+//      loop reads rows 0..m-1 of a contiguous x, so MoeGemvExpert::mainloop is that loop with the
+//      gathering stage; the weight loads, converters and group parameters are
+//      gemv's (Gemv's static helpers, gemv_mainloop's choice of parameter reuse).
+//      With at most kTokens pairs per expert (decode) this is the floor: each routed expert's
+//      bytes once.
+//   3. Epilogues, per pair of the chunk (below), with pair mode's rounding points.
+//
+// Chunks. The host sizes grid.z from shapes alone (it reads no id, so the launch is
+// graph-capturable): chunks = ceil(T / kTokens) slots per expert (the most pairs an expert holds
+// when a token's top_k experts are distinct), capped so that experts * chunks <= 65535. A CTA
+// serves chunk slots c, c + chunks, c + 2 chunks, ... until its expert runs out of pairs, so any
+// routing is covered (an id repeated within a token, or a grid cap: the extra chunks run in the
+// same CTAs, one more weight pass each).
+//
+// Ids outside [0, E) join expert 0's list marked invalid (entry ~p): gathered as zero rows, their
+// outputs written as zeros, as pair mode does (h row zero, nothing added to y).
+//
+// gate|up: h[p] = silu(gate) * up for each pair of the chunk, in fp32 from the fp32 sums, rounded
+// once. Split-K (grid.y): each slice writes fp32 gate and up planes per (pair, slice) (pair mode's
+// layout); the last slice of the (chunk, row tile) to arrive, counted at the chunk's first pair
+// (every pair is in exactly one chunk, so the key is unique), adds them in slice order, applies
+// silu * up and resets the counter.
+// down: each pair's fp32 partial times its fp32 top-k weight goes to a plane per (pair, slice),
+// (T * top_k * splits) x H floats; a CTA arrives once per pair of its chunk at the counter of the
+// pair's (token, row tile); the arrival that completes top_k * splits adds the token's planes in
+// slot order, then slice order (pair mode's order and rounding points, whoever arrives last:
+// deterministic, no float atomics), writes y and resets the counter (graph replays find zero).
+// top_k == 1 with one slice writes y directly. A token's slots lie in different experts' CTAs, so
+// there is no in-CTA slot loop (pair mode's _kloop) here.
+template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, int kTokens>
+struct MoeGemvExpert {
+  static_assert(kTokens == 8 || kTokens == 16, "expert mode: 8 or 16 rows per CTA (one or two mma n8 tiles)");
+  static constexpr bool kGated = kStage == MoeStage::kGateUp;
+  static constexpr int kRuns = kGated ? 2 : 1;  // gate|up: gate strips, then their up strips I/16 further
+  static constexpr int kTiles = kTokens / 8;
+  static constexpr int kAllStrips = kRuns * kStrips;
+  // gemv's kernel type for its helpers and sizes (never its run()): mma tiles, x staged, kRuns runs.
+  using G = Gemv<Element, kBits, kTiles, kAllStrips, kWarpsN, kWarpsK, kUnroll, true, 0, kRuns>;
+  using PairMode = MoeGemv<Element, kBits, kStage, kStrips, kWarpsN, kWarpsK, kUnroll>;  // expert_of, expert_args
+  using raw = typename G::raw;
+  using W = typename G::W;
+  using XS = typename G::XS;  // XStage<raw, kTokens, kUnroll>: the staged slice's layout and reads
+  using Acc = typename G::Acc;
+  static constexpr int kU = kUnroll;          // for gemv_mainloop
+  static constexpr bool kFineGroups = true;  // for gemv_mainloop
+  static constexpr int kAcc = G::kAcc;
+  static constexpr int kThreads = G::kThreads;
+  static constexpr int kWarps = kWarpsN * kWarpsK;
+  static constexpr int kRows = 16 * kStrips * kWarpsN;  // outputs (h or y columns) of a CTA
+  static constexpr int kScanPer = 4;                    // ids a thread loads per scan round
+  // Shared memory: gemv's cross-warp K reduction, each warp's staged x slice, then the scan's ints:
+  // entries[kTokens] (pair p, or ~p for an invalid id), src[kTokens] (the gathered x row, -1 for
+  // zeros), last[kTokens] (arrival results), counts[kScanPer * kWarps] (a round's per-warp counts).
+  static constexpr int kXBytes = kWarps * XS::kBytes;
+  static constexpr int kScanBytes = 4 * (3 * kTokens + kScanPer * kWarps);
+  static constexpr int kSmemBytes = G::kReduceBytes + kXBytes + kScanBytes;
+  using Epilogue = GemvEpilogue<raw, kAcc, kWarpsN, kWarpsK, kRows, kThreads>;
+  static_assert(G::kReduceBytes % 16 == 0 && XS::kBytes % 16 == 0, "the staged slices are 16-byte aligned");
+  static_assert(kThreads >= kTokens, "a thread per chunk row (scan, arrivals)");
+
+  struct Scan {
+    int* entries;
+    int* src;
+    int* last;
+    int* counts;
+  };
+
+  static __device__ __forceinline__ Scan scan_area(char* smem) {
+    int* base = reinterpret_cast<int*>(smem + G::kReduceBytes + kXBytes);
+    return {base, base + kTokens, base + 2 * kTokens, base + 3 * kTokens};
+  }
+
+  // Ranks expert e's pairs in pair order and keeps those ranked [first, first + kTokens): returns
+  // their count (<= 0: none), the same in every thread (all add the same counts). Fills entries,
+  // src and clears last for the chunk's rows.
+  static __device__ int scan(MoeGemvArgs const& a, int e, int first, Scan const& sc) {
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int const pairs = a.tokens * a.top_k;
+    unsigned const below = (1u << lane) - 1u;
+    int ranked = 0;  // pairs of e before this round
+    __syncthreads();  // the previous chunk's readers of the scan area (and of the reduction buffer) are done
+#pragma unroll 1
+    for (int p0 = 0; p0 < pairs; p0 += kScanPer * kThreads) {
+      int entry[kScanPer];
+      bool mine[kScanPer];
+#pragma unroll
+      for (int i = 0; i < kScanPer; ++i) {  // independent loads: one round trip per round
+        int const p = p0 + i * kThreads + threadIdx.x;
+        int const id = p < pairs ? PairMode::expert_of(a, p) : -2;  // -1: outside [0, E)
+        mine[i] = id == e || (id == -1 && e == 0);
+        entry[i] = id == -1 ? ~p : p;
+      }
+      int lane_rank[kScanPer];
+#pragma unroll
+      for (int i = 0; i < kScanPer; ++i) {
+        unsigned const ballot = __ballot_sync(0xffffffffu, mine[i]);
+        lane_rank[i] = __popc(ballot & below);
+        if (lane == 0) sc.counts[i * kWarps + warp] = __popc(ballot);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kScanPer; ++i) {  // pair order: round, i, warp, lane
+        int before = 0, total = 0;
+#pragma unroll 1
+        for (int w = 0; w < kWarps; ++w) {
+          int const c = sc.counts[i * kWarps + w];
+          before += w < warp ? c : 0;
+          total += c;
+        }
+        int const slot = ranked + before + lane_rank[i] - first;
+        if (mine[i] && slot >= 0 && slot < kTokens) sc.entries[slot] = entry[i];
+        ranked += total;
+      }
+      __syncthreads();  // the counts are rewritten by the next round; the entries are complete
+    }
+    int const n = min(kTokens, ranked - first);
+    if (threadIdx.x < kTokens) {
+      int const r = threadIdx.x;
+      int src = -1;
+      if (r < n) {
+        int const ent = sc.entries[r];
+        src = ent < 0 ? -1 : (kGated ? ent / a.top_k : ent);
+      }
+      sc.src[r] = src;
+      sc.last[r] = 0;
+    }
+    __syncthreads();
+    return n;
+  }
+
+  static __device__ __forceinline__ int pair_of(int entry) { return entry < 0 ? ~entry : entry; }
+
+  // XStage::load with the chunk's rows gathered: row r of the slice is x row src[r] (zeros for -1
+  // and past K). K % 8 == 0 and 16-byte aligned rows: a 16-byte chunk is wholly in or out.
+  static __device__ __forceinline__ void stage_x(GemvArgs const& p, int kb0, int lane, char* xs, int const* src) {
+    constexpr int kRowChunks = kUnroll * 2;  // 16-byte chunks per row of the slice
+    __syncwarp();                            // the previous step's fragment reads are done
+#pragma unroll
+    for (int c = lane; c < kTokens * kRowChunks; c += 32) {
+      int const row = c / kRowChunks, ch = c % kRowChunks, k = kb0 * 16 + ch * 8;
+      int const r = src[row];
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (r >= 0 && k < p.k)
+        v = __ldg(reinterpret_cast<uint4 const*>(static_cast<raw const*>(p.x) + (size_t)r * p.k + k));
+      *reinterpret_cast<uint4*>(xs + row * XS::kRowBytes + ch * 16) = v;
+    }
+    __syncwarp();
+  }
+
+  // Gemv::mainloop's mma path with stage_x for XS::load (gemv_mainloop calls it with the number of
+  // atoms one group-parameter load serves). gap: the up strips' distance (gate|up), src: the chunk's rows.
+  template <int kGroupAtoms>
+  static __device__ __forceinline__ void mainloop(GemvArgs const& p, int strip0, int kbeg, int kend, int wk, char* xs,
+                                                  Acc& acc, int gap, int const* src) {
+    int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t const* bw = static_cast<uint32_t const*>(p.b);
+    size_t const block_stride = (size_t)p.strips * (32 * W::kWords);
+    uint32_t const* wbase = block_words<W>(bw, 0, strip0, p.strips, lane);
+    bool const strips_inside = G::strip_of(strip0, kAllStrips - 1, gap) < p.strips;
+    for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
+      // 1. Every weight load of the step first, unchecked at immediate offsets when the step is
+      // inside the slice with all its strips (as gemv).
+      uint32_t wq[G::kBlocks][kAllStrips][W::kWords];
+      if (kb0 + kUnroll <= kend && strips_inside) {
+        uint32_t const* from = wbase + (size_t)(kb0 / W::kAtoms) * block_stride;
+#pragma unroll
+        for (int bi = 0; bi < G::kBlocks; ++bi)
+#pragma unroll
+          for (int j = 0; j < kAllStrips; ++j)
+            W::load_at(from + bi * block_stride + G::strip_of(0, j, gap) * (32 * W::kWords), wq[bi][j]);
+      } else {
+#pragma unroll
+        for (int bi = 0; bi < G::kBlocks; ++bi)
+#pragma unroll
+          for (int j = 0; j < kAllStrips; ++j) {
+            int const kb = kb0 + bi * W::kAtoms, nb = G::strip_of(strip0, j, gap);
+            if (kb < kend && nb < p.strips) {
+              W::load_at(block_words<W>(bw, kb / W::kAtoms, nb, p.strips, lane), wq[bi][j]);
+            } else {
+#pragma unroll
+              for (int c = 0; c < W::kWords; ++c) wq[bi][j][c] = 0u;
+            }
+          }
+      }
+      // 2. The chunk's rows of x for the step, gathered into the warp's slice, then B fragments:
+      // tile mt's fragment is chunk row mt * 8 + g.
+      stage_x(p, kb0, lane, xs, src);
+      uint32_t xf[kUnroll][kTiles][2];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int mt = 0; mt < kTiles; ++mt) {
+          xf[u][mt][0] = XS::pair(xs, mt * 8 + g, u, t, 0);
+          xf[u][mt][1] = XS::pair(xs, mt * 8 + g, u, t, 1);
+        }
+      // 3. Convert, scale, multiply (group parameters once per kGroupAtoms atoms, L1 hits).
+      uint32_t s[kAllStrips][2], z[kAllStrips][2];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (kb0 + u >= kend) break;
+        if (u % kGroupAtoms == 0) G::load_params(p, kb0 + u, strip0, s, z, gap);
+#pragma unroll
+        for (int j = 0; j < kAllStrips; ++j) {
+          uint32_t a[4];
+          W::convert(wq[u / W::kAtoms][j], u % W::kAtoms, a);
+          atom_scale<Element>(a, s[j], z[j]);
+          W::finish(wq[u / W::kAtoms][j], u % W::kAtoms, a);
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
+        }
+      }
+    }
+  }
+
+  // f(column, chunk row, value) (down) or f(i, chunk row, gate, up) (gate|up) for each of the lane's
+  // accumulators inside the output and the chunk. mma accumulator (j, mt, e): row g + 8 (e >> 1) of
+  // strip j, token column mt * 8 + 2t + (e & 1) of the n8 tile: here the chunk row.
+  template <typename F>
+  static __device__ __forceinline__ void for_each_output(int strip0, int lane, int outputs, int n, Acc const& acc,
+                                                         F&& f) {
+#pragma unroll
+    for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+      for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int const col = 16 * (strip0 + j) + (lane >> 2) + 8 * (e >> 1);
+          int const r = mt * 8 + 2 * (lane & 3) + (e & 1);
+          if (col < outputs && r < n) {
+            if constexpr (kGated) {
+              f(col, r, acc[j][mt][e], acc[kStrips + j][mt][e]);
+            } else {
+              f(col, r, acc[j][mt][e]);
+            }
+          }
+        }
+  }
+
+  // One chunk's main loop and in-CTA reduction: afterwards warps wk == 0 hold the CTA's sums.
+  static __device__ __forceinline__ void chunk_sums(GemvArgs const& p, char* smem, int strip0, int gap,
+                                                    Scan const& sc, Acc& acc) {
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
+    int const kbeg = blockIdx.y * p.chunk, kend = min(kbeg + p.chunk, p.katoms);
+    float (&flat)[kAcc] = reinterpret_cast<float(&)[kAcc]>(acc);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) flat[i] = 0.f;
+    char* xs = smem + G::kReduceBytes + warp * XS::kBytes;
+    gemv_mainloop<MoeGemvExpert>(p, strip0, kbeg, kend, wk, xs, acc, gap, static_cast<int const*>(sc.src));
+    Epilogue::reduce(smem, flat, wn, wk, lane);
+  }
+
+  // grid (row tiles over I, splits, experts * chunks).
+  static __device__ void gate_up(MoeGemvArgs const& a, char* smem) {
+    int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
+    int const e = blockIdx.z / a.chunks, inter = a.n / 2, row0 = blockIdx.x * kRows;
+    int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
+    Scan const sc = scan_area(smem);
+    GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x));
+    raw* const h = static_cast<raw*>(a.y);
+#pragma unroll 1
+    for (int c = blockIdx.z % a.chunks;; c += a.chunks) {
+      int const n = scan(a, e, c * kTokens, sc);
+      if (n <= 0) return;  // uniform: the expert has no pair from here on
+      Acc acc;
+      chunk_sums(p, smem, strip0, inter / 16, sc, acc);
+      if (a.splits == 1) {
+        if (wk == 0)
+          for_each_output(strip0, lane, inter, n, acc, [&](int i, int r, float gate, float up) {
+            int const ent = sc.entries[r];
+            h[(size_t)pair_of(ent) * inter + i] = raw(ent < 0 ? 0.f : moe_silu(gate) * up);
+          });
+        continue;
+      }
+      if (wk == 0)
+        for_each_output(strip0, lane, inter, n, acc, [&](int i, int r, float gate, float up) {
+          float* plane = a.workspace + ((size_t)pair_of(sc.entries[r]) * a.splits + blockIdx.y) * a.n;
+          __stcg(plane + i, gate);
+          __stcg(plane + inter + i, up);
+        });
+      __threadfence();  // the planes are visible GPU-wide before the arrival that announces them
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int* counter = a.counters + (size_t)pair_of(sc.entries[0]) * gridDim.x + blockIdx.x;
+        int const last = atomicAdd(counter, 1) == a.splits - 1;
+        if (last) *counter = 0;  // every slice has arrived: nobody else touches it in this launch
+        sc.last[0] = last;
+      }
+      __syncthreads();
+      if (!sc.last[0]) continue;
+      __threadfence();  // acquire side: the other slices' planes are not stale
+      for (int idx = threadIdx.x; idx < n * kRows; idx += kThreads) {
+        int const r = idx / kRows, i = row0 + idx % kRows;
+        if (i >= inter) continue;
+        int const ent = sc.entries[r];
+        float const* planes = a.workspace + (size_t)pair_of(ent) * a.splits * a.n;
+        float gate = __ldcg(planes + i), up = __ldcg(planes + inter + i);
+        for (int sl = 1; sl < a.splits; ++sl) {
+          gate += __ldcg(planes + (size_t)sl * a.n + i);
+          up += __ldcg(planes + (size_t)sl * a.n + inter + i);
+        }
+        h[(size_t)pair_of(ent) * inter + i] = raw(ent < 0 ? 0.f : moe_silu(gate) * up);
+      }
+    }
+  }
+
+  // grid (row tiles over H, splits, experts * chunks).
+  static __device__ void down(MoeGemvArgs const& a, char* smem) {
+    int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
+    int const e = blockIdx.z / a.chunks, row0 = blockIdx.x * kRows;
+    int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
+    int const planes_per_token = a.top_k * a.splits;
+    Scan const sc = scan_area(smem);
+    GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x));
+    raw* const y = static_cast<raw*>(a.y);
+#pragma unroll 1
+    for (int c = blockIdx.z % a.chunks;; c += a.chunks) {
+      int const n = scan(a, e, c * kTokens, sc);
+      if (n <= 0) return;  // uniform: the expert has no pair from here on
+      Acc acc;
+      chunk_sums(p, smem, strip0, 0, sc, acc);
+      if (planes_per_token == 1) {  // top_k == 1, one slice: pair p is token p
+        if (wk == 0)
+          for_each_output(strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
+            int const ent = sc.entries[r], pair = pair_of(ent);
+            y[(size_t)pair * a.n + col] = raw(ent < 0 ? 0.f : __ldg(a.weights + pair) * v);
+          });
+        continue;
+      }
+      if (wk == 0)
+        for_each_output(strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
+          int const ent = sc.entries[r], pair = pair_of(ent);
+          float* plane = a.workspace + ((size_t)pair * a.splits + blockIdx.y) * a.n;
+          __stcg(plane + col, ent < 0 ? 0.f : __ldg(a.weights + pair) * v);
+        });
+      __threadfence();  // the planes are visible GPU-wide before the arrivals that announce them
+      __syncthreads();
+      if (threadIdx.x < n) {  // one arrival per pair of the chunk at its (token, row tile)
+        int const token = pair_of(sc.entries[threadIdx.x]) / a.top_k;
+        int* counter = a.counters + (size_t)token * gridDim.x + blockIdx.x;
+        int const last = atomicAdd(counter, 1) == planes_per_token - 1;
+        if (last) *counter = 0;  // all of the token's planes have arrived: nobody else touches it
+        sc.last[threadIdx.x] = last;
+      }
+      __syncthreads();
+      __threadfence();  // acquire side: the other CTAs' planes are not stale
+      for (int idx = threadIdx.x; idx < n * kRows; idx += kThreads) {
+        int const r = idx / kRows, col = row0 + idx % kRows;
+        if (!sc.last[r] || col >= a.n) continue;
+        int const token = pair_of(sc.entries[r]) / a.top_k;
+        float const* src = a.workspace + (size_t)token * planes_per_token * a.n + col;
+        float v = __ldcg(src);  // slot 0 slice 0, then slot-major, slice-minor: (t k + j) splits + slice
+        for (int q = 1; q < planes_per_token; ++q) v += __ldcg(src + (size_t)q * a.n);
+        y[(size_t)token * a.n + col] = raw(v);
+      }
+    }
   }
 
   static __device__ void run(MoeGemvArgs const& a, char* smem) {

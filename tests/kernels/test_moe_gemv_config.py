@@ -11,8 +11,9 @@ from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, Problem, family, pa
 from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig
 from mixed_gemm.kernels.moe_gemv.abi import MOE_GEMV_ARGS_BYTES, MoeGemvArgs
 from mixed_gemm.kernels.moe_gemv.candidates import candidate_schedules
-from mixed_gemm.kernels.moe_gemv.config import MAX_STATIC_SMEM
-from mixed_gemm.kernels.moe_gemv.heuristics import PAIR_REREAD, WORKSPACE_FLOATS, heuristic_config, pays
+from mixed_gemm.kernels.moe_gemv.config import GRID_Z, MAX_STATIC_SMEM
+from mixed_gemm.kernels.moe_gemv.heuristics import (EXPERT_MAX_TOKENS, EXPERT_MIN_REUSE, PAIR_REREAD, WORKSPACE_FLOATS,
+                                                    by_expert, heuristic_config, pays, reuse)
 
 IDENTITIES = {c.kernel_name for c in FAMILY.catalog()}
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -28,13 +29,16 @@ def _problem(stage="w13", tokens=1, top_k=2, experts=8, h=4096, inter=1024, **kw
 
 
 @pytest.mark.parametrize("schedule", ["w13_s2_w4x1_u8", "w13_s1_w4x2_u8_split6", "w2_s2_w4x2_u8_split3_kloop",
-                                      "w2_s1_w4x2_u4_kloop", "w2_s4_w2x2_u2"])
+                                      "w2_s1_w4x2_u4_kloop", "w2_s4_w2x2_u2", "w13_s1_w4x2_u8_m16_xe",
+                                      "w2_s1_w4x2_u4_m8_xe_split3", "w13_s2_w2x2_u8_m8_xe_split2"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeGemvConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_gemv:{schedule}"
     assert parse_schedule(qualified(c), dtype="bf16", bits=8, zero_mode="float") == c
     k = c.kernel
     assert (k.splits, k.slot_loop, k.zero_mode) == (1, False, "int") and k.kernel == k  # launch fields, folded zeros
+    tokens = 16 if "_m16_" in schedule else 8 if "_m8_" in schedule else 1
+    assert (k.by_expert, k.tokens) == (c.by_expert, c.tokens) == ("_xe" in schedule, tokens)
     assert c.kernel_name == k.kernel_name == f"mg_moe_bf16_u8_{k.schedule}"
     assert c.name == f"mg_moe_bf16_u8_zfloat_{schedule}"
     assert family("moe_gemv") is FAMILY and FAMILY in GROUPED_FAMILIES
@@ -42,6 +46,12 @@ def test_schedule_round_trip_and_names(schedule):
         MoeGemvConfig.from_schedule("m1_s2_w4x2_u8")
     with pytest.raises(ValueError, match="not a moe_gemv schedule"):
         MoeGemvConfig.from_schedule("w13_s2_w4x1_u8_kloop_split2")  # _kloop comes last
+    with pytest.raises(ValueError, match="not a moe_gemv schedule"):
+        MoeGemvConfig.from_schedule("w13_s2_w4x1_u8_split2_m16_xe")  # the mode comes before the split
+    with pytest.raises(ValueError, match="not a moe_gemv schedule"):
+        MoeGemvConfig.from_schedule("w13_s2_w4x1_u8_xe")  # expert mode names its tokens
+    with pytest.raises(ValueError, match=r"slot_loop \(_kloop\) is pair mode's"):
+        MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m16_xe_kloop")
 
 
 @pytest.mark.parametrize("kw, rule", [
@@ -57,6 +67,12 @@ def test_schedule_round_trip_and_names(schedule):
     (dict(dtype="f32"), "dtype must be one of"),
     (dict(zero_mode="nf4"), "zero_mode must be one of"),
     (dict(strips=8, warps=(1, 16)), "shared memory 61440 B above the static 49152 B"),
+    (dict(tokens=8), r"tokens must be one of \(8, 16\) in expert mode .* and 1 in pair mode"),
+    (dict(by_expert=True), r"tokens must be one of \(8, 16\) in expert mode"),
+    (dict(by_expert=True, tokens=32), r"tokens must be one of \(8, 16\) in expert mode"),
+    (dict(stage="w2", by_expert=True, tokens=8, slot_loop=True), r"slot_loop \(_kloop\) is pair mode's"),
+    (dict(by_expert=True, tokens=16, strips=2, warps=(4, 2), unroll=16),
+     "shared memory 84288 B above the static 49152 B"),  # 8 staged slices of 16 rows x 16 atoms
 ])
 def test_rules_name_themselves(kw, rule):
     with pytest.raises(ValueError, match=r"^MoeGemvConfig: " + rule):
@@ -70,16 +86,24 @@ def test_derived_sizes():
     d = c.replace(stage="w2")
     assert (d.rows, d.accumulators, d.smem_bytes) == (128, 4, 1 * 4 * 4 * 32 * 4)
     assert MoeGemvConfig(warps=(4, 1)).smem_bytes == 0
+    # Expert mode: mma accumulators (4 per n8 tile), each warp's staged x slice, the scan's ints.
+    x = MoeGemvConfig(stage="w13", strips=1, warps=(4, 2), unroll=8, tokens=16, by_expert=True)
+    assert (x.threads, x.rows, x.accumulators) == (256, 64, 2 * 1 * 2 * 4)
+    assert x.smem_bytes == 1 * 4 * 16 * 32 * 4 + 8 * 16 * (8 * 32 + 16) + 4 * (3 * 16 + 4 * 8)
+    x8 = x.replace(stage="w2", tokens=8, unroll=4)
+    assert x8.accumulators == 4 and x8.smem_bytes == 1 * 4 * 4 * 32 * 4 + 8 * 8 * (4 * 32 + 16) + 4 * (3 * 8 + 4 * 8)
 
 
 def test_catalog_is_small_and_covers_every_kind_and_stage():
     cat = FAMILY.catalog()
-    assert 0 < len(cat) <= 24 and len(IDENTITIES) == len(cat)
+    assert 0 < len(cat) <= 32 and len(IDENTITIES) == len(cat)
     assert cat[0].stage == "w13"  # tests/kernels/test_families.py builds its problem from the first config
     for dtype in ("f16", "bf16"):
         for bits in (4, 8):
-            stages = {c.stage for c in cat if (c.dtype, c.bits) == (dtype, bits)}
+            stages = {c.stage for c in cat if (c.dtype, c.bits) == (dtype, bits) and not c.by_expert}
             assert stages == {"w13", "w2"}
+            expert = {(c.stage, c.tokens) for c in cat if (c.dtype, c.bits) == (dtype, bits) and c.by_expert}
+            assert expert == {(st, t) for st in ("w13", "w2") for t in (8, 16)}
     assert all(c.kernel == c and c.smem_bytes <= MAX_STATIC_SMEM for c in cat)
 
 
@@ -98,7 +122,7 @@ def _struct_fields(text: str, name: str):
 def test_argument_block_mirrors_the_cxx_struct():
     text = (TEMPLATES / "moe_gemv" / "moe_gemv.cuh").read_text()
     assert _struct_fields(text, "MoeGemvArgs") == [f for f, _ in MoeGemvArgs._fields_]
-    assert MOE_GEMV_ARGS_BYTES == 9 * 8 + 2 * 8 + 14 * 4
+    assert MOE_GEMV_ARGS_BYTES == 9 * 8 + 2 * 8 + 15 * 4 + 4  # 15 ints, then tail padding to 8 bytes
 
 
 @pytest.mark.parametrize("config", FAMILY.catalog(), ids=lambda c: c.kernel_name)
@@ -109,8 +133,10 @@ def test_every_catalog_config_renders_its_numbers(config):
     assert '#include "moe_gemv/moe_gemv.cuh"' in src
     stage = "kGateUp" if config.stage == "w13" else "kDown"
     element = "cutlass::half_t" if config.dtype == "f16" else "cutlass::bfloat16_t"
-    assert re.search(rf"MoeGemv<{re.escape(element)}, {config.bits}, mixed_gemm::MoeStage::{stage}, {config.strips},\s+"
-                     rf"{config.warps[0]}, {config.warps[1]}, {config.unroll}>;", src)
+    struct, tokens = ("MoeGemvExpert", f", {config.tokens}") if config.by_expert else ("MoeGemv", "")
+    assert re.search(rf"mixed_gemm::{struct}<{re.escape(element)}, {config.bits}, mixed_gemm::MoeStage::{stage}, "
+                     rf"{config.strips},\s+{config.warps[0]}, {config.warps[1]}, {config.unroll}{tokens}>;", src)
+    assert ("expert mode" in src.split("using Kernel")[0]) == config.by_expert
     for expr, value in (("Kernel::kThreads", config.threads), ("Kernel::kRows", config.rows),
                         ("Kernel::kSmemBytes", config.smem_bytes),
                         ("sizeof(mixed_gemm::MoeGemvArgs)", MOE_GEMV_ARGS_BYTES)):
@@ -167,18 +193,25 @@ def test_heuristic_picks_catalog_kernels_that_fit(e, top_k, h, inter, bits):
             assert FAMILY.can_implement(c, p) == (True, "")
             row_tiles, splits, _, _ = c.launch_geometry(p.n, p.k)
             outputs = p.n // 2 if stage == "w13" else p.n
-            groups = 1 if (c.slot_loop or stage == "w13") else top_k
-            slices = splits * groups
-            pairs = tokens * (top_k if stage == "w13" else 1)
-            planes = pairs * slices * (p.n if stage == "w13" else outputs) if slices > 1 else 0
+            assert c.by_expert == by_expert(p)
+            if c.by_expert:  # planes per (pair, slice): gate|up under split-K, down whenever a token has 2+
+                assert c.tokens in (8, 16) and not c.slot_loop
+                planes = p.pairs * splits * p.n if (splits > 1 or (stage == "w2" and top_k > 1)) else 0
+            else:
+                groups = 1 if (c.slot_loop or stage == "w13") else top_k
+                slices = splits * groups
+                pairs = tokens * (top_k if stage == "w13" else 1)
+                planes = pairs * slices * (p.n if stage == "w13" else outputs) if slices > 1 else 0
             assert planes <= WORKSPACE_FLOATS  # split-K / slot planes stay within the cap
             if tokens == 1:  # decode: the pairs are spread over the GPU, K split to fill it
-                assert not c.slot_loop and row_tiles * pairs * slices >= 132
+                slices = splits * (1 if stage == "w13" else top_k)
+                assert not c.by_expert and not c.slot_loop and row_tiles * top_k * slices >= 132
             for s in candidate_schedules(p, 132):
                 cfg = MoeGemvConfig.from_schedule(s, bits=bits)
                 assert cfg.kernel_name in IDENTITIES and cfg.stage == stage and FAMILY.can_implement(cfg, p)[0]
     big = _problem(stage="w2", tokens=8192, top_k=top_k, experts=e, h=h, inter=inter, bits=bits)
-    assert FAMILY.heuristic(big, 132).slot_loop == (top_k > 1)  # tokens fill the GPU: slots looped in the CTA
+    # Too many per-pair planes for expert mode's down kernel: pair mode, the slots looped in the CTA.
+    assert not FAMILY.heuristic(big, 132).by_expert and FAMILY.heuristic(big, 132).slot_loop == (top_k > 1)
 
 
 def test_dense_problems_get_nothing():
@@ -186,10 +219,107 @@ def test_dense_problems_get_nothing():
     assert FAMILY.heuristic(dense, 132) is None and FAMILY.candidates(dense, 132) == []
 
 
-def test_pair_mode_pays_while_pairs_are_a_few_times_the_experts():
-    assert pays(1, 8, 128) and pays(64, 8, 128) and not pays(65, 8, 128)
-    assert pays(16, 2, 8) == (32 <= PAIR_REREAD * 8) and not pays(300, 2, 4)
-    assert FAMILY.pays(1, 2, 8) and not FAMILY.pays(1000, 8, 128)
+def test_grouped_path_pays_for_decode_sizes_and_while_pair_mode_rereads_little():
+    # Every decode-size T (expert mode reads a routed expert about once per 16 of its pairs) ...
+    assert all(pays(t, k, e) for t in (1, 4, 16, 64, 65, EXPERT_MAX_TOKENS) for k, e in ((8, 128), (2, 8), (6, 64)))
+    # ... and beyond it while pair mode's re-reads stay few; then the per-expert loop.
+    assert pays(4096, 8, 8192) == (4096 * 8 <= PAIR_REREAD * 8192) and not pays(300, 2, 4)
+    assert FAMILY.pays(1, 2, 8) and FAMILY.pays(256, 8, 128) and not FAMILY.pays(1000, 8, 128)
+
+
+@pytest.mark.parametrize("e, top_k, h, inter, first", [(128, 8, 2048, 768, 16), (8, 2, 4096, 14336, 4),
+                                                       (64, 6, 2048, 1408, 8)])
+def test_expert_mode_from_a_few_pairs_per_routed_expert(e, top_k, h, inter, first):
+    """Pair mode at one token (k distinct experts: one pass each either way) and while a routed expert
+    expects fewer than EXPERT_MIN_REUSE pairs; expert mode from there on (the presets' first power-of-two
+    T is in the heuristics docstring), 8-token chunks while the mean is at most 4, then 16."""
+    for tokens in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        for stage in ("w13", "w2"):
+            p = _problem(stage=stage, tokens=tokens, top_k=top_k, experts=e, h=h, inter=inter)
+            c = FAMILY.heuristic(p, 132)
+            assert c.by_expert == (tokens >= first), (tokens, stage)
+            assert c.by_expert == (tokens >= 2 and reuse(p) >= EXPERT_MIN_REUSE)
+            if c.by_expert:
+                assert c.tokens == (8 if reuse(p) <= 4 else 16)
+    one = _problem(tokens=1, top_k=8, experts=8)  # every expert in every token: reuse 1 at T = 1 only
+    assert reuse(one) == pytest.approx(1) and not FAMILY.heuristic(one, 132).by_expert
+    assert FAMILY.heuristic(_problem(tokens=2, top_k=8, experts=8), 132).by_expert
+
+
+def test_expert_mode_grid_and_can_implement():
+    c = MoeGemvConfig(stage="w2", strips=1, warps=(4, 2), tokens=16, by_expert=True)
+    # grid.z = experts x chunk slots: ceil(T / tokens) (an expert's most pairs with distinct experts
+    # per token), at least 1, capped by CUDA's grid.z limit (the CTAs stride over the rest).
+    assert [c.expert_chunks(t, 8) for t in (0, 1, 16, 17, 64, 256)] == [1, 1, 1, 2, 4, 16]
+    assert c.expert_chunks(10**6, 128) == GRID_Z // 128 and 128 * c.expert_chunks(10**6, 128) <= GRID_Z
+    assert FAMILY.can_implement(c, _problem(stage="w2", tokens=64)) == (True, "")
+    ok, why = FAMILY.can_implement(c, _problem(stage="w2", experts=GRID_Z + 1))
+    assert not ok and "expert mode (_xe): at most 65535 experts" in why
+    ok, why = FAMILY.can_implement(c, _problem(stage="w2", tokens=2**27 + 1, top_k=8))
+    assert not ok and "expert mode (_xe): at most 1073741824 (token, slot) pairs" in why
+    assert FAMILY.can_implement(c.replace(by_expert=False, tokens=1), _problem(stage="w2", experts=GRID_Z + 1))[0]
+
+
+class _FakeKernel:
+    """Stands in for a loaded kernel: records the launches and their argument blocks' fields."""
+
+    def __init__(self):
+        import threading
+        self.lock, self.launches = threading.Lock(), []
+
+    def block(self):
+        args = MoeGemvArgs()
+        return args, 0
+
+    def launch(self, grid, stream, argv):
+        a = self.current
+        self.launches.append((grid, {f: getattr(a, f) for f, _ in MoeGemvArgs._fields_}))
+
+
+@pytest.mark.parametrize("stage, splits, top_k", [("w13", 1, 2), ("w13", 3, 2), ("w2", 1, 1), ("w2", 1, 8),
+                                                  ("w2", 2, 1)])
+def test_expert_mode_launch_sizes_grid_and_workspace_from_shapes(monkeypatch, stage, splits, top_k):
+    """The launcher's expert-mode branch, with the kernel and the workspaces faked (no GPU): one
+    launch over (row tiles, splits, experts x chunks), planes and counters sized from shapes only."""
+    from mixed_gemm.kernels.moe_gemv import launch as launch_mod
+
+    asked = {}
+    monkeypatch.setattr(launch_mod, "workspace", lambda dev, stream, n: asked.setdefault("planes", n) and 4096)
+    monkeypatch.setattr(launch_mod, "semaphores", lambda dev, stream, n: asked.setdefault("counters", n) and 8192)
+    e, h, inter, tokens = 8, 256, 128, 20
+    n, k = (2 * inter, h) if stage == "w13" else (h, inter)
+    w = _experts(n, k, layout="sm90a", e=e, group=64)
+    config = MoeGemvConfig(stage=stage, strips=1, warps=(4, 2), tokens=16, by_expert=True, splits=splits)
+    launcher = launch_mod.MoeGemvLauncher.__new__(launch_mod.MoeGemvLauncher)
+    launcher.config, launcher.device_index, launcher._blocks = config, 0, {}
+    fake = launcher.fn = _FakeKernel()
+    orig_block = fake.block
+
+    def block():
+        args, argv = orig_block()
+        fake.current = args
+        return args, argv
+
+    fake.block = block
+    x = torch.zeros(tokens * (top_k if stage == "w2" else 1), k, dtype=torch.float16)
+    ids = torch.zeros(tokens, top_k, dtype=torch.int32)
+    weights = torch.ones(tokens, top_k) if stage == "w2" else None
+    out = torch.zeros(tokens * top_k, inter) if stage == "w13" else torch.zeros(tokens, h)
+    launcher(x, w, ids, weights, out, tokens, top_k, stream=0)
+    row_tiles, s, _, _ = config.launch_geometry(n, k)
+    assert [g for g, _ in fake.launches] == [(row_tiles, s, e * 2)]  # ceil(20 / 16) chunk slots per expert
+    fields = fake.launches[0][1]
+    got = (fields["chunks"], fields["tokens"], fields["top_k"], fields["z0"], fields["ids_64"])
+    assert got == (2, tokens, top_k, 0, 0)
+    assert (bool(fields["workspace"]), bool(fields["counters"])) == ((asked or {}).get("planes") is not None,) * 2
+    pairs = tokens * top_k
+    if stage == "w13":
+        want = (pairs * s * n, pairs * row_tiles) if s > 1 else None
+    else:
+        want = (pairs * s * n, tokens * row_tiles) if top_k * s > 1 else None
+    assert (None if not asked else (asked["planes"], asked["counters"])) == want
+    launcher(x[:0], w, ids[:0], None if weights is None else weights[:0], out[:0], 0, top_k, stream=0)
+    assert len(fake.launches) == 1  # T = 0: no launch
 
 
 def _experts(n, k, *, layout, e=4, bits=4, group=32, seed=0):

@@ -1,8 +1,10 @@
-"""The grouped MoE decode kernels (moe_gemv, pair mode) on the GPU: every catalog schedule against
-the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros /
-offsets, groups 32/64/128/per-channel), top-k 1/2/6/8, token counts, split-K and slot looping;
-routing edge cases (experts without tokens, every token on one expert, ids out of range, T = 0),
-grid.z chunking, determinism, and CUDA-graph capture with new routing written between replays.
+"""The grouped MoE decode kernels (moe_gemv, pair mode and expert mode) on the GPU: every catalog
+schedule against the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer
+/ float zeros / offsets, groups 32/64/128/per-channel), top-k 1/2/6/8, token counts, split-K and
+slot looping; routing edge cases (experts without tokens, every token on one expert -- in expert
+mode more pairs than a chunk holds, so several chunks, and repeated ids, so more chunks than grid
+slots --, ids out of range, T = 0), grid.z chunking, determinism, and CUDA-graph capture with new
+routing written between replays (in expert mode too: the arrival counters reset by the last CTA).
 
 Each stage is checked on its own, outputs poisoned with NaN first: h against the reference computed
 from the weights exactly as the kernel forms them (q' s + z' rounded once to the activation dtype:
@@ -17,7 +19,7 @@ import torch
 import mixed_gemm as mg
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
-from mixed_gemm.kernels.moe_gemv.catalog import shapes_for
+from mixed_gemm.kernels.moe_gemv.catalog import expert_shapes_for, shapes_for
 from mixed_gemm.kernels.sm90a import layout as sm90a_layout
 from mixed_gemm.ops.experts import GroupedPlan, _problems, grouped_plan, moe_grouped
 from mixed_gemm.runtime import current_stream
@@ -123,8 +125,10 @@ def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
 
 
 def _sched(shape, splits, kloop=False):
-    stage, strips, (wn, wk), unroll = shape
-    return f"{stage}_s{strips}_w{wn}x{wk}_u{unroll}" + (f"_split{splits}" if splits > 1 else "") + ("_kloop" if kloop else "")
+    stage, strips, (wn, wk), unroll = shape[:4]
+    mode = f"_m{shape[4]}_xe" if len(shape) > 4 else ""  # expert mode: (..., tokens)
+    return (f"{stage}_s{strips}_w{wn}x{wk}_u{unroll}" + mode + (f"_split{splits}" if splits > 1 else "")
+            + ("_kloop" if kloop else ""))
 
 
 def _sweep_params():
@@ -151,15 +155,53 @@ def _sweep_params():
                         s2 = _sched(b, rng.choice((1, 2, 3)), kloop=top_k > 1 and rng.random() < 0.5)
                         ids32 = rng.random() < 0.3
                         cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32,
+                                                  "random",
                                                   id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}"
                                                      f"-h{h}-i{inter}" + ("-ids32" if ids32 else "")))
     assert {p.values[6] for p in cases} == set(TOP_KS) and {p.values[7] for p in cases} == {1, 4, 16}
     return cases
 
 
-@pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,ids32", _sweep_params())
-def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32):
-    seed = seed_of("moe", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter)
+def _expert_sweep_params():
+    """Expert mode (``_m<8|16>_xe``): every catalog gate|up expert schedule with every down one of
+    its kind (all 16 expert kernels run), twice each, plus 8 cases that mix the modes (an expert
+    gate|up before a pair down and the reverse: h is the same (T k, I) rows either way). Zero kind
+    x group go through all 16 combinations twice, top-k 1/2/6/8 and T 1/4/16/64 rotate; the routing
+    is random or puts every token's slot 0 on one expert (T pairs on it: at T = 64 that is 4 to 8
+    chunks of 16 or 8); E up to 32 leaves experts without tokens; split-K 1/2/3."""
+    rng = random.Random(2424)
+    cases = []
+    for dtype in DTYPES:
+        for bits in (4, 8):
+            pairs = [(a, b) for a in expert_shapes_for(bits, "w13") for b in expert_shapes_for(bits, "w2")] * 2
+            pairs += [(expert_shapes_for(bits, "w13")[0], shapes_for(bits, "w2")[0]),
+                      (shapes_for(bits, "w13")[1], expert_shapes_for(bits, "w2")[1])]
+            for a, b in pairs:
+                c = len(cases)
+                zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 4]
+                top_k, t = TOP_KS[(c + c // 4) % 4], (1, 4, 16, 64)[(c // 2 + c // 8) % 4]
+                route = "one" if c % 3 == 0 else "random"
+                e = max(top_k + 1, rng.choice((8, 16, 32)))
+                if group == -1:
+                    h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
+                else:
+                    h, inter = group * rng.randrange(1, 12), group * rng.randrange(1, 6)
+                s13 = _sched(a, rng.choice((1, 2, 3)))
+                s2 = _sched(b, rng.choice((1, 2, 3)), kloop=len(b) == 4 and top_k > 1 and rng.random() < 0.5)
+                ids32 = rng.random() < 0.3
+                cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route,
+                                          id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}"
+                                             f"-h{h}-i{inter}-{route}" + ("-ids32" if ids32 else "")))
+    assert {p.values[6] for p in cases} == set(TOP_KS) and {p.values[7] for p in cases} == {1, 4, 16, 64}
+    assert {(p.values[4], p.values[5]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
+    assert {p.values[12] for p in cases if p.values[7] == 64} == {"one", "random"}
+    return cases
+
+
+@pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,ids32,route",
+                         _sweep_params() + _expert_sweep_params())
+def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route):
+    seed = seed_of("moe", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
     w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
     w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 1000)
     zm = w13.packed.zero_mode
@@ -167,7 +209,10 @@ def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32):
     cfg2 = MoeGemvConfig.from_schedule(s2, dtype=dtype, bits=bits, zero_mode=zm)
     tdtype = DTYPES[dtype]
     x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", tdtype)
-    weights, ids = routing(t, top_k, e, seed, ids_dtype=torch.int32 if ids32 else torch.int64)
+    weights, ids = routing(t, top_k, e, seed, ids_dtype=torch.int32 if ids32 else torch.int64,
+                           one_expert=3 if route == "one" else None)
+    if route == "one":
+        assert (ids[:, 0] == 3).all()
 
     hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
     assert not torch.isnan(hk).any() and not torch.isnan(yk).any(), "an output was never written"
@@ -185,8 +230,12 @@ def _layer(dtype="f16", bits=4, zero="int", group=64, e=8, h=256, inter=128, see
     return w13, w2
 
 
+@pytest.mark.parametrize("mode", ["heuristic", "xe8", "xe16_split2"])
 @pytest.mark.parametrize("top_k", TOP_KS)
-def test_every_token_on_one_expert_and_experts_without_tokens(top_k):
+def test_every_token_on_one_expert_and_experts_without_tokens(top_k, mode):
+    """Expert 3 gets all 16 tokens: in expert mode with 8-token chunks that is two chunks (two grid
+    slots, ceil(16 / 8)), with 16-token chunks one full chunk; the experts without a token exit
+    after their scan."""
     w13, w2 = _layer(e=24)  # 16 tokens x (top_k - 1) free slots leave some of 23 experts without a token
     t = 16
     x = torch.randn(t, 256, device="cuda").half()
@@ -194,8 +243,16 @@ def test_every_token_on_one_expert_and_experts_without_tokens(top_k):
     assert (ids[:, 0] == 3).all() and ((ids == 3).sum(1) == 1).all()
     unused = set(range(w13.packed.num_experts)) - set(ids.reshape(-1).tolist())
     assert unused or top_k >= 6  # some experts get no token
-    cfg13 = FAMILY.heuristic(_problem(w13, w2, t, top_k, "w13"), 132)
-    cfg2 = FAMILY.heuristic(_problem(w13, w2, t, top_k, "w2"), 132)
+    zm = w13.packed.zero_mode
+    if mode == "heuristic":
+        cfg13 = FAMILY.heuristic(_problem(w13, w2, t, top_k, "w13"), 132)
+        cfg2 = FAMILY.heuristic(_problem(w13, w2, t, top_k, "w2"), 132)
+    elif mode == "xe8":
+        cfg13 = MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_m8_xe", zero_mode=zm)
+        cfg2 = MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m8_xe", zero_mode=zm)
+    else:
+        cfg13 = MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_m16_xe_split2", zero_mode=zm)
+        cfg2 = MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m16_xe_split2", zero_mode=zm)
     hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
     assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), 256)
     assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), 128)
@@ -208,10 +265,14 @@ def _problem(w13, w2, t, top_k, stage):
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("s2", ["w2_s1_w4x2_u8_split2", "w2_s2_w4x2_u8_kloop"])
-def test_ids_out_of_range_contribute_nothing(ids_dtype, s2):
+@pytest.mark.parametrize("s13, s2", [("w13_s1_w4x2_u8_split3", "w2_s1_w4x2_u8_split2"),
+                                     ("w13_s1_w4x2_u8_split3", "w2_s2_w4x2_u8_kloop"),
+                                     ("w13_s1_w4x2_u8_m8_xe", "w2_s1_w4x2_u8_m8_xe"),
+                                     ("w13_s1_w4x2_u8_m16_xe_split2", "w2_s1_w4x2_u8_m16_xe_split2")])
+def test_ids_out_of_range_contribute_nothing(ids_dtype, s13, s2):
     """Ids outside [0, E) are not checked on the device (no host sync): such a pair's h row is zero
-    and it adds nothing to y; nothing is read out of bounds."""
+    and it adds nothing to y; nothing is read out of bounds. (Expert mode files them under expert
+    0's CTAs as zero rows, so its arrival counts stay complete.)"""
     w13, w2 = _layer()
     t, top_k, e = 5, 2, w13.packed.num_experts
     x = torch.randn(t, 256, device="cuda").half()
@@ -219,7 +280,7 @@ def test_ids_out_of_range_contribute_nothing(ids_dtype, s2):
     bad = ids.clone()
     bad[0, 1], bad[2, 0], bad[3, 1] = -1, e, (2**40 if ids_dtype == torch.int64 else 2**31 - 1)
     bad[4, :] = -7  # a token with no valid slot: y row zero
-    cfg13 = MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_split3", zero_mode=w13.packed.zero_mode)
+    cfg13 = MoeGemvConfig.from_schedule(s13, zero_mode=w13.packed.zero_mode)
     cfg2 = MoeGemvConfig.from_schedule(s2, zero_mode=w13.packed.zero_mode)
     hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, bad)
     valid = (bad >= 0) & (bad < e)
@@ -243,6 +304,37 @@ def test_no_tokens():
     cfg13 = MoeGemvConfig(stage="w13", zero_mode=w13.packed.zero_mode)
     cfg2 = MoeGemvConfig(stage="w2", zero_mode=w13.packed.zero_mode)
     run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)  # no launch, no error
+    xe = (MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_m16_xe_split2", zero_mode=w13.packed.zero_mode),
+          MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m8_xe_split2", zero_mode=w13.packed.zero_mode))
+    run_stages(*xe, x, w13.packed, w2.packed, weights, ids)  # expert mode: no launch either
+    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=xe)
+    assert y.shape == (0, 256)
+
+
+@pytest.mark.parametrize("s13, s2", [("w13_s1_w4x2_u8_m8_xe", "w2_s1_w4x2_u8_m8_xe_split2"),
+                                     ("w13_s1_w4x2_u8_m16_xe_split2", "w2_s1_w4x2_u8_m16_xe")])
+def test_expert_mode_repeated_ids_take_more_chunks_than_grid_slots(s13, s2):
+    """The host sizes grid.z for distinct experts per token (ceil(T / tokens) chunk slots per
+    expert). Ids repeated within a token put up to T k pairs on one expert; the CTAs then serve
+    further chunks in turn (slot c, c + chunks, ...), and the token's repeated slots land in one
+    chunk, where one CTA arrives twice at the token's counter."""
+    w13, w2 = _layer(e=8)
+    t, top_k = 20, 4
+    x = torch.randn(t, 256, device="cuda").half()
+    gen = torch.Generator().manual_seed(seed_of("repeat"))
+    ids = torch.full((t, top_k), 5, dtype=torch.int64)
+    ids[::3, 1] = 2  # some slots elsewhere; expert 5 still holds ~70 pairs (9 chunks of 8, 5 of 16) in 2 slots
+    ids = ids.cuda()
+    weights = torch.rand(t, top_k, generator=gen).cuda()
+    cfg13 = MoeGemvConfig.from_schedule(s13, zero_mode=w13.packed.zero_mode)
+    cfg2 = MoeGemvConfig.from_schedule(s2, zero_mode=w13.packed.zero_mode)
+    assert cfg13.expert_chunks(t, 8) < (ids == 5).sum().item() / cfg13.tokens
+    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
+    assert not torch.isnan(hk).any() and not torch.isnan(yk).any()
+    assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), 256)
+    assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), 128)
+    for _ in range(2):
+        assert torch.equal(run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)[1], yk)
 
 
 def test_more_pairs_than_one_grid_z():
@@ -258,15 +350,20 @@ def test_more_pairs_than_one_grid_z():
     assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), 32)
 
 
-def test_split_and_slot_planes_are_deterministic():
+@pytest.mark.parametrize("s13, s2, t", [("w13_s1_w4x2_u8_split8", "w2_s1_w4x2_u8_split4", 3),
+                                        ("w13_s1_w4x2_u8_m16_xe_split4", "w2_s1_w4x2_u8_m16_xe_split4", 24),
+                                        ("w13_s1_w4x2_u8_m8_xe_split2", "w2_s1_w4x2_u8_m8_xe_split2", 24)])
+def test_split_and_slot_planes_are_deterministic(s13, s2, t):
     w13, w2 = _layer(h=2048, inter=512, group=128)
-    x = torch.randn(3, 2048, device="cuda").half()
-    weights, ids = routing(3, 8, 8, seed_of("det"))
-    configs = (MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_split8", zero_mode=w13.packed.zero_mode),
-               MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_split4", zero_mode=w13.packed.zero_mode))
+    x = torch.randn(t, 2048, device="cuda").half()
+    weights, ids = routing(t, 8, 8, seed_of("det"))
+    configs = (MoeGemvConfig.from_schedule(s13, zero_mode=w13.packed.zero_mode),
+               MoeGemvConfig.from_schedule(s2, zero_mode=w13.packed.zero_mode))
     first = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=configs)
     for _ in range(3):
         assert torch.equal(moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=configs), first)
+    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
+    assert_elementwise(first, ref, 512, chained=2)
 
 
 def test_moe_takes_the_grouped_path_and_falls_back_for_sm80_experts():
@@ -316,4 +413,49 @@ def test_graph_capture_replays_new_routing(dtype):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, mg.moe(x, w13.packed, w2.packed, weights, ids))  # eager, same kernels
+        assert_elementwise(out, mg.reference.moe(x.float(), w13.dense, w2.dense, weights.float(), ids), 256, chained=2)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["heuristic", "split2"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_graph_capture_expert_mode_replays_new_routing(dtype, forced):
+    """Expert mode captured once (16 tokens over 8 experts, top-2: the heuristic's expert mode, or
+    forced split-K configs, whose gate|up and down both count arrivals): each replay scans the new
+    routing on the device -- random, all slot-0s on one expert (several chunks), an expert left
+    without tokens -- and the counters the last arrivals reset serve the next replay."""
+    w13, w2 = _layer(dtype=dtype, zero="float", group=128, e=8, h=512, inter=256)
+    t, top_k, e = 16, 2, 8
+    tdtype = DTYPES[dtype]
+    x = torch.randn(t, 512, device="cuda").to(tdtype)
+    weights, ids = routing(t, top_k, e, seed_of("graph-xe", 0), weights_dtype=tdtype)
+    zm = w13.packed.zero_mode
+    if forced:
+        configs = (MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_m8_xe_split2", dtype=dtype, zero_mode=zm),
+                   MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m8_xe_split2", dtype=dtype, zero_mode=zm))
+        run = lambda: moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=configs)  # noqa: E731
+    else:
+        plan = grouped_plan(x, w13.packed, w2.packed, top_k)
+        assert isinstance(plan, GroupedPlan) and all(c.by_expert for c in plan.configs), plan
+        run = lambda: mg.moe(x, w13.packed, w2.packed, weights, ids)  # noqa: E731
+    warm = run()  # eager: kernels loaded, workspaces sized
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, warm)
+    for round_ in range(1, 5):
+        new_w, new_ids = routing(t, top_k, e, seed_of("graph-xe", round_), weights_dtype=tdtype,
+                                 one_expert=2 if round_ == 2 else None)
+        if round_ == 3:  # expert 0 gets no token
+            new_ids = torch.where(new_ids == 0, torch.full_like(new_ids, 7), new_ids)
+            new_ids[:, 1] = torch.where(new_ids[:, 0] == 7, torch.full_like(new_ids[:, 1], 6), new_ids[:, 1])
+        weights.copy_(new_w)
+        ids.copy_(new_ids)
+        x.copy_(torch.randn(t, 512, device="cuda").to(tdtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run())  # eager, same kernels
         assert_elementwise(out, mg.reference.moe(x.float(), w13.dense, w2.dense, weights.float(), ids), 256, chained=2)

@@ -1,9 +1,15 @@
-"""The ``moe_gemv`` family: the decode path of a mixture-of-experts layer in "pair mode" (issue
-#24, docs/moe-plan.md section 5.1; templates/moe_gemv/). Two launches per layer, no host sync: the
+"""The ``moe_gemv`` family: the decode path of a mixture-of-experts layer (issue #24,
+docs/moe-plan.md section 5.1; templates/moe_gemv/). Two launches per layer, no host sync: the
 gate|up kernel (``stage="w13"``, SiLU(gate) * up fused) and the down kernel (``stage="w2"``, the
-top-k weighted sum fused, deterministic), each CTA serving one (token, slot) pair of the router and
-reading its expert's weights from the stacked sm90a-layout experts (``ops.experts.PackedExperts``).
-The main loop is the gemv family's (templates/gemv/gemv.cuh, its FMA variant for one token).
+top-k weighted sum fused, deterministic), reading the experts' weights from the stacked
+sm90a-layout experts (``ops.experts.PackedExperts``), in one of two schedules:
+
+- pair mode: each CTA column serves one (token, slot) pair of the router (gemv's FMA variant for one
+  token, templates/gemv/gemv.cuh): ideal at one token, but an expert's weight is streamed once per
+  pair routed to it;
+- expert mode (``by_expert``, ``_m<tokens>_xe``): each CTA column serves one expert, scans the
+  routing for that expert's pairs and streams its weight once per ``tokens`` (8 or 16) of them
+  (gemv's mma path on gathered rows): the floor whenever an expert has at most ``tokens`` pairs.
 
 A grouped family: it is registered in ``kernels.GROUPED_FAMILIES``, not ``FAMILIES``, so dense
 selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.experts.moe``
@@ -20,13 +26,14 @@ from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog
-from .config import MoeGemvConfig
+from .config import GRID_Z, MoeGemvConfig
 from .heuristics import heuristic_config, pays
 from .launch import MoeGemvLauncher
 
 _STAGES = {"w13": ("kGateUp", "gate|up: h[p] = silu(x[t] Wg_e^T) * (x[t] Wu_e^T), one CTA per (pair, row tile, K slice)"),
            "w2": ("kDown", "down: y[t] = sum_j topk_weights[t, j] * (h[t k + j] W2_e^T), slots added in slot order")}
 MAX_PAIRS = 2**31 - 1  # pair indices are 32-bit in the kernel
+MAX_EXPERT_PAIRS = 2**30  # expert mode: scan rounds index up to pairs + 4 * threads, invalid ids as ~p
 
 
 class MoeGemvFamily(Family):
@@ -60,6 +67,11 @@ class MoeGemvFamily(Family):
                            f"experts={problem.experts}, tokens={problem.tokens}")
         if problem.pairs > MAX_PAIRS:
             return False, f"at most {MAX_PAIRS} (token, slot) pairs (32-bit indices), got {problem.pairs}"
+        if config.by_expert and problem.pairs > MAX_EXPERT_PAIRS:
+            return False, (f"expert mode (_xe): at most {MAX_EXPERT_PAIRS} (token, slot) pairs (the routing scan's "
+                           f"32-bit indices), got {problem.pairs}")
+        if config.by_expert and problem.experts > GRID_Z:
+            return False, f"expert mode (_xe): at most {GRID_Z} experts (a grid.z slot each), got {problem.experts}"
         return OK
 
     def catalog(self) -> List[MoeGemvConfig]:
@@ -79,9 +91,14 @@ class MoeGemvFamily(Family):
     def render(self, config: MoeGemvConfig) -> str:
         kernel = config.kernel
         stage, doc = _STAGES[kernel.stage]
+        if kernel.by_expert:
+            doc = (doc.split(", one CTA per")[0] + f"; expert mode: a CTA per (expert x {kernel.tokens}-pair chunk, "
+                   "row tile, K slice), one weight pass per chunk")
         return render_template(
             "moe_gemv/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
+            kernel_struct="MoeGemvExpert" if kernel.by_expert else "MoeGemv",
+            tokens_arg=f", {kernel.tokens}" if kernel.by_expert else "",
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
             rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=constant_checks(),

@@ -1,13 +1,14 @@
 """The moe_gemv schedules worth timing for one projection: every catalog shape of its stage, at
-split counts around the heuristic's (and, for the down projection, with and without ``_kloop``)."""
+split counts around the heuristic's (and, for the down projection, with and without ``_kloop``);
+from two tokens on, the expert-mode shapes too (their down kernel while its per-pair planes fit)."""
 from __future__ import annotations
 
 from typing import List
 
 from ..base import MoeProblem
-from .catalog import shapes_for
-from .config import MAX_SPLITS, MoeGemvConfig
-from .heuristics import launch_fields
+from .catalog import expert_shapes_for, shapes_for
+from .config import GRID_Z, MAX_SPLITS, MoeGemvConfig
+from .heuristics import WORKSPACE_FLOATS, launch_fields
 
 
 def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
@@ -20,6 +21,17 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
             best, steps = base.splits, base.steps(problem.k)
             for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
                 name = base.replace(splits=s, slot_loop=slot_loop).schedule
+                if name not in out:
+                    out.append(name)
+    expert = (problem.tokens >= 2 and problem.experts <= GRID_Z
+              and (problem.stage == "w13" or problem.pairs * problem.n <= WORKSPACE_FLOATS))
+    for stage, strips, warps, unroll, tokens in expert_shapes_for(problem.bits, problem.stage) if expert else ():
+        base = launch_fields(MoeGemvConfig(bits=problem.bits, stage=stage, strips=strips, warps=warps, unroll=unroll,
+                                           tokens=tokens, by_expert=True), problem, sms)
+        best, steps = base.splits, base.steps(problem.k)
+        for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
+            if s * problem.pairs * problem.n <= WORKSPACE_FLOATS or s == 1:
+                name = base.replace(splits=s).schedule
                 if name not in out:
                     out.append(name)
     return out

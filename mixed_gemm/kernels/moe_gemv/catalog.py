@@ -1,6 +1,7 @@
 """The moe_gemv family's default catalog: the compiled identities ``mixed-gemm build --all``
-precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled): two shapes per
-stage for each activation dtype and width, 16 kernels."""
+precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled): per activation
+dtype and width, two pair-mode shapes per stage and one expert-mode shape per stage at 8 and 16
+tokens, 32 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -19,11 +20,29 @@ SHAPES = (
     ("w2", 1, (4, 2), 8),    # 64 y columns: more CTAs for H = 2048
 )
 
+# Expert mode (by_expert): (stage, strips, warps, unroll, tokens), unroll halved for int8 likewise.
+# 64 outputs per CTA and K split over two warps: grid.z is the experts (not the pairs), so the CTAs
+# come from the rows; x is staged per warp (16 rows x 8 atoms = 4.25 KB), under 48 KB in all.
+EXPERT_SHAPES = (
+    ("w13", 1, (4, 2), 8, 8),
+    ("w13", 1, (4, 2), 8, 16),
+    ("w2", 1, (4, 2), 8, 8),
+    ("w2", 1, (4, 2), 8, 16),
+)
+
 
 def shapes_for(bits: int, stage: str = None):
     return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SHAPES if stage in (None, st)]
 
 
+def expert_shapes_for(bits: int, stage: str = None, tokens: int = None):
+    return [(st, s, w, u if bits == 4 else max(1, u // 2), t) for st, s, w, u, t in EXPERT_SHAPES
+            if stage in (None, st) and tokens in (None, t)]
+
+
 def default_catalog() -> List[MoeGemvConfig]:
-    return [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u)
+    pair = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u)
             for d in DTYPES for b in (4, 8) for st, s, w, u in shapes_for(b)]
+    expert = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, by_expert=True)
+              for d in DTYPES for b in (4, 8) for st, s, w, u, t in expert_shapes_for(b)]
+    return pair + expert

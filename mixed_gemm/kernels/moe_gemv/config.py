@@ -1,5 +1,6 @@
-"""``MoeGemvConfig``: the frozen configuration of the grouped MoE decode family (pair mode), its
-single source of truth: name, rendered source, build-cache key and schedule derive from it."""
+"""``MoeGemvConfig``: the frozen configuration of the grouped MoE decode family (pair mode and
+expert mode), its single source of truth: name, rendered source, build-cache key and schedule
+derive from it."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +11,14 @@ from typing import Tuple
 
 from ..common import check_weight_kind, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_split(\d+))?(_kloop)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_xe)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
 MAX_SPLITS = 32
 MAX_THREADS = 512
 MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
 GRID_Z = 65535               # CUDA's grid.z limit: pairs (w13) or tokens (w2) beyond it take more launches
+EXPERT_TOKENS = (8, 16)      # expert mode: rows of x per CTA and weight pass (one or two mma n8 tiles)
+SCAN_PER_THREAD = 4          # expert mode: ids a thread loads per scan round (MoeGemvExpert::kScanPer)
 
 
 @dataclass(frozen=True)
@@ -28,11 +31,15 @@ class MoeGemvConfig:
     (down, the top-k weighted sum over slots fused); ``strips`` (16-row output strips per warp);
     ``warps`` = (warps along the outputs, warps splitting K inside a CTA); ``unroll`` (k16 atoms a
     warp loads before it converts any). One row of x per CTA (pair mode: the FMA variant of
-    templates/gemv/gemv.cuh for one token). At launch: ``splits``, K slices across CTAs (grid.y;
-    added in slice order in the kernel), and for ``w2`` ``slot_loop`` (``_kloop``: each CTA adds
-    all top-k slots of its token itself, instead of one CTA per slot whose fp32 planes the last
-    arrival adds in slot order). ``schedule`` (``w13_s2_w4x1_u8_split2``) is what a profile would
-    store (as ``moe_gemv:<schedule>``).
+    templates/gemv/gemv.cuh for one token) in pair mode; ``by_expert`` (``_m<tokens>_xe``: expert
+    mode, ``MoeGemvExpert``): grid.z indexes experts, each CTA scans the routing for its expert's
+    pairs and serves ``tokens`` (8 or 16, gemv's meaning: rows of x per CTA, mma n8 tiles) of them
+    per pass over the expert's weight, x rows gathered and staged in shared memory; pair mode has
+    ``tokens == 1``. At launch: ``splits``, K slices across CTAs (grid.y; added in slice order in
+    the kernel), and for pair mode's ``w2`` ``slot_loop`` (``_kloop``: each CTA adds all top-k
+    slots of its token itself, instead of one CTA per slot whose fp32 planes the last arrival adds
+    in slot order). ``schedule`` (``w13_s2_w4x1_u8_split2``, ``w2_s1_w4x2_u8_m16_xe_split2``) is what
+    a profile would store (as ``moe_gemv:<schedule>``).
     """
 
     dtype: str = "f16"
@@ -42,6 +49,8 @@ class MoeGemvConfig:
     strips: int = 2
     warps: Tuple[int, int] = (4, 1)
     unroll: int = 8
+    tokens: int = 1
+    by_expert: bool = False
     splits: int = 1
     slot_loop: bool = False
 
@@ -57,7 +66,12 @@ class MoeGemvConfig:
             (self.unroll in (1, 2, 4, 8, 16, 32),
              "unroll must be a power of two <= 32 (the step's weight and x fragments live in registers)"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+            (self.tokens in (EXPERT_TOKENS if self.by_expert else (1,)),
+             f"tokens must be one of {EXPERT_TOKENS} in expert mode (by_expert, _xe: mma n8 tiles) and 1 in pair "
+             "mode (one pair per CTA)"),
             (self.stage == "w2" or not self.slot_loop, "slot_loop (_kloop) is the down projection's (stage w2)"),
+            (not (self.by_expert and self.slot_loop),
+             "slot_loop (_kloop) is pair mode's: in expert mode a token's slots lie in different experts' CTAs"),
             (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
         ], "MoeGemvConfig")
 
@@ -87,8 +101,10 @@ class MoeGemvConfig:
 
     @property
     def accumulators(self) -> int:
-        """fp32 accumulators per lane: rows g and g + 8 of each strip it loads (w13: gate and up)."""
-        return 2 * self.strips * (2 if self.gated else 1)
+        """fp32 accumulators per lane: rows g and g + 8 of each strip it loads (w13: gate and up), for
+        one token (pair mode) or 4 per n8 tile (expert mode's mma)."""
+        per = 4 * (self.tokens // 8) if self.by_expert else 2
+        return per * self.strips * (2 if self.gated else 1)
 
     @property
     def step(self) -> int:
@@ -97,9 +113,16 @@ class MoeGemvConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Static shared memory: the cross-warp K reduction buffer (gemv's)."""
+        """Static shared memory: the cross-warp K reduction buffer (gemv's); expert mode adds each
+        warp's staged x slice (``tokens`` rows of ``unroll`` atoms, padded by 16 bytes: gemv's XStage)
+        and the routing scan's ints (the chunk's entries, rows and arrivals, per-warp counts)."""
         wn, wk = self.warps
-        return (wk - 1) * wn * self.accumulators * 32 * 4
+        reduce = (wk - 1) * wn * self.accumulators * 32 * 4
+        if not self.by_expert:
+            return reduce
+        stage = wn * wk * self.tokens * (self.unroll * 32 + 16)
+        scan = 4 * (3 * self.tokens + SCAN_PER_THREAD * wn * wk)
+        return reduce + stage + scan
 
     @functools.cached_property
     def kernel(self) -> "MoeGemvConfig":
@@ -109,7 +132,8 @@ class MoeGemvConfig:
     @functools.cached_property
     def _tile_schedule(self) -> str:
         wn, wk = self.warps
-        return f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
+        return (f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
+                + (f"_m{self.tokens}_xe" if self.by_expert else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -130,10 +154,11 @@ class MoeGemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_split<S>][_kloop]")
-        stage, s, wn, wk, u, sp, kloop = m.groups()
+                             "[_m<tokens>_xe][_split<S>][_kloop]")
+        stage, s, wn, wk, u, tokens, sp, kloop = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), splits=int(sp or 1), slot_loop=bool(kloop))
+                   unroll=int(u), tokens=int(tokens or 1), by_expert=tokens is not None, splits=int(sp or 1),
+                   slot_loop=bool(kloop))
 
     def replace(self, **changes) -> "MoeGemvConfig":
         return dataclasses.replace(self, **changes)
@@ -153,3 +178,10 @@ class MoeGemvConfig:
         chunk = -(-katoms // self.splits)
         chunk = -(-chunk // self.unroll) * self.unroll
         return row_tiles, -(-katoms // chunk), chunk, strips
+
+    def expert_chunks(self, tokens: int, experts: int) -> int:
+        """Expert mode: chunk slots per expert on grid.z (``experts * chunks`` CTAs along z), from
+        shapes alone: ``ceil(tokens / self.tokens)``, the most chunks an expert has when each token's
+        top-k experts are distinct, capped by CUDA's grid.z limit. A CTA serves slots ``c, c +
+        chunks, ...``, so routings beyond the bound (repeated ids, the cap) are still covered."""
+        return max(1, min(-(-max(1, tokens) // self.tokens), GRID_Z // max(1, experts)))

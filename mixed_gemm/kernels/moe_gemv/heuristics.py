@@ -1,21 +1,35 @@
 """The moe_gemv family's choices when no profile covers a problem, kept as data (none of it is
 measured yet: the numbers follow gemv's, docs/moe-plan.md section 5.1).
 
-- The schedule per stage and token count (``ROWS``): up to ``SMALL_T`` tokens, 64-output CTAs with
-  K split over two warps (more CTAs for the few pairs there are), above them 128-output CTAs.
-- ``splits``: K is split across CTAs until the row tiles x pairs (w13) or x slots x tokens (w2)
-  reach ``CTAS_PER_SM`` per SM, keeping every split non-empty and the fp32 planes under
-  ``WORKSPACE_FLOATS``.
-- The down projection spreads a token's top-k slots over CTAs (fp32 planes, added in slot order by
-  the last to arrive) until the tokens alone fill the GPU (``CTAS_PER_SM`` CTAs per SM) or the
-  planes outgrow ``WORKSPACE_FLOATS``; then each CTA loops over its token's slots (``_kloop``).
-- ``pays``: pair mode reads an expert once per pair that routes to it; ``moe`` takes it while the
-  pairs are at most ``PAIR_REREAD`` times the experts (each expert re-read a few times, mostly from
-  L2), and under CUDA-graph capture always (the per-expert loop reads the routing on the host).
+- Pair mode or expert mode. Pair mode streams an expert's weight once per pair routed to it;
+  expert mode once per ``tokens`` (8 or 16) of its pairs, for the price of a routing scan per CTA
+  and mma n8 tiles that are padding below 8 pairs. With random routing the experts that get a pair
+  number ``E (1 - (1 - k/E)^T)`` on average (``expected_experts``), so a routed expert holds
+  ``reuse = T k / that`` pairs. Expert mode is taken from ``T >= 2`` once ``reuse >=
+  EXPERT_MIN_REUSE`` (T = 1 is always pair mode: k distinct experts, one pass each either way),
+  with 8-token chunks while ``reuse <= 4`` and 16-token chunks above (``EXPERT_ROWS``). Its down
+  kernel always writes fp32 planes per pair (a token's slots are in different CTAs), so past
+  ``WORKSPACE_FLOATS`` of them the down projection stays in pair mode (``_kloop``, no planes).
+  For the presets that means expert mode from T = 16 (Qwen3-30B-A3B, E=128 k=8), T = 4 (Mixtral,
+  E=8 k=2) and T = 8 (DeepSeek-V2-Lite, E=64 k=6). Unmeasured: the crossover is a guess.
+- The schedule per stage and token count (``ROWS``, pair mode): up to ``SMALL_T`` tokens, 64-output
+  CTAs with K split over two warps (more CTAs for the few pairs there are), above them 128-output CTAs.
+- ``splits``: K is split across CTAs until the row tiles x pairs (w13) or x slots x tokens (w2) --
+  in expert mode x the expected routed experts x their chunks -- reach ``CTAS_PER_SM`` per SM,
+  keeping every split non-empty and the fp32 planes under ``WORKSPACE_FLOATS``.
+- The down projection (pair mode) spreads a token's top-k slots over CTAs (fp32 planes, added in
+  slot order by the last to arrive) until the tokens alone fill the GPU (``CTAS_PER_SM`` CTAs per
+  SM) or the planes outgrow ``WORKSPACE_FLOATS``; then each CTA loops over its token's slots (``_kloop``).
+- ``pays``: ``moe`` takes the grouped path outside capture for every decode-size T (at most
+  ``EXPERT_MAX_TOKENS`` tokens: expert mode reads each routed expert about once per 16 of its pairs)
+  and, above it, while pair mode's re-reads stay few (``T k <= PAIR_REREAD E``); under CUDA-graph
+  capture always (the per-expert loop reads the routing on the host). Above that the per-expert
+  loop (dense GEMMs per expert) remains.
 """
 from __future__ import annotations
 
 from ..base import MoeProblem
+from .catalog import expert_shapes_for
 from .config import MAX_SPLITS, MoeGemvConfig
 
 CTAS_PER_SM = 4
@@ -27,15 +41,48 @@ ROWS = (
     ("w13", SMALL_T, "w13_s1_w4x2_u8"), ("w13", None, "w13_s2_w4x1_u8"),
     ("w2", SMALL_T, "w2_s1_w4x2_u8"), ("w2", None, "w2_s2_w4x2_u8"),
 )
+EXPERT_MIN_REUSE = 1.25   # expected pairs per routed expert from which expert mode runs (unmeasured)
+EXPERT_MAX_TOKENS = 256   # pays(): the grouped path for every T up to this
+# Expert mode: (stage, max expected pairs per routed expert or None, chunk tokens).
+# 8-token chunks only while the mean is half a chunk: random routing spreads the counts, and an
+# expert past 8 pairs would take a second pass (Mixtral at T = 16: 4 on average, up to 16).
+EXPERT_ROWS = (("w13", 4, 8), ("w13", None, 16), ("w2", 4, 8), ("w2", None, 16))
 
 
 def pays(tokens: int, top_k: int, experts: int) -> bool:
-    """Is pair mode worth it outside capture (``tokens`` x ``top_k`` pairs over ``experts``)?"""
-    return tokens * top_k <= PAIR_REREAD * experts
+    """Is the grouped path worth it outside capture (``tokens`` x ``top_k`` pairs over ``experts``)?"""
+    return tokens <= EXPERT_MAX_TOKENS or tokens * top_k <= PAIR_REREAD * experts
+
+
+def expected_experts(tokens: int, top_k: int, experts: int) -> float:
+    """Experts with at least one pair under uniform random top-k routing (k distinct per token)."""
+    k = min(top_k, experts)
+    return experts * (1.0 - (1.0 - k / experts) ** max(1, tokens))
+
+
+def reuse(problem: MoeProblem) -> float:
+    """Expected pairs per routed expert: pair mode's passes over each routed expert's weight."""
+    tokens = max(1, problem.tokens)
+    return tokens * problem.top_k / max(1e-9, expected_experts(tokens, problem.top_k, problem.experts))
+
+
+def by_expert(problem: MoeProblem) -> bool:
+    """Expert mode for this projection (module docstring)?"""
+    if problem.tokens < 2 or reuse(problem) < EXPERT_MIN_REUSE:
+        return False
+    return problem.stage == "w13" or problem.pairs * problem.n <= WORKSPACE_FLOATS  # down: planes per pair
 
 
 def schedule_for(problem: MoeProblem) -> str:
     return next(s for stage, max_t, s in ROWS if stage == problem.stage and (max_t is None or problem.tokens <= max_t))
+
+
+def expert_config(problem: MoeProblem) -> MoeGemvConfig:
+    r = reuse(problem)
+    tokens = next(t for stage, max_r, t in EXPERT_ROWS if stage == problem.stage and (max_r is None or r <= max_r))
+    stage, strips, warps, unroll, tokens = expert_shapes_for(problem.bits, problem.stage, tokens)[0]
+    return MoeGemvConfig(stage=stage, strips=strips, warps=warps, unroll=unroll, tokens=tokens, by_expert=True,
+                         **problem.kind)
 
 
 def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGemvConfig:
@@ -43,6 +90,13 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
     row_tiles = config.launch_geometry(problem.n, problem.k)[0]
     tokens = max(1, problem.tokens)
     outputs = problem.n // 2 if config.gated else problem.n
+    if config.by_expert:  # planes per (pair, slice) of the weight's n rows (w13: gate and up; w2: H)
+        active = expected_experts(tokens, problem.top_k, problem.experts)
+        chunks = max(1, -(-int(reuse(problem) + 0.999) // config.tokens))
+        ctas, plane = max(1, int(row_tiles * active * chunks)), tokens * problem.top_k * problem.n
+        want = -(-CTAS_PER_SM * sms // ctas)
+        splits = max(1, min(want, config.steps(problem.k), MAX_SPLITS, WORKSPACE_FLOATS // max(1, plane)))
+        return config.replace(splits=splits, slot_loop=False)
     slot_loop = False
     if not config.gated and problem.top_k > 1:
         planes = tokens * problem.top_k * outputs
@@ -58,6 +112,8 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
 
 
 def heuristic_config(problem: MoeProblem, sms: int) -> MoeGemvConfig:
+    if by_expert(problem):
+        return launch_fields(expert_config(problem), problem, sms)
     config = MoeGemvConfig.from_schedule(schedule_for(problem), **problem.kind)
     if problem.bits == 8:
         config = config.replace(unroll=max(1, config.unroll // 2))

@@ -11,7 +11,8 @@ from .config import GRID_Z, MoeGemvConfig
 
 
 class MoeGemvLauncher:
-    """``launch(x, w, ids, weights, out, tokens, top_k, stream)`` for one config on one device.
+    """``launch(x, w, ids, weights, out, tokens, top_k, stream)`` for one config on one device
+    (pair mode: grid.z over pairs or tokens; expert mode: over experts x chunk slots).
 
     ``w``: stacked experts (``ops.experts.PackedExperts``, sm90a layout, contiguous); ``x``: the
     rows the stage reads (w13: ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)``), contiguous and
@@ -47,6 +48,9 @@ class MoeGemvLauncher:
         if blk is None:
             blk = self._block(w, key)
         a, argv, row_tiles, splits = blk
+        if self.config.by_expert:
+            self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream)
+            return
         if self.config.gated:  # grid (row tiles, splits, pairs)
             z, slots, grid_y = tokens * top_k, 1, splits
             planes, counters = (z * splits * w.n, z * row_tiles) if splits > 1 else (0, 0)
@@ -65,6 +69,32 @@ class MoeGemvLauncher:
             a.weights = 0 if weights is None else weights.data_ptr()
             a.workspace, a.counters = ws, cnt
             a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
+            a.chunks = 1
             for z0 in range(0, z, GRID_Z):  # CUDA's grid.z limit: more pairs / tokens take more launches
                 a.z0 = z0
                 fn.launch((row_tiles, grid_y, min(GRID_Z, z - z0)), stream, argv)
+
+    def _launch_by_expert(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int) -> None:
+        """Expert mode: one launch, grid (row tiles, splits, experts x chunk slots), sized from shapes
+        only. fp32 planes per (pair, slice) and arrival counters: gate|up with split-K (counted per
+        chunk at its first pair), down whenever a token has more than one plane (top_k x splits)."""
+        a, argv, row_tiles, splits = blk
+        pairs = tokens * top_k
+        if pairs == 0:
+            return
+        chunks = self.config.expert_chunks(tokens, w.num_experts)
+        if self.config.gated:
+            planes, counters = (pairs * splits * w.n, pairs * row_tiles) if splits > 1 else (0, 0)
+        else:
+            planes, counters = (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
+        dev = self.device_index
+        ws = workspace(dev, stream, planes) if planes else 0
+        cnt = semaphores(dev, stream, counters) if counters else 0
+        fn = self.fn
+        with fn.lock:
+            a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
+            a.weights = 0 if weights is None else weights.data_ptr()
+            a.workspace, a.counters = ws, cnt
+            a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, 1, int(ids.dtype == torch.int64)
+            a.z0, a.chunks = 0, chunks
+            fn.launch((row_tiles, splits, w.num_experts * chunks), stream, argv)
