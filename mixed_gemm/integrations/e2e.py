@@ -100,14 +100,24 @@ def _cuda_ms(fn: Callable[[], object], reps: int = 1) -> float:
 
 
 @torch.no_grad()
+STEP_EAGER: set = set()  # id() of the models whose decode step could not be captured (timed eager)
+
+
 def decode_step_ms(model, batch: int) -> float:
-    """One token's forward (batch x 1, no KV cache) captured in a CUDA graph, ms per replay."""
+    """One token's forward (batch x 1, no KV cache) captured in a CUDA graph, ms per replay; eager
+    (ms per call) for a model that cannot be captured (transformers' grouped_mm experts copy from
+    the host), which ``STEP_EAGER`` then names."""
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
     for _ in range(2):
         model(ids, use_cache=False)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        model(ids, use_cache=False)
+    try:
+        with torch.cuda.graph(graph):
+            model(ids, use_cache=False)
+    except RuntimeError:
+        torch.cuda.synchronize()
+        STEP_EAGER.add(id(model))
+        return _cuda_ms(lambda: model(ids, use_cache=False), reps=10)
     graph.replay()
     ms = _cuda_ms(graph.replay, reps=10)
     del graph
@@ -185,6 +195,9 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
                 row[f"{prefix}decode_ratio"] = row[f"{name}_compiled_decode_tps"] / row["fp16_compiled_decode_tps"]
         result["rows"].append(row)
         log(_row_line(row, compiled))
+    result["step_eager"] = [name for name, model in models.items() if id(model) in STEP_EAGER]
+    if result["step_eager"]:
+        log(f"decode step timed eager (not capturable): {', '.join(result['step_eager'])}")
     result["ttft_ms"] = {}
     for name, model in models.items():
         torch.cuda.reset_peak_memory_stats()
@@ -219,7 +232,9 @@ def table(result: Dict, compiled: bool) -> List[str]:
     fp16 (the peer's columns beside mixed_gemm's when it ran), then weights, peak memory and TTFT."""
     peer = PEER in result["weight_bytes"]
     tg = f" {PEER} (bf16 int4)"
-    head = "| batch | fp16 decode step ms (graph) | int4 decode step ms | speedup |"
+    eager = result.get("step_eager", [])
+    how = lambda name: "eager" if name in eager else "graph"  # noqa: E731
+    head = f"| batch | fp16 decode step ms ({how('fp16')}) | int4 decode step ms ({how('mixed_gemm')}) | speedup |"
     if peer:
         head += f"{tg} decode step ms | speedup |"
     head += " fp16 eager tok/s | int4 eager tok/s | ratio |"

@@ -10,7 +10,6 @@ import torch
 
 import mixed_gemm as mg
 from mixed_gemm.kernels import sm80
-from mixed_gemm.kernels.base import Problem
 from mixed_gemm.kernels.sm80.config import Sm80Config
 from test_sm90a_gpu import DTYPES, TOL, ZERO_KINDS, make_case
 from weights import rel_err, seed_of
@@ -82,12 +81,3 @@ def test_split_k_deterministic_and_graph_capturable(mode):
         torch.cuda.synchronize()
         assert torch.equal(out, first)  # counters and semaphores were left at zero
     assert rel_err(first, mg.reference.matmul(x, q, **ref), 4096) <= 2e-3
-
-
-def test_an_sm80_layout_entry_serves_the_one_copy():
-    """A profile entry measured with two copies (an sm80-layout tile) runs from an sm90a weight."""
-    problem = Problem(m=16, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
-    moved = sm80.FAMILY.for_layout(Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_kfused4"), problem)
-    w, q, ref = _weight("f16", 4, "int", 128, 4096, 4096, seed_of("sm80-90a-entry"))
-    x = torch.randn(16, 4096, device="cuda").half()
-    assert rel_err(mg.matmul(x, w, config=moved), mg.reference.matmul(x, q, **ref), 4096) <= 2e-3

@@ -212,17 +212,14 @@ def test_an_entry_at_this_m_beats_this_shapes_entry_at_another_m(h100, monkeypat
 
 def test_one_copy_weight_reads_a_dequant_mm_entry_from_its_copy_and_skips_sm80_tiles(h100, monkeypatch):
     """A profile measured on two copies names dequant_mm (sm80 copy) and sm80 tiles; the H100's one
-    (sm90a) copy runs the same dequant_mm entry through its sm90a dequantize kernel and the sm80
-    tile entries through the sm80 family's ``_sm90a`` build of the same tile (same split-K); a tile
-    the catalog does not build for that layout falls through to the heuristics."""
+    (sm90a) copy runs the same dequant_mm entry through its sm90a dequantize kernel, and an sm80
+    tile entry it cannot read falls through to the heuristics (sm90a from 9 tokens, gemv below):
+    measured on the other copy, it says nothing about the sm80 family's ``_sm90a`` tiles."""
     prof = Profile(entries=[_entry(4096, "dequant_mm:dequant_mm"), _entry(16, "sm80:t16x64x128_w1x1x4_s4_kfused4"),
                             _entry(4, "sm80:t16x64x128_w1x1x4_s4_kfused4")], path=None)
     monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
     got = choose(_problem(4096, layout="sm90a"), 0)
     assert (got.schedule, got.source, got.config.layout) == ("dequant_mm:dequant_mm_sm90a", "profile profile M=4096", "sm90a")
-    assert choose(_problem(16, layout="sm90a"), 0).schedule == "sm80:t16x64x128_w1x1x4_s4_sm90a_kfused4"
-    other = Profile(entries=[_entry(16, "sm80:t128x128x64_w2x2x1_s4"), _entry(4, "sm80:t128x128x64_w2x2x1_s4")], path=None)
-    monkeypatch.setattr(C, "device_profile", lambda device_index: other)
     assert choose(_problem(16, layout="sm90a"), 0).schedule.startswith("sm90a:t128x32x128_coop")
     assert choose(_problem(4, layout="sm90a"), 0).family.name == "gemv"
 

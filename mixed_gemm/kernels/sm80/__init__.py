@@ -12,7 +12,7 @@ from ..common import DTYPES, ZERO_MODES, constant_checks
 from . import layout
 from .abi import GEMM_ARGS_BYTES, REDUCE_ARGS_BYTES
 from .candidates import candidate_schedules
-from .catalog import catalog_shapes, default_catalog
+from .catalog import default_catalog
 from .config import LAYOUTS, Sm80Config
 from .heuristics import heuristic_config, refit_split_k
 from .launch import Sm80Launcher
@@ -50,17 +50,6 @@ class Sm80Family(Family):
 
     def layout_of(self, config: Sm80Config) -> str:
         return config.layout
-
-    def for_layout(self, config: Sm80Config, problem: Problem) -> Sm80Config:
-        """An entry measured on the other layout, on the layout the weight holds, where the catalog
-        compiles that tile for it (a profile taken with two copies serves a one-copy weight)."""
-        held = problem.layout.split("+")
-        if config.layout in held:
-            return config
-        other = next((name for name in LAYOUTS if name in held), None)
-        if other is None or (config.tile, config.warps, config.stages) not in catalog_shapes(other):
-            return config
-        return config.replace(layout=other)
 
     def catalog(self) -> List[Sm80Config]:
         return default_catalog()
