@@ -99,10 +99,10 @@ def _cuda_ms(fn: Callable[[], object], reps: int = 1) -> float:
     return start.elapsed_time(stop) / reps
 
 
-@torch.no_grad()
 STEP_EAGER: set = set()  # id() of the models whose decode step could not be captured (timed eager)
 
 
+@torch.no_grad()
 def decode_step_ms(model, batch: int) -> float:
     """One token's forward (batch x 1, no KV cache) captured in a CUDA graph, ms per replay; eager
     (ms per call) for a model that cannot be captured (transformers' grouped_mm experts copy from
