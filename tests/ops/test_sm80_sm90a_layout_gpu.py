@@ -11,24 +11,13 @@ import torch
 import mixed_gemm as mg
 from mixed_gemm.kernels import sm80
 from mixed_gemm.kernels.sm80.config import Sm80Config
-from test_sm90a_gpu import DTYPES, TOL, ZERO_KINDS, make_case
+from test_gemv_gpu import _weight
+from test_sm90a_gpu import DTYPES, TOL, ZERO_KINDS
 from weights import rel_err, seed_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 GROUPS = (32, 64, 128, -1)
 LAUNCH = (("none", 1, 1), ("fused", 3, 1), ("parallel", 2, 2), ("serial", 3, 1), ("fused", 8, 4), ("none", 1, 2))
-
-
-def _weight(dtype, bits, zero, group, n, k, seed):
-    q, s, z, fmt, zm = make_case(bits, zero, group, n, k, seed)
-    tdtype = DTYPES[dtype]
-    s_t, z_t = s.to(tdtype), None if z is None else z.to(tdtype)
-    packed = mg.pack(q, s_t, z_t, format=fmt, bits=bits, group_size=group, zero_mode=zm)
-    w = mg.prepack(*(None if t is None else t.cuda() for t in packed), format=fmt, bits=bits, group_size=group,
-                   zero_mode=zm, dtype=tdtype, layout="sm90a")
-    ref = dict(s=s_t.cuda(), z=None if z_t is None else z_t.cuda(), group_size=group, bits=bits,
-               zero_mode="offset" if zero == "offset" else "int")
-    return w, q.cuda(), ref
 
 
 def _params():
