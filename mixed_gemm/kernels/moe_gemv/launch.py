@@ -41,6 +41,17 @@ class MoeGemvLauncher:
         blk = self._blocks[key] = (args, argv, row_tiles, splits)
         return blk
 
+    def _set_call(self, a, x, ids, weights, out, tokens: int, top_k: int, slots: int, planes: int, counters: int,
+                  stream: int) -> None:
+        """The call's fields of argument block ``a`` (both modes), with ``planes`` fp32 floats and
+        ``counters`` arrival counters of scratch from the stream's workspaces (none when 0)."""
+        dev = self.device_index
+        a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
+        a.weights = 0 if weights is None else weights.data_ptr()
+        a.workspace = workspace(dev, stream, planes) if planes else 0
+        a.counters = semaphores(dev, stream, counters) if counters else 0
+        a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
+
     def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
                  stream: int) -> None:
         key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k, w.group_size)
@@ -60,15 +71,9 @@ class MoeGemvLauncher:
             planes, counters = (z * grid_y * w.n, z * row_tiles) if grid_y > 1 else (0, 0)
         if z == 0:
             return
-        dev = self.device_index
-        ws = workspace(dev, stream, planes) if planes else 0
-        cnt = semaphores(dev, stream, counters) if counters else 0
         fn = self.fn
         with fn.lock:
-            a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
-            a.weights = 0 if weights is None else weights.data_ptr()
-            a.workspace, a.counters = ws, cnt
-            a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, slots, planes, counters, stream)
             a.chunks = 1
             for z0 in range(0, z, GRID_Z):  # CUDA's grid.z limit: more pairs / tokens take more launches
                 a.z0 = z0
@@ -87,14 +92,8 @@ class MoeGemvLauncher:
             planes, counters = (pairs * splits * w.n, pairs * row_tiles) if splits > 1 else (0, 0)
         else:
             planes, counters = (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
-        dev = self.device_index
-        ws = workspace(dev, stream, planes) if planes else 0
-        cnt = semaphores(dev, stream, counters) if counters else 0
         fn = self.fn
         with fn.lock:
-            a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
-            a.weights = 0 if weights is None else weights.data_ptr()
-            a.workspace, a.counters = ws, cnt
-            a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, 1, int(ids.dtype == torch.int64)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream)
             a.z0, a.chunks = 0, chunks
             fn.launch((row_tiles, splits, w.num_experts * chunks), stream, argv)
