@@ -100,6 +100,10 @@ for step in $steps; do
     bench-moe)  # issue #24: one MoE layer per preset, mg.moe vs the best dense path and the int4 floor
       with_pkg timeout ${BENCH_TIMEOUT:-400} python3 -m mixed_gemm.cli bench --moe ${MOE_MODELS:-mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite} \
         --tokens ${MOE_TOKENS:-1,4,16,64,256,4096} --out "$OUT/bench-moe.md" --json "$OUT/bench-moe.json" 2>&1 | tail -22 ;;
+    tp2)  # issue #27 on nvidia-h200-x2: the two-GPU test (torchrun, NCCL, NVLink multicast off)
+      nvidia-smi topo -m 2>&1 | head -5
+      NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout ${TP_TIMEOUT:-500} python3 -m pytest -q -s -m gpu \
+        tests/integrations/test_tp_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/tp2.log" | grep -vE "Warning|warn\(" | tail -30 ;;
     ppl) timeout ${PPL_TIMEOUT:-200} python3 bench/perplexity.py --out "$OUT/ppl.md" 2>&1 | grep -vE "Warning|warn\(" | tail -14 ;;
     e2e-smoke) with_pkg timeout ${E2E_TIMEOUT:-300} python3 -m mixed_gemm.cli e2e --layers ${E2E_LAYERS:-4} \
                  --batches ${E2E_BATCHES:-1,16} --reps ${E2E_REPS:-1} ${E2E_ARGS:-} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" \

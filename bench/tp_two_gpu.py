@@ -29,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # before NCCL initializes
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
@@ -121,17 +122,50 @@ def timed_ms(fn, reps=20) -> float:
     return start.elapsed_time(stop) / reps
 
 
-@torch.no_grad()
-def step_ms(model, batch: int, stack: bool, device):
-    """One decode step (batch x 1 token, no KV cache) in a CUDA graph: ``(ms, how)``."""
+def step_fn(model, batch: int, stack: bool, device, compiled: bool):
+    """One decode step (batch x 1 token, no KV cache): the decoder stack or the whole model,
+    through torch.compile (Inductor fuses norms, rotary, residuals, SiLU·mul) when ``compiled``."""
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=device,
                         generator=torch.Generator(device=device).manual_seed(batch))
     emb = model.model.embed_tokens(ids)
-    fn = (lambda: model.model(inputs_embeds=emb, use_cache=False)) if stack else \
-        (lambda: model(ids, use_cache=False))
+    body = model.model if stack else model
+    if compiled:
+        body = torch.compile(body, dynamic=False)
+    return (lambda: body(inputs_embeds=emb, use_cache=False)) if stack else (lambda: body(ids, use_cache=False))
+
+
+# Kernel classes of the breakdown: ours (every family's kernels are named mg_*), NCCL, the rest.
+def kernel_class(name: str) -> str:
+    return "quantized GEMM" if name.startswith("mg_") else "all-reduce" if "nccl" in name.lower() else "other"
+
+
+def breakdown(fn, layers: int, reps: int = 5) -> str:
+    """GPU time per decoder layer by kernel class (torch.profiler, eager launches: kernel time only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    us, count = {}, {}
+    for e in prof.key_averages():
+        if e.device_type.name != "CUDA" or e.self_device_time_total <= 0:
+            continue
+        c = kernel_class(e.key)
+        us[c] = us.get(c, 0.0) + e.self_device_time_total / (reps * layers)
+        count[c] = count.get(c, 0) + e.count / (reps * layers)
+    return ", ".join(f"{c} {us[c]:.1f} µs ({count[c]:.0f})" for c in sorted(us))
+
+
+@torch.no_grad()
+def step_ms(model, batch: int, stack: bool, device, compiled: bool = False, detail: bool = False):
+    """One decode step (batch x 1 token, no KV cache) in a CUDA graph: ``(ms, how, breakdown)``."""
+    fn = step_fn(model, batch, stack, device, compiled)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    dist.barrier()
+    parts = breakdown(fn, model.config.num_hidden_layers) if detail else ""
     dist.barrier()
     try:
         graph = torch.cuda.CUDAGraph()
@@ -144,7 +178,47 @@ def step_ms(model, batch: int, stack: bool, device):
         log(f"  (CUDA graph capture failed, eager timing instead: {str(e).splitlines()[0][:120]})")
         ms, how = timed_ms(fn), "eager"
     dist.barrier()
-    return ms, how
+    return ms, how + ("+compile" if compiled else ""), parts
+
+
+def graph_us(fn, reps: int = 20) -> float:
+    """Mean µs of ``fn`` replayed ``reps`` times from one CUDA graph (median of 5 replays)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(5):
+        dist.barrier()
+        times.append(timed_ms(graph.replay, 1) * 1000 / reps)
+    return sorted(times)[2]
+
+
+@torch.no_grad()
+def allreduce_rows(args, device):
+    """The all-reduce a row-parallel layer does (batch x hidden fp16), alone in a graph: NCCL through
+    torch.distributed, and torch's symmetric-memory one-shot all-reduce (peer loads over NVLink, no
+    multicast) where this torch has it, for comparison."""
+    hidden = config(args.preset, 1).hidden_size
+    rows = []
+    for batch in args.batches:
+        x = torch.randn(batch, hidden, device=device, dtype=torch.float16)
+        nccl = graph_us(lambda: dist.all_reduce(x))
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            name = dist.group.WORLD.group_name
+            buf = symm_mem.empty(batch * hidden, dtype=torch.float16, device=device)
+            symm_mem.rendezvous(buf, name)
+            buf.normal_()
+            one = f"{graph_us(lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, 'sum', name)):.1f} µs"
+        except Exception as e:  # noqa: BLE001 - a comparison row, not a requirement
+            one = f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+        rows.append((f"all-reduce, batch {batch}", f"{batch}x{hidden} fp16, in a CUDA graph",
+                     f"NCCL {nccl:.1f} µs; symmetric-memory one-shot {one}", ""))
+    return rows
 
 
 @torch.no_grad()
@@ -171,13 +245,18 @@ def logits_and_speed(args, rank, device):
     rows = [("logits, TP=2 vs TP=1", f"{args.layers} layers, 2x16 tokens",
              f"rel {rel:.2e}, max|d| {(got - want).abs().max().item():.3g}, argmax agree {agree:.1%}",
              "PASS" if ok else "FAIL")]
-    for batch in args.batches if device.type == "cuda" else ():
-        for stack in (True, False):
-            a, how_a = step_ms(tp1, batch, stack, device)
-            b, how_b = step_ms(tp2, batch, stack, device)
-            what = "decoder stack" if stack else "whole step (+ lm_head, replicated)"
-            rows.append((f"decode step, batch {batch}", f"{what}, {args.layers} layers",
-                         f"TP=1 {a:.3f} ms, TP=2 {b:.3f} ms ({how_a}/{how_b})", f"{a / b:.2f}x"))
+    for compiled in args.compile if device.type == "cuda" else ():
+        for batch in args.batches:
+            for stack in (True, False):
+                detail = args.breakdown and stack
+                a, how_a, parts_a = step_ms(tp1, batch, stack, device, compiled, detail)
+                b, how_b, parts_b = step_ms(tp2, batch, stack, device, compiled, detail)
+                what = "decoder stack" if stack else "whole step (+ lm_head, replicated)"
+                rows.append((f"decode step, batch {batch}", f"{what}, {args.layers} layers",
+                             f"TP=1 {a:.3f} ms, TP=2 {b:.3f} ms ({how_a}/{how_b})", f"{a / b:.2f}x"))
+                if detail:
+                    rows.append((f"per layer, batch {batch}", "GPU time by kernel (profiler, eager" +
+                                 (", compiled)" if compiled else ")"), f"TP=1: {parts_a}; TP=2: {parts_b}", ""))
     del tp1, tp2
     return rows, ok
 
@@ -247,11 +326,14 @@ def main(argv=None):
     ap.add_argument("--preset", default="llama3-70b", help="shapes (mixed_gemm.integrations.e2e.PRESETS, or tiny)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers for the logits and timing runs")
     ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--compile", default="0,1", help="timing runs: 0 plain, 1 torch.compile, 0,1 both")
+    ap.add_argument("--breakdown", action="store_true", help="per-layer GPU time by kernel class (profiler)")
     ap.add_argument("--mem-layers", type=int, default=80, help="layers of the memory run (0: skip it)")
     ap.add_argument("--mem-budget", type=float, default=120.0, help="seconds for building the memory model")
     ap.add_argument("--time-limit", type=float, default=280.0, help="every rank exits after this many seconds")
     args = ap.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.compile = [c == "1" for c in args.compile.split(",")]
     faulthandler.dump_traceback_later(args.time_limit, exit=True)  # bounded runtime, with a traceback
     local = int(os.environ.get("LOCAL_RANK", "0"))
     timeout = timedelta(seconds=args.time_limit)
@@ -273,6 +355,8 @@ def main(argv=None):
     log(f"{what}, torch {torch.__version__}, NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}, preset {args.preset}")
     start = time.time()
     rows, ok = logits_and_speed(args, rank, device)
+    if device.type == "cuda":
+        rows += allreduce_rows(args, device)
     if args.mem_layers:
         rows += memory(args, rank, device)
     log("\n| check | setup | result | verdict |\n|---|---|---|---|")

@@ -19,6 +19,9 @@ MODELS: Dict[str, List[Tuple[str, int, int]]] = {
     "llama3-70b-unfused": [("q", 8192, 8192), ("k_v", 1024, 8192), ("gate/up", 28672, 8192)],
     "qwen2.5-7b-unfused": [("q", 3584, 3584), ("k_v", 512, 3584), ("gate/up", 18944, 3584)],
     "mistral-7b-unfused": [("q", 4096, 4096), ("k_v", 1024, 4096), ("gate/up", 14336, 4096)],
+    # One rank's shards of Llama-3-70B at tensor parallel 2 (integrations.tp): q|k|v and gate|up
+    # column-parallel (N halved), o and down row-parallel (K halved).
+    "llama3-70b-tp2": [("qkv", 5120, 8192), ("o", 8192, 4096), ("gate_up", 28672, 8192), ("down", 8192, 14336)],
 }
 DEFAULT_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 

@@ -165,7 +165,7 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
                 spec.log(f"warning: no schedule passed for {label} M={m}")
     bar.close()
 
-    profile = Profile.load(out) if spec.merge and out.exists() else Profile()
+    profile = Profile.load(out, with_base=False) if spec.merge and out.exists() else Profile()
     profile.gpu = {"name": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": sms}
     profile.versions = {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
                         "torch": _versions.torch_version(), "mixed_gemm": __version__}

@@ -14,6 +14,11 @@ The key of an entry is the weight kind (dtype, bits, zero mode, group size) and 
 sm80 family or ``dequant_mm``) still loads. Lookups take the nearest measured bucket in log2(M)
 (ties: the larger).
 
+A profile may name a ``"base"`` (a file beside it, e.g. ``"h100.json"`` under ``h200.json``): the
+base's entries load first and the profile's own replace those of the same key and bucket, so a GPU
+of the same SM design measured on a few shapes (the H200: H100's SMs, more bandwidth) keeps the
+base's choices for the rest. ``mixed-gemm profile`` merges into the own entries only.
+
 Which file: ``$MIXED_GEMM_PROFILE`` if set, else ``<cache dir>/profiles/<gpu>.json`` (where
 ``mixed-gemm profile`` writes by default), else the one shipped in the package.
 """
@@ -53,10 +58,11 @@ class Profile:
     """Entries of one GPU's profile, indexed for lookup."""
 
     def __init__(self, gpu: Optional[dict] = None, versions: Optional[dict] = None,
-                 entries: Iterable[dict] = (), path: Optional[Path] = None):
+                 entries: Iterable[dict] = (), path: Optional[Path] = None, base: Optional[str] = None):
         self.gpu = dict(gpu or {})
         self.versions = dict(versions or {})
         self.path = path
+        self.base = base
         self._entries: Dict[Tuple[Key, int], dict] = {}
         self._index: Dict[Key, List[Tuple[int, str]]] = {}
         for e in entries:
@@ -114,7 +120,8 @@ class Profile:
 
     # ---- files ----
     def to_json(self) -> dict:
-        return {"format": FORMAT, "gpu": self.gpu, "versions": self.versions, "entries": self.entries}
+        data = {"format": FORMAT, "gpu": self.gpu, "versions": self.versions}
+        return dict(data, base=self.base, entries=self.entries) if self.base else dict(data, entries=self.entries)
 
     def save(self, path: Path) -> None:
         path = Path(path)
@@ -125,7 +132,9 @@ class Profile:
         self.path = path
 
     @classmethod
-    def load(cls, path: Path) -> "Profile":
+    def load(cls, path: Path, with_base: bool = True, _seen: Tuple[Path, ...] = ()) -> "Profile":
+        """The profile at ``path``; ``with_base``: its base's entries underneath (False: to merge
+        new measurements into the file and save it, own entries only)."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
@@ -139,7 +148,16 @@ class Profile:
             if missing:
                 raise ValueError(f"profile {path}: entry {i} lacks {', '.join(missing)} "
                                  f"(every entry needs {', '.join(ENTRY_FIELDS)})")
-        profile = cls(data.get("gpu"), data.get("versions"), path=path)
+        base = data.get("base")
+        if base is not None and (not isinstance(base, str) or Path(base).name != base):
+            raise ValueError(f"profile {path}: 'base' must name a profile file beside it, got {base!r}")
+        profile = cls(data.get("gpu"), data.get("versions"), path=path, base=base)
+        if base and with_base:
+            below = path.parent / base
+            if below.resolve() in _seen or below.resolve() == path.resolve():
+                raise ValueError(f"profile {path}: base {base!r} leads back to itself")
+            for e in cls.load(below, True, _seen + (path.resolve(),)).entries:
+                profile.add(e)
         for i, e in enumerate(data["entries"]):
             try:
                 profile.add(e)

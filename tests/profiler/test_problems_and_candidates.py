@@ -10,7 +10,10 @@ from mixed_gemm.profiler.problems import DEFAULT_MS, MODELS, parse_ints, parse_s
 
 def test_presets_cover_the_issue_models():
     fused = {"llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b"}
-    assert set(MODELS) == fused | {f"{m}-unfused" for m in fused}
+    assert set(MODELS) == fused | {f"{m}-unfused" for m in fused} | {"llama3-70b-tp2"}
+    # a TP=2 rank: column-parallel q|k|v, gate|up halve N; row-parallel o, down halve K
+    for (_, n, k), (_, n2, k2), halved in zip(MODELS["llama3-70b"], MODELS["llama3-70b-tp2"], "nknk"):
+        assert (n2, k2) == ((n // 2, k) if halved == "n" else (n, k // 2))
     for m in fused:  # unfused q + 2 k_v = fused qkv; 2 gate/up = fused gate_up
         (q, nq, kq), (kv, nkv, _), (gu, ngu, _) = MODELS[f"{m}-unfused"]
         assert nq + 2 * nkv == MODELS[m][0][1] and 2 * ngu == MODELS[m][2][1] and kq == MODELS[m][0][2]

@@ -48,6 +48,21 @@ def test_add_replaces_merge_and_round_trip(tmp_path):
     assert q.entry(KEY, 64)["schedule"] == "sm80:c" and q.entry(KEY, 32) is None
 
 
+def test_base_profile_underneath(tmp_path):
+    Profile({"name": "NVIDIA H100 80GB HBM3"}, entries=[_entry(1, "a"), _entry(16, "b")]).save(tmp_path / "h100.json")
+    top = Profile({"name": "NVIDIA H200"}, entries=[_entry(16, "c")], base="h100.json")
+    top.save(tmp_path / "h200.json")
+    assert json.loads((tmp_path / "h200.json").read_text())["base"] == "h100.json"
+    q = Profile.load(tmp_path / "h200.json")  # own entries over the base's
+    assert [(e["m"], e["schedule"]) for e in q.entries] == [(1, "sm80:a"), (16, "sm80:c")]
+    own = Profile.load(tmp_path / "h200.json", with_base=False)
+    assert [(e["m"], e["schedule"]) for e in own.entries] == [(16, "sm80:c")] and own.base == "h100.json"
+    for bad, why in (("../h100.json", "beside it"), ("bad.json", "back to itself")):
+        (tmp_path / "bad.json").write_text(json.dumps(dict(top.to_json(), base=bad)))
+        with pytest.raises(ValueError, match=why):
+            Profile.load(tmp_path / "bad.json")
+
+
 def test_load_errors(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
