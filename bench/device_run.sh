@@ -93,7 +93,12 @@ for step in $steps; do
       echo "profile exit: $?" ;;
     heldout)  # shapes no preset has: how close selection (nearest profiled shape) gets to their best
       timeout ${HELDOUT_TIMEOUT:-150} python3 -m mixed_gemm.cli profile --shapes 5120:5120,13824:5120,5120:13824,2048:2048,3072:3072 \
-        --ms 1,4,16,64,256 --out "$OUT/heldout.json" --no-merge --quiet 2>&1 | tail -3 ;;
+        --ms 1,4,16,64,256 --out "$OUT/heldout.json" --no-merge --quiet 2>&1 | tail -3
+      python3 bench/heldout_check.py --csv "$OUT/heldout.csv" --out "$OUT/heldout.md" | tail -12 ;;
+    heldout-untimed)  # time the schedules selection picks that the shipped held-out sweep did not try
+      python3 bench/heldout_check.py | grep "^untimed:" | sed 's/^untimed: mixed-gemm profile //' | while read -r a; do
+        python3 -m mixed_gemm.cli profile $a --out "$OUT/untimed.json" --quiet 2>&1 | tail -1
+        grep -h "success" "$OUT"/untimed.csv | cut -d, -f7-9,15,21 | tee -a "$OUT/untimed-all.txt"; done ;;
     decode-profile) with_pkg timeout ${DECODE_TIMEOUT:-300} python3 bench/profile_decode.py --layers ${DECODE_LAYERS:-32} \
                       --batch ${DECODE_BATCH:-1} --json "$OUT/decode-profile-b${DECODE_BATCH:-1}.json" 2>&1 \
                       | grep -vE "Warning|warn\(" | tee "$OUT/decode-profile-b${DECODE_BATCH:-1}.md" | tail -40 ;;

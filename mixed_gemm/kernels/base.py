@@ -163,9 +163,11 @@ class Family:
         ``experts`` outside CUDA-graph capture, where ``moe`` has its per-expert path to fall back on?"""
         return True
 
-    def refit(self, config, problem: Problem, sms: int):
-        """``config`` measured best on a similar shape, adjusted to ``problem``'s (selection calls
-        this when it borrows the nearest profiled shape's entry). Default: unchanged."""
+    def refit(self, config, problem: Problem, sms: int, measured: Problem):
+        """``config`` measured best on ``measured`` (a similar shape at the entry's M bucket),
+        adjusted to ``problem``'s (selection calls this when it borrows the nearest profiled shape's
+        entry): typically its split factor, for the waves or the fill of ``sms`` SMs. Default:
+        unchanged."""
         return config
 
     def for_layout(self, config, problem: Problem):

@@ -50,3 +50,32 @@ def raise_on(rules, what: str) -> None:
     for ok, rule in rules:
         if not ok:
             raise ValueError(f"{what}: {rule}")
+
+
+# ---- re-fitting a split factor measured on another shape (selection borrows profile entries) ----
+FILL = 0.9  # a grid of fewer CTAs than this share of the SMs leaves bandwidth unused at decode
+
+
+def split_for_waves(s0: int, tiles: int, k_tiles: int, sms: int) -> int:
+    """For tiles that fill an SM alone (whole waves): when ``s0`` spills past one wave on this
+    shape, the factor within one of it that minimizes waves per slice, ``ceil(tiles * s / sms) / s``
+    (a slice's work falls like 1/s while a started wave costs whole); ties to ``s0``, then the
+    smaller. 4 slices of 40 tiles make 160 CTAs, 2 waves on 132 SMs, where 3 make 1; 2 slices of 80
+    make 2 waves, the second a fifth full, where 3 make 2 full ones (bench/NOTES.md, held-out
+    shapes). Within one wave ``s0`` stays: the metric would keep adding slices."""
+    waves = lambda s: -(-tiles * s // sms)  # noqa: E731
+    if waves(s0) <= 1:
+        return s0
+    options = [s for s in (s0 - 1, s0 + 1) if 2 <= s <= k_tiles] + [s0]
+    return min(options, key=lambda s: (waves(s) / s, s != s0, s))
+
+
+def split_for_fill(s0: int, columns_measured: int, columns: int, max_splits: int, sms: int) -> int:
+    """For memory-streaming decode CTAs (several share an SM): ``s0`` split a grid of
+    ``columns_measured`` CTA columns best; a shape with fewer columns keeps the measured CTA count
+    (``s0 * columns_measured / columns`` slices) when ``s0`` would leave the GPU under-filled
+    (fewer than FILL x sms CTAs); otherwise ``s0``. E.g. 28672 rows unsplit in 224 CTAs: 13824
+    rows make 108, and 2 slices ran 1.34x faster (held-out sweep)."""
+    if columns >= columns_measured or columns * s0 >= FILL * sms:
+        return s0
+    return max(1, min(max_splits, round(s0 * columns_measured / columns)))

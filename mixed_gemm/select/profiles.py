@@ -102,21 +102,26 @@ class Profile:
         return min(rows, key=lambda r: (abs(math.log2(r[0]) - lm), -r[0]))
 
     def nearest_shape(self, key: Key, bucket: Optional[int] = None) -> Optional[Key]:
+        """The first of :meth:`nearest_shapes`, or None."""
+        return next(iter(self.nearest_shapes(key, bucket)), None)
+
+    def nearest_shapes(self, key: Key, bucket: Optional[int] = None) -> List[Key]:
         """The measured key nearest to ``key``, or None: same bit width (the bytes a kernel streams),
         nearest (N, K) in log space (K counts double: it sets the split-K and pipeline depth), and a
         penalty per other weight-kind field (dtype 4, zero mode 2, group size 1, in octaves), so an
         entry of the same kind wins unless its shape is far. For shapes (and kinds) nobody
-        profiled; exact keys win in :meth:`lookup`'s callers. ``bucket``: only keys measured at that M."""
+        profiled; exact keys win in :meth:`lookup`'s callers. ``bucket``: only keys measured at that M.
+        All of them, nearest first (ties: the smaller key), so a caller can pass over entries that
+        cannot serve its weight (an sm80-tile entry measured on the sm80 copy, for a one-copy weight)."""
         dtype, bits, zero_mode, group, n, k = key
-        best, best_d = None, math.inf
+        ranked = []
         for other, rows in self._index.items():
             if other[1] != bits or (bucket is not None and all(r[0] != bucket for r in rows)):
                 continue
             d = (abs(math.log2(other[4] / n)) + 2 * abs(math.log2(other[5] / k)) + 4 * (other[0] != dtype)
                  + 2 * (other[2] != zero_mode) + 1 * (other[3] != group))
-            if d < best_d or (d == best_d and other < best):
-                best, best_d = other, d
-        return best
+            ranked.append((d, other))
+        return [other for _, other in sorted(ranked)]
 
     # ---- files ----
     def to_json(self) -> dict:

@@ -156,13 +156,15 @@ def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[in
         key = (problem.dtype, problem.bits, problem.zero_mode, problem.group_size, problem.n, problem.k)
         name = profile.path.name if profile.path is not None else "profile"
         # This shape's entry at M's own bucket, else the nearest profiled shape's (same bit width) at
-        # that bucket, else the nearest measured bucket of this shape, then of the nearest shape. An
-        # entry measured at this M beats one of this shape at another M: the best family changes
-        # with M (a profile extended at large M for one model's shapes serves the others there).
+        # that bucket that can serve this weight, else the nearest measured bucket of this shape, then
+        # of the nearest shapes. An entry measured at this M beats one of this shape at another M:
+        # the best family changes with M (a profile extended at large M for one model's shapes
+        # serves the others there).
         want = m_bucket(problem.m)
         tried = set()
-        for shape_key, exact in ((key, True), (profile.nearest_shape(key, want), True), (key, False),
-                                 (profile.nearest_shape(key), False)):
+        order = ([(key, True)] + [(near, True) for near in profile.nearest_shapes(key, want)] + [(key, False)]
+                 + [(near, False) for near in profile.nearest_shapes(key)])
+        for shape_key, exact in order:
             hit = None if shape_key is None else profile.lookup(shape_key, problem.m)
             if hit is None or (exact and hit[0] != want) or (shape_key, hit[0]) in tried:
                 continue
@@ -172,7 +174,8 @@ def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[in
             fam = family_of(config)
             config = fam.for_layout(config, problem)
             if shape_key != key:  # borrowed from a similar shape: fit its launch to this one
-                config = fam.refit(config, dataclasses.replace(problem, m=bucket), sms)
+                at = dataclasses.replace(problem, m=bucket)
+                config = fam.refit(config, at, sms, dataclasses.replace(at, n=shape_key[4], k=shape_key[5]))
             ok, why = _usable(fam, config, problem, device_index, capability)
             where = f"profile {name} M={bucket}" + ("" if shape_key == key else f" of {shape_key[4]}x{shape_key[5]}")
             if ok:

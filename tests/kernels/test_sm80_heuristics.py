@@ -54,14 +54,24 @@ def test_walk_takes_the_first_family_that_wants_and_can(monkeypatch):
     assert why[0].startswith("sm90a: needs compute capability 9.0")
 
 
+def _p(m, n, k):
+    return Problem(m=m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm80")
+
+
 def test_refit_saves_a_wave_or_keeps_the_measured_factor():
     from mixed_gemm.kernels.sm80.heuristics import refit_split_k
 
+    def fit(config, m, n, k, measured=(4096, 14336)):
+        return refit_split_k(config, _p(m, n, k), 132, _p(m, *measured))
+
     c = Sm80Config.from_schedule("t128x256x64_w2x4x1_s3_kparallel4")
     # 2 x 20 tiles x 4 slices = 160 blocks: 2 waves on 132 SMs; 3 slices make 120 blocks, 1 wave.
-    assert refit_split_k(c, 256, 5120, 13824, 132).split_k == 3
-    assert refit_split_k(c, 256, 4096, 14336, 132) is c          # 128 blocks: one wave already
+    assert fit(c, 256, 5120, 13824).split_k == 3
+    assert fit(c, 256, 4096, 14336) is c          # 128 blocks: one wave already
     wide = Sm80Config.from_schedule("t64x256x64_w1x4x1_s3_kparallel4")
-    assert refit_split_k(wide, 64, 5120, 5120, 132) is wide        # 80 blocks: nothing to save
+    assert fit(wide, 64, 5120, 5120) is wide        # 80 blocks: nothing to save
     thin = Sm80Config.from_schedule("t16x128x128_w1x1x4_s4_kfused8")
-    assert refit_split_k(thin, 1, 5120, 13824, 132) is thin        # decode tiles: never refitted
+    assert fit(thin, 1, 5120, 13824) is thin        # decode tiles: 40 x 8 blocks fill the GPU
+    # decode tiles on a shape of fewer N tiles keep the measured block count where the GPU would
+    # be under-filled: 4096 rows = 32 tiles x 4 = 128 blocks; 2048 rows = 16 x 4 = 64 -> 8 slices
+    assert fit(thin.replace(split_k=4), 1, 2048, 4096, (4096, 4096)).split_k == 8

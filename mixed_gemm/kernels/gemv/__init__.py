@@ -10,13 +10,13 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, Family, Problem, Verdict
-from ..common import DTYPES, ZERO_MODES, constant_checks
+from ..common import DTYPES, ZERO_MODES, constant_checks, split_for_fill
 from ..sm90a import layout
 from . import lowbit_layout
 from .abi import GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog
-from .config import GemvConfig
+from .config import MAX_SPLITS, GemvConfig
 from .heuristics import MAX_M, heuristic_config
 from .launch import GemvLauncher
 
@@ -52,6 +52,14 @@ class GemvFamily(Family):
 
     def heuristic(self, problem: Problem, sms: int):
         return heuristic_config(problem, sms)
+
+    def refit(self, config: GemvConfig, problem: Problem, sms: int, measured: Problem) -> GemvConfig:
+        """Splits for this shape's row tiles: a shape with fewer keeps the measured CTA count where
+        the measured factor would under-fill the GPU (:func:`split_for_fill`)."""
+        columns = config.launch_geometry(problem.n, problem.k)[0]
+        rows_measured, splits, _, _ = config.launch_geometry(measured.n, measured.k)
+        best = split_for_fill(splits, rows_measured, columns, min(MAX_SPLITS, config.steps(problem.k)), sms)
+        return config if best == splits else config.replace(splits=best)
 
     def render(self, config: GemvConfig) -> str:
         kernel = config.kernel

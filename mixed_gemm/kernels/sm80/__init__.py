@@ -62,8 +62,8 @@ class Sm80Family(Family):
         layout = next((name for name in LAYOUTS if name in problem.layout.split("+")), LAYOUTS[0])
         return heuristic_config(problem.m, n=problem.n, k=problem.k, sms=sms, layout=layout, **problem.kind)
 
-    def refit(self, config: Sm80Config, problem: Problem, sms: int) -> Sm80Config:
-        return refit_split_k(config, problem.m, problem.n, problem.k, sms)
+    def refit(self, config: Sm80Config, problem: Problem, sms: int, measured: Problem) -> Sm80Config:
+        return refit_split_k(config, problem, sms, measured)
 
     def render(self, config: Sm80Config) -> str:
         kernel = config.kernel

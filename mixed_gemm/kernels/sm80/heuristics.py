@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from ..common import split_for_fill, split_for_waves
 from .config import Sm80Config
 
 # (max M, schedule); schedules name catalog kernels (tests/kernels/test_sm80_heuristics.py checks).
@@ -60,22 +61,18 @@ def heuristic_config(m: int, *, n: int, k: int, dtype: str, bits: int, zero_mode
 REFIT_FROM_BM = 64  # tiles this tall fill an SM alone (shared memory), so blocks run in whole waves
 
 
-def refit_split_k(config: Sm80Config, m: int, n: int, k: int, sms: int) -> Sm80Config:
-    """Re-choose, within one of the measured factor, the split-K factor of a split config borrowed
-    from another shape, when a neighbour saves a whole wave: the one that minimizes waves per
-    slice, ``ceil(tiles * s / sms) / s`` (a slice's work falls like 1/s while a started wave costs
-    whole), ties to the measured factor, then the smaller. Wave quantization is what a borrowed factor gets wrong: 4 slices of 40 tiles
-    make 160 blocks, 2 waves on 132 SMs, where 3 slices make 1 (measured: bench/NOTES.md, held-out
-    shapes). Only for tiles of REFIT_FROM_BM rows and up: thin decode tiles share an SM with
-    others and stream memory, so waves do not quantize their time."""
+def refit_split_k(config: Sm80Config, problem, sms: int, measured) -> Sm80Config:
+    """The split-K factor of a split config measured on ``measured``, re-chosen for ``problem``
+    (both :class:`~mixed_gemm.kernels.base.Problem`): tiles of REFIT_FROM_BM rows and up fill an SM
+    alone and run in whole waves (:func:`split_for_waves`); thinner decode tiles share SMs and
+    stream memory, so they keep the measured CTA count where the shape has fewer N tiles and the
+    factor would under-fill the GPU (:func:`split_for_fill`). Unsplit configs stay unsplit."""
     bm, bn, bk = config.tile
-    if config.split_k == 1 or bm < REFIT_FROM_BM:
+    if config.split_k == 1:
         return config
-    tiles = -(-m // bm) * -(-n // bn)
-    k_tiles = -(-k // bk)
-    s0 = config.split_k
-    waves = lambda s: -(-tiles * s // sms)  # noqa: E731
-    # Only a factor that saves a whole wave is worth leaving the measured one for.
-    options = [s for s in (s0 - 1, s0 + 1) if 2 <= s <= k_tiles and waves(s) < waves(s0)] + [s0]
-    best = min(options, key=lambda s: (waves(s) / s, s != s0, s))
+    k_tiles = -(-problem.k // bk)
+    if bm >= REFIT_FROM_BM:
+        best = split_for_waves(config.split_k, -(-problem.m // bm) * -(-problem.n // bn), k_tiles, sms)
+    else:
+        best = split_for_fill(config.split_k, -(-measured.n // bn), -(-problem.n // bn), k_tiles, sms)
     return config if best == config.split_k else config.replace(split_k=best)

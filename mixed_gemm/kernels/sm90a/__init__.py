@@ -10,12 +10,12 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, Family, Problem, Verdict
-from ..common import DTYPES, constant_checks
+from ..common import DTYPES, constant_checks, split_for_waves
 from . import layout
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import default_catalog
-from .config import Sm90aConfig
+from .config import MAX_SPLITS, Sm90aConfig
 from .heuristics import heuristic_config
 from .launch import Sm90aLauncher
 
@@ -46,6 +46,16 @@ class Sm90aFamily(Family):
         if k % 8:
             return False, f"K={k} is not a multiple of 8: x rows are loaded by TMA in 16-byte units"
         return OK
+
+    def refit(self, config: Sm90aConfig, problem: Problem, sms: int, measured: Problem) -> Sm90aConfig:
+        """A borrowed split-K factor re-chosen for this shape's waves (every sm90a tile fills an SM
+        alone; the transposed problem tiles weight rows by TM and tokens by TN)."""
+        if config.decomposition != "split":
+            return config
+        tm, tn, tk = config.tile
+        tiles = -(-problem.n // tm) * -(-problem.m // tn)
+        best = min(split_for_waves(config.splits, tiles, -(-problem.k // tk), sms), MAX_SPLITS)
+        return config if best == config.splits else config.replace(splits=best)
 
     def catalog(self) -> List[Sm90aConfig]:
         return default_catalog()
