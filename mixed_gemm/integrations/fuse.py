@@ -52,14 +52,24 @@ def concat(layers: Sequence[QuantLinear]) -> QuantLinear:
     return QuantLinear.from_packed(w, bias, format=first.format, group_size=first.group_size)
 
 
-class FusedGateUpMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))`` with gate and up in one matmul."""
+def _is_silu(act_fn) -> bool:
+    """transformers' "silu" activation (``nn.SiLU`` or its own ``SiLUActivation``)."""
+    return isinstance(act_fn, nn.SiLU) or type(act_fn).__name__ in ("SiLUActivation", "SiLU")
 
-    def __init__(self, gate_up: QuantLinear, down_proj: nn.Module, act_fn, intermediate: int):
+
+class FusedGateUpMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with gate and up in one matmul; with SiLU and no bias
+    (Llama, Mistral, Qwen2) SiLU·mul runs in that matmul's epilogue (``QuantLinear.silu_mul``)
+    unless ``gated=False``."""
+
+    def __init__(self, gate_up: QuantLinear, down_proj: nn.Module, act_fn, intermediate: int, gated: bool = True):
         super().__init__()
         self.gate_up, self.down_proj, self.act_fn, self.intermediate = gate_up, down_proj, act_fn, intermediate
+        self.gated = gated and _is_silu(act_fn) and gate_up.bias is None
 
     def forward(self, x):
+        if self.gated:
+            return self.down_proj(self.gate_up.silu_mul(x))
         gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
 
@@ -98,9 +108,10 @@ class QKVSlice(nn.Module):
         return out
 
 
-def fuse_projections(model: nn.Module) -> int:
+def fuse_projections(model: nn.Module, gated: bool = True) -> int:
     """Fuse q/k/v and gate/up of every qualifying block of ``model`` in place (QuantLinear
-    projections, see the module docstring); returns how many groups were fused."""
+    projections, see the module docstring); returns how many groups were fused. ``gated``: SiLU·mul
+    in the gate|up epilogue where the MLP allows it (:class:`FusedGateUpMLP`)."""
     fused = 0
     for module in list(model.modules()):
         names = ("q_proj", "k_proj", "v_proj")
@@ -114,7 +125,7 @@ def fuse_projections(model: nn.Module) -> int:
         if all(isinstance(getattr(module, n, None), nn.Module) for n in names) and hasattr(module, "act_fn"):
             gate, up = module.gate_proj, module.up_proj
             if _fusable([gate, up]) and gate.out_features == up.out_features:
-                mlp = FusedGateUpMLP(concat([gate, up]), module.down_proj, module.act_fn, gate.out_features)
+                mlp = FusedGateUpMLP(concat([gate, up]), module.down_proj, module.act_fn, gate.out_features, gated)
                 _replace(model, module, mlp)
                 fused += 1
     return fused

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..formats import quantize
 from ..kernels import LAYOUTS, layout_names
-from ..ops import PackedWeight, matmul, packed_view, prepack
+from ..ops import PackedWeight, matmul, packed_view, prepack, silu_mul_matmul
 from ..reference import dequantize as reference_dequantize
 
 
@@ -149,6 +149,23 @@ class QuantLinear(nn.Module):
         w = self.dense_weight().to(x.device)
         bias = None if self.bias is None else self.bias.float()
         return torch.nn.functional.linear(x.float(), w, bias).to(x.dtype)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """For a fused gate|up layer without bias (rows ``[0, I)`` gate, ``[I, 2I)`` up):
+        ``silu(gate(x)) * up(x)``, with SiLU·mul in the kernel's epilogue at decode sizes
+        (:func:`mixed_gemm.silu_mul_matmul`)."""
+        if self._buffers["bias"] is not None:
+            raise ValueError("silu_mul: the gate|up layer has a bias; the fused epilogue takes none (call it, then SiLU·mul)")
+        if x.is_cuda:
+            if torch.compiler.is_compiling():
+                buf = self._buffers
+                g = self.in_features if self.group_size == -1 or buf["scales"].shape[0] == 1 else self.group_size
+                return torch.ops.mixed_gemm.silu_mul_matmul(x, buf["b"], buf["scales"], buf["zeros"], buf["perm"],
+                                                            self.out_features, self.in_features, self.bits, g,
+                                                            self.zero_mode, self.layout, self._aux())
+            return silu_mul_matmul(x if x.is_contiguous() else x.contiguous(), self.packed())
+        gate, up = self(x).float().split(self.out_features // 2, dim=-1)
+        return (torch.nn.functional.silu(gate) * up).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "

@@ -1,4 +1,5 @@
-"""``torch.ops.mixed_gemm.matmul``: the matmul as a torch custom op, for torch.compile and export.
+"""``torch.ops.mixed_gemm.matmul`` (and ``.silu_mul_matmul``, ``.moe``): the ops as torch custom ops, for
+torch.compile and export.
 
 The op takes a :class:`PackedWeight`'s tensors and fields instead of the object (ops see tensors
 and scalars only), rebuilds the weight view (no copy) and calls :func:`matmul`. Its fake
@@ -13,6 +14,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .experts import PackedExperts, moe
+from .gated import silu_mul_matmul
 from .matmul import matmul
 from .packed import PackedWeight
 
@@ -46,6 +48,22 @@ def matmul_packed_op(x: torch.Tensor, w: PackedWeight, bias: Optional[torch.Tens
     """Call the custom op for ``w``."""
     return torch.ops.mixed_gemm.matmul(x, w.b, w.scales, w.zeros, w.perm, bias, w.n, w.k, w.bits, w.group_size,
                                        w.zero_mode, w.layout, list(w.aux))
+
+
+@torch.library.custom_op("mixed_gemm::silu_mul_matmul", mutates_args=())
+def silu_mul_matmul_op(x: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                       perm: Optional[torch.Tensor], n: int, k: int, bits: int, group_size: int, zero_mode: str,
+                       layout: str, aux: List[torch.Tensor]) -> torch.Tensor:
+    """:func:`mixed_gemm.ops.gated.silu_mul_matmul` for the gate|up PackedWeight with these tensors
+    and fields: ``(..., K)`` -> ``(..., N/2)``."""
+    w = packed_view(b, scales, zeros, perm, n, k, bits, group_size, zero_mode, layout, aux)
+    return silu_mul_matmul(x if x.is_contiguous() else x.contiguous(), w)
+
+
+@silu_mul_matmul_op.register_fake
+def _silu_mul_matmul_fake(x, b, scales, zeros, perm, n, k, bits, group_size, zero_mode, layout, aux):
+    torch._check(x.shape[-1] == k, lambda: f"x: last dimension must equal the weight's K={k}")
+    return x.new_empty((*x.shape[:-1], n // 2))
 
 
 @torch.library.custom_op("mixed_gemm::moe", mutates_args=())
