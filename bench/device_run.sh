@@ -109,6 +109,9 @@ for step in $steps; do
       nvidia-smi topo -m 2>&1 | head -5
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout ${TP_TIMEOUT:-500} python3 -m pytest -q -s -m gpu \
         tests/integrations/test_tp_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/tp2.log" | grep -vE "Warning|warn\(" | tail -30 ;;
+    gated)  # issue #25: SiLU·mul in the gate|up epilogue (GPU tests, the op alone, the 8B step on/off)
+      timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -x tests/ops/test_gated_gpu.py -p no:cacheprovider 2>&1 | tail -3
+      timeout ${GATED_TIMEOUT:-300} python3 bench/bench_gated.py --out "$OUT/gated.md" 2>&1 | grep -vE "Warning|warn\(" | tail -16 ;;
     ppl) timeout ${PPL_TIMEOUT:-200} python3 bench/perplexity.py --out "$OUT/ppl.md" 2>&1 | grep -vE "Warning|warn\(" | tail -14 ;;
     e2e-smoke) with_pkg timeout ${E2E_TIMEOUT:-300} python3 -m mixed_gemm.cli e2e --layers ${E2E_LAYERS:-4} \
                  --batches ${E2E_BATCHES:-1,16} --reps ${E2E_REPS:-1} ${E2E_ARGS:-} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" \
