@@ -58,11 +58,12 @@ def _is_silu(act_fn) -> bool:
 
 
 class FusedGateUpMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))`` with gate and up in one matmul; with SiLU and no bias
-    (Llama, Mistral, Qwen2) SiLU·mul runs in that matmul's epilogue (``QuantLinear.silu_mul``)
-    unless ``gated=False``."""
+    """``down(act(gate(x)) * up(x))`` with gate and up in one matmul; with ``gated=True``, SiLU
+    and no bias (Llama, Mistral, Qwen2), SiLU·mul runs in that matmul's epilogue
+    (``QuantLinear.silu_mul``). Off by default: on the H100 it is slower than the tuned gemv plus
+    SiLU·mul today (the 8B decode step 1.78x -> 1.70x over fp16; bench/NOTES.md)."""
 
-    def __init__(self, gate_up: QuantLinear, down_proj: nn.Module, act_fn, intermediate: int, gated: bool = True):
+    def __init__(self, gate_up: QuantLinear, down_proj: nn.Module, act_fn, intermediate: int, gated: bool = False):
         super().__init__()
         self.gate_up, self.down_proj, self.act_fn, self.intermediate = gate_up, down_proj, act_fn, intermediate
         self.gated = gated and _is_silu(act_fn) and gate_up.bias is None
@@ -108,10 +109,10 @@ class QKVSlice(nn.Module):
         return out
 
 
-def fuse_projections(model: nn.Module, gated: bool = True) -> int:
+def fuse_projections(model: nn.Module, gated: bool = False) -> int:
     """Fuse q/k/v and gate/up of every qualifying block of ``model`` in place (QuantLinear
     projections, see the module docstring); returns how many groups were fused. ``gated``: SiLU·mul
-    in the gate|up epilogue where the MLP allows it (:class:`FusedGateUpMLP`)."""
+    in the gate|up epilogue where the MLP allows it (:class:`FusedGateUpMLP`; off by default)."""
     fused = 0
     for module in list(model.modules()):
         names = ("q_proj", "k_proj", "v_proj")

@@ -19,7 +19,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..compile import blocking
+from ..compile import JitDisabledError, blocking
 from ..kernels import GROUPED_FAMILIES, MoeProblem
 from ..kernels.base import sm_count
 from ..runtime import current_stream
@@ -28,7 +28,10 @@ from .experts import PackedExperts
 from .matmul import matmul
 from .packed import KERNEL_DTYPES, PackedWeight
 
-GATED_MAX_ROWS = 16  # expert mode streams the weight once per 16 rows; past one chunk the tile families win
+# Measured on the H100 (bench/bench_gated.py, bench/NOTES.md): with moe_gemv's untuned gate|up
+# schedules the fused op is 0.77-0.85x of gemv + SiLU·mul at 1-4 rows and 0.54x at 8-16 (the
+# 16-row expert chunks), so it stops at 4 rows and fuse_projections leaves it off by default.
+GATED_MAX_ROWS = 4
 
 # (weight signature, M bucket) -> (launcher, config) or None (the fallback runs)
 _PLANS: Dict[Tuple, Optional[tuple]] = {}
@@ -67,8 +70,11 @@ def _plan(w: PackedWeight, rows: int, device_index: int):
             continue
         config = fam.heuristic(problem, sm_count(device_index))
         if config is not None and fam.can_implement(config, problem)[0]:
-            with blocking():  # a first call compiles here if need be, as matmul's do
-                plan = (fam.launcher(config, device_index), config)
+            try:
+                with blocking():  # a first call compiles here if need be, as matmul's do
+                    plan = (fam.launcher(config, device_index), config)
+            except JitDisabledError:  # MIXED_GEMM_JIT=off and not packaged: the matmul path runs
+                plan = None
             break
     with _LOCK:
         return _PLANS.setdefault(key, plan)

@@ -48,9 +48,9 @@ def test_fuse_projections_gates_silu_mlps_without_bias(act, bias, gated):
     model = nn.Sequential(_MLP(act, bias))
     x = torch.randn(2, 64)
     want = model(x)
-    assert fuse_projections(model) == 1
+    assert fuse_projections(model, gated=True) == 1
     assert isinstance(model[0], FusedGateUpMLP) and model[0].gated is gated
     torch.testing.assert_close(model(x), want, rtol=1e-4, atol=1e-5)
     ungated = nn.Sequential(_MLP(act, bias))
-    fuse_projections(ungated, gated=False)
+    fuse_projections(ungated)  # off by default
     assert ungated[0].gated is False
