@@ -127,6 +127,16 @@ for step in $steps; do
     bench-bits)  # issue #15's table: every width at M=1 and 16 (gemlite beside, from .whl/)
       timeout ${BENCH_TIMEOUT:-400} python3 -m mixed_gemm.cli bench --compare --bits ${BENCH_BITS:-2,3,4,7} --group-size 64 \
         --ms ${BENCH_MS:-1,16} --plot /tmp/bits.png --out "$OUT/bench-bits.md" 2>&1 | tee "$OUT/bench-bits.log" | tail -12 ;;
+    profile-lowbit-all)  # issue #26 item 3: 2/3-bit and 1:2-sparse at M 1..32, fp16 then bf16, in one deadline
+      [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
+      [ -f profiles/h100.partial.jsonl ] && cp profiles/h100.partial.jsonl "$OUT/"
+      end=$(( $(date +%s) + ${PROFILE_DEADLINE:-500} ))
+      for d in f16 bf16; do for b in 2 3 7; do
+        left=$(( end - $(date +%s) )); [ $left -gt 20 ] || break 2
+        echo "== $d $b-bit ($left s left)"
+        timeout $left python3 -m mixed_gemm.cli profile --model llama3-8b,llama3-70b --bits $b --group-size 64 --dtype $d \
+          --ms ${PROFILE_MS:-1,2,4,8,16,32} --out "$OUT/h100.json" --quiet 2>&1 | tail -1
+      done; done ;;
     profile-lowbit)  # the low-bit widths (group 64, the #15 targets' kind) at decode M and one dequant_mm M
       [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
       for b in ${PROFILE_BITS:-2 3 7}; do
