@@ -23,6 +23,9 @@ from .abi import DEQUANT_ARGS_BYTES, DEQUANT_SM90A_ARGS_BYTES, DequantArgs, Dequ
 from .config import LOWBIT_BITS, SCHEDULES, DequantMMConfig
 
 FROM_M = 128  # the profiler times it from here up (below, the weight's bytes dominate)
+# Low-bit weights have no tile family: gemv's 16-32-token kernels are the only other choice, and at
+# 32 tokens they ran 0.34-1.2x of cuBLAS fp16 (bench/NOTES.md), so dequantize + cuBLAS competes sooner.
+FROM_M_LOWBIT = 16
 
 
 class DequantMMFamily(Family):
@@ -46,7 +49,8 @@ class DequantMMFamily(Family):
         return problem.layout.split("+")[0]
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:
-        return [SCHEDULES.get(self._layout(problem), SCHEDULES["sm80"])] if problem.m >= FROM_M else []
+        start = FROM_M_LOWBIT if self._layout(problem) == lowbit_layout.NAME else FROM_M
+        return [SCHEDULES.get(self._layout(problem), SCHEDULES["sm80"])] if problem.m >= start else []
 
     def heuristic(self, problem: Problem, sms: int) -> DequantMMConfig:
         # Last in the registry's order: it takes whatever the families before it pass on.
