@@ -12,7 +12,7 @@ from .compile.background import wait as wait_for_builds
 from .formats import pack, quantize, sparsify_quantize, unpack
 from .kernels.dequant_mm import DequantMMConfig
 from .kernels.sm80 import Sm80Config
-from .ops import PackedExperts, PackedWeight, dequantize, explain, matmul, moe, prepack, prepack_experts
+from .ops import PackedExperts, PackedWeight, dequantize, explain, matmul, moe, prepack, prepack_experts, silu_mul_matmul
 from .version import __version__
 
 KernelConfig = Sm80Config  # the sm80 family's config under its historical name
@@ -38,5 +38,6 @@ __all__ = [
     "quantize",
     "sparsify_quantize",
     "reference",
+    "silu_mul_matmul",
     "unpack",
 ]
