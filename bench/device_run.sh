@@ -127,6 +127,12 @@ for step in $steps; do
     bench-bits)  # issue #15's table: every width at M=1 and 16 (gemlite beside, from .whl/)
       timeout ${BENCH_TIMEOUT:-400} python3 -m mixed_gemm.cli bench --compare --bits ${BENCH_BITS:-2,3,4,7} --group-size 64 \
         --ms ${BENCH_MS:-1,16} --plot /tmp/bits.png --out "$OUT/bench-bits.md" 2>&1 | tee "$OUT/bench-bits.log" | tail -12 ;;
+    profile-moe)  # issue #24: the grouped kernels' schedules per MoE preset, T and projection, into a copy of the profile
+      [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
+      timeout ${PROFILE_TIMEOUT:-300} python3 -m mixed_gemm.cli profile-moe --tokens ${MOE_TOKENS:-1,2,4,8,16,32,64,256} \
+        --out "$OUT/h100.json" 2>&1 | tee "$OUT/profile-moe.log" | grep -vE "Warning|warn\(" | tail -50
+      MIXED_GEMM_PROFILE=$OUT/h100.json timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -m gpu tests/ops/test_moe_gemv_gpu.py \
+        tests/ops/test_experts.py tests/nn/test_moe.py -p no:cacheprovider 2>&1 | tail -2 ;;
     profile-lowbit-all)  # issue #26 item 3: 2/3-bit and 1:2-sparse at M 1..32, fp16 then bf16, in one deadline
       [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
       [ -f profiles/h100.partial.jsonl ] && cp profiles/h100.partial.jsonl "$OUT/"

@@ -26,6 +26,7 @@ _COMMANDS: dict[str, str] = {
     "build": "mixed_gemm.cli_catalog:add_build_parser",
     "generate": "mixed_gemm.cli_catalog:add_generate_parser",
     "profile": "mixed_gemm.profiler.cli:add_profile_parser",
+    "profile-moe": "mixed_gemm.profiler.cli:add_profile_moe_parser",
     "bench": "mixed_gemm.benchmark.cli:add_bench_parser",
     "e2e": "mixed_gemm.cli_e2e:add_e2e_parser",
 }

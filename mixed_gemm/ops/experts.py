@@ -38,10 +38,10 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from ..compile import JitDisabledError, background, blocking, jit_mode
-from ..kernels import GROUPED_FAMILIES, MoeProblem, family_of
+from ..kernels import GROUPED_FAMILIES, MoeProblem, family_of, parse_schedule
 from ..kernels.base import sm_count
 from ..runtime import current_stream
-from ..select import m_bucket
+from ..select import device_profile, m_bucket
 from .matmul import matmul
 from .packed import KERNEL_DTYPES, PackedWeight, prepack
 
@@ -270,12 +270,14 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
     if plan is not None:
         return plan
     problems = _problems(m_bucket(max(1, tokens)), top_k, w13, w2)
+    profile = device_profile(device_index) if x.is_cuda and configs is None else None
     reasons = []
     stacked = _stacked_reason(w13, w2)
     for fam in GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),):
         ok, why = fam.supports(device_index)
         if ok:
-            chosen = configs if configs is not None else [fam.heuristic(p, sm_count(device_index)) for p in problems]
+            chosen = configs if configs is not None else \
+                [_profiled(fam, p, profile) or fam.heuristic(p, sm_count(device_index)) for p in problems]
             for config, problem in zip(chosen, problems):
                 ok, why = (False, "its heuristic passes") if config is None else fam.can_implement(config, problem)
                 if not ok:
@@ -292,6 +294,19 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
         with _GROUPED_LOCK:
             plan = GROUPED.setdefault(key, plan)
     return plan
+
+
+def _profiled(fam, problem: MoeProblem, profile):
+    """The profile's schedule of ``fam`` for ``problem`` (nearest measured token bucket of the same
+    experts, shape and kind), when it can run it; else None (the family's heuristic decides)."""
+    hit = None if profile is None else profile.lookup_grouped(problem)
+    if hit is None:
+        return None
+    try:
+        config = parse_schedule(hit[1], **problem.kind)
+    except ValueError:
+        return None
+    return config if family_of(config) is fam and fam.can_implement(config, problem)[0] else None
 
 
 def _family_of_configs(configs):

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .problems import DEFAULT_MS, MODELS
+from .problems import DEFAULT_MS, MODELS, parse_ints
 
 
 WIDTHS = (1, 2, 3, 4, 7, 8)
@@ -94,4 +94,48 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser.add_argument("--replays", type=int, default=7, help="graph replays per measurement (median)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_profile)
+    return parser
+
+
+def run_profile_moe(args: argparse.Namespace) -> int:
+    from .timing import gpu_missing
+
+    why = gpu_missing()
+    if why:
+        print(f"mixed-gemm profile-moe: {why}", file=sys.stderr)
+        return 2
+    import torch
+
+    from ..benchmark.moe import MOE_MODELS
+    from .moe_sweep import run
+
+    models = [m for m in args.model.split(",") if m]
+    unknown = [m for m in models if m not in MOE_MODELS]
+    if unknown:
+        print(f"mixed-gemm profile-moe: --model: unknown preset {unknown[0]!r} (one of {', '.join(MOE_MODELS)})",
+              file=sys.stderr)
+        return 2
+    try:
+        tokens = parse_ints(args.tokens, "--tokens")
+    except ValueError as exc:
+        print(f"mixed-gemm profile-moe: {exc}", file=sys.stderr)
+        return 2
+    path = run(models, tokens, torch.float16 if args.dtype == "f16" else torch.bfloat16, args.out or None, args.replays)
+    print(f"wrote {path} (grouped entries merged)")
+    return 0
+
+
+def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "profile-moe", help="time the grouped MoE kernels' schedules per preset, token count and projection",
+        description="Time every grouped-family candidate (CUDA graphs, median of replays) for each MoE "
+                    "preset's gate|up and down projections at each token count, on int4 g128 experts with "
+                    "random routing; keep those whose output matches the heuristic schedule's; merge the "
+                    "winners into <gpu>.json's grouped entries (read by mixed_gemm.moe).")
+    parser.add_argument("--model", default="mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite", help="MoE presets")
+    parser.add_argument("--tokens", default="1,2,4,8,16,32,64", help="comma-separated token counts")
+    parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
+    parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
+    parser.add_argument("--replays", type=int, default=7, help="graph replays per measurement (median)")
+    parser.set_defaults(func=run_profile_moe)
     return parser

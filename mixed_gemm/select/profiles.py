@@ -9,6 +9,10 @@ A profile is a JSON file named for the GPU (``profiles/h100.json``)::
                   "n": 4096, "k": 4096, "m": 16, "schedule": "sm80:t16x64x128_w1x1x4_s4_kfused4",
                   "us": 7.9}, ...]}
 
+An optional ``"grouped"`` list holds the grouped (MoE) families' entries: ``dtype``, ``bits``,
+``zero_mode``, ``group_size``, ``experts``, ``top_k``, ``n``, ``k``, ``stage`` (``w13``/``w2``),
+``tokens`` (a bucket), ``schedule`` (``moe_gemv:...``), ``us`` (``mixed-gemm profile-moe``).
+
 The key of an entry is the weight kind (dtype, bits, zero mode, group size) and the shape (N, K);
 ``m`` is an M bucket; ``schedule`` is ``family:schedule``. Format 1 (bare schedules, all of the
 sm80 family or ``dequant_mm``) still loads. Lookups take the nearest measured bucket in log2(M)
@@ -39,6 +43,10 @@ FORMAT = 2
 READS = (1, 2)  # format 1: bare schedules
 ENTRY_FIELDS = ("dtype", "bits", "zero_mode", "group_size", "n", "k", "m", "schedule")
 Key = Tuple[str, int, str, int, int, int]  # dtype, bits, zero_mode, group_size, n, k
+# Grouped (MoE) entries, under "grouped": one projection of stacked experts at a token bucket.
+GROUPED_FIELDS = ("dtype", "bits", "zero_mode", "group_size", "experts", "top_k", "n", "k", "stage", "tokens",
+                  "schedule")
+GroupedKey = Tuple[str, int, str, int, int, int, int, int, str]
 
 
 def gpu_slug(name: str) -> str:
@@ -48,6 +56,13 @@ def gpu_slug(name: str) -> str:
         if re.fullmatch(r"[a-z]+\d+[a-z]*", w):
             return w
     return "_".join(words) or "unknown"
+
+
+def grouped_key(e) -> GroupedKey:
+    """The key of a grouped entry (a dict) or of a :class:`~mixed_gemm.kernels.MoeProblem`."""
+    get = e.__getitem__ if isinstance(e, dict) else lambda f: getattr(e, f)
+    return (get("dtype"), int(get("bits")), get("zero_mode"), int(get("group_size")), int(get("experts")),
+            int(get("top_k")), int(get("n")), int(get("k")), get("stage"))
 
 
 def entry_key(e: dict) -> Key:
@@ -65,8 +80,29 @@ class Profile:
         self.base = base
         self._entries: Dict[Tuple[Key, int], dict] = {}
         self._index: Dict[Key, List[Tuple[int, str]]] = {}
+        self._grouped: Dict[Tuple[GroupedKey, int], dict] = {}
         for e in entries:
             self.add(e)
+
+    def add_grouped(self, entry: dict) -> None:
+        """Insert or replace a grouped (MoE) entry of (key, tokens bucket)."""
+        key, tokens = grouped_key(entry), int(entry["tokens"])
+        fam, schedule = split_schedule(entry["schedule"])
+        self._grouped[(key, tokens)] = dict(entry, schedule=f"{fam.name}:{schedule}")
+
+    @property
+    def grouped(self) -> List[dict]:
+        return [self._grouped[k] for k in sorted(self._grouped)]
+
+    def lookup_grouped(self, problem) -> Optional[Tuple[int, str]]:
+        """``(tokens bucket, "family:schedule")`` measured for ``problem`` (a MoeProblem: same
+        experts, top-k, shape, stage and kind) at the nearest token bucket in log2, or None."""
+        key = grouped_key(problem)
+        rows = [(t, e["schedule"]) for (k, t), e in self._grouped.items() if k == key]
+        if not rows:
+            return None
+        lt = math.log2(max(problem.tokens, 1))
+        return min(rows, key=lambda r: (abs(math.log2(r[0]) - lt), -r[0]))
 
     def add(self, entry: dict) -> None:
         """Insert or replace the entry of (key, m); the schedule is stored as ``family:schedule``."""
@@ -81,6 +117,8 @@ class Profile:
         """Take ``other``'s entries, replacing those of the same key and M bucket."""
         for e in other.entries:
             self.add(e)
+        for e in other.grouped:
+            self.add_grouped(e)
 
     @property
     def entries(self) -> List[dict]:
@@ -126,7 +164,12 @@ class Profile:
     # ---- files ----
     def to_json(self) -> dict:
         data = {"format": FORMAT, "gpu": self.gpu, "versions": self.versions}
-        return dict(data, base=self.base, entries=self.entries) if self.base else dict(data, entries=self.entries)
+        if self.base:
+            data["base"] = self.base
+        data["entries"] = self.entries
+        if self._grouped:
+            data["grouped"] = self.grouped
+        return data
 
     def save(self, path: Path) -> None:
         path = Path(path)
@@ -153,6 +196,12 @@ class Profile:
             if missing:
                 raise ValueError(f"profile {path}: entry {i} lacks {', '.join(missing)} "
                                  f"(every entry needs {', '.join(ENTRY_FIELDS)})")
+        grouped = data.get("grouped", [])
+        for i, e in enumerate(grouped if isinstance(grouped, list) else [None]):
+            missing = [f for f in GROUPED_FIELDS if not isinstance(e, dict) or f not in e]
+            if missing:
+                raise ValueError(f"profile {path}: grouped entry {i} lacks {', '.join(missing)} "
+                                 f"(every grouped entry needs {', '.join(GROUPED_FIELDS)})")
         base = data.get("base")
         if base is not None and (not isinstance(base, str) or Path(base).name != base):
             raise ValueError(f"profile {path}: 'base' must name a profile file beside it, got {base!r}")
@@ -161,13 +210,17 @@ class Profile:
             below = path.parent / base
             if below.resolve() in _seen or below.resolve() == path.resolve():
                 raise ValueError(f"profile {path}: base {base!r} leads back to itself")
-            for e in cls.load(below, True, _seen + (path.resolve(),)).entries:
-                profile.add(e)
+            profile.merge(cls.load(below, True, _seen + (path.resolve(),)))
         for i, e in enumerate(data["entries"]):
             try:
                 profile.add(e)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"profile {path}: entry {i}: {exc}") from None
+        for i, e in enumerate(grouped):
+            try:
+                profile.add_grouped(e)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"profile {path}: grouped entry {i}: {exc}") from None
         return profile
 
 

@@ -1,4 +1,5 @@
 """Profiles and the selection order, without a GPU."""
+import dataclasses
 import json
 
 import pytest
@@ -252,3 +253,35 @@ def test_low_bit_weights_select_gemv_then_dequant_mm_on_every_gpu(monkeypatch, c
             got = choose(_problem(m, bits=bits, group_size=64, layout="lowbit"), 0)
             assert (got.family.name, got.source) == ("gemv" if m <= 32 else "dequant_mm", "heuristic")
             assert got.config.layout == "lowbit"
+
+
+def _grouped(tokens, schedule, stage="w13", n=28672, k=4096):
+    return dict(dtype="f16", bits=4, zero_mode="int", group_size=128, experts=8, top_k=2, n=n, k=k, stage=stage,
+                tokens=tokens, schedule=schedule, us=1.0)
+
+
+def test_grouped_entries_round_trip_lookup_and_serve_the_plan(tmp_path):
+    from mixed_gemm.kernels import MoeProblem, family
+    from mixed_gemm.ops.experts import _profiled
+
+    p = Profile({"name": "NVIDIA H100 80GB HBM3"}, entries=[_entry(1, "a")])
+    p.add_grouped(_grouped(1, "moe_gemv:w13_s2_w4x1_u8_split2"))
+    p.add_grouped(_grouped(16, "moe_gemv:w13_s1_w4x2_u8_m16_xe"))
+    p.save(tmp_path / "h100.json")
+    q = Profile.load(tmp_path / "h100.json")
+    assert q.grouped == p.grouped and len(q.entries) == 1
+    problem = MoeProblem(tokens=4, top_k=2, experts=8, n=28672, k=4096, dtype="f16", bits=4, zero_mode="int",
+                         group_size=128, layout="sm90a", stage="w13")
+    assert q.lookup_grouped(problem) == (16, "moe_gemv:w13_s1_w4x2_u8_m16_xe")  # log2 tie: the larger bucket
+    assert q.lookup_grouped(dataclasses.replace(problem, tokens=2)) == (1, "moe_gemv:w13_s2_w4x1_u8_split2")
+    assert q.lookup_grouped(dataclasses.replace(problem, experts=64)) is None  # another model: none
+    fam = family("moe_gemv")
+    assert _profiled(fam, dataclasses.replace(problem, tokens=16), q).schedule == "w13_s1_w4x2_u8_m16_xe"
+    assert _profiled(fam, dataclasses.replace(problem, stage="w2", n=4096, k=14336), q) is None
+    # a base's grouped entries load underneath, and a grouped entry must name every field
+    Profile({"name": "NVIDIA H200"}, base="h100.json").save(tmp_path / "h200.json")
+    assert Profile.load(tmp_path / "h200.json").grouped == q.grouped
+    bad = dict(q.to_json(), grouped=[{"dtype": "f16"}])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="grouped entry 0 lacks bits"):
+        Profile.load(tmp_path / "bad.json")

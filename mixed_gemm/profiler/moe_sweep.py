@@ -1,0 +1,120 @@
+"""``mixed-gemm profile-moe``: time every grouped-family candidate for each MoE preset, token count
+and projection; write the winners into the GPU's profile (its ``"grouped"`` list, read by
+``mixed_gemm.moe``'s plan).
+
+Each stage is timed alone on random int4 experts and random softmax top-k routing (fixed seeds),
+replayed from a CUDA graph (median of replays): the gate|up stage on x, the down stage on the gate|up
+output of the family's heuristic schedule. A candidate counts only when its output matches that
+schedule's element-wise (fp32 sums in another order, one rounding: ``rtol 2 eps``, ``atol`` grown
+like sqrt(K)); the heuristic schedules themselves are checked against the reference in the GPU suite.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import torch
+
+from .. import _versions
+from ..benchmark.moe import MOE_MODELS, random_routing
+from ..kernels import GROUPED_FAMILIES, MoeProblem
+from ..kernels.base import sm_count
+from ..ops import prepack_experts
+from ..ops.packed import KERNEL_DTYPES
+from ..runtime import current_stream
+from ..select import Profile, m_bucket
+from ..select.profiles import clear_cache, default_profile_path
+from ..version import __version__
+from .timing import time_graph
+
+EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+
+def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randint(0, 16, (e, n, k), generator=gen, dtype=torch.uint8, device="cuda")
+    s = ((torch.rand(e, n, k // 128, generator=gen, device="cuda") + 0.5) * (2.0 / (16 * k**0.5))).to(dtype)
+    z = torch.randint(0, 16, (e, n, k // 128), generator=gen, device="cuda").to(dtype)
+    return prepack_experts(q, s, z, bits=4, group_size=128, dtype=dtype, layout="sm90a")
+
+
+def _agrees(y: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
+    ref = ref.float()
+    term = ref.pow(2).mean().sqrt().item() / math.sqrt(k)
+    atol = 8 * EPS[y.dtype] * math.sqrt(k) * term + 1e-6
+    return bool(torch.isfinite(y).all()) and bool(((y.float() - ref).abs() <= atol + 2 * EPS[y.dtype] * ref.abs()).all())
+
+
+def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = torch.float16, replays: int = 7,
+          log=print) -> List[dict]:
+    """Winning grouped entries (profile dicts) for every model x token count x stage."""
+    dev = torch.cuda.current_device()
+    sms = sm_count(dev)
+    stream = current_stream(dev)
+    winners = []
+    for name in models:
+        shape = MOE_MODELS[name]
+        w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, dtype, 13)
+        w2 = _experts(shape.experts, shape.hidden, shape.inter, dtype, 2)
+        for t in tokens:
+            bucket = m_bucket(t)
+            gen = torch.Generator().manual_seed(t)
+            x = torch.randn(t, shape.hidden, generator=gen).to("cuda", dtype)
+            weights, ids = random_routing(t, shape, gen)
+            ids, weights = ids.contiguous(), weights.float().contiguous()
+            pairs = t * shape.top_k
+            h = torch.empty((pairs, shape.inter), dtype=dtype, device="cuda")
+            y = torch.empty((t, shape.hidden), dtype=dtype, device="cuda")
+            for stage, w, src, out, wts in (("w13", w13, x, h, None), ("w2", w2, h, y, weights)):
+                problem = MoeProblem(tokens=bucket, top_k=shape.top_k, experts=shape.experts, n=w.n, k=w.k,
+                                     dtype=KERNEL_DTYPES[dtype], bits=4, zero_mode=w.zero_mode, group_size=128,
+                                     layout="sm90a", stage=stage)
+                for fam in GROUPED_FAMILIES:
+                    if not fam.supports(dev)[0]:
+                        continue
+                    base = fam.heuristic(problem, sms)
+                    if base is None:
+                        continue
+                    fam.launcher(base, dev)(src, w, ids, wts, out, t, shape.top_k, stream)
+                    ref = out.clone()  # (h stays the heuristic's: the down stage reads it)
+                    times: Dict[str, float] = {}
+                    for sched in fam.candidates(problem, sms):
+                        config = fam.from_schedule(sched, **problem.kind)
+                        if not fam.can_implement(config, problem)[0]:
+                            continue
+                        launch = fam.launcher(config, dev)
+                        probe = torch.full_like(out, float("nan"))
+                        launch(src, w, ids, wts, probe, t, shape.top_k, stream)
+                        if not _agrees(probe, ref, w.k):
+                            log(f"  {name} T={t} {stage} {sched}: output differs from {base.schedule}; skipped")
+                            continue
+                        times[sched] = time_graph(lambda i: launch(src, w, ids, wts, probe, t, shape.top_k, stream),
+                                                  8, replays)
+                    out.copy_(ref)
+                    if not times:
+                        continue
+                    best = min(times, key=times.get)
+                    log(f"{name} T={t} {stage}: {best} {times[best] * 1e6:.1f} µs (heuristic {base.schedule} "
+                        f"{times.get(base.schedule, float('nan')) * 1e6:.1f} µs; {len(times)} timed)")
+                    winners.append(dict(dtype=problem.dtype, bits=4, zero_mode=problem.zero_mode, group_size=128,
+                                        experts=shape.experts, top_k=shape.top_k, n=w.n, k=w.k, stage=stage,
+                                        tokens=bucket, schedule=f"{fam.name}:{best}", us=round(times[best] * 1e6, 3)))
+        del w13, w2
+        torch.cuda.empty_cache()
+    return winners
+
+
+def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=None, replays: int = 7) -> Path:
+    """Sweep and merge the winners into the profile at ``out`` (default: the GPU's in the cache)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    path = Path(out) if out else default_profile_path(props.name)
+    profile = Profile.load(path, with_base=False) if path.exists() else Profile(
+        {"name": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count},
+        {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
+         "torch": _versions.torch_version(), "mixed_gemm": __version__})
+    for e in sweep(models, tokens, dtype, replays):
+        profile.add_grouped(e)
+    profile.save(path)
+    clear_cache()  # this process's next plan reads the new entries
+    return path
