@@ -89,8 +89,10 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                         if not _agrees(probe, ref, w.k):
                             log(f"  {name} T={t} {stage} {sched}: output differs from {base.schedule}; skipped")
                             continue
-                        times[sched] = time_graph(lambda i: launch(src, w, ids, wts, probe, t, shape.top_k, stream),
-                                                  8, replays)
+                        # The stream at call time: under capture, the capturing stream (a launch on
+                        # another stream would not be in the graph).
+                        times[sched] = time_graph(lambda i: launch(src, w, ids, wts, probe, t, shape.top_k,
+                                                                   current_stream(dev)), 8, replays)
                     out.copy_(ref)
                     if not times:
                         continue
