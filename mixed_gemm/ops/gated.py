@@ -80,12 +80,13 @@ def _plan(w: PackedWeight, rows: int, device_index: int):
         return _PLANS.setdefault(key, plan)
 
 
-def _ids(device: torch.device) -> torch.Tensor:
+def _ids(device: torch.device, rows: int) -> torch.Tensor:
+    """``rows`` zero expert ids (every row routed to the one expert), from a buffer kept per device."""
     ids = _IDS.get(device.index)
-    if ids is None:
+    if ids is None or ids.shape[0] < rows:  # (GATED_MAX_ROWS raised since: a longer buffer)
         with _LOCK:
-            ids = _IDS.setdefault(device.index, torch.zeros((GATED_MAX_ROWS, 1), dtype=torch.int32, device=device))
-    return ids
+            ids = _IDS[device.index] = torch.zeros((max(rows, GATED_MAX_ROWS), 1), dtype=torch.int32, device=device)
+    return ids[:rows]
 
 
 def silu_mul_matmul(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
@@ -104,7 +105,7 @@ def silu_mul_matmul(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.clone(memory_format=torch.contiguous_format)  # rows are read 16 bytes at a time
     h = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
-    launcher(x2, experts, _ids(x.device)[:rows], None, h, rows, 1, current_stream(x.device.index))
+    launcher(x2, experts, _ids(x.device, rows), None, h, rows, 1, current_stream(x.device.index))
     return h.reshape(*lead, inter)
 
 
