@@ -162,6 +162,20 @@ for step in $steps; do
           | tee "$OUT/sanitize-$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rel err|FAIL|Error" | tail -12
         echo "exit: ${PIPESTATUS[0]}"
       done ;;
+    ncu)  # hardware counters of each case in bench/ncu_cases.txt (one ncu_case.py argument line each)
+      i=0
+      while read -r line; do
+        [ -z "$line" ] || [ "${line#\#}" != "$line" ] && continue
+        i=$((i + 1)); echo "== case $i: $line"
+        timeout ${NCU_TIMEOUT:-120} ncu --clock-control none --kernel-name regex:mg_ --launch-skip 3 --launch-count 1 \
+          --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+          --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats \
+          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+          python3 bench/ncu_case.py $line > "$OUT/ncu-$i.txt" 2>&1
+        grep -E "median|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc|No Eligible|Active Warps Per|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  " "$OUT/ncu-$i.txt" | sed 's/  */ /g'
+        grep -E "issue_stalled" "$OUT/ncu-$i.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/  */ /g' \
+          | awk '$NF > 0.1 {printf "%s=%s ", $1, $NF} END {print ""}'
+      done < bench/ncu_cases.txt ;;
     sass)
       for f in "$MIXED_GEMM_CACHE_DIR"/*/*.fatbin; do
         echo "== $(basename "$f")"

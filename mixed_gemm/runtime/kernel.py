@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -65,19 +65,21 @@ class Function:
         args._argv = argv  # keep the array alive as long as the block
         return args, ctypes.addressof(argv)
 
-    def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0) -> None:
+    def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0, smem: Optional[int] = None) -> None:
         """Launch on ``stream`` (a raw handle) with ``self.args``, or with the block whose pointer
         array is at ``argv_addr`` (from :meth:`block`). Callers fill the block and launch while
-        holding ``self.lock``."""
+        holding ``self.lock``. ``smem``: dynamic shared memory of this launch, at most the
+        function's (default: the function's)."""
         argv_addr = argv_addr or self._argv_addr
+        smem = self._smem if smem is None else smem
         raw = self._raw
         if raw is not None:
-            err = raw(self._handle, grid[0], grid[1], grid[2], self._threads, 1, 1, self._smem, stream,
+            err = raw(self._handle, grid[0], grid[1], grid[2], self._threads, 1, 1, smem, stream,
                       argv_addr, None)
             if err:
                 check((driver().CUresult(err),), f"cuLaunchKernel({self.name})")
             return
-        err = self._launch(self._function, grid[0], grid[1], grid[2], self._threads, 1, 1, self._smem,
+        err = self._launch(self._function, grid[0], grid[1], grid[2], self._threads, 1, 1, smem,
                            stream, argv_addr, 0)[0]
         if err != self._ok:
             check((err,), f"cuLaunchKernel({self.name})")

@@ -4,7 +4,7 @@ import pytest
 from mixed_gemm.kernels import Problem, gemv
 from mixed_gemm.kernels.gemv import GemvConfig
 from mixed_gemm.kernels.gemv.candidates import candidate_schedules
-from mixed_gemm.kernels.gemv.config import MAX_STATIC_SMEM
+from mixed_gemm.kernels.gemv.config import MAX_RING_SMEM, MAX_STATIC_SMEM
 
 IDENTITIES = {c.kernel_name for c in gemv.FAMILY.catalog()}
 
@@ -30,7 +30,27 @@ def test_rules_and_static_shared_memory():
         GemvConfig(unroll=3)
     with pytest.raises(ValueError, match="shared memory"):
         GemvConfig(tokens=32, strips=2, warps=(4, 4), unroll=16, stage_x=True)
-    assert all(c.smem_bytes <= MAX_STATIC_SMEM for c in gemv.FAMILY.catalog())
+    assert all(c.smem_bytes <= (MAX_RING_SMEM if c.stages else MAX_STATIC_SMEM) for c in gemv.FAMILY.catalog())
+
+
+def test_ring_schedules_names_and_shared_memory_by_m():
+    c = GemvConfig.from_schedule("m8_s4_w2x2_u8_p3_split2", bits=2)
+    assert (c.layout, c.stages, c.splits, c.schedule) == ("lowbit", 3, 2, "m8_s4_w2x2_u8_p3_split2")
+    assert c.kernel_name == "mg_gemv_f16_u2_m8_s4_w2x2_u8_p3" and "stages=3" in repr(c)
+    # The kernels without a ring keep the repr (so the generated source and cache key) they had.
+    assert "stages" not in repr(GemvConfig()) and repr(GemvConfig()).endswith("layout='sm90a', splits=1)")
+    # Per warp and stage: 2 blocks x 4 strips x 256 bytes of 2-bit weight, the 4 strips' 16 scales
+    # and zeros of each group the 128-k step touches, min(M, 8) x slices of 8 x 32 + 16 bytes.
+    reduce = 1 * 2 * c.accumulators * 32 * 4
+    assert c.ring_smem_bytes(1, 64) == reduce + 4 * 3 * (2048 + 2 * 256 + 272)
+    assert c.ring_smem_bytes(1, 4096) == reduce + 4 * 3 * (2048 + 256 + 272)
+    assert c.ring_smem_bytes(8, 32) == c.ring_smem_bytes(30, 32) == c.smem_bytes == reduce + 4 * 3 * (2048 + 4 * 256 + 8 * 272)
+    with pytest.raises(ValueError, match="stages must be one of"):
+        GemvConfig(stages=5)
+    with pytest.raises(ValueError, match="always stage x"):
+        GemvConfig(stages=3, stage_x=True)
+    with pytest.raises(ValueError, match="ring limit"):
+        GemvConfig(tokens=32, strips=8, warps=(4, 4), unroll=32, stages=4)
 
 
 @pytest.mark.parametrize("n,k,splits", [(4096, 4096, 8), (200, 392, 7), (57344, 8192, 1), (16, 16, 32)])

@@ -7,7 +7,7 @@ import torch
 
 import mixed_gemm as mg
 from mixed_gemm.kernels import gemv
-from mixed_gemm.kernels.gemv.catalog import LOWBIT_SHAPES
+from mixed_gemm.kernels.gemv.catalog import shapes_for
 from test_sm90a_gpu import DTYPES, TOL
 from weights import rel_err, seed_of
 
@@ -62,14 +62,14 @@ def test_every_m_through_selection(bits, group, dtype):
 
 def _catalog_params():
     cases = []
-    for i, (tokens, strips, warps, unroll, stage_x) in enumerate(LOWBIT_SHAPES):
+    for i, (tokens, strips, warps, unroll, stage_x, stages) in enumerate(shapes_for(2, "lowbit")):
         for bits in WIDTHS:
             for j, dtype in enumerate(DTYPES):
                 group = GROUPS[(i + bits + j) % len(GROUPS)]
                 splits = (1, 3, 5)[(i + j) % 3]
                 m = (1, tokens)[(bits + j) % 2]
-                schedule = (f"m{tokens}_s{strips}_w{warps[0]}x{warps[1]}_u{unroll}" + ("_xs" if stage_x else "")
-                            + (f"_split{splits}" if splits > 1 else ""))
+                schedule = gemv.GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll,
+                                           stage_x=stage_x, stages=stages, splits=splits, layout="lowbit").schedule
                 cases.append(pytest.param(schedule, dtype, bits, group, m, id=f"{schedule}-{dtype}-u{bits}-g{group}-m{m}"))
     return cases
 

@@ -73,18 +73,46 @@ LOWBIT_SHAPES = (
 )
 
 
+# With a cp.async ring (templates/gemv/gemv_pipe.cuh): (tokens, strips per warp, warps, unroll,
+# stages). Each warp keeps stages - 1 steps of weight (and x) in flight while it converts one, so a
+# step need not hold a warp's whole share of the bytes in flight: fewer registers, more warps.
+RING_SHAPES = (
+    (8, 2, (4, 2), 8, 3),
+    (8, 4, (2, 2), 8, 3),
+    (8, 1, (1, 8), 16, 2),
+    (8, 2, (4, 2), 4, 4),
+    (16, 4, (2, 2), 4, 3),
+    (16, 2, (4, 2), 4, 3),
+    (32, 4, (2, 2), 2, 4),
+)
+LOWBIT_RING_SHAPES = (
+    (8, 4, (2, 2), 8, 3),
+    (8, 2, (4, 2), 8, 3),
+    (8, 4, (2, 2), 16, 2),
+    (8, 1, (2, 4), 32, 2),
+    (16, 4, (2, 2), 4, 3),
+    (16, 4, (2, 2), 4, 4),
+    (32, 4, (2, 2), 4, 3),
+)
+
+
 def shapes_for(bits: int, layout: str = "sm90a"):
+    """``(tokens, strips, warps, unroll, stage_x, stages)`` of the catalog kernels for ``bits`` and
+    ``layout`` (int8 halves the unroll of int4's: the same bytes per step)."""
     if layout == "lowbit" or bits in LOWBIT_BITS:
-        return list(LOWBIT_SHAPES)
-    shapes = SHAPES if layout == "sm90a" else SM80_SHAPES
-    return [(t, s, w, u if bits == 4 else max(1, u // 2), xs) for t, s, w, u, xs in shapes]
+        return [(*shape, 0) for shape in LOWBIT_SHAPES] + [(t, s, w, u, False, st) for t, s, w, u, st in LOWBIT_RING_SHAPES]
+    half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
+    if layout == "sm80":
+        return [(t, s, w, half(u), xs, 0) for t, s, w, u, xs in SM80_SHAPES]
+    return ([(t, s, w, half(u), xs, 0) for t, s, w, u, xs in SHAPES]
+            + [(t, s, w, half(u), False, st) for t, s, w, u, st in RING_SHAPES])
 
 
 def default_catalog() -> List[GemvConfig]:
-    sm90a = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs)
-             for d in DTYPES for b in (4, 8) for t, s, w, u, xs in shapes_for(b)]
+    sm90a = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, stages=st)
+             for d in DTYPES for b in (4, 8) for t, s, w, u, xs, st in shapes_for(b)]
     sm80 = [GemvConfig(dtype=d, bits=b, zero_mode=z, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="sm80")
-            for d in DTYPES for b in (4, 8) for z in ZERO_MODES for t, s, w, u, xs in shapes_for(b, "sm80")]
-    lowbit = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="lowbit")
-              for d in DTYPES for b in LOWBIT_BITS for t, s, w, u, xs in shapes_for(b, "lowbit")]
+            for d in DTYPES for b in (4, 8) for z in ZERO_MODES for t, s, w, u, xs, _ in shapes_for(b, "sm80")]
+    lowbit = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="lowbit", stages=st)
+              for d in DTYPES for b in LOWBIT_BITS for t, s, w, u, xs, st in shapes_for(b, "lowbit")]
     return sm90a + sm80 + lowbit

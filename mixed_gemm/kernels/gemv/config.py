@@ -11,14 +11,16 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import check_weight_kind, raise_on
-from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms
+from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
-_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_split(\d+))?$")
+_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(?:_split(\d+))?$")
 LAYOUTS = ("sm90a", "sm80", "lowbit")
 TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
 MAX_THREADS = 512
-MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
+MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static (without a ring)
+MAX_RING_SMEM = 227 * 1024  # with a ring it is dynamic: the H100's opt-in limit per CTA (launch.py checks the device)
+STAGES = (0, 2, 3, 4)  # 0: no ring (gemv.cuh); else the cp.async ring's depth (gemv_pipe.cuh)
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,10 @@ class GemvConfig:
     ``unroll`` (k16 atoms a warp loads before it converts any: its weight bytes in flight are
     unroll x strips x the atom's bytes); ``stage_x`` (``_xs``: each warp copies its step's slice
     of x into shared memory with 16-byte loads and reads its fragments there; otherwise each
-    fragment is a 32-bit global load touching one L1 line per token row). At launch: ``splits``,
+    fragment is a 32-bit global load touching one L1 line per token row); ``stages`` (``_p<S>``,
+    templates/gemv/gemv_pipe.cuh: each warp streams its weight and x slices through an S-stage
+    cp.async ring in shared memory, S - 1 steps in flight while it converts one; x is always staged
+    there, so not with ``_xs``; not for the sm80 layout). At launch: ``splits``,
     the K slices across CTAs (grid.y; reduced in the kernel in slice order). ``schedule``
     (``m8_s2_w4x2_u8_split4``) is what profiles store (as ``gemv:<schedule>``).
     """
@@ -51,6 +56,7 @@ class GemvConfig:
     stage_x: bool = False
     layout: str = "sm90a"
     splits: int = 1
+    stages: int = 0
 
     family = "gemv"
 
@@ -69,8 +75,19 @@ class GemvConfig:
             (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),
             (self.unroll in (1, 2, 4, 8, 16, 32), "unroll must be a power of two <= 32 (the step's weight and x fragments live in registers)"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
-            (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
+            (self.stages in STAGES, f"stages must be one of {STAGES}"),
+            (not self.stages or (self.layout != "sm80" and not self.stage_x),
+             "stages (the cp.async ring) read the sm90a or lowbit layout and always stage x (no _xs)"),
+            (self.smem_bytes <= (MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM),
+             f"shared memory {self.smem_bytes} B above the {'ring' if self.stages else 'static'} limit "
+             f"{MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM} B"),
         ], "GemvConfig")
+
+    def __repr__(self) -> str:
+        # stages only when set: the repr heads every generated source (and so its cache key), and
+        # the kernels without a ring keep the sources they had before the field existed.
+        fields = [f for f in dataclasses.fields(self) if f.name != "stages" or self.stages]
+        return "GemvConfig(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
 
     def __hash__(self) -> int:
         return self._hash
@@ -114,10 +131,30 @@ class GemvConfig:
     @property
     def smem_bytes(self) -> int:
         """Static shared memory: the cross-warp K reduction buffer, and with ``stage_x`` each
-        warp's x slice (rows of ``unroll`` x 16 halves padded by 16 bytes)."""
+        warp's x slice (rows of ``unroll`` x 16 halves padded by 16 bytes); with ``stages`` each
+        warp's ring of that many (weight step + x slice) stages."""
         wn, wk = self.warps
         reduce = (wk - 1) * wn * self.accumulators * 32 * 4
+        if self.stages:
+            return self.ring_smem_bytes(self.tokens, 32)
         return reduce + (wn * wk * self.tokens * (self.unroll * 32 + 16) if self.stage_x else 0)
+
+    def ring_smem_bytes(self, m: int, group_size: int) -> int:
+        """With ``stages``: the dynamic shared memory of a launch for ``m`` rows of x and a weight
+        of ``group_size`` (a power of two >= 32; K for one group) (gemv_pipe.cuh: a stage holds the
+        step's weight, the scales and zeros of the groups it touches, and the rows < M of x)."""
+        wn, wk = self.warps
+        reduce = (wk - 1) * wn * self.accumulators * 32 * 4
+        groups = max(1, self.unroll * 16 // group_size)
+        stage = self.step_weight_bytes + groups * 2 * self.strips * 16 * 2 + min(m, self.tokens) * (self.unroll * 32 + 16)
+        return reduce + wn * wk * self.stages * stage
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Weight bytes a warp reads per step: unroll atoms x strips (the layout's bytes per atom)."""
+        if self.layout == "lowbit":
+            return self.unroll // block_atoms(self.bits) * self.strips * 128 * lowbit_words(self.bits)
+        return self.unroll * self.strips * 128 * (self.bits // 4 if self.layout == "sm90a" else 1)
 
     @functools.cached_property
     def kernel(self) -> "GemvConfig":
@@ -128,7 +165,7 @@ class GemvConfig:
     def _tile_schedule(self) -> str:
         wn, wk = self.warps
         return (f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}" + ("_xs" if self.stage_x else "")
-                + ("_sm80" if self.layout == "sm80" else ""))
+                + ("_sm80" if self.layout == "sm80" else "") + (f"_p{self.stages}" if self.stages else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -148,10 +185,10 @@ class GemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<1|2|4|8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_xs][_sm80][_split<S>]")
-        t, s, wn, wk, u, xs, l80, sp = m.groups()
+                             "[_xs][_sm80][_p<stages>][_split<S>]")
+        t, s, wn, wk, u, xs, l80, st, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), stage_x=bool(xs), splits=int(sp or 1),
+                   unroll=int(u), stage_x=bool(xs), splits=int(sp or 1), stages=int(st or 0),
                    layout="sm80" if l80 else ("lowbit" if bits in LOWBIT_BITS else "sm90a"))
 
     def replace(self, **changes) -> "GemvConfig":

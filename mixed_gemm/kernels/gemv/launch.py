@@ -14,9 +14,10 @@ class GemvLauncher:
         module = get_module(spec, device_index)
         self.config = config
         self.device_index = device_index
-        # The reduction buffer is static shared memory (below the 48 KB default limit).
-        self.fn = module.function(config.kernel_name, GemvArgs, config.threads)
+        # Static shared memory (below the 48 KB default limit), or with a ring dynamic (opt-in above it).
+        self.fn = module.function(config.kernel_name, GemvArgs, config.threads, config.smem_bytes if config.stages else 0)
         self.layout = config.layout
+
         self._blocks = {}  # the weight's view key (of the layout read) -> (argument block, argv, grid, splits)
 
     def _block(self, w):
@@ -28,14 +29,21 @@ class GemvLauncher:
         args.n, args.k, args.strips, args.katoms = w.n, w.k, strips, w.k16
         args.group_shift, args.num_groups = w.group_shift, w.num_groups
         args.splits, args.chunk = splits, chunk
-        blk = self._blocks[view.key] = (args, argv, (row_tiles, splits, 1), splits)
+        # With a ring, a launch's dynamic shared memory depends on M (index m: 1..tokens) and the groups.
+        smem = None
+        if self.config.stages:
+            smem = [0] + [self.config.ring_smem_bytes(m, 1 << w.group_shift) for m in range(1, self.config.tokens + 1)]
+            for name, t in (("scales", view.scales), ("zeros", view.zeros)):
+                if t is None or t.data_ptr() % 16:  # its rows are copied in 16-byte chunks
+                    raise ValueError(f"{self.config.schedule}: the weight's {name} must be 16-byte aligned and present")
+        blk = self._blocks[view.key] = (args, argv, (row_tiles, splits, 1), splits, smem)
         return blk
 
     def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
         blk = self._blocks.get(w.parts[self.layout].key)
         if blk is None:
             blk = self._block(w)
-        a, argv, grid, splits = blk
+        a, argv, grid, splits, smem = blk
         ws = cnt = 0
         if splits > 1:
             ws = workspace(self.device_index, stream, splits * m * w.n)
@@ -46,4 +54,4 @@ class GemvLauncher:
             a.bias = 0 if bias is None else bias.data_ptr()
             a.y = y.data_ptr()
             a.workspace, a.counters, a.m = ws, cnt, m
-            fn.launch(grid, stream, argv)
+            fn.launch(grid, stream, argv, smem[m] if smem else None)
