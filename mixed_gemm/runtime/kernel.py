@@ -37,7 +37,7 @@ class Function:
         self.name = name
         self.device_index = device_index
         self._function = check(drv.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
-        if smem > 48 * 1024:  # above the default limit a kernel must opt in
+        if smem > 0:  # dynamic shared memory: opt in to it (static + dynamic above 48 KB needs it)
             attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
             optin = check(drv.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
             if smem > optin:

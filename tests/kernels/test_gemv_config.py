@@ -40,11 +40,12 @@ def test_ring_schedules_names_and_shared_memory_by_m():
     # The kernels without a ring keep the repr (so the generated source and cache key) they had.
     assert "stages" not in repr(GemvConfig()) and repr(GemvConfig()).endswith("layout='sm90a', splits=1)")
     # Per warp and stage: 2 blocks x 4 strips x 256 bytes of 2-bit weight, the 4 strips' 16 scales
-    # and zeros of each group the 128-k step touches, min(M, 8) x slices of 8 x 32 + 16 bytes.
+    # and zeros of each group the 128-k step touches; per K-warp row (2) and stage, min(M, 8) x
+    # slices of 8 x 32 + 16 bytes.
     reduce = 1 * 2 * c.accumulators * 32 * 4
-    assert c.ring_smem_bytes(1, 64) == reduce + 4 * 3 * (2048 + 2 * 256 + 272)
-    assert c.ring_smem_bytes(1, 4096) == reduce + 4 * 3 * (2048 + 256 + 272)
-    assert c.ring_smem_bytes(8, 32) == c.ring_smem_bytes(30, 32) == c.smem_bytes == reduce + 4 * 3 * (2048 + 4 * 256 + 8 * 272)
+    assert c.ring_smem_bytes(1, 64) == reduce + 3 * (4 * (2048 + 2 * 256) + 2 * 272)
+    assert c.ring_smem_bytes(1, 4096) == reduce + 3 * (4 * (2048 + 256) + 2 * 272)
+    assert c.ring_smem_bytes(8, 32) == c.ring_smem_bytes(30, 32) == c.smem_bytes == reduce + 3 * (4 * (2048 + 4 * 256) + 2 * 8 * 272)
     with pytest.raises(ValueError, match="stages must be one of"):
         GemvConfig(stages=5)
     with pytest.raises(ValueError, match="always stage x"):
