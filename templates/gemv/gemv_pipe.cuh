@@ -9,7 +9,11 @@
 // before step i is converted, so every warp keeps S - 1 steps in flight while it computes, and the
 // converted words come from shared memory (one LDS per word, as many as the global loads were).
 //
-// The ring of a warp: kStages stages, each [weights | group parameters | x].
+// The rings: each warp's kStages stages of [weights | group parameters], then each K-warp row's
+// (the kWarpsN warps with one wk read the same x) kStages stages of x, copied by those warps
+// together and published with a barrier of theirs (named barrier 1 + wk), so x is read from L2
+// once per CTA and K slice, not once per warp (at 16 tokens a step's x slice is as large as the
+// warp's weight).
 //   weights: the step's kBlocks blocks, each the kStrips adjacent strips' bytes of that block
 //     copied verbatim (in the layout they are contiguous: (block, strip, lane words)), so the
 //     lane's word c of strip j of block bi lies at (bi * kStrips + j) * kStripBytes +
@@ -22,7 +26,7 @@
 //     conflict-free fragment reads). A lane whose B-fragment row (its token) is at or past M reads
 //     the last row instead: an mma's output column depends on its own B column only, and the
 //     columns of tokens past M are never written.
-// A stage's size thus depends on M and the group size: the launch sizes the dynamic shared memory
+// The stages' sizes thus depend on M and the group size: the launch sizes the dynamic shared memory
 // (GemvConfig.ring_smem_bytes).
 #pragma once
 
@@ -61,11 +65,11 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
   static constexpr int kWBytes = kBlocks * kStrips * kStripBytes;  // a step's weight bytes
   static constexpr int kGroupBytes = 2 * kStrips * 16 * sizeof(raw);  // one group's scales and zeros
   // The rings start after the reduction buffer; their size depends on M, so the mainloop places
-  // its warp's ring itself (gemv_run's per-warp stride is 0). kSmemBytes: at M = kRowsX, the most.
+  // them itself (gemv_run's per-warp stride is 0). kSmemBytes: at M = kRowsX and group 32, the most.
   static constexpr int kXWarpBytes = 0;
-  static constexpr int kMaxGroups = kUnroll / 2;  // groups of 32 (the smallest) a step can touch, at least 1
-  static constexpr int kSmemBytes =
-      Base::kReduceBytes + kWarpsN * kWarpsK * kStages * (kWBytes + (kMaxGroups > 0 ? kMaxGroups : 1) * kGroupBytes + XS::kBytes);
+  static constexpr int kMaxGroups = kUnroll / 2 > 0 ? kUnroll / 2 : 1;  // groups of 32 (the smallest) a step touches
+  static constexpr int kSmemBytes = Base::kReduceBytes + kWarpsN * kWarpsK * kStages * (kWBytes + kMaxGroups * kGroupBytes) +
+                                    kWarpsK * kStages * XS::kBytes;
   static_assert(kStages >= 2, "a ring needs at least two stages");
   static_assert(kWBytes % 16 == 0 && XS::kBytes % 16 == 0 && kGroupBytes % 16 == 0, "16-byte chunks");
 
@@ -77,7 +81,8 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
   // Copies the step at atom kb0 into `stage` (one commit group is the caller's). Blocks past kend
   // and strips past N zero-fill; `inside`: all of the step's blocks and strips exist (no checks).
   static __device__ __forceinline__ void copy_step(GemvArgs const& p, int kb0, int kend, int strip0, bool inside,
-                                                   int rows, int groups, char const* stage, int lane) {
+                                                   int rows, int groups, char const* stage, char const* xstage,
+                                                   int wn, int lane) {
     constexpr int kChunks = kWBytes / 16, kBlockChunks = kStrips * kStripBytes / 16;
     constexpr int kStripChunks = kStripBytes / 16;
     char const* const b = static_cast<char const*>(p.b);
@@ -105,14 +110,24 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
       bool const ok = strip0 + ch / 2 < p.strips;
       cp_async16(pdst + c * 16, ok ? base + (size_t)gi * 16 * p.strips + 16 * strip0 + ch * 8 : base, ok);
     }
-    // x: rows < M only; k past K zero-fills (K % 8 == 0: a chunk is in or out).
+    // x (this warp's share of its K-warp row's copy): rows < M only; k past K zero-fills (K % 8 ==
+    // 0: a chunk is in or out).
     constexpr int kRowChunks = kUnroll * 2;
     raw const* const x = static_cast<raw const*>(p.x);
-    uint32_t const xdst = pdst + groups * kGroupBytes;
-    for (int c = lane; c < rows * kRowChunks; c += 32) {
+    uint32_t const xdst = smem_addr(xstage);
+    for (int c = wn * 32 + lane; c < rows * kRowChunks; c += 32 * kWarpsN) {
       int const row = c / kRowChunks, ch = c % kRowChunks, k = kb0 * 16 + ch * 8;
       bool const ok = k < p.k;
       cp_async16(xdst + row * XS::kRowBytes + ch * 16, ok ? x + (size_t)row * p.k + k : x, ok);
+    }
+  }
+
+  // The kWarpsN warps of K-warp row wk (barrier 0 is __syncthreads').
+  static __device__ __forceinline__ void row_sync(int wk) {
+    if constexpr (kWarpsN == 1) {
+      __syncwarp();
+    } else {
+      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wk), "n"(32 * kWarpsN) : "memory");
     }
   }
 
@@ -135,7 +150,9 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
     int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     bool const strips_inside = strip0 + kStrips <= p.strips;
     int const rows = min(p.m, kRowsX), groups = step_groups(p);
-    int const stage_bytes = kWBytes + groups * kGroupBytes + rows * XS::kRowBytes;
+    int const stage_bytes = kWBytes + groups * kGroupBytes, xstage_bytes = rows * XS::kRowBytes;
+    int const wn = (threadIdx.x >> 5) % kWarpsN;
+    char* const xring = ring + kWarpsN * kWarpsK * kStages * stage_bytes + wk * kStages * xstage_bytes;
     ring += (threadIdx.x >> 5) * kStages * stage_bytes;
     int xrow[kXRows];  // each x operand's staged row (clamped: see the top)
 #pragma unroll
@@ -146,20 +163,21 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < steps) {
         int const kb0 = first + s * kstep;
-        copy_step(p, kb0, kend, strip0, strips_inside && kb0 + kUnroll <= kend, rows, groups, ring + s * stage_bytes, lane);
+        copy_step(p, kb0, kend, strip0, strips_inside && kb0 + kUnroll <= kend, rows, groups, ring + s * stage_bytes,
+                  xring + s * xstage_bytes, wn, lane);
       }
       cp_async_commit();
     }
 #pragma unroll 1
     for (int i = 0; i < steps; ++i) {
       cp_async_wait<kStages - 2>();  // this lane's copies of step i have landed
-      __syncwarp();                  // and every lane's; all lanes are done reading step i - 1's stage
+      row_sync(wk);                  // and the row's; all of them are done reading step i - 1's stages
       {
         int const nx = i + kStages - 1;
         if (nx < steps) {
           int const kb0 = first + nx * kstep;
           copy_step(p, kb0, kend, strip0, strips_inside && kb0 + kUnroll <= kend, rows, groups,
-                    ring + (nx % kStages) * stage_bytes, lane);
+                    ring + (nx % kStages) * stage_bytes, xring + (nx % kStages) * xstage_bytes, wn, lane);
         }
         cp_async_commit();
       }
@@ -175,7 +193,7 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
             wq[bi][j][c] = *reinterpret_cast<uint32_t const*>(
                 stage + (bi * kStrips + j) * kStripBytes + (lane * W::kLaneStride + c * kWordStride) * 4);
       char const* const params = stage + kWBytes;
-      char const* const xs = params + groups * kGroupBytes;
+      char const* const xs = xring + (i % kStages) * xstage_bytes;
       uint32_t xf[kUnroll][kXRows][2];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)

@@ -141,13 +141,15 @@ class GemvConfig:
 
     def ring_smem_bytes(self, m: int, group_size: int) -> int:
         """With ``stages``: the dynamic shared memory of a launch for ``m`` rows of x and a weight
-        of ``group_size`` (a power of two >= 32; K for one group) (gemv_pipe.cuh: a stage holds the
-        step's weight, the scales and zeros of the groups it touches, and the rows < M of x)."""
+        of ``group_size`` (a power of two >= 32; K for one group) (gemv_pipe.cuh: a warp's stage
+        holds its step's weight and the scales and zeros of the groups the step touches; a K-warp
+        row's x stage the rows < M of its x slice)."""
         wn, wk = self.warps
         reduce = (wk - 1) * wn * self.accumulators * 32 * 4
         groups = max(1, self.unroll * 16 // group_size)
-        stage = self.step_weight_bytes + groups * 2 * self.strips * 16 * 2 + min(m, self.tokens) * (self.unroll * 32 + 16)
-        return reduce + wn * wk * self.stages * stage
+        warp_stage = self.step_weight_bytes + groups * 2 * self.strips * 16 * 2
+        x_stage = min(m, self.tokens) * (self.unroll * 32 + 16)  # one per K-warp row, shared by its warps
+        return reduce + self.stages * (wn * wk * warp_stage + wk * x_stage)
 
     @property
     def step_weight_bytes(self) -> int:
