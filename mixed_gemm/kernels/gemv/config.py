@@ -129,15 +129,20 @@ class GemvConfig:
         return self.unroll * self.warps[1]
 
     @property
-    def smem_bytes(self) -> int:
-        """Static shared memory: the cross-warp K reduction buffer, and with ``stage_x`` each
-        warp's x slice (rows of ``unroll`` x 16 halves padded by 16 bytes); with ``stages`` each
-        warp's ring of that many (weight step + x slice) stages."""
+    def reduce_bytes(self) -> int:
+        """The cross-warp K reduction buffer: warps 1.. of each column's accumulators."""
         wn, wk = self.warps
-        reduce = (wk - 1) * wn * self.accumulators * 32 * 4
+        return (wk - 1) * wn * self.accumulators * 32 * 4
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory of the kernel: the reduction buffer and, with ``stage_x``, each warp's x
+        slice (rows of ``unroll`` x 16 halves padded by 16 bytes), static; with ``stages`` the most
+        a launch takes (M = tokens, group 32: :meth:`ring_smem_bytes`), dynamic."""
         if self.stages:
             return self.ring_smem_bytes(self.tokens, 32)
-        return reduce + (wn * wk * self.tokens * (self.unroll * 32 + 16) if self.stage_x else 0)
+        wn, wk = self.warps
+        return self.reduce_bytes + (wn * wk * self.tokens * (self.unroll * 32 + 16) if self.stage_x else 0)
 
     def ring_smem_bytes(self, m: int, group_size: int) -> int:
         """With ``stages``: the dynamic shared memory of a launch for ``m`` rows of x and a weight
@@ -145,11 +150,10 @@ class GemvConfig:
         holds its step's weight and the scales and zeros of the groups the step touches; a K-warp
         row's x stage the rows < M of its x slice)."""
         wn, wk = self.warps
-        reduce = (wk - 1) * wn * self.accumulators * 32 * 4
         groups = max(1, self.unroll * 16 // group_size)
         warp_stage = self.step_weight_bytes + groups * 2 * self.strips * 16 * 2
         x_stage = min(m, self.tokens) * (self.unroll * 32 + 16)  # one per K-warp row, shared by its warps
-        return reduce + self.stages * (wn * wk * warp_stage + wk * x_stage)
+        return self.reduce_bytes + self.stages * (wn * wk * warp_stage + wk * x_stage)
 
     @property
     def step_weight_bytes(self) -> int:

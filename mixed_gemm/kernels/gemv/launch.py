@@ -17,8 +17,8 @@ class GemvLauncher:
         # Static shared memory (below the 48 KB default limit), or with a ring dynamic (opt-in above it).
         self.fn = module.function(config.kernel_name, GemvArgs, config.threads, config.smem_bytes if config.stages else 0)
         self.layout = config.layout
-
-        self._blocks = {}  # the weight's view key (of the layout read) -> (argument block, argv, grid, splits)
+        # the weight's view key (of the layout read) -> (argument block, argv, grid, splits, ring smem by M or None)
+        self._blocks = {}
 
     def _block(self, w):
         view = w.parts[self.layout]
