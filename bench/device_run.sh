@@ -127,6 +127,9 @@ for step in $steps; do
     bench-bits)  # issue #15's table: every width at M=1 and 16 (gemlite beside, from .whl/)
       timeout ${BENCH_TIMEOUT:-400} python3 -m mixed_gemm.cli bench --compare --bits ${BENCH_BITS:-2,3,4,7} --group-size 64 \
         --ms ${BENCH_MS:-1,16} --plot /tmp/bits.png --out "$OUT/bench-bits.md" 2>&1 | tee "$OUT/bench-bits.log" | tail -12 ;;
+    moe90-tests)  # issue #24: the grouped wgmma family (every catalog tile, weight kinds, routing edge cases, graphs)
+      timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -x tests/ops/test_moe_sm90a_gpu.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/pytest-moe90.log" | grep -vE "^[.sxFE]+ *\[" | tail -30 ;;
     profile-moe)  # issue #24: the grouped kernels' schedules per MoE preset, T and projection, into a copy of the profile
       [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
       timeout ${PROFILE_TIMEOUT:-300} python3 -m mixed_gemm.cli profile-moe --tokens ${MOE_TOKENS:-1,2,4,8,16,32,64,256} \

@@ -12,11 +12,15 @@ expert as a zero-copy PackedWeight, which every dense family runs.
 ``gate_up_proj``, vLLM's ``w13``), ``(2I, H)``; ``w2`` its down projection ``(H, I)``.
 
 Execution: on the CPU the float32 reference (:func:`mixed_gemm.reference.moe` of the dequantized
-experts). On a GPU, the grouped path when a grouped family (``kernels.GROUPED_FAMILIES``: the
-``moe_gemv`` decode kernels, "pair mode" at one token, "expert mode" once experts get several
-pairs) can take the experts (the ``sm90a`` layout, 4/8 bits, ``I`` a multiple of 16): two launches,
-gate|up with SiLU(gate) * up fused, then down with the top-k weighted sum fused, reading no routing
-on the host, so it runs under CUDA-graph capture. Outside capture it runs while it pays (every
+experts). On a GPU, the grouped path when a grouped family (``kernels.GROUPED_FAMILIES``) can take
+the experts (the ``sm90a`` layout, 4/8 bits): on an H100, once the routed experts get many pairs
+each, ``moe_sm90a`` (pairs sorted by expert on the device, one grouped wgmma GEMM per projection
+over every expert's rows, SiLU(gate) * up and the top-k sum around them); otherwise ``moe_gemv``
+(the decode kernels, "pair mode" at one token, "expert mode" once experts get several pairs; ``I``
+a multiple of 16): two launches, gate|up with SiLU(gate) * up fused, then down with the top-k
+weighted sum fused. The profile's grouped entries, where they were measured near this token
+count, say which family runs; else the families are asked in that order. Neither reads the
+routing on the host, so both run under CUDA-graph capture. Outside capture it runs while it pays (every
 decode-size ``T``, up to 256 tokens, and above that while ``T * top_k`` is at most a few times
 ``E``: ``moe_gemv.heuristics.pays``); otherwise, and for what no grouped family takes
 (``sm80``-layout experts), one gate|up and one down :func:`matmul` per expert that got tokens
@@ -24,13 +28,15 @@ decode-size ``T``, up to 256 tokens, and above that while ``T * top_k`` is at mo
 captured; it says so.
 
 Rounding (grouped path): the gate and up dot products accumulate in float32, ``silu(g) * u`` is
-computed in float32 and rounded once to the activation dtype (the intermediate ``h``); the down
+computed in float32 and rounded once to the activation dtype (the intermediate ``h``; moe_sm90a
+rounds ``g`` and ``u`` to the activation dtype first, as its GEMM stores them); the down
 dot products accumulate in float32, each slot's is multiplied by its top-k weight in float32, the
 slots are added in slot order (deterministic, no atomics), and ``y`` is rounded once.
 """
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
@@ -273,7 +279,11 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
     profile = device_profile(device_index) if x.is_cuda and configs is None else None
     reasons = []
     stacked = _stacked_reason(w13, w2)
-    for fam in GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),):
+    families = GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),)
+    first = _profiled_family(problems, profile)
+    if first is not None:  # the family the profile measured fastest here is asked first
+        families = sorted(families, key=lambda f: f.name != first)
+    for fam in families:
         ok, why = fam.supports(device_index)
         if ok:
             chosen = configs if configs is not None else \
@@ -294,6 +304,18 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
         with _GROUPED_LOCK:
             plan = GROUPED.setdefault(key, plan)
     return plan
+
+
+def _profiled_family(problems, profile) -> Optional[str]:
+    """The family of the profile's entries for both projections, when both were measured within a
+    factor of two of these tokens and agree on it; else None (the families are asked in order)."""
+    names = set()
+    for problem in problems if profile is not None else ():
+        hit = profile.lookup_grouped(problem)
+        if hit is None or abs(math.log2(hit[0]) - math.log2(max(1, problem.tokens))) > 1:
+            return None
+        names.add(hit[1].partition(":")[0])
+    return names.pop() if len(names) == 1 else None
 
 
 def _profiled(fam, problem: MoeProblem, profile):

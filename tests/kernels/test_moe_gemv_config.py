@@ -355,7 +355,7 @@ def test_moe_picks_the_grouped_kernels_where_they_fit(monkeypatch):
     bad = grouped_plan(x, w13, w2, 2, (forced[1], forced[0]))
     assert isinstance(bad, str) and "is the w2 kernel, the problem is the w13 projection" in bad
     sm80 = grouped_plan(x, _experts(2 * inter, h, layout="sm80"), _experts(h, inter, layout="sm80"), 2)
-    assert isinstance(sm80, str) and sm80.startswith("moe_gemv: reads the 'sm90a' weight layout")
+    assert isinstance(sm80, str) and "moe_gemv: reads the 'sm90a' weight layout" in sm80
     odd = grouped_plan(x, _experts(2 * 40, h, layout="sm90a"), _experts(h, 40, layout="sm90a", group=-1), 2)
     assert isinstance(odd, str) and "I = N/2 must be a multiple of 16" in odd
     monkeypatch.setattr(base, "compute_capability", lambda i: (7, 5))

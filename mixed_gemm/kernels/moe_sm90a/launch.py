@@ -1,0 +1,154 @@
+"""Launching one moe_sm90a config: the routed rows grouped by expert on the device, one grouped
+GEMM over them, and the stage's epilogue (gate|up: SiLU(gate) * up; down: the top-k weighted sum).
+
+Nothing here reads a tensor's values on the host: an expert's row count lives only in the device
+array of problem sizes the kernel walks, so a call is legal under CUDA-graph capture. The sort,
+the gathers and the epilogues are torch operations on the current stream (a few tens of launches:
+this family serves many routed rows per expert, where they cost a few percent; the decode side
+is moe_gemv's).
+
+Rows and rounding: the routed rows are sorted by expert (stable; pairs whose id lies outside
+``[0, E)`` sort last and are never computed), gathered, multiplied (fp32 accumulation, output
+rounded once to the activation dtype), then gate|up forms ``silu(g) * u`` in fp32 from the rounded
+``g`` and ``u`` and rounds once (an out-of-range pair's row is 0); down scatters each pair's row back, multiplies it by its fp32 top-k
+weight and adds a token's slots in fp32 (a fixed order: deterministic), rounding ``y`` once.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from ...runtime import get_library, workspace
+from ...runtime.driver import primary_context
+from ..base import sm_count
+from . import abi
+from .config import MoeSm90aConfig
+
+
+class MoeSm90aLaunchError(RuntimeError):
+    """The kernel library refused a launch it was set up for (a bug, not bad input)."""
+
+
+class _Arrays:
+    """The per-expert device arrays that depend only on the stacked weight: its pointers and the
+    (identical) strides, built on the device (fills, no host-to-device copy: capturable)."""
+
+    __slots__ = ("w", "s", "z", "layouts_w", "strides_x", "strides_s", "strides_y", "shapes")
+
+    def __init__(self, lib, info: dict, w, device: torch.device):
+        e = w.num_experts
+        ar = torch.arange(e, dtype=torch.int64, device=device)
+        self.w = ar * (w.b[0].numel() * w.b.element_size()) + w.b.data_ptr()
+        self.s = ar * (w.scales[0].numel() * w.scales.element_size()) + w.scales.data_ptr()
+        self.z = ar * (w.zeros[0].numel() * w.zeros.element_size()) + w.zeros.data_ptr()
+        sizes = [info[f] for f in abi.STRIDE_FIELDS]
+        blob = (ctypes.c_char * sum(sizes))()
+        lib.mg_strides(blob, w.n, w.scales.shape[-1], w.k)
+        raw, arrays, at = bytes(blob), [], 0
+        for size in sizes:
+            words = [int.from_bytes(raw[at + i:at + i + 4], "little", signed=True) for i in range(0, size, 4)]
+            arr = torch.zeros((e, len(words)), dtype=torch.int32, device=device)
+            for j, v in enumerate(words):
+                if v:
+                    arr[:, j] = v
+            arrays.append(arr)
+            at += size
+        self.layouts_w, self.strides_x, self.strides_s, self.strides_y = arrays
+        # (N, T_e, K) per expert: a call copies this and writes its T_e column.
+        self.shapes = torch.zeros((e, 3), dtype=torch.int32, device=device)
+        self.shapes[:, 0] = w.n
+        self.shapes[:, 2] = w.k
+
+
+class MoeSm90aLauncher:
+    """``launch(x, w, ids, weights, out, tokens, top_k, stream)`` for one config on one device,
+    the interface of every grouped family (see ``moe_gemv.launch``): ``x`` the stage's rows (w13:
+    ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)`` in pair order), ``w`` the stacked experts
+    (``ops.experts.PackedExperts``, sm90a layout, contiguous), ``ids`` ``(tokens, top_k)`` int32/int64,
+    ``weights`` fp32 ``(tokens, top_k)`` (w2; None for w13), ``out`` ``h`` (w13, pair order) or ``y``."""
+
+    def __init__(self, config: MoeSm90aConfig, spec, device_index: int):
+        self.config = config
+        self.device_index = device_index
+        self.lib = lib = get_library(spec, abi.bind)
+        self.info = info = abi.info(lib)
+        if info["abi"] != abi.ABI_VERSION:
+            raise MoeSm90aLaunchError(f"{spec.name}: library ABI {info['abi']}, expected {abi.ABI_VERSION}; "
+                                      "clear the kernel cache entry")
+        built = ((info["tile_m"], info["tile_n"], info["tile_k"]), info["bits"])
+        if built != (config.tile, config.bits) or (config.stages and info["stages"] != config.stages):
+            raise MoeSm90aLaunchError(f"{spec.name}: the library was built as tile {built[0]}, {built[1]}-bit, "
+                                      f"{info['stages']} stages; the config says otherwise")
+        with primary_context(device_index):
+            rc = lib.mg_prepare()
+        if rc:
+            raise MoeSm90aLaunchError(f"{spec.name}: mg_prepare: {abi.describe(rc)}")
+        self.sms = sm_count(device_index)
+        self.lock = threading.Lock()
+        self._arrays = {}  # stacked weight key -> _Arrays
+        self._ws_bytes = {}  # experts -> workspace bytes (tensormaps per SM)
+
+    def _weight_arrays(self, w) -> _Arrays:
+        key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k)
+        arrays = self._arrays.get(key)
+        if arrays is None:
+            with self.lock:
+                arrays = self._arrays.get(key)
+                if arrays is None:
+                    arrays = self._arrays[key] = _Arrays(self.lib, self.info, w, w.b.device)
+        return arrays
+
+    def gemm(self, rows: torch.Tensor, w, counts: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
+             stream: int) -> None:
+        """``out[r] = rows[r] W_e^T`` for the rows ``[offsets[e], offsets[e] + counts[e])`` of each
+        expert ``e`` (device tensors; rows past the last expert's are left as they are)."""
+        arrays = self._weight_arrays(w)
+        e = w.num_experts
+        shapes = arrays.shapes.clone()
+        shapes[:, 1] = counts
+        ptr_x = offsets * (rows.shape[1] * rows.element_size()) + rows.data_ptr()
+        ptr_y = offsets * (out.shape[1] * out.element_size()) + out.data_ptr()
+        ws_bytes = self._ws_bytes.get(e)
+        if ws_bytes is None:
+            ws_bytes = self._ws_bytes[e] = int(self.lib.mg_workspace_bytes(e, self.sms))
+        ws = workspace(self.device_index, stream, -(-ws_bytes // 4)) if ws_bytes else 0
+        rc = self.lib.mg_run(e, shapes.data_ptr(), arrays.w.data_ptr(), arrays.layouts_w.data_ptr(), ptr_x.data_ptr(),
+                             arrays.strides_x.data_ptr(), arrays.s.data_ptr(), arrays.strides_s.data_ptr(),
+                             arrays.z.data_ptr(), ptr_y.data_ptr(), arrays.strides_y.data_ptr(), w.group_size,
+                             self.sms, ws or None, ws_bytes, stream or None)
+        if rc:
+            raise MoeSm90aLaunchError(f"{self.config.name}: mg_run(E={e}, N={w.n}, K={w.k}, group={w.group_size}): "
+                                      f"{abi.describe(rc)}")
+
+    def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
+                 stream: int) -> None:
+        pairs = tokens * top_k
+        if pairs == 0:
+            return
+        e = w.num_experts
+        flat = ids.reshape(-1)
+        valid = (flat >= 0) & (flat < e)
+        key = torch.where(valid, flat.long(), e)
+        order = torch.sort(key, stable=True).indices
+        counts = torch.zeros(e + 1, dtype=torch.int64, device=x.device).scatter_add_(0, key, torch.ones_like(key))[:e]
+        offsets = torch.cumsum(counts, 0) - counts
+        if self.config.stage == "w13":
+            rows = x.index_select(0, order // top_k)
+            g = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
+            self.gemm(rows, w, counts, offsets, g, stream)
+            inter = w.n // 2
+            h = torch.nn.functional.silu(g[:, :inter].float()).mul_(g[:, inter:].float()).to(out.dtype)
+            # Out-of-range pairs sort last and were never computed (garbage, maybe NaN): their h is 0.
+            h.masked_fill_((key.index_select(0, order) >= e).unsqueeze(1), 0)
+            out.index_copy_(0, order, h)
+        else:
+            rows = x.index_select(0, order)
+            o = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
+            self.gemm(rows, w, counts, offsets, o, stream)
+            per_pair = torch.empty_like(o).index_copy_(0, order, o).view(tokens, top_k, w.n)
+            scaled = per_pair.float().mul_(weights.view(tokens, top_k, 1))
+            # Rows of out-of-range pairs were never written (garbage, maybe NaN): they add nothing.
+            scaled = torch.where(valid.view(tokens, top_k, 1), scaled, 0.0)
+            out.copy_(scaled.sum(1))

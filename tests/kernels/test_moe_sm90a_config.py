@@ -1,0 +1,117 @@
+"""The moe_sm90a (grouped wgmma MoE) family's config, rendering, ABI mirror, heuristics, candidates,
+can_implement reasons, and where ``moe`` asks it (CPU)."""
+import pytest
+import torch
+
+from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, family, parse_schedule, qualified
+from mixed_gemm.kernels.moe_sm90a import FAMILY, MoeSm90aConfig, abi
+from mixed_gemm.kernels.moe_sm90a.candidates import candidate_schedules
+from mixed_gemm.kernels.moe_sm90a.catalog import TILES
+from mixed_gemm.kernels.moe_sm90a.heuristics import MIN_REUSE, heuristic_config, reuse
+
+# (E, top_k, H, I): Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite (mixed_gemm/benchmark/moe.py)
+PRESETS = ((128, 8, 2048, 768), (8, 2, 4096, 14336), (64, 6, 2048, 1408))
+
+
+def _problem(stage="w13", tokens=256, top_k=2, experts=8, h=4096, inter=1024, **kw):
+    n, k = (2 * inter, h) if stage == "w13" else (h, inter)
+    base = dict(tokens=tokens, top_k=top_k, experts=experts, n=n, k=k, dtype="f16", bits=4, zero_mode="int",
+                group_size=128, layout="sm90a", stage=stage)
+    return MoeProblem(**dict(base, **kw))
+
+
+@pytest.mark.parametrize("schedule", ["w13_t128x64x64_s0", "w2_t128x32x64_s0", "w2_t256x128x128_s4"])
+def test_schedule_round_trip_and_names(schedule):
+    c = MoeSm90aConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
+    assert c.schedule == schedule and qualified(c) == f"moe_sm90a:{schedule}"
+    assert parse_schedule(qualified(c), dtype="bf16", bits=8, zero_mode="float") == c
+    k = c.kernel
+    assert (k.stage, k.zero_mode) == ("w13", "int") and k.kernel == k  # the stage is a launch-time choice
+    assert c.kernel_name == k.kernel_name == "mg_moe_sm90a_bf16_u8_" + schedule.split("_", 1)[1]
+    assert c.name == f"mg_moe_sm90a_bf16_u8_zfloat_{schedule}"
+    assert family("moe_sm90a") is FAMILY and GROUPED_FAMILIES[0] is FAMILY  # asked before moe_gemv
+    for bad in ("t128x64x64_s0", "w13_t128x64x64", "w13_s2_w4x1_u8"):
+        with pytest.raises(ValueError, match="not a moe_sm90a schedule"):
+            MoeSm90aConfig.from_schedule(bad)
+
+
+@pytest.mark.parametrize("kw, rule", [
+    (dict(stage="w3"), r"stage must be one of \('w13', 'w2'\)"),
+    (dict(tile=(64, 64, 64)), "tile M .* must be 128 or 256"),
+    (dict(tile=(128, 24, 64)), "tile N .* multiple of 16"),
+    (dict(tile=(128, 64, 32)), "tile K must be 64 or 128"),
+    (dict(stages=1), "stages must be 0"),
+    (dict(bits=3), "bits must be one of"),
+])
+def test_config_rules_name_the_field(kw, rule):
+    with pytest.raises(ValueError, match=rule):
+        MoeSm90aConfig(**kw)
+
+
+def test_catalog_renders_the_grouped_kernel():
+    cat = FAMILY.catalog()
+    assert len(cat) == 12 and {c.tile for c in cat} == set(TILES)
+    src = FAMILY.render(cat[0])
+    assert '#include "moe_sm90a/grouped_sm90a.cuh"' in src
+    assert f"GroupedGemm<cutlass::half_t, cutlass::int4b_t, {', '.join(map(str, cat[0].tile))}, 0>" in src
+    assert f"{{{abi.ABI_VERSION}, " in src and "mg_strides" in src and "mg_run" in src
+    assert FAMILY.arch_flags == ("-gencode=arch=compute_90a,code=sm_90a",) and FAMILY.output == "shared"
+    assert abi.STRIDE_FIELDS == ("layout_w_bytes", "stride_x_bytes", "stride_s_bytes", "stride_y_bytes")
+
+
+def test_can_implement_reasons():
+    c = MoeSm90aConfig(stage="w13")
+    assert FAMILY.can_implement(c, _problem()) == (True, "")
+    assert FAMILY.can_implement(c, _problem(group_size=4096)) == (True, "")  # per-channel (group = K)
+    ok, why = FAMILY.can_implement(c, _problem(group_size=32))
+    assert not ok and "group size 32 is not a multiple of the tile's K=64" in why
+    ok, why = FAMILY.can_implement(c, _problem(stage="w2"))
+    assert not ok and "is the w13 kernel, the problem is the w2 projection" in why
+    ok, why = FAMILY.can_implement(c, _problem(h=4100))
+    assert not ok and "multiples of 8" in why
+    ok, why = FAMILY.can_implement(c, _problem(layout="sm80"))
+    assert not ok and "layout" in why
+
+
+def test_heuristic_passes_below_the_reuse_and_widens_the_tile():
+    assert heuristic_config(_problem(tokens=4)) is None  # 8 pairs on ~6 experts: moe_gemv's
+    mixtral = [heuristic_config(_problem(tokens=t, experts=8, top_k=2)) for t in (64, 256, 4096)]
+    assert [c and c.tile[1] for c in mixtral] == [None, 64, 128]  # 16, 64, 1024 pairs per expert
+    for e, k, h, i in PRESETS:
+        for t in (1, 4, 16, 64, 256, 4096):
+            p = _problem(tokens=t, experts=e, top_k=k, h=h, inter=i)
+            c = heuristic_config(p)
+            assert (c is None) == (reuse(p) < MIN_REUSE)
+            if c is not None:
+                assert FAMILY.can_implement(c, p)[0] and c.kernel in FAMILY.catalog()
+    assert candidate_schedules(_problem(stage="w2")) == [f"w2_t{m}x{n}x{k}_s0" for m, n, k in TILES]
+    assert FAMILY.heuristic(object(), 132) is None and FAMILY.candidates(object(), 132) == []
+
+
+def test_launcher_arrays_follow_the_stacked_weight(monkeypatch):
+    """The per-expert pointer arrays step by one expert's bytes; the stride blobs mg_strides writes
+    are replicated per expert as int32 words (built with fills: no host-to-device copy)."""
+    from types import SimpleNamespace
+
+    from mixed_gemm.kernels.moe_sm90a.launch import _Arrays
+
+    e, n, k = 3, 64, 128
+    w = SimpleNamespace(num_experts=e, n=n, k=k, b=torch.zeros(e, 8, 4, 32, dtype=torch.int32),
+                        scales=torch.zeros(e, 1, 64, dtype=torch.float16),
+                        zeros=torch.zeros(e, 1, 64, dtype=torch.float16))
+    info = dict(layout_w_bytes=8, stride_x_bytes=8, stride_s_bytes=8, stride_y_bytes=4)
+
+    class Lib:
+        @staticmethod
+        def mg_strides(blob, n_, n_pad, k_):
+            assert (n_, n_pad, k_) == (n, 64, k)
+            words = [n_pad // 16, 0, k_, 0, n_pad, 0, n_]
+            for i, v in enumerate(words):
+                blob[4 * i:4 * i + 4] = int(v).to_bytes(4, "little")
+
+    a = _Arrays(Lib, info, w, torch.device("cpu"))
+    assert a.w.tolist() == [w.b.data_ptr() + i * w.b[0].numel() * 4 for i in range(e)]
+    assert a.s.tolist() == [w.scales.data_ptr() + i * 128 for i in range(e)]
+    assert a.layouts_w.tolist() == [[4, 0]] * e and a.strides_x.tolist() == [[k, 0]] * e
+    assert a.strides_s.tolist() == [[64, 0]] * e and a.strides_y.tolist() == [[n]] * e
+    assert a.shapes.tolist() == [[n, 0, k]] * e

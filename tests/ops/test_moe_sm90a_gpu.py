@@ -1,0 +1,192 @@
+"""The grouped wgmma MoE kernels (moe_sm90a: CUTLASS's ptr-array mixed-input GEMM, one group per
+expert) on an H100: every catalog tile for both stages against the float32 reference over weight
+kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros / offsets, groups 64/128/per-channel;
+group 32 is refused with its reason), top-k 1/2/6/8, token counts from 1 to 300, random routing and
+every token on one expert (experts without tokens), ids out of range, no tokens, determinism, and
+CUDA-graph capture with new routing written between replays. Checks as in test_moe_gemv_gpu: each
+stage against a reference of the weights exactly as the kernel forms them, the layer against
+``mixed_gemm.reference.moe``; outputs poisoned with NaN first."""
+import random
+
+import pytest
+import torch
+
+import mixed_gemm as mg
+from mixed_gemm.kernels import family
+from mixed_gemm.kernels.moe_sm90a import MoeSm90aConfig
+from mixed_gemm.kernels.moe_sm90a.catalog import TILES
+from mixed_gemm.ops.experts import _problems, grouped_plan, moe_grouped
+from mixed_gemm.runtime import current_stream
+from test_moe_gemv_gpu import TOP_KS, Experts, ref_h, ref_y, routing
+from test_sm90a_gpu import DTYPES, ZERO_KINDS
+from tolerance import assert_elementwise
+from weights import seed_of
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="needs an sm_90 GPU (wgmma)")]
+FAMILY = family("moe_sm90a")
+GROUPS = (64, 128, -1)
+
+
+def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
+    t, k = ids.shape
+    stream = current_stream(0)
+    h = torch.full((t * k, w2.k), float("nan"), dtype=x.dtype, device="cuda")
+    y = torch.full((t, w2.n), float("nan"), dtype=x.dtype, device="cuda")
+    with mg.compile.blocking():
+        gate_up, down = FAMILY.launcher(cfg13, 0), FAMILY.launcher(cfg2, 0)
+    gate_up(x, w13, ids.contiguous(), None, h, t, k, stream)
+    down(h, w2, ids.contiguous(), weights.float().contiguous(), y, t, k, stream)
+    torch.cuda.synchronize()
+    return h, y
+
+
+def _sweep_params():
+    """Every catalog tile of gate|up with every tile of down, per dtype and width (all 12 kernels in
+    both stages); zero kind x group rotate through all 12 combinations, top-k and T rotate, the
+    routing is random or puts every token's slot 0 on one expert."""
+    rng = random.Random(90)
+    cases = []
+    for dtype in DTYPES:
+        for bits in (4, 8):
+            for a in TILES:
+                for b in TILES:
+                    c = len(cases)
+                    zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 3]
+                    top_k, t = TOP_KS[(c + c // 4) % 4], (1, 16, 64, 300)[(c // 2 + c // 8) % 4]
+                    route = "one" if c % 3 == 0 else "random"
+                    e = max(top_k + 1, rng.choice((8, 16, 32)))
+                    if group == -1:
+                        h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
+                    else:
+                        h, inter = group * rng.randrange(1, 8), group * rng.randrange(1, 5)
+                    s13 = MoeSm90aConfig(stage="w13", tile=a).schedule
+                    s2 = MoeSm90aConfig(stage="w2", tile=b).schedule
+                    ids32 = rng.random() < 0.3
+                    cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route,
+                                              id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}"
+                                                 f"-h{h}-i{inter}-{route}" + ("-ids32" if ids32 else "")))
+    assert {p.values[6] for p in cases} == set(TOP_KS) and {p.values[7] for p in cases} == {1, 16, 64, 300}
+    assert {(p.values[4], p.values[5]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
+    return cases
+
+
+@pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,ids32,route", _sweep_params())
+def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route):
+    seed = seed_of("moe90", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
+    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 1000)
+    zm = w13.packed.zero_mode
+    cfg13 = MoeSm90aConfig.from_schedule(s13, dtype=dtype, bits=bits, zero_mode=zm)
+    cfg2 = MoeSm90aConfig.from_schedule(s2, dtype=dtype, bits=bits, zero_mode=zm)
+    for cfg, p in zip((cfg13, cfg2), _problems(t, top_k, w13.packed, w2.packed)):
+        assert FAMILY.can_implement(cfg, p) == (True, "")
+    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", DTYPES[dtype])
+    weights, ids = routing(t, top_k, e, seed, ids_dtype=torch.int32 if ids32 else torch.int64,
+                           one_expert=3 if route == "one" else None)
+
+    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
+    assert not torch.isnan(hk).any() and not torch.isnan(yk).any(), "an output was never written"
+    # h: the GEMM's output is rounded before silu * up (one more rounding than the reference's).
+    assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), h, chained=2)
+    assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), inter)
+    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=(cfg13, cfg2))
+    assert torch.equal(y, yk)  # deterministic
+    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
+    assert_elementwise(y, ref, inter, chained=3)
+
+
+def _layer(dtype="f16", bits=4, zero="int", group=64, e=8, h=256, inter=128, seed=9):
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
+    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 100)
+    return w13, w2
+
+
+def _cfgs(w13, tile=(128, 64, 64)):
+    zm = w13.packed.zero_mode
+    return (MoeSm90aConfig(stage="w13", tile=tile, zero_mode=zm), MoeSm90aConfig(stage="w2", tile=tile, zero_mode=zm))
+
+
+def test_group_32_is_refused_with_the_rule():
+    w13, w2 = _layer(group=32)
+    p13, _ = _problems(64, 2, w13.packed, w2.packed)
+    ok, why = FAMILY.can_implement(_cfgs(w13)[0], p13)
+    assert not ok and "group size 32 is not a multiple of the tile's K=64" in why
+    plan = grouped_plan(torch.empty(256, 256, device="cuda", dtype=torch.float16), w13.packed, w2.packed, 2)
+    assert plan.family.name == "moe_gemv"  # the next grouped family takes it
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_ids_out_of_range_contribute_nothing(ids_dtype):
+    w13, w2 = _layer()
+    t, top_k, e = 40, 2, w13.packed.num_experts
+    x = torch.randn(t, 256, device="cuda").half()
+    weights, ids = routing(t, top_k, e, seed_of("oob90"), ids_dtype=ids_dtype)
+    bad = ids.clone()
+    bad[0, 1], bad[2, 0], bad[3, 1] = -1, e, (2**40 if ids_dtype == torch.int64 else 2**31 - 1)
+    bad[4, :] = -7  # a token with no valid slot: y row zero
+    cfg13, cfg2 = _cfgs(w13)
+    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, bad)
+    valid = (bad >= 0) & (bad < e)
+    hv = hk.view(t, top_k, -1)
+    assert (hv[~valid] == 0).all()
+    kept_ids = torch.where(valid, bad, torch.zeros_like(bad))
+    kept_weights = torch.where(valid, weights, torch.zeros_like(weights))
+    assert_elementwise(hv[valid], ref_h(x, w13.kernel, kept_ids, top_k).view(t, top_k, -1)[valid], 256, chained=2)
+    assert (yk[4] == 0).all()
+    assert_elementwise(yk, ref_y(hk, w2.kernel, kept_ids, kept_weights), 128)
+
+
+def test_no_tokens_and_one_token():
+    w13, w2 = _layer()
+    cfgs = _cfgs(w13)
+    x = torch.empty(0, 256, device="cuda").half()
+    weights, ids = torch.empty(0, 2, device="cuda"), torch.empty(0, 2, dtype=torch.long, device="cuda")
+    run_stages(*cfgs, x, w13.packed, w2.packed, weights, ids)  # no launch, no error
+    assert moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs).shape == (0, 256)
+    x = torch.randn(1, 256, device="cuda").half()
+    weights, ids = routing(1, 2, 8, seed_of("one90"))
+    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)  # 6 of 8 experts without rows
+    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), 128, chained=3)
+
+
+def test_selection_takes_it_for_many_rows_per_expert():
+    """Mixtral-like routing (E = 8, top-2): 256 tokens give 64 pairs per expert, where the heuristic
+    picks this family; 4 tokens stay with moe_gemv. mg.moe runs the plan it reports."""
+    w13, w2 = _layer(e=8)
+    for t, name in ((256, "moe_sm90a"), (4, "moe_gemv")):
+        x = torch.randn(t, 256, device="cuda").half()
+        plan = grouped_plan(x, w13.packed, w2.packed, 2)
+        assert plan.family.name == name, (t, plan)
+    x = torch.randn(256, 256, device="cuda").half()
+    weights, ids = routing(256, 2, 8, seed_of("sel90"))
+    with mg.compile.blocking():
+        y = mg.moe(x, w13.packed, w2.packed, weights, ids)
+    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), 128, chained=3)
+
+
+def test_graph_capture_with_new_routing_between_replays():
+    """Captured once, replayed with new routing and new x written into the captured inputs: the
+    per-expert row counts change every replay and nothing is read on the host."""
+    w13, w2 = _layer(e=16)
+    cfgs = _cfgs(w13, tile=(128, 32, 64))
+    t, top_k = 96, 2
+    x = torch.randn(t, 256, device="cuda").half()
+    weights, ids = routing(t, top_k, 16, seed_of("g90", 0))
+    with mg.compile.blocking():
+        moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)  # warm-up: load, arrays
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)
+    for i in range(1, 4):
+        w_new, ids_new = routing(t, top_k, 16, seed_of("g90", i), one_expert=5 if i == 2 else None)
+        x.copy_(torch.randn(t, 256, generator=torch.Generator().manual_seed(i)).half().cuda())
+        weights.copy_(w_new)
+        ids.copy_(ids_new)
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
+        assert_elementwise(y, ref, 128, chained=3)
