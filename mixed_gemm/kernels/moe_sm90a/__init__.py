@@ -13,6 +13,7 @@ heuristic passes (None) while the routed experts get few pairs each, leaving tho
 """
 from __future__ import annotations
 
+import threading
 from typing import List
 
 from ...codegen import render_template
@@ -39,6 +40,10 @@ class MoeSm90aFamily(Family):
     output = "shared"  # CUTLASS 3.x parameters are built by the kernel's host code
     min_capability = (9, 0)
     max_capability = (9, 0)  # sm_90a SASS runs on 9.0 only
+
+    def __init__(self):
+        self._launchers = {}
+        self._lock = threading.Lock()
 
     def can_implement(self, config: MoeSm90aConfig, problem) -> Verdict:
         if not isinstance(problem, MoeProblem):
@@ -84,7 +89,16 @@ class MoeSm90aFamily(Family):
         )
 
     def launcher(self, config: MoeSm90aConfig, device_index: int) -> MoeSm90aLauncher:
-        return MoeSm90aLauncher(config, self.build_spec(config), device_index)
+        """One launcher per (config, device), kept: it holds the per-weight device arrays, and making
+        one synchronizes the device (module setup), which a CUDA-graph capture must not see."""
+        key = (config, device_index)
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            with self._lock:
+                launcher = self._launchers.get(key)
+                if launcher is None:
+                    launcher = self._launchers[key] = MoeSm90aLauncher(config, self.build_spec(config), device_index)
+        return launcher
 
 
 FAMILY = MoeSm90aFamily()

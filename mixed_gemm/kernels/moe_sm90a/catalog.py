@@ -1,6 +1,6 @@
-"""The moe_sm90a family's default catalog: per activation dtype and width, three tile widths along
-the routed rows (32, 64, 128 rows of an expert per CTA), TK = 64 so that groups 64 and 128 (and
-per-channel weights) all run; 12 kernels."""
+"""The moe_sm90a family's default catalog: per activation dtype and width, four tile widths along
+the routed rows (32 to 256 rows of an expert per CTA), TK = 64 so that groups 64 and 128 (and
+per-channel weights) all run; 16 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -8,7 +8,7 @@ from typing import List
 from ..common import DTYPES
 from .config import MoeSm90aConfig
 
-TILES = ((128, 32, 64), (128, 64, 64), (128, 128, 64))
+TILES = ((128, 32, 64), (128, 64, 64), (128, 128, 64), (128, 256, 64))
 BITS = (4, 8)
 
 

@@ -16,7 +16,7 @@ from ..moe_gemv.heuristics import expected_experts
 from .config import MoeSm90aConfig
 
 MIN_REUSE = 24
-ROWS = ((48, 32), (96, 64), (None, 128))  # (mean pairs per routed expert below, tile N)
+ROWS = ((48, 32), (96, 64), (192, 128), (None, 256))  # (mean pairs per routed expert below, tile N)
 
 
 def reuse(problem: MoeProblem) -> float:

@@ -3,9 +3,10 @@ GEMM over them, and the stage's epilogue (gate|up: SiLU(gate) * up; down: the to
 
 Nothing here reads a tensor's values on the host: an expert's row count lives only in the device
 array of problem sizes the kernel walks, so a call is legal under CUDA-graph capture. The sort,
-the gathers and the epilogues are torch operations on the current stream (a few tens of launches:
-this family serves many routed rows per expert, where they cost a few percent; the decode side
-is moe_gemv's).
+the gathers and the pointer arithmetic are torch operations on the current stream (about twenty
+small launches: this family serves many routed rows per expert, where they cost a few percent;
+the decode side is moe_gemv's); the two epilogues are the library's own one-pass kernels
+(templates/moe_sm90a/route.cuh).
 
 Rows and rounding: the routed rows are sorted by expert (stable; pairs whose id lies outside
 ``[0, E)`` sort last and are never computed), gathered, multiplied (fp32 accumulation, output
@@ -138,17 +139,17 @@ class MoeSm90aLauncher:
             rows = x.index_select(0, order // top_k)
             g = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
             self.gemm(rows, w, counts, offsets, g, stream)
-            inter = w.n // 2
-            h = torch.nn.functional.silu(g[:, :inter].float()).mul_(g[:, inter:].float()).to(out.dtype)
-            # Out-of-range pairs sort last and were never computed (garbage, maybe NaN): their h is 0.
-            h.masked_fill_((key.index_select(0, order) >= e).unsqueeze(1), 0)
-            out.index_copy_(0, order, h)
+            used = counts.sum()
+            rc = self.lib.mg_silu_mul(g.data_ptr(), order.data_ptr(), used.data_ptr(), out.data_ptr(), pairs, w.n // 2,
+                                      stream or None)
         else:
             rows = x.index_select(0, order)
             o = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
             self.gemm(rows, w, counts, offsets, o, stream)
-            per_pair = torch.empty_like(o).index_copy_(0, order, o).view(tokens, top_k, w.n)
-            scaled = per_pair.float().mul_(weights.view(tokens, top_k, 1))
-            # Rows of out-of-range pairs were never written (garbage, maybe NaN): they add nothing.
-            scaled = torch.where(valid.view(tokens, top_k, 1), scaled, 0.0)
-            out.copy_(scaled.sum(1))
+            # pos[p]: pair p's row among the sorted ones; -1 where no expert computed it.
+            pos = torch.empty_like(order).index_copy_(0, order, torch.arange(pairs, device=x.device))
+            pos = torch.where(valid, pos, -1)
+            rc = self.lib.mg_combine(o.data_ptr(), pos.data_ptr(), weights.data_ptr(), out.data_ptr(), tokens, w.n,
+                                     top_k, stream or None)
+        if rc:
+            raise MoeSm90aLaunchError(f"{self.config.name}: the {self.config.stage} epilogue: {abi.describe(rc)}")
