@@ -19,7 +19,8 @@ over every expert's rows, SiLU(gate) * up and the top-k sum around them); otherw
 (the decode kernels, "pair mode" at one token, "expert mode" once experts get several pairs; ``I``
 a multiple of 16): two launches, gate|up with SiLU(gate) * up fused, then down with the top-k
 weighted sum fused. The profile's grouped entries, where they were measured near this token
-count, say which family runs; else the families are asked in that order. Neither reads the
+count, say which kernels run (the two projections' may be of different families); else the
+families are asked in that order. Neither reads the
 routing on the host, so both run under CUDA-graph capture. Outside capture it runs while it pays (every
 decode-size ``T``, up to 256 tokens, and above that while ``T * top_k`` is at most a few times
 ``E``: ``moe_gemv.heuristics.pays``); otherwise, and for what no grouped family takes
@@ -174,8 +175,7 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
     if x.is_cuda:
         capturing = torch.cuda.is_current_stream_capturing()
         plan = grouped_plan(x, w13, w2, topk_ids.shape[1])
-        if isinstance(plan, GroupedPlan) and (capturing or plan.family.pays(x.shape[0], topk_ids.shape[1],
-                                                                            w13.num_experts)):
+        if isinstance(plan, GroupedPlan) and (capturing or plan.pays(x.shape[0], topk_ids.shape[1], w13.num_experts)):
             launchers = plan.launchers(capturing)
             if launchers is not None:
                 return _run_grouped(launchers, x, w13, w2, topk_weights, topk_ids)
@@ -206,16 +206,26 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
 
 
 class GroupedPlan:
-    """The grouped kernels of one ``(w13, w2, top_k, T bucket, device)``: a family and a config per
-    projection (``configs`` = (gate|up, down)), chosen once (:func:`grouped_plan`), their launchers
-    loaded on first use. ``family.pays(T, top_k, E)`` says whether to run them outside capture."""
+    """The grouped kernels of one ``(w13, w2, top_k, T bucket, device)``: a config per projection
+    (``configs`` = (gate|up, down)), each of a grouped family (``families``; the two may differ: every
+    grouped family hands the down projection ``h`` in the same (pair, I) rows), chosen once
+    (:func:`grouped_plan`), their launchers loaded on first use. :meth:`pays` says whether to run
+    them outside capture."""
 
-    __slots__ = ("family", "configs", "device_index", "_launchers", "_lock")
+    __slots__ = ("families", "configs", "device_index", "_launchers", "_lock")
 
-    def __init__(self, family, configs, device_index: int):
-        self.family, self.configs, self.device_index = family, tuple(configs), device_index
+    def __init__(self, families, configs, device_index: int):
+        self.families, self.configs, self.device_index = tuple(families), tuple(configs), device_index
         self._launchers = None
         self._lock = threading.Lock()
+
+    @property
+    def family(self):
+        """The gate|up projection's family (the down projection's too, unless a profile mixed them)."""
+        return self.families[0]
+
+    def pays(self, tokens: int, top_k: int, experts: int) -> bool:
+        return all(f.pays(tokens, top_k, experts) for f in self.families)
 
     def launchers(self, capturing: bool = False):
         """``(gate|up launcher, down launcher)``, or None while they are not available: with
@@ -226,8 +236,9 @@ class GroupedPlan:
         with self._lock:
             if self._launchers is not None:
                 return self._launchers
-            if jit_mode() == "async" and not capturing and not all(self.family.ready(c) for c in self.configs):
-                jobs = [background.submit(self.family.build_spec(c)) for c in self.configs]
+            pairs = tuple(zip(self.families, self.configs))
+            if jit_mode() == "async" and not capturing and not all(f.ready(c) for f, c in pairs):
+                jobs = [background.submit(f.build_spec(c)) for f, c in pairs]
                 if not all(j.done() for j in jobs):
                     return None  # the per-expert path runs while they compile
                 failed = next((j.exception() for j in jobs if j.exception() is not None), None)
@@ -235,7 +246,7 @@ class GroupedPlan:
                     log.warning("grouped MoE kernels could not be built (%s); the per-expert path runs", failed)
                     return None
             try:
-                self._launchers = tuple(self.family.launcher(c, self.device_index) for c in self.configs)
+                self._launchers = tuple(f.launcher(c, self.device_index) for f, c in pairs)
             except JitDisabledError:
                 if capturing:
                     raise
@@ -243,7 +254,7 @@ class GroupedPlan:
             return self._launchers
 
     def __repr__(self) -> str:
-        return f"GroupedPlan(family={self.family.name!r}, schedules={[c.schedule for c in self.configs]!r})"
+        return f"GroupedPlan(schedules={[f'{f.name}:{c.schedule}' for f, c in zip(self.families, self.configs)]!r})"
 
 
 # (w13 signature, w2 signature, top_k, T bucket) -> GroupedPlan, or the reason no grouped family runs it
@@ -279,10 +290,10 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
     profile = device_profile(device_index) if x.is_cuda and configs is None else None
     reasons = []
     stacked = _stacked_reason(w13, w2)
-    families = GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),)
-    first = _profiled_family(problems, profile)
-    if first is not None:  # the family the profile measured fastest here is asked first
-        families = sorted(families, key=lambda f: f.name != first)
+    near = None if configs is not None or stacked is not None else _near_profiled(problems, profile, device_index)
+    families = () if near is not None else GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),)
+    if near is not None:  # the profile measured both projections near these tokens: its kernels, whichever families
+        plan = GroupedPlan([family_of(c) for c in near], near, device_index)
     for fam in families:
         ok, why = fam.supports(device_index)
         if ok:
@@ -295,27 +306,34 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
         if ok and stacked is not None:  # after the family's own rules (layout first: the likelier reason)
             ok, why = False, stacked
         if ok:
-            plan = GroupedPlan(fam, chosen, device_index)
+            plan = GroupedPlan((fam, fam), chosen, device_index)
             break
         reasons.append(f"{fam.name}: {why}")
     else:
-        plan = "; ".join(reasons)
+        plan = plan if near is not None else "; ".join(reasons)
     if configs is None:
         with _GROUPED_LOCK:
             plan = GROUPED.setdefault(key, plan)
     return plan
 
 
-def _profiled_family(problems, profile) -> Optional[str]:
-    """The family of the profile's entries for both projections, when both were measured within a
-    factor of two of these tokens and agree on it; else None (the families are asked in order)."""
-    names = set()
+def _near_profiled(problems, profile, device_index: int):
+    """The profile's configs for both projections when both were measured within a factor of two
+    of these tokens and each can run here (its family on this device, its rules); else None."""
+    chosen = []
     for problem in problems if profile is not None else ():
         hit = profile.lookup_grouped(problem)
         if hit is None or abs(math.log2(hit[0]) - math.log2(max(1, problem.tokens))) > 1:
             return None
-        names.add(hit[1].partition(":")[0])
-    return names.pop() if len(names) == 1 else None
+        try:
+            config = parse_schedule(hit[1], **problem.kind)
+        except ValueError:
+            return None
+        fam = family_of(config)
+        if fam not in GROUPED_FAMILIES or not fam.supports(device_index)[0] or not fam.can_implement(config, problem)[0]:
+            return None
+        chosen.append(config)
+    return chosen or None
 
 
 def _profiled(fam, problem: MoeProblem, profile):
