@@ -79,7 +79,7 @@ def run_package(args: argparse.Namespace) -> int:
     if tools is None:
         raise BuildError(f"a kernel package is built with nvcc and the CUTLASS headers: {missing}")
     start = time.perf_counter()
-    items = [(fam, c) for fam, c in selectable(args.arch) if args.filter in c.kernel_name]
+    items = [(fam, c) for fam, c in selectable(args.arch, grouped=True) if args.filter in c.kernel_name]
     built = _build(items, args)
     wheel = write_package(args.package, args.arch, [PackagedKernel(*b) for b in built], tools)
     families = ", ".join(f"{n} {name}" for name, n in Counter(fam.name for fam, _ in items).items())

@@ -15,7 +15,7 @@ import json
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .._paths import profiles_dir
-from ..kernels import FAMILIES, LAYOUTS, Family, Problem, family, layout_on
+from ..kernels import ALL_FAMILIES, GROUPED_FAMILIES, LAYOUTS, Family, Problem, family, layout_on
 from ..kernels.common import DTYPES, ZERO_MODES
 from .heuristics import heuristic_choice
 from .profiles import Profile
@@ -71,11 +71,14 @@ def problems(capability: Tuple[int, int], shapes=SHAPES, m_buckets=M_BUCKETS) ->
                                   group_size=k if group == -1 else group, layout=layout)
 
 
-def selectable(arch: str, shapes=SHAPES, m_buckets=M_BUCKETS) -> List[Tuple[Family, object]]:
+def selectable(arch: str, shapes=SHAPES, m_buckets=M_BUCKETS, grouped: bool = False) -> List[Tuple[Family, object]]:
     """``(family, compiled config)`` of every kernel selection can pick on ``arch`` without a user
-    profile (and of the cold-call stand-ins), one per kernel name, in registry then name order."""
+    profile (and of the cold-call stand-ins), one per kernel name, in registry then name order;
+    ``grouped``: also every catalog kernel of the grouped (MoE) families that run there (what a
+    kernel package holds: their choice depends on the routing's statistics and the experts'
+    shapes, which no grid here enumerates, and their catalogs are small)."""
     capability, sms = arch_capability(arch)
-    return selectable_for(capability, sms, shipped_profile(capability), shapes, m_buckets)
+    return selectable_for(capability, sms, shipped_profile(capability), shapes, m_buckets, grouped)
 
 
 def selectable_on(device_index: int = 0) -> List[Tuple[Family, object]]:
@@ -91,8 +94,9 @@ def selectable_on(device_index: int = 0) -> List[Tuple[Family, object]]:
 
 
 def selectable_for(capability: Tuple[int, int], sms: int, profile: Optional[Profile], shapes=SHAPES,
-                   m_buckets=M_BUCKETS) -> List[Tuple[Family, object]]:
-    """The kernels selection can pick on a GPU of ``capability`` with ``sms`` SMs and ``profile``."""
+                   m_buckets=M_BUCKETS, grouped: bool = False) -> List[Tuple[Family, object]]:
+    """The kernels selection can pick on a GPU of ``capability`` with ``sms`` SMs and ``profile``
+    (``grouped``: and the grouped families' catalogs, see :func:`selectable`)."""
     found: Dict[str, Tuple[Family, object]] = {}
 
     def add(fam: Family, config) -> None:
@@ -109,5 +113,9 @@ def selectable_for(capability: Tuple[int, int], sms: int, profile: Optional[Prof
         if picked is not None:
             add(*picked)
         add(dequant, dequant.heuristic(p, sms))
-    order = {f.name: i for i, f in enumerate(FAMILIES)}
+    for fam in GROUPED_FAMILIES if grouped else ():
+        if fam.runs_on(capability)[0]:
+            for config in fam.catalog():
+                add(fam, config)
+    order = {f.name: i for i, f in enumerate(ALL_FAMILIES)}
     return sorted(found.values(), key=lambda fc: (order[fc[0].name], fc[1].kernel_name))

@@ -76,8 +76,8 @@ def test_can_implement_reports_reasons(fam):
 @pytest.mark.parametrize("fam", GROUPED_FAMILIES, ids=[f.name for f in GROUPED_FAMILIES])
 def test_dense_selection_never_considers_a_grouped_family(fam, monkeypatch):
     """Grouped families are reachable by name (schedules, configs) but neither dense selection, its
-    heuristics, the profiler's candidates nor kernel-package coverage walk them; forced onto a
-    dense problem, they say why not."""
+    heuristics, the profiler's candidates nor dense coverage walk them (a kernel package adds their
+    catalogs); forced onto a dense problem, they say why not."""
     from mixed_gemm.kernels import base
     from mixed_gemm.profiler.candidates import candidate_schedules
     from mixed_gemm.select import heuristic_choice
@@ -94,6 +94,12 @@ def test_dense_selection_never_considers_a_grouped_family(fam, monkeypatch):
     ok, why = _usable(fam, c, dense, 0, capability=(9, 0))
     assert not ok and "not a dense matmul" in why
     assert all(f is not fam for f, _ in selectable("sm90a", shapes=((4096, 4096),), m_buckets=(1, 64)))
+    # A kernel package (grouped=True) holds the grouped catalogs, of the families that run on its arch.
+    packaged = {c.kernel_name for f, c in selectable("sm90a", shapes=((4096, 4096),), m_buckets=(1,), grouped=True)
+                if f is fam}
+    assert packaged == {c.kernel_name for c in fam.catalog()}
+    ampere = {f for f, _ in selectable("sm80", shapes=((4096, 4096),), m_buckets=(1,), grouped=True)}
+    assert (fam in ampere) == fam.runs_on((8, 0))[0]
 
 
 @pytest.mark.parametrize("fam", ALL_FAMILIES, ids=IDS)

@@ -1,8 +1,9 @@
 """Run by tests/ops/test_packaged_gpu.py in a fresh process with ``MIXED_GEMM_JIT=off``, an empty
 kernel cache and neither nvcc nor the CUTLASS headers reachable: every kernel selection picks for
 the eight Llama-3 8B/70B shapes at M = 1 ... 4096, fp16 and bf16, int4/int8 (g128) and the
-low-bit kinds (2, 3 bits and 1:2-sparse 7 bits, g64) must come from the installed kernel package,
-and each result must match the float32 reference element-wise. Prints one line per weight and
+low-bit kinds (2, 3 bits and 1:2-sparse 7 bits, g64), and the MoE layers of two presets at 1 to
+4096 tokens (both grouped families), must come from the installed kernel package, and each result
+must match the float32 reference element-wise. Prints one line per weight and
 ``packaged: N passed`` last; any compile attempt raises JitDisabledError and fails the run."""
 from __future__ import annotations
 
@@ -74,6 +75,38 @@ def readme_api(gen) -> None:
     torch.cuda.synchronize()
 
 
+# MoE presets (E, top_k, H, I): Qwen3-30B-A3B and DeepSeek-V2-Lite at full size; the tokens span both
+# grouped families (moe_gemv below ~8 routed rows per expert, moe_sm90a above).
+MOE_PRESETS = ((128, 8, 2048, 768), (64, 6, 2048, 1408))
+MOE_TOKENS = (1, 16, 256, 4096)
+
+
+def moe_layers(gen) -> int:
+    """mg.moe from the package (JIT off) against mg.reference.moe, fp16 int4 g128 with zeros."""
+    from mixed_gemm.ops.experts import grouped_plan
+
+    checked = 0
+    for e, top_k, h, inter in MOE_PRESETS:
+        ws, dense = [], []
+        for n, k in ((2 * inter, h), (h, inter)):
+            q = torch.randint(0, 16, (e, n, k), device="cuda", generator=gen, dtype=torch.uint8)
+            s = ((torch.rand(e, n, k // 128, device="cuda", generator=gen) + 0.5) * (2.0 / (16 * k**0.5))).half()
+            z = torch.randint(0, 16, (e, n, k // 128), device="cuda", generator=gen).half()
+            ws.append(mg.prepack_experts(q, s, z, group_size=128, dtype=torch.float16))
+            dense.append(torch.stack([mg.reference.dequantize(q[i], s[i], z[i], group_size=128, bits=4).float()
+                                      for i in range(e)]))
+        for t in MOE_TOKENS:
+            x = torch.randn(t, h, device="cuda", generator=gen).half()
+            scores = torch.randn(t, e, device="cuda", generator=gen).softmax(-1)
+            weights, ids = scores.topk(top_k, dim=1)
+            y = mg.moe(x, ws[0], ws[1], weights, ids)
+            assert_elementwise(y, mg.reference.moe(x.float(), dense[0], dense[1], weights.float(), ids), inter,
+                               chained=3)
+            print(f"MoE E={e} top-{top_k} {h}x{inter} T={t}: ok ({grouped_plan(x, ws[0], ws[1], top_k)!r})", flush=True)
+            checked += 1
+    return checked
+
+
 def main() -> int:
     assert mg.jit_mode() == "off", "run with MIXED_GEMM_JIT=off"
     tools, missing = mg.compile.toolchain()
@@ -101,6 +134,7 @@ def main() -> int:
                 del w, dense
                 print(f"{dname} {bits}-bit g{group} {n}x{k}: M 1..4096 ok ({'/'.join(sorted(families))}), "
                       f"{time.perf_counter() - start:.1f} s", flush=True)
+    passed += moe_layers(gen)
     assert not mg.pending_builds(), mg.pending_builds()
     print(f"packaged: {passed} passed, 0 failed")
     return 0
