@@ -25,3 +25,32 @@ def get_library(spec: BuildSpec, bind: Callable[[ctypes.CDLL], ctypes.CDLL]) -> 
                 # RTLD_LOCAL (ctypes' default): every kernel library exports the same mg_* names.
                 lib = _LIBRARIES[spec.name] = bind(ctypes.CDLL(str(build_spec(spec))))
     return lib
+
+
+class LibraryMismatch(RuntimeError):
+    """A kernel library that is not what its config says (ABI, shape): a stale cache entry or a bug."""
+
+
+def open_library(spec: BuildSpec, bind: Callable[[ctypes.CDLL], ctypes.CDLL], info: Callable[[ctypes.CDLL], dict],
+                 abi_version: int, expected: dict, device_index: int, describe: Callable[[int], str]):
+    """``(library, its mg_info fields)`` for a kernel library family's launcher: loaded (:func:`get_library`),
+    checked against ``abi_version`` and the ``expected`` mg_info fields (a field expected as 0 is not
+    checked), and prepared on ``device_index`` (``mg_prepare``: module load, shared-memory opt-in;
+    it synchronizes the device, so launchers are made before any capture). ``LibraryMismatch``
+    names the library and the field that disagrees."""
+    from .driver import primary_context
+
+    lib = get_library(spec, bind)
+    fields = info(lib)
+    if fields["abi"] != abi_version:
+        raise LibraryMismatch(f"{spec.name}: library ABI {fields['abi']}, expected {abi_version}; clear the kernel "
+                              "cache entry")
+    wrong = {k: (fields[k], v) for k, v in expected.items() if v and fields[k] != v}
+    if wrong:
+        raise LibraryMismatch(f"{spec.name}: the library was built otherwise than its config says "
+                              f"(field: built, expected): {wrong}")
+    with primary_context(device_index):
+        rc = lib.mg_prepare()
+    if rc:
+        raise LibraryMismatch(f"{spec.name}: mg_prepare: {describe(rc)}")
+    return lib, fields

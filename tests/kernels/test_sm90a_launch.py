@@ -10,6 +10,9 @@ from mixed_gemm.compile import BuildSpec
 from mixed_gemm.kernels.sm90a import Sm90aConfig, abi
 from mixed_gemm.ops.packed import LayoutView
 from mixed_gemm.kernels.sm90a import launch as L
+from mixed_gemm.runtime import driver
+from mixed_gemm.runtime import library as runtime_library
+from mixed_gemm.runtime.library import LibraryMismatch
 
 
 class FakeLib:
@@ -53,12 +56,17 @@ class T:  # a tensor stand-in: data_ptr only
         return self.ptr
 
 
+def _fake_library(monkeypatch, lib):
+    """Every library the launcher opens is ``lib``; no CUDA context is touched."""
+    monkeypatch.setattr(runtime_library, "get_library", lambda spec, bind: lib)
+    monkeypatch.setattr(abi, "info", lambda lib_: lib_.info())
+    monkeypatch.setattr(driver, "primary_context", lambda i: contextlib.nullcontext())
+
+
 def _launcher(monkeypatch, schedule="t128x64x128_coop_c1x1_s0_split2", ws_bytes=0, ws_ptrs=None):
     cfg = Sm90aConfig.from_schedule(schedule)
     lib = FakeLib(cfg, ws_bytes)
-    monkeypatch.setattr(L, "get_library", lambda spec, bind: lib)
-    monkeypatch.setattr(abi, "info", lambda lib_: lib_.info())
-    monkeypatch.setattr(L, "primary_context", lambda i: contextlib.nullcontext())
+    _fake_library(monkeypatch, lib)
     monkeypatch.setattr(L, "sm_count", lambda i: 132)
     ptrs = iter(ws_ptrs or [])
     state = {"ptr": next(ptrs, 0)}
@@ -109,7 +117,6 @@ def test_a_library_built_otherwise_is_refused(monkeypatch):
     cfg = Sm90aConfig.from_schedule("t128x64x128_coop_c1x1_s4_sk")
     lib = FakeLib(cfg)
     lib.info = lambda: dict(FakeLib(cfg).info(), stages=8)
-    monkeypatch.setattr(L, "get_library", lambda spec, bind: lib)
-    monkeypatch.setattr(abi, "info", lambda lib_: lib_.info())
-    with pytest.raises(L.Sm90aLaunchError, match="8 stages; the config says otherwise"):
+    _fake_library(monkeypatch, lib)
+    with pytest.raises(LibraryMismatch, match=r"built otherwise than its config says .*'stages': \(8, 4\)"):
         L.Sm90aLauncher(cfg, BuildSpec("name", None, (), "shared"), 0)

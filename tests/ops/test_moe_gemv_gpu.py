@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mixed_gemm as mg
-from mixed_gemm.kernels import family
+from mixed_gemm.kernels import family, family_of
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
 from mixed_gemm.kernels.moe_gemv.catalog import expert_shapes_for, shapes_for
 from mixed_gemm.kernels.sm90a import layout as sm90a_layout
@@ -111,13 +111,13 @@ def ref_y(h, w2_weights, ids, weights):
 
 
 def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
-    """Both kernels through their launchers into NaN-poisoned outputs: (h, y)."""
+    """Both kernels (of any grouped family) through their launchers into NaN-poisoned outputs: (h, y)."""
     t, k = ids.shape
     stream = current_stream(0)
     h = torch.full((t * k, w2.k), float("nan"), dtype=x.dtype, device="cuda")
     y = torch.full((t, w2.n), float("nan"), dtype=x.dtype, device="cuda")
     with mg.compile.blocking():
-        gate_up, down = FAMILY.launcher(cfg13, 0), FAMILY.launcher(cfg2, 0)
+        gate_up, down = family_of(cfg13).launcher(cfg13, 0), family_of(cfg2).launcher(cfg2, 0)
     gate_up(x, w13, ids.contiguous(), None, h, t, k, stream)
     down(h, w2, ids.contiguous(), weights.float().contiguous(), y, t, k, stream)
     torch.cuda.synchronize()

@@ -16,8 +16,7 @@ from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90a import MoeSm90aConfig
 from mixed_gemm.kernels.moe_sm90a.catalog import TILES
 from mixed_gemm.ops.experts import _problems, grouped_plan, moe_grouped
-from mixed_gemm.runtime import current_stream
-from test_moe_gemv_gpu import TOP_KS, Experts, ref_h, ref_y, routing
+from test_moe_gemv_gpu import TOP_KS, Experts, ref_h, ref_y, routing, run_stages
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
 from tolerance import assert_elementwise
 from weights import seed_of
@@ -27,19 +26,6 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs an sm_90 GPU (wgmma)")]
 FAMILY = family("moe_sm90a")
 GROUPS = (64, 128, -1)
-
-
-def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
-    t, k = ids.shape
-    stream = current_stream(0)
-    h = torch.full((t * k, w2.k), float("nan"), dtype=x.dtype, device="cuda")
-    y = torch.full((t, w2.n), float("nan"), dtype=x.dtype, device="cuda")
-    with mg.compile.blocking():
-        gate_up, down = FAMILY.launcher(cfg13, 0), FAMILY.launcher(cfg2, 0)
-    gate_up(x, w13, ids.contiguous(), None, h, t, k, stream)
-    down(h, w2, ids.contiguous(), weights.float().contiguous(), y, t, k, stream)
-    torch.cuda.synchronize()
-    return h, y
 
 
 def _sweep_params():

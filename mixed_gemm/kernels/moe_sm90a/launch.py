@@ -21,8 +21,8 @@ import threading
 
 import torch
 
-from ...runtime import get_library, workspace
-from ...runtime.driver import primary_context
+from ...runtime import workspace
+from ...runtime.library import open_library
 from ..base import sm_count
 from . import abi
 from .config import MoeSm90aConfig
@@ -73,19 +73,10 @@ class MoeSm90aLauncher:
     def __init__(self, config: MoeSm90aConfig, spec, device_index: int):
         self.config = config
         self.device_index = device_index
-        self.lib = lib = get_library(spec, abi.bind)
-        self.info = info = abi.info(lib)
-        if info["abi"] != abi.ABI_VERSION:
-            raise MoeSm90aLaunchError(f"{spec.name}: library ABI {info['abi']}, expected {abi.ABI_VERSION}; "
-                                      "clear the kernel cache entry")
-        built = ((info["tile_m"], info["tile_n"], info["tile_k"]), info["bits"])
-        if built != (config.tile, config.bits) or (config.stages and info["stages"] != config.stages):
-            raise MoeSm90aLaunchError(f"{spec.name}: the library was built as tile {built[0]}, {built[1]}-bit, "
-                                      f"{info['stages']} stages; the config says otherwise")
-        with primary_context(device_index):
-            rc = lib.mg_prepare()
-        if rc:
-            raise MoeSm90aLaunchError(f"{spec.name}: mg_prepare: {abi.describe(rc)}")
+        tm, tn, tk = config.tile
+        self.lib, self.info = open_library(spec, abi.bind, abi.info, abi.ABI_VERSION,
+                                           dict(tile_m=tm, tile_n=tn, tile_k=tk, bits=config.bits,
+                                                stages=config.stages), device_index, abi.describe)
         self.sms = sm_count(device_index)
         self.lock = threading.Lock()
         self._arrays = {}  # stacked weight key -> _Arrays

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 
-from ...runtime import get_library, workspace
-from ...runtime.driver import primary_context
+from ...runtime import workspace
+from ...runtime.library import open_library
 from ..base import sm_count
 from . import abi, layout
 from .config import Sm90aConfig
@@ -29,19 +29,10 @@ class Sm90aLauncher:
     def __init__(self, config: Sm90aConfig, spec, device_index: int):
         self.config = config
         self.device_index = device_index
-        self.lib = lib = get_library(spec, abi.bind)
-        self.info = info = abi.info(lib)
-        if info["abi"] != abi.ABI_VERSION:
-            raise Sm90aLaunchError(f"{spec.name}: library ABI {info['abi']}, expected {abi.ABI_VERSION}; "
-                                   "clear the kernel cache entry")
-        built = ((info["tile_m"], info["tile_n"], info["tile_k"]), (info["cluster_m"], info["cluster_n"]), info["bits"])
-        if built != (config.tile, config.cluster, config.bits) or (config.stages and info["stages"] != config.stages):
-            raise Sm90aLaunchError(f"{spec.name}: the library was built as tile {built[0]}, cluster {built[1]}, "
-                                   f"{built[2]}-bit, {info['stages']} stages; the config says otherwise")
-        with primary_context(device_index):
-            rc = lib.mg_prepare()
-        if rc:
-            raise Sm90aLaunchError(f"{spec.name}: mg_prepare: {abi.describe(rc)}")
+        (tm, tn, tk), (cm, cn) = config.tile, config.cluster
+        self.lib, self.info = open_library(spec, abi.bind, abi.info, abi.ABI_VERSION,
+                                           dict(tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn,
+                                                bits=config.bits, stages=config.stages), device_index, abi.describe)
         self.sms = sm_count(device_index)
         self.splits = config.launch_splits
         self.order = (config.swizzle, abi.RASTERS[config.raster])
