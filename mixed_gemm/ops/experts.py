@@ -112,11 +112,15 @@ def prepack_experts(q: torch.Tensor, s: torch.Tensor, z: Optional[torch.Tensor],
     """Canonical per-expert ``q`` ``(E, N, K)``, ``s``/``z`` ``(E, N, num_groups)`` (``z``: ``None``
     for symmetric weights), as :func:`mixed_gemm.quantize` makes them expert by expert, into one
     :class:`PackedExperts` on their device. Each expert goes through :func:`prepack` (its rules and
-    errors); ``layout`` as there (one layout: a grouped kernel reads one)."""
+    errors); ``layout`` as there (one layout: a grouped kernel reads one), except that ``"auto"``
+    takes the grouped families' layout on a GPU where one of them runs (:func:`experts_layout`:
+    on Ampere too, where dense weights get the sm80 layout)."""
     if q.dim() != 3:
         raise ValueError(f"q: expected (E, N, K) codes, got shape {tuple(q.shape)}")
     if layout not in ("auto", "sm80", "sm90a"):
         raise ValueError(f"layout: experts hold one layout, 'auto', 'sm80' or 'sm90a'; got {layout!r}")
+    if layout == "auto":
+        layout = experts_layout(q.device)
     parts = [prepack(q[e], s[e], None if z is None else z[e], format="plain", bits=bits, group_size=group_size,
                      zero_mode=zero_mode, dtype=dtype, layout=layout) for e in range(q.shape[0])]
     first = parts[0]
@@ -124,6 +128,18 @@ def prepack_experts(q: torch.Tensor, s: torch.Tensor, z: Optional[torch.Tensor],
                          zeros=None if first.zeros is None else torch.stack([p.zeros for p in parts]),
                          n=first.n, k=first.k, bits=first.bits, group_size=first.group_size,
                          zero_mode=first.zero_mode, layout=first.layout)
+
+
+def experts_layout(device: torch.device) -> str:
+    """The layout ``prepack_experts(layout="auto")`` gives experts on ``device``: the one the first
+    grouped family that runs there reads (``sm90a``: moe_sm90a on the H100, moe_gemv's mma.sync
+    kernels from compute capability 8.0, which also read it), so that ``moe`` has a grouped,
+    capturable path; ``"auto"`` (prepack's choice) elsewhere. Dense selection serves either layout
+    (the per-expert path: gemv at decode sizes, dequantize + cuBLAS above)."""
+    if device.type != "cuda":
+        return "auto"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return next((fam.layout for fam in GROUPED_FAMILIES if fam.supports(index)[0]), "auto")
 
 
 def _check(x, w13: PackedExperts, w2: PackedExperts, topk_weights, topk_ids) -> None:

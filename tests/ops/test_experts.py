@@ -134,3 +134,16 @@ def test_no_tokens():
     _, w2 = experts(H, I)
     y = mg.moe(torch.empty(0, H).half(), w13, w2, torch.empty(0, 2), torch.empty(0, 2, dtype=torch.long))
     assert y.shape == (0, H) and y.dtype == torch.float16
+
+
+def test_auto_layout_follows_the_grouped_families(monkeypatch):
+    """``prepack_experts(layout="auto")`` packs for the grouped kernels wherever one runs: sm90a on the
+    H100 (moe_sm90a) and on Ampere (moe_gemv's mma.sync kernels read it too), prepack's own choice
+    where none runs (older GPUs) and on the CPU."""
+    from mixed_gemm.kernels import base
+    from mixed_gemm.ops.experts import experts_layout
+
+    assert experts_layout(torch.device("cpu")) == "auto"
+    for capability, layout in (((9, 0), "sm90a"), ((8, 0), "sm90a"), ((8, 9), "sm90a"), ((7, 5), "auto")):
+        monkeypatch.setattr(base, "compute_capability", lambda i, c=capability: c)
+        assert experts_layout(torch.device("cuda", 0)) == layout, capability
