@@ -50,7 +50,7 @@ def test_config_rules_name_the_field(kw, rule):
 
 def test_catalog_renders_the_grouped_kernel():
     cat = FAMILY.catalog()
-    assert len(cat) == 16 and {c.tile for c in cat} == set(TILES)
+    assert len(cat) == 24 and {c.tile for c in cat} == set(TILES)
     src = FAMILY.render(cat[0])
     assert '#include "moe_sm90a/grouped_sm90a.cuh"' in src
     assert f"GroupedGemm<cutlass::half_t, cutlass::int4b_t, {', '.join(map(str, cat[0].tile))}, 0>" in src

@@ -29,17 +29,21 @@ GROUPS = (64, 128, -1)
 
 
 def _sweep_params():
-    """Every catalog tile of gate|up with every tile of down, per dtype and width (all 12 kernels in
-    both stages); zero kind x group rotate through all 12 combinations, top-k and T rotate, the
+    """Every catalog tile in both stages, per dtype and width (each gate|up tile with itself and with
+    the tile three further down the catalog: all 24 kernels run in both stages); zero kind x group
+    rotate through all combinations (group 64 only with TK = 64 tiles), top-k and T rotate, the
     routing is random or puts every token's slot 0 on one expert."""
     rng = random.Random(90)
-    cases = []
+    cases, seen = [], []
     for dtype in DTYPES:
         for bits in (4, 8):
-            for a in TILES:
-                for b in TILES:
+            for i, a in enumerate(TILES):
+                for b in (TILES[i], TILES[(i + 3) % len(TILES)]):
                     c = len(cases)
-                    zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 3]
+                    groups = GROUPS if a[2] == b[2] == 64 else (128, -1)
+                    zero = ZERO_KINDS[c % 4]
+                    group = min(groups, key=lambda g: seen.count((zero, g)))  # the least tried combination
+                    seen.append((zero, group))
                     top_k, t = TOP_KS[(c + c // 4) % 4], (1, 16, 64, 300)[(c // 2 + c // 8) % 4]
                     route = "one" if c % 3 == 0 else "random"
                     e = max(top_k + 1, rng.choice((8, 16, 32)))
@@ -55,6 +59,8 @@ def _sweep_params():
                                                  f"-h{h}-i{inter}-{route}" + ("-ids32" if ids32 else "")))
     assert {p.values[6] for p in cases} == set(TOP_KS) and {p.values[7] for p in cases} == {1, 16, 64, 300}
     assert {(p.values[4], p.values[5]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
+    assert {p.values[2].split("_", 1)[1] for p in cases} == {p.values[3].split("_", 1)[1] for p in cases} \
+        == {MoeSm90aConfig(tile=t).schedule.split("_", 1)[1] for t in TILES}
     return cases
 
 
