@@ -386,8 +386,10 @@ def _run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExper
     y = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
     stream = current_stream(x.device.index)
     gate_up, down = launchers
-    gate_up(x, w13, ids, None, h, tokens, top_k, stream)
-    down(h, w2, ids, weights, y, tokens, top_k, stream)
+    # Launchers of a family that sorts the pairs (moe_sm90a) keep h in that order between them.
+    handover = {"sorted_h": True} if all(getattr(f, "sorted_pairs", False) for f in launchers) else {}
+    gate_up(x, w13, ids, None, h, tokens, top_k, stream, **handover)
+    down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
     return y
 
 

@@ -114,8 +114,14 @@ class MoeSm90aLauncher:
             raise MoeSm90aLaunchError(f"{self.config.name}: mg_run(E={e}, N={w.n}, K={w.k}, group={w.group_size}): "
                                       f"{abi.describe(rc)}")
 
+    # The two stages can hand h over in their own sorted row order (see __call__'s sorted_h).
+    sorted_pairs = True
+
     def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
-                 stream: int) -> None:
+                 stream: int, sorted_h: bool = False) -> None:
+        """One stage. ``sorted_h`` (both stages of this family, same ids): ``h`` stays in the sorted
+        pair order the GEMMs use (gate|up writes it so, down reads it so) instead of pair order,
+        saving a scatter and a gather of ``h``; the sort is stable, so both stages sort alike."""
         pairs = tokens * top_k
         if pairs == 0:
             return
@@ -131,10 +137,11 @@ class MoeSm90aLauncher:
             g = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
             self.gemm(rows, w, counts, offsets, g, stream)
             used = counts.sum()
-            rc = self.lib.mg_silu_mul(g.data_ptr(), order.data_ptr(), used.data_ptr(), out.data_ptr(), pairs, w.n // 2,
+            dest = torch.arange(pairs, device=x.device) if sorted_h else order  # h's row of sorted row r
+            rc = self.lib.mg_silu_mul(g.data_ptr(), dest.data_ptr(), used.data_ptr(), out.data_ptr(), pairs, w.n // 2,
                                       stream or None)
         else:
-            rows = x.index_select(0, order)
+            rows = x if sorted_h else x.index_select(0, order)
             o = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
             self.gemm(rows, w, counts, offsets, o, stream)
             # pos[p]: pair p's row among the sorted ones; -1 where no expert computed it.
