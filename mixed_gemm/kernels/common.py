@@ -3,6 +3,7 @@ shares. One definition each; :func:`constant_checks` feeds the ``static_assert``
 rendered source carries, so the two sides cannot drift apart silently."""
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Tuple
 
 # dtype name -> (CUTLASS element type in the templates, torch dtype name)
@@ -44,6 +45,23 @@ def check_weight_kind(dtype: str, bits: int, zero_mode: str, bits_allowed=(4, 8)
         (bits in bits_allowed, f"bits must be one of {tuple(bits_allowed)}"),
         (zero_mode in ZERO_MODES, f"zero_mode must be one of {tuple(ZERO_MODES)}"),
     ]
+
+
+def hash_once(cls):
+    """Class decorator, above ``@dataclass(frozen=True)``: the config's hash computed once per instance
+    (configs key the module and launch-plan caches on every matmul call) and kept in its ``__dict__``
+    beside the fields (a frozen dataclass's own ``__setattr__`` refuses it; equality still compares
+    the fields alone)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash_once")
+        if h is None:
+            h = hash(dataclasses.astuple(self))
+            object.__setattr__(self, "_hash_once", h)
+        return h
+
+    cls.__hash__ = __hash__
+    return cls
 
 
 def raise_on(rules, what: str) -> None:

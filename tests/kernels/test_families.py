@@ -46,6 +46,8 @@ def test_catalog_names_schedules_and_sources(fam):
         assert re.fullmatch(r"mg_[a-z0-9_]+?_(f16|bf16)_u(1|2|3|4|7|8)(_z(sym|int|float|offset))?(_\w+)?", c.kernel_name), \
             c.kernel_name
         assert family_of(c) is fam and c.kernel == c.kernel.kernel
+        twin = c.replace() if hasattr(c, "replace") else c  # an equal config hashes equal (hash_once)
+        assert twin == c and hash(twin) == hash(c) and {c: 1}.get(twin) == 1
         again = parse_schedule(qualified(c), dtype=c.dtype, bits=c.bits, zero_mode=c.zero_mode)
         assert again == c and qualified(again) == f"{fam.name}:{c.schedule}"
     src = fam.render(cat[0])

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, raise_on
+from ..common import check_weight_kind, hash_once, raise_on
 from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
 _SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(?:_split(\d+))?$")
@@ -23,6 +23,7 @@ MAX_RING_SMEM = 227 * 1024  # with a ring it is dynamic: the H100's opt-in limit
 STAGES = (0, 2, 3, 4)  # 0: no ring (gemv.cuh); else the cp.async ring's depth (gemv_pipe.cuh)
 
 
+@hash_once
 @dataclass(frozen=True)
 class GemvConfig:
     """One launch configuration of the decode kernels (templates/gemv/).
@@ -88,13 +89,6 @@ class GemvConfig:
         # the kernels without a ring keep the sources they had before the field existed.
         fields = [f for f in dataclasses.fields(self) if f.name != "stages" or self.stages]
         return "GemvConfig(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(dataclasses.astuple(self))
 
     @property
     def threads(self) -> int:

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, raise_on
+from ..common import check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_xe)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
@@ -21,6 +21,7 @@ EXPERT_TOKENS = (8, 16)      # expert mode: rows of x per CTA and weight pass (o
 SCAN_PER_THREAD = 4          # expert mode: ids a thread loads per scan round (MoeGemvExpert::kScanPer)
 
 
+@hash_once
 @dataclass(frozen=True)
 class MoeGemvConfig:
     """One launch configuration of the grouped decode kernels (templates/moe_gemv/).
@@ -74,13 +75,6 @@ class MoeGemvConfig:
              "slot_loop (_kloop) is pair mode's: in expert mode a token's slots lie in different experts' CTAs"),
             (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
         ], "MoeGemvConfig")
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(dataclasses.astuple(self))
 
     @property
     def layout(self) -> str:

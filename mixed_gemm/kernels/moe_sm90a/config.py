@@ -8,12 +8,13 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, raise_on
+from ..common import check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)$")
 STAGES = ("w13", "w2")
 
 
+@hash_once
 @dataclass(frozen=True)
 class MoeSm90aConfig:
     """One launch configuration of the grouped Hopper kernel (templates/moe_sm90a/): CUTLASS's
@@ -46,13 +47,6 @@ class MoeSm90aConfig:
             (tk in (64, 128), "tile K must be 64 or 128 (four k16 blocks per stage at least)"),
             (self.stages == 0 or 2 <= self.stages <= 12, "stages must be 0 (auto) or 2..12"),
         ], f"MoeSm90aConfig {self.tile}")
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(dataclasses.astuple(self))
 
     @property
     def layout(self) -> str:

@@ -10,13 +10,14 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import SPLIT_K_MODES, check_weight_kind, raise_on
+from ..common import SPLIT_K_MODES, check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(_sm90a)?(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
 LAYOUTS = ("sm80", "sm90a")
 SWIZZLES = (1, 2, 4, 8)
 
 
+@hash_once
 @dataclass(frozen=True)
 class Sm80Config:
     """One launch configuration of the sm80 mixed-input GEMM template.
@@ -65,14 +66,6 @@ class Sm80Config:
             (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
             (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
         ], f"Sm80Config {self.tile}/{self.warps}")
-
-    def __hash__(self) -> int:
-        # Configs key the module and launch-plan caches on every matmul call: hash the fields once.
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(dataclasses.astuple(self))
 
     # ---- derived quantities (kept in step with gemm_sm80.cuh; the rendered source asserts them) ----
     # Cached per instance (the config is frozen): matmul reads them on every call.

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, raise_on
+from ..common import check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_(coop|pp)_c(\d)x(\d)_s(\d+)(_sk|_dp|_split(\d+))?(?:_sw(\d))?(?:_r([mn]))?$")
 KINDS = ("coop", "pp")
@@ -19,6 +19,7 @@ RASTERS = ("h", "m", "n")
 MAX_SPLITS = 16
 
 
+@hash_once
 @dataclass(frozen=True)
 class Sm90aConfig:
     """One launch configuration of the sm90a (Hopper wgmma, CUTLASS 3.x) mixed-input GEMM.
@@ -77,13 +78,6 @@ class Sm90aConfig:
             (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
             (self.raster in RASTERS, f"raster must be one of {RASTERS}"),
         ], f"Sm90aConfig {self.tile}/{self.kind}")
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(dataclasses.astuple(self))
 
     @property
     def streamk(self) -> bool:
