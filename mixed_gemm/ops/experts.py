@@ -304,12 +304,24 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
         return plan
     problems = _problems(m_bucket(max(1, tokens)), top_k, w13, w2)
     profile = device_profile(device_index) if x.is_cuda and configs is None else None
-    reasons = []
     stacked = _stacked_reason(w13, w2)
     near = None if configs is not None or stacked is not None else _near_profiled(problems, profile, device_index)
-    families = () if near is not None else GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),)
     if near is not None:  # the profile measured both projections near these tokens: its kernels, whichever families
         plan = GroupedPlan([family_of(c) for c in near], near, device_index)
+    else:
+        plan = _family_plan(GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),), problems,
+                            configs, profile, stacked, device_index)
+    if configs is None:
+        with _GROUPED_LOCK:
+            plan = GROUPED.setdefault(key, plan)
+    return plan
+
+
+def _family_plan(families, problems, configs, profile, stacked: Optional[str],
+                 device_index: int) -> Union[GroupedPlan, str]:
+    """The first of ``families`` whose configs (``configs``, else the profile's nearest of its own or
+    its heuristic's) run both projections here, or the reasons none does, one clause per family."""
+    reasons = []
     for fam in families:
         ok, why = fam.supports(device_index)
         if ok:
@@ -322,15 +334,9 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
         if ok and stacked is not None:  # after the family's own rules (layout first: the likelier reason)
             ok, why = False, stacked
         if ok:
-            plan = GroupedPlan((fam, fam), chosen, device_index)
-            break
+            return GroupedPlan((fam, fam), chosen, device_index)
         reasons.append(f"{fam.name}: {why}")
-    else:
-        plan = plan if near is not None else "; ".join(reasons)
-    if configs is None:
-        with _GROUPED_LOCK:
-            plan = GROUPED.setdefault(key, plan)
-    return plan
+    return "; ".join(reasons)
 
 
 def _near_profiled(problems, profile, device_index: int):

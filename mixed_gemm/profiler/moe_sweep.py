@@ -1,12 +1,13 @@
 """``mixed-gemm profile-moe``: time every grouped family's candidates for each MoE preset, token count
-and projection; write the winner (the fastest of all families) into the GPU's profile (its ``"grouped"`` list, read by
-``mixed_gemm.moe``'s plan).
+and projection; write the winner (the fastest of all families) into the GPU's profile (its
+``"grouped"`` list, read by ``mixed_gemm.moe``'s plan).
 
 Each stage is timed alone on random int4 experts and random softmax top-k routing (fixed seeds),
 replayed from a CUDA graph (median of replays): the gate|up stage on x, the down stage on the gate|up
 output of the family's heuristic schedule (or, where that passes, its first candidate). A candidate
-counts only when its output matches that schedule's element-wise (fp32 sums in another order, one rounding: ``rtol 2 eps``, ``atol`` grown
-like sqrt(K)); the heuristic schedules themselves are checked against the reference in the GPU suite.
+counts only when its output matches that schedule's element-wise (fp32 sums in another order, one
+rounding: ``rtol 2 eps``, ``atol`` grown like sqrt(K)); the heuristic schedules themselves are
+checked against the reference in the GPU suite.
 """
 from __future__ import annotations
 
@@ -79,10 +80,12 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                     cands = [c for c in cands if fam.can_implement(c, problem)[0]]
                     # The family's heuristic schedule is its reference; where it passes (another family's
                     # side of the token range), its first candidate.
-                    base = fam.heuristic(problem, sms) or (cands[0] if cands else None)
+                    own = fam.heuristic(problem, sms)
+                    base = own or (cands[0] if cands else None)
                     if base is None:
                         continue
-                    heuristic = heuristic or (fam.heuristic(problem, sms) and f"{fam.name}:{base.schedule}")
+                    if own is not None and heuristic is None:  # what selection without a profile would run
+                        heuristic = f"{fam.name}:{own.schedule}"
                     fam.launcher(base, dev)(src, w, ids, wts, out, t, shape.top_k, stream)
                     ref = out.clone()  # (h stays this reference's: the down stage reads it)
                     for config in cands:
