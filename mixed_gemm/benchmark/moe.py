@@ -4,11 +4,13 @@ fp16/bf16 path in the same run (``torch._grouped_mm`` where this torch runs it f
 per-expert cuBLAS loop over the routed experts, transformers' eager way) and against the int4 floor,
 the bytes of the experts actually routed at the copy bandwidth.
 
-Timed on a cold L2 (a buffer twice the L2 is written before each call), median of the repetitions,
-ours and the dense paths alternating, replayed from a CUDA graph where a path can be captured (mg.moe's
-grouped decode kernels, torch._grouped_mm) and eager where it cannot (the per-expert loops, which
-read the routing on the host); mg.moe is timed both ways and keeps the faster (eager it takes its
-grouped kernels where they pay, T * top_k at most a few times E, else its per-expert loop).
+Timed on a cold L2 (a buffer twice the L2 is written before each call, and its time taken off),
+median of the repetitions, ours and the dense paths alternating, replayed from a CUDA graph where a
+path can be captured (mg.moe's grouped kernels; the fp16 gathered batched GEMV that transformers'
+experts run under torch.compile, at the token counts where its gathered weights fit) and eager
+where it cannot (the per-expert loop and ``torch._grouped_mm``, which read the routing on the
+host); mg.moe is timed both ways and keeps the faster (eager it takes its grouped kernels where
+they pay, T * top_k at most a few times E, else its per-expert loop).
 """
 from __future__ import annotations
 
@@ -86,53 +88,94 @@ def dense_grouped(x, w13_t, w2_t, weights, ids):
     return out.to(x.dtype)
 
 
-def _graph_of(fn: Callable[[], object]):
-    """``fn`` captured in a CUDA graph, or None where it cannot be (mg.moe's per-expert path reads
-    the routing on the host; the dense loop too)."""
+def dense_gathered(x, w13, w2, weights, ids):
+    """The same as one batched GEMV per (token, slot) pair over that pair's expert weights, gathered:
+    what transformers' experts run under torch.compile (its ``batched_mm`` implementation), and the
+    fp16 path a CUDA graph can capture (no host read of the routing). Moves each pair's expert
+    weights three times (read, write, read), so it is timed only while they stay small
+    (:data:`GATHER_LIMIT`)."""
+    t, k = ids.shape
+    flat = ids.reshape(-1)
+    rows = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # (pairs, H, 1)
+    h = torch.bmm(w13.index_select(0, flat), rows).squeeze(-1)  # (pairs, 2I)
+    inter = w2.shape[2]
+    h = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).unsqueeze(-1)
+    y = torch.bmm(w2.index_select(0, flat), h).squeeze(-1)  # (pairs, H)
+    return (y.float().view(t, k, -1) * weights.float().unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+GATHER_LIMIT = 4 << 30  # bytes of gathered expert weights above which dense_gathered is not timed
+
+
+def _graph_of(fn: Callable[[], object], reps: int):
+    """``reps`` calls of ``fn`` captured in one CUDA graph, or None where it cannot be (mg.moe's
+    per-expert path reads the routing on the host; the dense loop too)."""
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            for _ in range(reps):
+                fn()
         return graph
     except (RuntimeError, ValueError):
         torch.cuda.synchronize()
         return None
 
 
-def _cold_s(fns: Dict[str, Callable[[], object]], reps: int) -> Dict[str, tuple]:
-    """``(seconds, how)`` per fn: the median over ``reps`` of one call on a cold L2 (a buffer twice
-    the L2 is written before each), replayed from a CUDA graph where the fn can be captured, else
-    eager (``how`` says which; a capturable fn is timed both ways and keeps the faster: mg.moe under
-    capture always takes its grouped kernels, eager it may take its per-expert path). Fns alternate."""
+def _elapsed_s(run: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _cold_s(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10) -> Dict[str, tuple]:
+    """``(seconds, how)`` per fn: one call on a cold L2, the median over ``rounds`` of ``calls``
+    calls each preceded by a write of a buffer twice the L2, less the same number of writes alone
+    (so neither the graph launch nor the event timing is counted in a call). Replayed from a
+    CUDA graph where the fn can be captured, else eager (``how`` says which; a capturable fn is
+    timed both ways and keeps the faster: mg.moe under capture always takes its grouped kernels,
+    eager it may take its per-expert path). Eager, the flushes run while the host issues the next
+    call, which hides up to a flush's time of host work: in the dense paths' favour. Fns alternate."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
-    runs: Dict[tuple, Callable[[], object]] = {}
+
+    def flushed(fn):
+        def call():
+            flush.zero_()
+            fn()
+        return call
+
+    def eager(fn):
+        return lambda: [fn() for _ in range(calls)]
+
+    runs: Dict[tuple, Callable[[], object]] = {("flush", "eager"): eager(flush.zero_)}
+    flush_graph = _graph_of(flush.zero_, calls)
+    runs[("flush", "graph")] = flush_graph.replay
     for name, fn in fns.items():
         fn()
-        runs[(name, "eager")] = fn
-        graph = _graph_of(fn)
+        runs[(name, "eager")] = eager(flushed(fn))
+        graph = _graph_of(flushed(fn), calls)
         if graph is not None:
             runs[(name, "graph")] = graph.replay
     samples: Dict[tuple, List[float]] = {key: [] for key in runs}
-    for rep in range(reps):
-        for key, fn in (list(runs.items()) if rep % 2 == 0 else list(reversed(runs.items()))):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples[key].append(start.elapsed_time(end) / 1e3)
+    for rep in range(rounds):
+        for key, run in (list(runs.items()) if rep % 2 == 0 else list(reversed(runs.items()))):
+            samples[key].append(_elapsed_s(run))
+    base = {how: statistics.median(samples[("flush", how)]) for how in ("eager", "graph")}
     out: Dict[str, tuple] = {}
     for (name, how), times in samples.items():
-        t = statistics.median(times)
+        if name == "flush":
+            continue
+        t = max(statistics.median(times) - base[how], 0.0) / calls
         if name not in out or t < out[name][0]:
             out[name] = (t, how)
     return out
 
 
 def bench_moe(name: str, tokens: Sequence[int], dtype: torch.dtype, bandwidth: float, group_size: int = 128,
-              reps: int = 9, log=print) -> List[Dict]:
+              reps: int = 7, log=print) -> List[Dict]:
     """Rows (one per token count) for the MoE layer of preset ``name``."""
     from ..formats import quantize
     from ..ops import moe, prepack_experts
@@ -154,6 +197,8 @@ def bench_moe(name: str, tokens: Sequence[int], dtype: torch.dtype, bandwidth: f
         weights, ids = random_routing(t, shape, gen)
         fns = {"mixed_gemm": lambda: moe(x, packed[0], packed[1], weights, ids),
                "dense loop": lambda: dense_loop(x, w13, w2, weights, ids)}
+        if t * shape.top_k * 3 * shape.hidden * shape.inter * w13.element_size() <= GATHER_LIMIT:
+            fns["gathered bmm"] = lambda: dense_gathered(x, w13, w2, weights, ids)
         grouped_error = ""
         if hasattr(torch, "_grouped_mm"):
             try:

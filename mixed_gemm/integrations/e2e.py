@@ -1,11 +1,13 @@
 """``mixed-gemm e2e``: a transformers model with random weights, fp16 against its int4
 (mixed_gemm) twin and, with ``compare``, the peer users already have (torch's tinygemm int4 in
 bf16, :mod:`.tinygemm`, the same codes), all alive, their runs alternating and repeated (median),
-because the host is noisy. Per batch: the decode step (one token's forward, no KV cache) replayed in a CUDA graph, and
+because the host is noisy. Per batch: the decode step (one token's forward, no KV cache) replayed in a CUDA graph,
+eager and compiled by Inductor (:func:`compiled_step_ms`, the like-for-like step), and
 ``generate`` tokens/s eager and compiled (static cache: torch.compile with CUDA-graph trees); time
 to first token for a 512-token prompt; peak memory and the weights' bytes."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -99,14 +101,36 @@ def _cuda_ms(fn: Callable[[], object], reps: int = 1) -> float:
     return start.elapsed_time(stop) / reps
 
 
+@contextlib.contextmanager
+def decoding_experts(model):
+    """transformers' own switch for decoding (``generate`` does the same): experts implemented with
+    ``grouped_mm`` (host offsets: not capturable) run ``batched_mm`` meanwhile. Models without
+    transformers' experts interface, or whose experts mixed_gemm replaced, are left as they are."""
+    get = getattr(model, "get_experts_implementation", None)
+    original = get() if get is not None else {}
+    switch = isinstance(original, dict) and "grouped_mm" in original.values()
+    if switch:
+        model.set_experts_implementation({k: "batched_mm" if v == "grouped_mm" else v for k, v in original.items()})
+    try:
+        yield
+    finally:
+        if switch:
+            model.set_experts_implementation(original)
+
+
 STEP_EAGER: set = set()  # id() of the models whose decode step could not be captured (timed eager)
 
 
-@torch.no_grad()
 def decode_step_ms(model, batch: int) -> float:
     """One token's forward (batch x 1, no KV cache) captured in a CUDA graph, ms per replay; eager
-    (ms per call) for a model that cannot be captured (transformers' grouped_mm experts copy from
-    the host), which ``STEP_EAGER`` then names."""
+    (ms per call) for a model that cannot be captured, which ``STEP_EAGER`` then names. Experts
+    run as transformers decodes (:func:`decoding_experts`)."""
+    with decoding_experts(model):
+        return _decode_step_ms(model, batch)
+
+
+@torch.no_grad()
+def _decode_step_ms(model, batch: int) -> float:
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
     for _ in range(2):
         model(ids, use_cache=False)
@@ -118,6 +142,43 @@ def decode_step_ms(model, batch: int) -> float:
         torch.cuda.synchronize()
         STEP_EAGER.add(id(model))
         return _cuda_ms(lambda: model(ids, use_cache=False), reps=10)
+    graph.replay()
+    ms = _cuda_ms(graph.replay, reps=10)
+    del graph
+    return ms
+
+
+_COMPILED: Dict[int, Callable] = {}  # id(model) -> its forward compiled by Inductor (its own CUDA graphs off)
+
+
+def compiled_step_ms(model, batch: int) -> float:
+    """One token's forward (batch x 1, no KV cache) compiled by Inductor without CUDA graphs of
+    its own, then captured in one: both models' norms and elementwise work fused alike (experts as
+    transformers decodes: :func:`decoding_experts`), so the like-for-like step. NaN where the
+    compiled forward cannot be captured (``CAPTURE_ERRORS`` says why)."""
+    with decoding_experts(model):
+        return _compiled_step_ms(model, batch)
+
+
+CAPTURE_ERRORS: Dict[int, str] = {}  # id(model) -> why its compiled step could not be captured
+
+
+@torch.no_grad()
+def _compiled_step_ms(model, batch: int) -> float:
+    fn = _COMPILED.get(id(model))
+    if fn is None:
+        fn = _COMPILED[id(model)] = torch.compile(model, dynamic=False)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+    for _ in range(3):
+        fn(ids, use_cache=False)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn(ids, use_cache=False)
+    except RuntimeError as exc:
+        torch.cuda.synchronize()
+        CAPTURE_ERRORS[id(model)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return float("nan")
     graph.replay()
     ms = _cuda_ms(graph.replay, reps=10)
     del graph
@@ -167,6 +228,7 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
             generate_tps(model, b, False)
             if compiled:
                 warm[(name, b)] = generate_tps(model, b, True)
+                compiled_step_ms(model, b)
         ttft_ms(model)
     for b in batches:
         samples: Dict[str, List[Dict]] = {k: [] for k in models}
@@ -174,6 +236,7 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
             for name, model in (models.items() if rep % 2 == 0 else reversed(models.items())):
                 s = {"decode_ms": decode_step_ms(model, b), "eager_tps": generate_tps(model, b, False)}
                 if compiled:
+                    s["compiled_step_ms"] = compiled_step_ms(model, b)
                     full, first = generate_s(model, b, True), generate_s(model, b, True, 1)
                     # compiled_tps counts the prefill (eager in transformers' static-cache generate);
                     # compiled_decode_tps is the steady decode rate, the prefill's time taken off.
@@ -191,10 +254,14 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
             row[f"{prefix}decode_speedup"] = row["fp16_decode_ms"] / row[f"{name}_decode_ms"]
             row[f"{prefix}eager_ratio"] = row[f"{name}_eager_tps"] / row["fp16_eager_tps"]
             if compiled:
+                row[f"{prefix}compiled_step_speedup"] = row["fp16_compiled_step_ms"] / row[f"{name}_compiled_step_ms"]
                 row[f"{prefix}compiled_ratio"] = row[f"{name}_compiled_tps"] / row["fp16_compiled_tps"]
                 row[f"{prefix}decode_ratio"] = row[f"{name}_compiled_decode_tps"] / row["fp16_compiled_decode_tps"]
         result["rows"].append(row)
         log(_row_line(row, compiled))
+    for name, model in models.items():
+        if id(model) in CAPTURE_ERRORS:
+            log(f"{name}: compiled step not capturable: {CAPTURE_ERRORS[id(model)]}")
     result["step_eager"] = [name for name, model in models.items() if id(model) in STEP_EAGER]
     if result["step_eager"]:
         log(f"decode step timed eager (not capturable): {', '.join(result['step_eager'])}")
@@ -216,6 +283,11 @@ def _row_line(r: Dict, compiled: bool) -> str:
     line += f" {r['fp16_eager_tps']:.0f} | {r['mixed_gemm_eager_tps']:.0f} | {r['eager_ratio']:.2f}x |"
     if peer:
         line += f" {r[f'{PEER}_eager_tps']:.0f} | {r[f'{PEER}_eager_ratio']:.2f}x |"
+    if compiled and "compiled_step_speedup" in r:  # results saved before the compiled step have no such column
+        line += (f" {r['fp16_compiled_step_ms']:.3f} | {r['mixed_gemm_compiled_step_ms']:.3f} |"
+                 f" {r['compiled_step_speedup']:.2f}x |")
+        if peer:
+            line += f" {r[f'{PEER}_compiled_step_ms']:.3f} | {r[f'{PEER}_compiled_step_speedup']:.2f}x |"
     if compiled:
         line += f" {r['fp16_compiled_tps']:.0f} | {r['mixed_gemm_compiled_tps']:.0f} | {r['compiled_ratio']:.2f}x |"
         if peer:
@@ -240,6 +312,10 @@ def table(result: Dict, compiled: bool) -> List[str]:
     head += " fp16 eager tok/s | int4 eager tok/s | ratio |"
     if peer:
         head += f"{tg} eager tok/s | ratio |"
+    if compiled and result["rows"] and "compiled_step_speedup" in result["rows"][0]:
+        head += " fp16 compiled step ms (graph) | int4 compiled step ms (graph) | speedup |"
+        if peer:
+            head += f"{tg} compiled step ms | speedup |"
     if compiled:
         head += " fp16 compiled tok/s | int4 compiled tok/s | ratio |"
         if peer:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mixed_gemm as mg
-from mixed_gemm.benchmark.moe import (MOE_MODELS, MoeShape, dense_grouped, dense_loop, expert_bytes,
+from mixed_gemm.benchmark.moe import (MOE_MODELS, MoeShape, dense_gathered, dense_grouped, dense_loop, expert_bytes,
                                       random_routing, routed_floor_s)
 
 
@@ -34,6 +34,12 @@ def test_dense_loop_matches_reference():
     torch.testing.assert_close(dense_loop(x, w13, w2, weights, ids), mg.reference.moe(x, w13, w2, weights, ids),
                                rtol=1e-5, atol=1e-5)
     assert torch.allclose(weights.sum(-1), torch.ones(7))
+
+
+def test_dense_gathered_matches_reference():
+    x, w13, w2, weights, ids = _layer(seed=2)
+    torch.testing.assert_close(dense_gathered(x, w13, w2, weights, ids), mg.reference.moe(x, w13, w2, weights, ids),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_dense_grouped_matches_reference_where_torch_runs_it():

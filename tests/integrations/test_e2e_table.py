@@ -18,6 +18,7 @@ def fake_result(names, compiled, decode_only=True):
                 row[f"{name}_compiled_tps"] = 200.0 * (i + 1)
                 if decode_only:
                     row[f"{name}_compiled_decode_tps"] = 300.0 * (i + 1)
+                    row[f"{name}_compiled_step_ms"] = 0.5 / (i + 1)
             if name != "fp16":
                 prefix = "" if name == "mixed_gemm" else f"{name}_"
                 row[f"{prefix}decode_speedup"] = float(i + 1)
@@ -26,12 +27,13 @@ def fake_result(names, compiled, decode_only=True):
                     row[f"{prefix}compiled_ratio"] = float(i + 1)
                     if decode_only:
                         row[f"{prefix}decode_ratio"] = float(i + 1)
+                        row[f"{prefix}compiled_step_speedup"] = float(i + 1)
         rows.append(row)
     per = {n: float(i + 1) * 2**30 for i, n in enumerate(names)}
     return {"rows": rows, "weight_bytes": per, "peak_bytes": per, "ttft_ms": {n: 10.0 for n in names}}
 
 
-@pytest.mark.parametrize("decode_only", [True, False])  # False: a result saved before that column
+@pytest.mark.parametrize("decode_only", [True, False])  # False: a result saved before these columns
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("names", [("fp16", "mixed_gemm"), ("fp16", "mixed_gemm", e2e.PEER)])
 def test_rows_match_the_header(names, compiled, decode_only):
@@ -43,3 +45,23 @@ def test_rows_match_the_header(names, compiled, decode_only):
     assert (e2e.PEER in main[0]) == (e2e.PEER in names)
     assert {line.count("|") for line in memory} == {len(names) + 2}
     assert "3.00x" in main[2] if e2e.PEER in names else "3.00x" not in main[2]
+
+
+def test_decoding_experts_switches_grouped_mm_for_the_step_only():
+    """transformers' experts with grouped_mm (host offsets, not capturable) decode with batched_mm,
+    as generate does; the model's setting comes back afterwards."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3MoeConfig"):
+        pytest.skip("this transformers has no Qwen3-MoE")
+    cfg = transformers.Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+                                      num_experts_per_tok=2, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=100, head_dim=16)
+    model = transformers.Qwen3MoeForCausalLM(cfg)
+    if not hasattr(model, "set_experts_implementation"):
+        pytest.skip("this transformers has no experts interface")
+    model.set_experts_implementation({k: "grouped_mm" for k in model.get_experts_implementation()})
+    with e2e.decoding_experts(model):
+        assert set(model.get_experts_implementation().values()) == {"batched_mm"}
+    assert set(model.get_experts_implementation().values()) == {"grouped_mm"}
+    with e2e.decoding_experts(object()):  # no experts interface: nothing to switch
+        pass
