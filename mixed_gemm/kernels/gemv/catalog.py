@@ -99,23 +99,36 @@ LOWBIT_RING_SHAPES = (
 )
 
 
+# Compiled for more CTAs per SM than ptxas would give them (``_o<N>``: __launch_bounds__(threads, N),
+# the registers capped at 64K / (N x threads)): (tokens, strips, warps, unroll, stage x, N). More
+# warps per SM keep more weight loads in flight at M=1 on the 8B-sized shapes (bench/NOTES.md,
+# session 14: 6144x4096 11.1 -> 10.0 µs, 8192x8192 20.4 -> 19.1 µs).
+OCCUPANCY_SHAPES = (
+    (8, 1, (1, 8), 16, False, 3),
+    (8, 2, (8, 1), 8, False, 3),
+    (8, 1, (1, 8), 16, True, 4),
+)
+
+
 def shapes_for(bits: int, layout: str = "sm90a"):
-    """``(tokens, strips, warps, unroll, stage_x, stages)`` of the catalog kernels for ``bits`` and
-    ``layout`` (int8 halves the unroll of int4's: the same bytes per step)."""
+    """``(tokens, strips, warps, unroll, stage_x, stages, occupancy)`` of the catalog kernels for
+    ``bits`` and ``layout`` (int8 halves the unroll of int4's: the same bytes per step)."""
     if layout == "lowbit" or bits in LOWBIT_BITS:
-        return [(*shape, 0) for shape in LOWBIT_SHAPES] + [(t, s, w, u, False, st) for t, s, w, u, st in LOWBIT_RING_SHAPES]
+        return ([(*shape, 0, 0) for shape in LOWBIT_SHAPES]
+                + [(t, s, w, u, False, st, 0) for t, s, w, u, st in LOWBIT_RING_SHAPES])
     half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
     if layout == "sm80":
-        return [(t, s, w, half(u), xs, 0) for t, s, w, u, xs in SM80_SHAPES]
-    return ([(t, s, w, half(u), xs, 0) for t, s, w, u, xs in SHAPES]
-            + [(t, s, w, half(u), False, st) for t, s, w, u, st in RING_SHAPES])
+        return [(t, s, w, half(u), xs, 0, 0) for t, s, w, u, xs in SM80_SHAPES]
+    return ([(t, s, w, half(u), xs, 0, 0) for t, s, w, u, xs in SHAPES]
+            + [(t, s, w, half(u), False, st, 0) for t, s, w, u, st in RING_SHAPES]
+            + [(t, s, w, half(u), xs, 0, oc) for t, s, w, u, xs, oc in OCCUPANCY_SHAPES])
 
 
 def default_catalog() -> List[GemvConfig]:
-    sm90a = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, stages=st)
-             for d in DTYPES for b in (4, 8) for t, s, w, u, xs, st in shapes_for(b)]
+    sm90a = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, stages=st, occupancy=oc)
+             for d in DTYPES for b in (4, 8) for t, s, w, u, xs, st, oc in shapes_for(b)]
     sm80 = [GemvConfig(dtype=d, bits=b, zero_mode=z, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="sm80")
-            for d in DTYPES for b in (4, 8) for z in ZERO_MODES for t, s, w, u, xs, _ in shapes_for(b, "sm80")]
+            for d in DTYPES for b in (4, 8) for z in ZERO_MODES for t, s, w, u, xs, _, _ in shapes_for(b, "sm80")]
     lowbit = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="lowbit", stages=st)
-              for d in DTYPES for b in LOWBIT_BITS for t, s, w, u, xs, st in shapes_for(b, "lowbit")]
+              for d in DTYPES for b in LOWBIT_BITS for t, s, w, u, xs, st, _ in shapes_for(b, "lowbit")]
     return sm90a + sm80 + lowbit

@@ -13,7 +13,7 @@ from typing import Tuple
 from ..common import check_weight_kind, hash_once, raise_on
 from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
-_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(?:_split(\d+))?$")
+_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(?:_o(\d+))?(?:_split(\d+))?$")
 LAYOUTS = ("sm90a", "sm80", "lowbit")
 TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
@@ -42,7 +42,9 @@ class GemvConfig:
     fragment is a 32-bit global load touching one L1 line per token row); ``stages`` (``_p<S>``,
     templates/gemv/gemv_pipe.cuh: each warp streams its weight and x slices through an S-stage
     cp.async ring in shared memory, S - 1 steps in flight while it converts one; x is always staged
-    there, so not with ``_xs``; not for the sm80 layout). At launch: ``splits``,
+    there, so not with ``_xs``; not for the sm80 layout); ``occupancy`` (``_o<N>``: compiled with
+    ``__launch_bounds__(threads, N)``, so ptxas caps the registers for N CTAs per SM; 0: its own
+    choice). At launch: ``splits``,
     the K slices across CTAs (grid.y; reduced in the kernel in slice order). ``schedule``
     (``m8_s2_w4x2_u8_split4``) is what profiles store (as ``gemv:<schedule>``).
     """
@@ -58,6 +60,7 @@ class GemvConfig:
     layout: str = "sm90a"
     splits: int = 1
     stages: int = 0
+    occupancy: int = 0
 
     family = "gemv"
 
@@ -77,6 +80,7 @@ class GemvConfig:
             (self.unroll in (1, 2, 4, 8, 16, 32), "unroll must be a power of two <= 32 (the step's weight and x fragments live in registers)"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
             (self.stages in STAGES, f"stages must be one of {STAGES}"),
+            (0 <= self.occupancy <= 8, "occupancy (CTAs per SM asked of ptxas) must be in [0, 8]"),
             (not self.stages or (self.layout != "sm80" and not self.stage_x),
              "stages (the cp.async ring) read the sm90a or lowbit layout and always stage x (no _xs)"),
             (self.smem_bytes <= (MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM),
@@ -85,9 +89,9 @@ class GemvConfig:
         ], "GemvConfig")
 
     def __repr__(self) -> str:
-        # stages only when set: the repr heads every generated source (and so its cache key), and
-        # the kernels without a ring keep the sources they had before the field existed.
-        fields = [f for f in dataclasses.fields(self) if f.name != "stages" or self.stages]
+        # stages and occupancy only when set: the repr heads every generated source (and so its cache
+        # key), and the kernels without them keep the sources they had before the fields existed.
+        fields = [f for f in dataclasses.fields(self) if f.name not in ("stages", "occupancy") or getattr(self, f.name)]
         return "GemvConfig(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
 
     @property
@@ -165,7 +169,8 @@ class GemvConfig:
     def _tile_schedule(self) -> str:
         wn, wk = self.warps
         return (f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}" + ("_xs" if self.stage_x else "")
-                + ("_sm80" if self.layout == "sm80" else "") + (f"_p{self.stages}" if self.stages else ""))
+                + ("_sm80" if self.layout == "sm80" else "") + (f"_p{self.stages}" if self.stages else "")
+                + (f"_o{self.occupancy}" if self.occupancy else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -185,10 +190,10 @@ class GemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<1|2|4|8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_xs][_sm80][_p<stages>][_split<S>]")
-        t, s, wn, wk, u, xs, l80, st, sp = m.groups()
+                             "[_xs][_sm80][_p<stages>][_o<occupancy>][_split<S>]")
+        t, s, wn, wk, u, xs, l80, st, oc, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), stage_x=bool(xs), splits=int(sp or 1), stages=int(st or 0),
+                   unroll=int(u), stage_x=bool(xs), splits=int(sp or 1), stages=int(st or 0), occupancy=int(oc or 0),
                    layout="sm80" if l80 else ("lowbit" if bits in LOWBIT_BITS else "sm90a"))
 
     def replace(self, **changes) -> "GemvConfig":
