@@ -34,7 +34,7 @@ def _sweep_params():
     rng = random.Random(14)
     cases = []
     grid = [(shape, dtype, bits) for bits in (4, 8) for shape in shapes_for(bits) for dtype in DTYPES]
-    for i, ((tokens, strips, warps, unroll, stage_x, stages), dtype, bits) in enumerate(grid):
+    for i, ((tokens, strips, warps, unroll, stage_x, stages, occupancy), dtype, bits) in enumerate(grid):
         for j in range(2):  # two cases per catalog kernel: kinds, groups, splits and shapes rotate
             zero = ZERO_KINDS[(i + j) % len(ZERO_KINDS)]
             group = GROUPS[(i + 3 * j) % len(GROUPS)]
@@ -43,7 +43,7 @@ def _sweep_params():
             m = [1, tokens, rng.randrange(1, tokens + 1)][(i + j) % 3]
             splits = [1, 3, 7][(i + 2 * j) % 3]
             schedule = gemv.GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll,
-                                       stage_x=stage_x, stages=stages, splits=splits).schedule
+                                       stage_x=stage_x, stages=stages, occupancy=occupancy, splits=splits).schedule
             cases.append(pytest.param(schedule, dtype, bits, zero, group, m, n, k,
                                       id=f"{schedule}-{dtype}-u{bits}-{zero}-g{group}-m{m}n{n}k{k}"))
     return cases

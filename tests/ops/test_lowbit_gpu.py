@@ -62,7 +62,7 @@ def test_every_m_through_selection(bits, group, dtype):
 
 def _catalog_params():
     cases = []
-    for i, (tokens, strips, warps, unroll, stage_x, stages) in enumerate(shapes_for(2, "lowbit")):
+    for i, (tokens, strips, warps, unroll, stage_x, stages, _) in enumerate(shapes_for(2, "lowbit")):
         for bits in WIDTHS:
             for j, dtype in enumerate(DTYPES):
                 group = GROUPS[(i + bits + j) % len(GROUPS)]
