@@ -129,23 +129,30 @@ def decode_step_ms(model, batch: int) -> float:
         return _decode_step_ms(model, batch)
 
 
-@torch.no_grad()
-def _decode_step_ms(model, batch: int) -> float:
-    ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
-    for _ in range(2):
-        model(ids, use_cache=False)
+def _graph_ms(fn: Callable[[torch.Tensor], object], ids: torch.Tensor, warm: int) -> float:
+    """``fn(ids)`` called ``warm`` times, then captured in a CUDA graph: ms per replay. Raises
+    RuntimeError where the call cannot be captured."""
+    for _ in range(warm):
+        fn(ids)
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            model(ids, use_cache=False)
-    except RuntimeError:
-        torch.cuda.synchronize()
-        STEP_EAGER.add(id(model))
-        return _cuda_ms(lambda: model(ids, use_cache=False), reps=10)
+    with torch.cuda.graph(graph):
+        fn(ids)
     graph.replay()
     ms = _cuda_ms(graph.replay, reps=10)
     del graph
     return ms
+
+
+@torch.no_grad()
+def _decode_step_ms(model, batch: int) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+    step = lambda t: model(t, use_cache=False)  # noqa: E731
+    try:
+        return _graph_ms(step, ids, warm=2)
+    except RuntimeError:
+        torch.cuda.synchronize()
+        STEP_EAGER.add(id(model))
+        return _cuda_ms(lambda: step(ids), reps=10)
 
 
 _COMPILED: Dict[int, Callable] = {}  # id(model) -> its forward compiled by Inductor (its own CUDA graphs off)
@@ -169,20 +176,12 @@ def _compiled_step_ms(model, batch: int) -> float:
     if fn is None:
         fn = _COMPILED[id(model)] = torch.compile(model, dynamic=False)
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
-    for _ in range(3):
-        fn(ids, use_cache=False)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            fn(ids, use_cache=False)
+        return _graph_ms(lambda t: fn(t, use_cache=False), ids, warm=3)
     except RuntimeError as exc:
         torch.cuda.synchronize()
         CAPTURE_ERRORS[id(model)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return float("nan")
-    graph.replay()
-    ms = _cuda_ms(graph.replay, reps=10)
-    del graph
-    return ms
 
 
 @torch.no_grad()
