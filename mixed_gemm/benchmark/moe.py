@@ -7,7 +7,7 @@ the bytes of the experts actually routed at the copy bandwidth.
 Timed on a cold L2 (a buffer twice the L2 is written before each call, and its time taken off),
 median of the repetitions, ours and the dense paths alternating, replayed from a CUDA graph where a
 path can be captured (mg.moe's grouped kernels; the fp16 gathered batched GEMV that transformers'
-experts run under torch.compile, at the token counts where its gathered weights fit) and eager
+experts run while decoding, at the token counts where its gathered weights fit) and eager
 where it cannot (the per-expert loop and ``torch._grouped_mm``, which read the routing on the
 host); mg.moe is timed both ways and keeps the faster (eager it takes its grouped kernels where
 they pay, T * top_k at most a few times E, else its per-expert loop).
@@ -90,8 +90,8 @@ def dense_grouped(x, w13_t, w2_t, weights, ids):
 
 def dense_gathered(x, w13, w2, weights, ids):
     """The same as one batched GEMV per (token, slot) pair over that pair's expert weights, gathered:
-    what transformers' experts run under torch.compile (its ``batched_mm`` implementation), and the
-    fp16 path a CUDA graph can capture (no host read of the routing). Moves each pair's expert
+    what transformers' experts run while its ``generate`` decodes (their ``batched_mm``
+    implementation), and the fp16 path a CUDA graph can capture (no host read of the routing). Moves each pair's expert
     weights three times (read, write, read), so it is timed only while they stay small
     (:data:`GATHER_LIMIT`)."""
     t, k = ids.shape
