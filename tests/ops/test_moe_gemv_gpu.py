@@ -224,7 +224,8 @@ def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, 
     assert_elementwise(y, ref, inter, chained=2)
 
 
-def _layer(dtype="f16", bits=4, zero="int", group=64, e=8, h=256, inter=128, seed=7):
+def layer(dtype="f16", bits=4, zero="int", group=64, e=8, h=256, inter=128, seed=7):
+    """w13 (E, 2I, H) and w2 (E, H, I) random experts of one kind (the grouped families' tests share it)."""
     w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
     w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 100)
     return w13, w2
@@ -236,7 +237,7 @@ def test_every_token_on_one_expert_and_experts_without_tokens(top_k, mode):
     """Expert 3 gets all 16 tokens: in expert mode with 8-token chunks that is two chunks (two grid
     slots, ceil(16 / 8)), with 16-token chunks one full chunk; the experts without a token exit
     after their scan."""
-    w13, w2 = _layer(e=24)  # 16 tokens x (top_k - 1) free slots leave some of 23 experts without a token
+    w13, w2 = layer(e=24)  # 16 tokens x (top_k - 1) free slots leave some of 23 experts without a token
     t = 16
     x = torch.randn(t, 256, device="cuda").half()
     weights, ids = routing(t, top_k, w13.packed.num_experts, seed_of("one", top_k), one_expert=3)
@@ -273,7 +274,7 @@ def test_ids_out_of_range_contribute_nothing(ids_dtype, s13, s2):
     """Ids outside [0, E) are not checked on the device (no host sync): such a pair's h row is zero
     and it adds nothing to y; nothing is read out of bounds. (Expert mode files them under expert
     0's CTAs as zero rows, so its arrival counts stay complete.)"""
-    w13, w2 = _layer()
+    w13, w2 = layer()
     t, top_k, e = 5, 2, w13.packed.num_experts
     x = torch.randn(t, 256, device="cuda").half()
     weights, ids = routing(t, top_k, e, seed_of("oob"), ids_dtype=ids_dtype)
@@ -296,7 +297,7 @@ def test_ids_out_of_range_contribute_nothing(ids_dtype, s13, s2):
 
 
 def test_no_tokens():
-    w13, w2 = _layer()
+    w13, w2 = layer()
     x = torch.empty(0, 256, device="cuda").half()
     weights, ids = torch.empty(0, 2, device="cuda"), torch.empty(0, 2, dtype=torch.long, device="cuda")
     for y in (mg.moe(x, w13.packed, w2.packed, weights, ids), moe_grouped(x, w13.packed, w2.packed, weights, ids)):
@@ -318,7 +319,7 @@ def test_expert_mode_repeated_ids_take_more_chunks_than_grid_slots(s13, s2):
     expert). Ids repeated within a token put up to T k pairs on one expert; the CTAs then serve
     further chunks in turn (slot c, c + chunks, ...), and the token's repeated slots land in one
     chunk, where one CTA arrives twice at the token's counter."""
-    w13, w2 = _layer(e=8)
+    w13, w2 = layer(e=8)
     t, top_k = 20, 4
     x = torch.randn(t, 256, device="cuda").half()
     gen = torch.Generator().manual_seed(seed_of("repeat"))
@@ -339,7 +340,7 @@ def test_expert_mode_repeated_ids_take_more_chunks_than_grid_slots(s13, s2):
 
 def test_more_pairs_than_one_grid_z():
     """grid.z is at most 65535: more pairs (gate|up) and more tokens (down) take more launches."""
-    w13, w2 = _layer(e=4, h=64, inter=32, group=32)
+    w13, w2 = layer(e=4, h=64, inter=32, group=32)
     t, top_k = 65600, 2  # 131200 pairs; 65600 tokens
     x = torch.randn(t, 64, device="cuda").half()
     weights, ids = routing(t, top_k, 4, seed_of("gridz"))
@@ -354,7 +355,7 @@ def test_more_pairs_than_one_grid_z():
                                         ("w13_s1_w4x2_u8_m16_xe_split4", "w2_s1_w4x2_u8_m16_xe_split4", 24),
                                         ("w13_s1_w4x2_u8_m8_xe_split2", "w2_s1_w4x2_u8_m8_xe_split2", 24)])
 def test_split_and_slot_planes_are_deterministic(s13, s2, t):
-    w13, w2 = _layer(h=2048, inter=512, group=128)
+    w13, w2 = layer(h=2048, inter=512, group=128)
     x = torch.randn(t, 2048, device="cuda").half()
     weights, ids = routing(t, 8, 8, seed_of("det"))
     configs = (MoeGemvConfig.from_schedule(s13, zero_mode=w13.packed.zero_mode),
@@ -367,7 +368,7 @@ def test_split_and_slot_planes_are_deterministic(s13, s2, t):
 
 
 def test_moe_takes_the_grouped_path_and_falls_back_for_sm80_experts():
-    w13, w2 = _layer()
+    w13, w2 = layer()
     x = torch.randn(2, 256, device="cuda").half()
     weights, ids = routing(2, 2, 8, seed_of("route"))
     plan = grouped_plan(x, w13.packed, w2.packed, 2)
@@ -390,7 +391,7 @@ def test_moe_takes_the_grouped_path_and_falls_back_for_sm80_experts():
 def test_graph_capture_replays_new_routing(dtype):
     """``moe`` captured once runs the routing, weights and x written into the captured tensors before
     each replay: nothing was read on the host."""
-    w13, w2 = _layer(dtype=dtype, zero="float", group=128, e=16, h=512, inter=256)
+    w13, w2 = layer(dtype=dtype, zero="float", group=128, e=16, h=512, inter=256)
     t, top_k, e = 4, 2, 16
     tdtype = DTYPES[dtype]
     x = torch.randn(t, 512, device="cuda").to(tdtype)
@@ -423,7 +424,7 @@ def test_graph_capture_expert_mode_replays_new_routing(dtype, forced):
     forced split-K configs, whose gate|up and down both count arrivals): each replay scans the new
     routing on the device -- random, all slot-0s on one expert (several chunks), an expert left
     without tokens -- and the counters the last arrivals reset serve the next replay."""
-    w13, w2 = _layer(dtype=dtype, zero="float", group=128, e=8, h=512, inter=256)
+    w13, w2 = layer(dtype=dtype, zero="float", group=128, e=8, h=512, inter=256)
     t, top_k, e = 16, 2, 8
     tdtype = DTYPES[dtype]
     x = torch.randn(t, 512, device="cuda").to(tdtype)

@@ -16,7 +16,7 @@ from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90a import MoeSm90aConfig
 from mixed_gemm.kernels.moe_sm90a.catalog import TILES
 from mixed_gemm.ops.experts import _problems, grouped_plan, moe_grouped
-from test_moe_gemv_gpu import TOP_KS, Experts, ref_h, ref_y, routing, run_stages
+from test_moe_gemv_gpu import TOP_KS, Experts, layer, ref_h, ref_y, routing, run_stages
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
 from tolerance import assert_elementwise
 from weights import seed_of
@@ -89,10 +89,8 @@ def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, 
     assert_elementwise(y, ref, inter, chained=3)
 
 
-def _layer(dtype="f16", bits=4, zero="int", group=64, e=8, h=256, inter=128, seed=9):
-    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
-    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 100)
-    return w13, w2
+def _layer(**kwargs):
+    return layer(**{"seed": 9, **kwargs})  # its own weights, not moe_gemv's tests'
 
 
 def _cfgs(w13, tile=(128, 64, 64)):
