@@ -175,10 +175,10 @@ for step in $steps; do
           --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats \
           --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
           python3 bench/ncu_case.py $line > "$OUT/ncu-$i.txt" 2>&1
-        grep -E "median|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc|No Eligible|Active Warps Per|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  " "$OUT/ncu-$i.txt" | sed 's/  */ /g'
+        grep -E "median|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc|No Eligible|Active Warps Per|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Block Limit|Dynamic Shared|Waves Per SM|Shared Memory Configuration" "$OUT/ncu-$i.txt" | sed 's/  */ /g'
         grep -E "issue_stalled" "$OUT/ncu-$i.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/  */ /g' \
           | awk '$NF > 0.1 {printf "%s=%s ", $1, $NF} END {print ""}'
-      done < bench/ncu_cases.txt ;;
+      done < ${NCU_CASES:-bench/ncu_cases.txt} ;;
     sass)
       for f in "$MIXED_GEMM_CACHE_DIR"/*/*.fatbin; do
         echo "== $(basename "$f")"

@@ -5,7 +5,7 @@
 #include "gemv/gemv.cuh"
 
 using Kernel = mixed_gemm::Gemv<cutlass::half_t, 8, 1, 1, 1, 8, 8,
-                                true, 0>;
+                                true, 0, 1, false, true>;
 
 // The Python config computes these too (launch geometry, split-K layout); both must agree.
 static_assert(Kernel::kThreads == 256, "threads: GemvConfig and kernel disagree");

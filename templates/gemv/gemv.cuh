@@ -25,7 +25,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <type_traits>
 
+#include "atoms/deferred.cuh"
 #include "atoms/lowbit.cuh"
 
 namespace mixed_gemm {
@@ -228,8 +230,11 @@ __device__ __forceinline__ void gemv_run(GemvArgs const& p, char* smem) {
 // kRuns > 1 (moe_gemv's gate|up kernel): a warp's kStrips strips are kRuns runs of kStrips / kRuns
 // adjacent strips, run r starting r * gap strips after strip0 (gate strip s and up strip s + I/16
 // of one weight), so one lane holds both operands of an output; gemv's strips are one run.
+// kDeferred (`_ds`, mma and the sm90a layout only): the group scale and zero are applied to the
+// fp32 sums once per group (atoms/deferred.cuh), not to every weight pair. kCapped: compiled with
+// a register cap (`_o<N>`): no separate path for whole steps (see mainloop, step 3).
 template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, bool kStageX,
-          int kFmaTokens = 0, int kRuns = 1>
+          int kFmaTokens = 0, int kRuns = 1, bool kDeferred = false, bool kCapped = false>
 struct Gemv {
   static constexpr int kWN = kWarpsN, kWK = kWarpsK, kSN = kStrips, kU = kUnroll;  // for gemv_run
   static constexpr bool kFineGroups = true;
@@ -252,6 +257,7 @@ struct Gemv {
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
   static_assert(kUnroll % W::kAtoms == 0, "kUnroll: whole blocks of the layout (4 atoms for 1-3 bits)");
   static_assert(kRuns >= 1 && kStrips % kRuns == 0, "kRuns: equal runs of strips");
+  static_assert(!kDeferred || (!kFma && (kBits == 4 || kBits == 8)), "kDeferred: the mma kernels of the sm90a layout");
   static constexpr int kRun = kStrips / kRuns;
 
   // The weight strip of the warp's strip j (strip0 + j with one run: gemv's code is unchanged).
@@ -293,14 +299,17 @@ struct Gemv {
     size_t const block_stride = (size_t)p.strips * (32 * W::kWords);
     uint32_t const* wbase = block_words<W>(bw, 0, strip0, p.strips, lane);
     bool const strips_inside = kRuns == 1 ? strip0 + kStrips <= p.strips : strip_of(strip0, kStrips - 1, gap) < p.strips;
+    // An x operand's row past M reads row M - 1 instead of zeros: its outputs (an mma's column, an
+    // FMA token) are never written, and the loads need no predicate (a branch per load pair in SASS).
     raw const* xrow[kXRows];
-    bool xok[kXRows];
 #pragma unroll
-    for (int mt = 0; mt < kXRows; ++mt) {
-      int const row = kFma ? mt : mt * 8 + g;
-      xok[mt] = row < p.m;
-      xrow[mt] = static_cast<raw const*>(p.x) + (size_t)(xok[mt] ? row : 0) * p.k + 2 * t;
-    }
+    for (int mt = 0; mt < kXRows; ++mt)
+      xrow[mt] = static_cast<raw const*>(p.x) + (size_t)min(kFma ? mt : mt * 8 + g, p.m - 1) * p.k + 2 * t;
+    // The lane's parameter offsets (rows g of each strip; a strip past N reads the last one, unused),
+    // so a group's loads are one multiply and immediate offsets.
+    int poff[kStrips];
+#pragma unroll
+    for (int j = 0; j < kStrips; ++j) poff[j] = 16 * min(strip_of(strip0, j, gap), p.strips - 1) + g;
     for (int kb0 = kbeg + wk * kUnroll; kb0 < kend; kb0 += kWarpsK * kUnroll) {
       // 1. Every weight load of the step first (they are what the SM waits for). Steps start on
       // multiples of kUnroll atoms and K is padded to whole blocks, so a block is in or out whole.
@@ -343,13 +352,14 @@ struct Gemv {
           }
       } else if ((kb0 + kUnroll) * 16 <= p.k) {  // the step inside K: one row check, immediate offsets
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+        for (int mt = 0; mt < kXRows; ++mt) {
+          uint32_t const* const src = reinterpret_cast<uint32_t const*>(xrow[mt] + kb0 * 16);  // immediate offsets
 #pragma unroll
-          for (int mt = 0; mt < kXRows; ++mt) {
-            raw const* src = xrow[mt] + (kb0 + u) * 16;
-            xf[u][mt][0] = xok[mt] ? __ldg(reinterpret_cast<uint32_t const*>(src)) : 0u;
-            xf[u][mt][1] = xok[mt] ? __ldg(reinterpret_cast<uint32_t const*>(src + 8)) : 0u;
+          for (int u = 0; u < kUnroll; ++u) {
+            xf[u][mt][0] = __ldg(src + u * 8);
+            xf[u][mt][1] = __ldg(src + u * 8 + 4);
           }
+        }
       } else {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
@@ -363,25 +373,118 @@ struct Gemv {
       // The group parameters once per kGroupAtoms atoms, right before their first use (they hit
       // L1; holding a step's worth would double the registers).
       uint32_t s[kStrips][2], z[kStrips][2];
-      // 3. Convert, scale, multiply.
+      // 3. Convert, scale, multiply. A whole step (all but a slice's last) runs without a check per
+      // atom: the check's branch also cost a WARPSYNC before every mma. Not under a register cap:
+      // there ptxas, free to interleave a whole step's atoms, spilled (64 registers: 0.5 KB).
+      auto compute = [&](auto whole) {
+        if constexpr (kDeferred) {
+          deferred_step<kGroupAtoms, decltype(whole)::value>(p, kb0, kend, poff, wq, xf, acc);
+          return;
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if constexpr (!decltype(whole)::value) {
+            if (kb0 + u >= kend) break;
+          }
+          if (u % kGroupAtoms == 0) {
+            size_t const base = (size_t)min(((kb0 + u) * 16) >> p.group_shift, p.num_groups - 1) * (16 * p.strips);
+            raw const* const sp = static_cast<raw const*>(p.scales) + base;
+            raw const* const zp = static_cast<raw const*>(p.zeros) + base;
+#pragma unroll
+            for (int j = 0; j < kStrips; ++j) {
+              s[j][0] = P::splat(__ldg(sp + poff[j]));
+              s[j][1] = P::splat(__ldg(sp + poff[j] + 8));
+              z[j][0] = P::splat(__ldg(zp + poff[j]));
+              z[j][1] = P::splat(__ldg(zp + poff[j] + 8));
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kStrips; ++j) {
+            uint32_t a[4];
+            W::convert(wq[u / W::kAtoms][j], u % W::kAtoms, a);
+            atom_scale<Element>(a, s[j], z[j]);
+            W::finish(wq[u / W::kAtoms][j], u % W::kAtoms, a);
+            if constexpr (kFma) {
+              fma_atom(a, xf[u], acc[j]);
+            } else {
+#pragma unroll
+              for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
+            }
+          }
+        }
+      };
+      if (!kCapped && kb0 + kUnroll <= kend) {
+        compute(std::true_type{});
+      } else {
+        compute(std::false_type{});
+      }
+    }
+  }
+
+  // One step of the kDeferred kernel: per segment of kGroupAtoms atoms (one group's parameters),
+  // the raw codes' mma sums into `part` and the activations' sums (an mma of ones) into `xsum`,
+  // then acc += (s mul) part + (z' - off s) X per row half (rows g, g + 8: their encodings differ).
+  template <int kGroupAtoms, bool kWhole>
+  static __device__ __forceinline__ void deferred_step(GemvArgs const& p, int kb0, int kend, int const (&poff)[kStrips],
+                                                       uint32_t const (&wq)[kBlocks][kStrips][W::kWords],
+                                                       uint32_t const (&xf)[kUnroll][kXRows][2],
+                                                       float (&acc)[kStrips][kXRows][kPer]) {
+    if constexpr (kDeferred) {
+      using R = RawAtom<Element, kBits>;
+      uint32_t const ones[4] = {Ones<Element>::kPair, Ones<Element>::kPair, Ones<Element>::kPair, Ones<Element>::kPair};
+      float part[kStrips][kTiles][4], xsum[kTiles][4], c1[kStrips][2], c2[kStrips][2];
+      auto fold = [&]() {
+#pragma unroll
+        for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)  // c0 c1: rows g, tokens 2t, 2t+1; c2 c3: rows g + 8
+              acc[j][mt][e] = fmaf(c1[j][e >> 1], part[j][mt][e], fmaf(c2[j][e >> 1], xsum[mt][e & 1], acc[j][mt][e]));
+      };
+      bool open = false;  // a segment cut short by the slice's end still folds
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (kb0 + u >= kend) break;
-        if (u % kGroupAtoms == 0) load_params(p, kb0 + u, strip0, s, z, gap);
+        if constexpr (!kWhole) {
+          if (kb0 + u >= kend) break;
+        }
+        if (u % kGroupAtoms == 0) {
+          size_t const base = (size_t)min(((kb0 + u) * 16) >> p.group_shift, p.num_groups - 1) * (16 * p.strips);
+          raw const* const sp = static_cast<raw const*>(p.scales) + base;
+          raw const* const zp = static_cast<raw const*>(p.zeros) + base;
+#pragma unroll
+          for (int j = 0; j < kStrips; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float const sc = static_cast<float>(__ldg(sp + poff[j] + 8 * h));
+              c1[j][h] = sc * R::mul(h);
+              c2[j][h] = fmaf(-R::off(h), sc, static_cast<float>(__ldg(zp + poff[j] + 8 * h)));
+            }
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              xsum[mt][e] = 0.f;
+#pragma unroll
+              for (int j = 0; j < kStrips; ++j) part[j][mt][e] = 0.f;
+            }
+          open = true;
+        }
 #pragma unroll
         for (int j = 0; j < kStrips; ++j) {
           uint32_t a[4];
-          W::convert(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-          atom_scale<Element>(a, s[j], z[j]);
-          W::finish(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-          if constexpr (kFma) {
-            fma_atom(a, xf[u], acc[j]);
-          } else {
+          R::run(wq[u][j], a);
 #pragma unroll
-            for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
-          }
+          for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(part[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(xsum[mt], ones, xf[u][mt][0], xf[u][mt][1]);
+        if ((u + 1) % kGroupAtoms == 0) {
+          fold();
+          open = false;
         }
       }
+      if (!kWhole && open) fold();
     }
   }
 

@@ -33,6 +33,18 @@ def test_rules_and_static_shared_memory():
     assert all(c.smem_bytes <= (MAX_RING_SMEM if c.stages else MAX_STATIC_SMEM) for c in gemv.FAMILY.catalog())
 
 
+def test_deferred_scaling_schedules():
+    c = GemvConfig.from_schedule("m8_s2_w8x1_u8_ds_o3_split6", dtype="bf16", bits=8)
+    assert (c.deferred, c.occupancy, c.splits, c.schedule) == (True, 3, 6, "m8_s2_w8x1_u8_ds_o3_split6")
+    assert c.kernel_name == "mg_gemv_bf16_u8_m8_s2_w8x1_u8_ds_o3" and "deferred=True" in repr(c)
+    assert "deferred" not in repr(GemvConfig())  # the other kernels keep their sources and cache keys
+    for bad, rule in (({"tokens": 1}, "mma kernels"), ({"stages": 3}, "without a ring"),
+                      ({"bits": 2, "layout": "lowbit"}, "sm90a layout")):
+        with pytest.raises(ValueError, match=rule):
+            GemvConfig(deferred=True, **bad)
+    assert "0, 1, true, true>;" in gemv.FAMILY.render(c)  # kDeferred, kCapped (the _o3 register cap)
+
+
 def test_ring_schedules_names_and_shared_memory_by_m():
     c = GemvConfig.from_schedule("m8_s4_w2x2_u8_p3_split2", bits=2)
     assert (c.layout, c.stages, c.splits, c.schedule) == ("lowbit", 3, 2, "m8_s4_w2x2_u8_p3_split2")

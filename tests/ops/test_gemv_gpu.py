@@ -34,7 +34,8 @@ def _sweep_params():
     rng = random.Random(14)
     cases = []
     grid = [(shape, dtype, bits) for bits in (4, 8) for shape in shapes_for(bits) for dtype in DTYPES]
-    for i, ((tokens, strips, warps, unroll, stage_x, stages, occupancy), dtype, bits) in enumerate(grid):
+    for i, (shape, dtype, bits) in enumerate(grid):
+        tokens = shape["tokens"]
         for j in range(2):  # two cases per catalog kernel: kinds, groups, splits and shapes rotate
             zero = ZERO_KINDS[(i + j) % len(ZERO_KINDS)]
             group = GROUPS[(i + 3 * j) % len(GROUPS)]
@@ -42,8 +43,7 @@ def _sweep_params():
             k = group * rng.randrange(1, 24) if group != -1 else 8 * rng.randrange(2, 400)  # K % 16 may be 8
             m = [1, tokens, rng.randrange(1, tokens + 1)][(i + j) % 3]
             splits = [1, 3, 7][(i + 2 * j) % 3]
-            schedule = gemv.GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll,
-                                       stage_x=stage_x, stages=stages, occupancy=occupancy, splits=splits).schedule
+            schedule = gemv.GemvConfig(bits=bits, splits=splits, **shape).schedule
             cases.append(pytest.param(schedule, dtype, bits, zero, group, m, n, k,
                                       id=f"{schedule}-{dtype}-u{bits}-{zero}-g{group}-m{m}n{n}k{k}"))
     return cases

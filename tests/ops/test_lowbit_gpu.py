@@ -62,14 +62,13 @@ def test_every_m_through_selection(bits, group, dtype):
 
 def _catalog_params():
     cases = []
-    for i, (tokens, strips, warps, unroll, stage_x, stages, _) in enumerate(shapes_for(2, "lowbit")):
+    for i, shape in enumerate(shapes_for(2, "lowbit")):
         for bits in WIDTHS:
             for j, dtype in enumerate(DTYPES):
                 group = GROUPS[(i + bits + j) % len(GROUPS)]
                 splits = (1, 3, 5)[(i + j) % 3]
-                m = (1, tokens)[(bits + j) % 2]
-                schedule = gemv.GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll,
-                                           stage_x=stage_x, stages=stages, splits=splits, layout="lowbit").schedule
+                m = (1, shape["tokens"])[(bits + j) % 2]
+                schedule = gemv.GemvConfig(bits=bits, splits=splits, layout="lowbit", **shape).schedule
                 cases.append(pytest.param(schedule, dtype, bits, group, m, id=f"{schedule}-{dtype}-u{bits}-g{group}-m{m}"))
     return cases
 

@@ -17,11 +17,11 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts
     if m > MAX_M or layout not in layouts:
         return []
     out: List[str] = []
-    for tokens, strips, warps, unroll, stage_x, stages, occupancy in shapes_for(bits, layout):
+    for shape in shapes_for(bits, layout):
+        tokens = shape["tokens"]
         if tokens < m or (layout != "sm80" and tokens > 8 and tokens >= 4 * m):  # sm80: always 16
             continue
-        base = GemvConfig(bits=bits, tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x,
-                          layout=layout, stages=stages, occupancy=occupancy)
+        base = GemvConfig(bits=bits, layout=layout, **shape)
         steps = base.steps(k)
         best = splits_for(base, n, k, sms)
         for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):

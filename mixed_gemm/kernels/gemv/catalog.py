@@ -110,25 +110,49 @@ OCCUPANCY_SHAPES = (
 )
 
 
-def shapes_for(bits: int, layout: str = "sm90a"):
-    """``(tokens, strips, warps, unroll, stage_x, stages, occupancy)`` of the catalog kernels for
-    ``bits`` and ``layout`` (int8 halves the unroll of int4's: the same bytes per step)."""
+# Deferred group scaling (``_ds``, templates/atoms/deferred.cuh): the mma takes the codes in their
+# offset encoding and each group's scale and zero are applied to the fp32 sums, 8-10 instructions
+# per atom fewer: (tokens, strips, warps, unroll, stage x, occupancy). The A/B (bench/NOTES.md,
+# session 15): 4096x4096 at M=1 8.0 -> 6.7 µs, 28672x4096 29.8 -> 25.2, 57344x8192 99 -> 91.
+DEFERRED_SHAPES = (
+    (8, 1, (1, 8), 16, False, 0),
+    (8, 1, (1, 8), 16, True, 0),
+    (8, 1, (2, 8), 8, False, 0),
+    (8, 2, (4, 2), 8, False, 0),
+    (8, 2, (4, 2), 8, True, 0),
+    (8, 2, (8, 1), 8, False, 0),
+    (8, 2, (8, 1), 8, False, 3),
+    (16, 2, (4, 2), 8, True, 0),
+    (16, 4, (2, 2), 4, True, 0),
+    (32, 1, (4, 2), 4, True, 0),
+)
+
+
+def _shape(tokens, strips, warps, unroll, stage_x=False, stages=0, occupancy=0, deferred=False) -> dict:
+    return dict(tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x, stages=stages,
+                occupancy=occupancy, deferred=deferred)
+
+
+def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
+    """The catalog's kernel shapes for ``bits`` and ``layout``, as GemvConfig keyword arguments
+    (tokens, strips, warps, unroll, stage_x, stages, occupancy, deferred); int8 halves the unroll of
+    int4's (the same bytes per step)."""
     if layout == "lowbit" or bits in LOWBIT_BITS:
-        return ([(*shape, 0, 0) for shape in LOWBIT_SHAPES]
-                + [(t, s, w, u, False, st, 0) for t, s, w, u, st in LOWBIT_RING_SHAPES])
+        return ([_shape(*shape) for shape in LOWBIT_SHAPES]
+                + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES])
     half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
     if layout == "sm80":
-        return [(t, s, w, half(u), xs, 0, 0) for t, s, w, u, xs in SM80_SHAPES]
-    return ([(t, s, w, half(u), xs, 0, 0) for t, s, w, u, xs in SHAPES]
-            + [(t, s, w, half(u), False, st, 0) for t, s, w, u, st in RING_SHAPES]
-            + [(t, s, w, half(u), xs, 0, oc) for t, s, w, u, xs, oc in OCCUPANCY_SHAPES])
+        return [_shape(t, s, w, half(u), xs) for t, s, w, u, xs in SM80_SHAPES]
+    return ([_shape(t, s, w, half(u), xs) for t, s, w, u, xs in SHAPES]
+            + [_shape(t, s, w, half(u), stages=st) for t, s, w, u, st in RING_SHAPES]
+            + [_shape(t, s, w, half(u), xs, occupancy=oc) for t, s, w, u, xs, oc in OCCUPANCY_SHAPES]
+            + [_shape(t, s, w, half(u), xs, occupancy=oc, deferred=True) for t, s, w, u, xs, oc in DEFERRED_SHAPES])
 
 
 def default_catalog() -> List[GemvConfig]:
-    sm90a = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, stages=st, occupancy=oc)
-             for d in DTYPES for b in (4, 8) for t, s, w, u, xs, st, oc in shapes_for(b)]
-    sm80 = [GemvConfig(dtype=d, bits=b, zero_mode=z, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="sm80")
-            for d in DTYPES for b in (4, 8) for z in ZERO_MODES for t, s, w, u, xs, _, _ in shapes_for(b, "sm80")]
-    lowbit = [GemvConfig(dtype=d, bits=b, tokens=t, strips=s, warps=w, unroll=u, stage_x=xs, layout="lowbit", stages=st)
-              for d in DTYPES for b in LOWBIT_BITS for t, s, w, u, xs, st, _ in shapes_for(b, "lowbit")]
+    sm90a = [GemvConfig(dtype=d, bits=b, **shape) for d in DTYPES for b in (4, 8) for shape in shapes_for(b)]
+    sm80 = [GemvConfig(dtype=d, bits=b, zero_mode=z, layout="sm80", **shape)
+            for d in DTYPES for b in (4, 8) for z in ZERO_MODES for shape in shapes_for(b, "sm80")]
+    lowbit = [GemvConfig(dtype=d, bits=b, layout="lowbit", **shape)
+              for d in DTYPES for b in LOWBIT_BITS for shape in shapes_for(b, "lowbit")]
     return sm90a + sm80 + lowbit

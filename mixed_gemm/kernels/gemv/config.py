@@ -13,7 +13,7 @@ from typing import Tuple
 from ..common import check_weight_kind, hash_once, raise_on
 from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
-_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(?:_o(\d+))?(?:_split(\d+))?$")
+_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(_ds)?(?:_o(\d+))?(?:_split(\d+))?$")
 LAYOUTS = ("sm90a", "sm80", "lowbit")
 TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
@@ -42,7 +42,10 @@ class GemvConfig:
     fragment is a 32-bit global load touching one L1 line per token row); ``stages`` (``_p<S>``,
     templates/gemv/gemv_pipe.cuh: each warp streams its weight and x slices through an S-stage
     cp.async ring in shared memory, S - 1 steps in flight while it converts one; x is always staged
-    there, so not with ``_xs``; not for the sm80 layout); ``occupancy`` (``_o<N>``: compiled with
+    there, so not with ``_xs``; not for the sm80 layout); ``deferred`` (``_ds``,
+    the sm90a layout's mma kernels: the mma takes the codes in their offset encoding and each
+    group's scale and zero are applied to the fp32 sums once per group, templates/atoms/deferred.cuh);
+    ``occupancy`` (``_o<N>``: compiled with
     ``__launch_bounds__(threads, N)``, so ptxas caps the registers for N CTAs per SM; 0: its own
     choice). At launch: ``splits``,
     the K slices across CTAs (grid.y; reduced in the kernel in slice order). ``schedule``
@@ -61,6 +64,7 @@ class GemvConfig:
     splits: int = 1
     stages: int = 0
     occupancy: int = 0
+    deferred: bool = False
 
     family = "gemv"
 
@@ -83,15 +87,18 @@ class GemvConfig:
             (0 <= self.occupancy <= 8, "occupancy (CTAs per SM asked of ptxas) must be in [0, 8]"),
             (not self.stages or (self.layout != "sm80" and not self.stage_x),
              "stages (the cp.async ring) read the sm90a or lowbit layout and always stage x (no _xs)"),
+            (not self.deferred or (self.layout == "sm90a" and not self.fma and not self.stages),
+             "deferred (_ds: group scaling after the mma) is for the sm90a layout's mma kernels without a ring"),
             (self.smem_bytes <= (MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM),
              f"shared memory {self.smem_bytes} B above the {'ring' if self.stages else 'static'} limit "
              f"{MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM} B"),
         ], "GemvConfig")
 
     def __repr__(self) -> str:
-        # stages and occupancy only when set: the repr heads every generated source (and so its cache
-        # key), and the kernels without them keep the sources they had before the fields existed.
-        fields = [f for f in dataclasses.fields(self) if f.name not in ("stages", "occupancy") or getattr(self, f.name)]
+        # stages, occupancy and deferred only when set: the repr heads every generated source (and so
+        # its cache key), and the kernels without them keep the sources they had before the fields existed.
+        optional = ("stages", "occupancy", "deferred")
+        fields = [f for f in dataclasses.fields(self) if f.name not in optional or getattr(self, f.name)]
         return "GemvConfig(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
 
     @property
@@ -170,6 +177,7 @@ class GemvConfig:
         wn, wk = self.warps
         return (f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}" + ("_xs" if self.stage_x else "")
                 + ("_sm80" if self.layout == "sm80" else "") + (f"_p{self.stages}" if self.stages else "")
+                + ("_ds" if self.deferred else "")
                 + (f"_o{self.occupancy}" if self.occupancy else ""))
 
     @functools.cached_property
@@ -190,10 +198,11 @@ class GemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<1|2|4|8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_xs][_sm80][_p<stages>][_o<occupancy>][_split<S>]")
-        t, s, wn, wk, u, xs, l80, st, oc, sp = m.groups()
+                             "[_xs][_sm80][_p<stages>][_ds][_o<occupancy>][_split<S>]")
+        t, s, wn, wk, u, xs, l80, st, ds, oc, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), stage_x=bool(xs), splits=int(sp or 1), stages=int(st or 0), occupancy=int(oc or 0),
+                   deferred=bool(ds),
                    layout="sm80" if l80 else ("lowbit" if bits in LOWBIT_BITS else "sm90a"))
 
     def replace(self, **changes) -> "GemvConfig":
