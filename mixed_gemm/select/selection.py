@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import threading
 from typing import Dict, Optional, Tuple
@@ -18,6 +19,7 @@ from .heuristics import heuristic_choice, m_bucket, sm_count
 from .profiles import device_profile
 
 SCHEDULE_ENV = "MIXED_GEMM_SCHEDULE"
+MAX_BORROW_OCTAVES = 2  # a profile entry serves M buckets up to 4x from its own
 log = logging.getLogger(__name__)
 
 
@@ -159,14 +161,16 @@ def choose(problem: Problem, device_index: int, *, capability: Optional[Tuple[in
         # that bucket that can serve this weight, else the nearest measured bucket of this shape, then
         # of the nearest shapes. An entry measured at this M beats one of this shape at another M:
         # the best family changes with M (a profile extended at large M for one model's shapes
-        # serves the others there).
+        # serves the others there). No entry serves an M more than MAX_BORROW_OCTAVES from its own
+        # bucket (a decode kernel measured at 32 tokens says nothing of 300): the heuristics do.
         want = m_bucket(problem.m)
         tried = set()
         order = ([(key, True)] + [(near, True) for near in profile.nearest_shapes(key, want)] + [(key, False)]
                  + [(near, False) for near in profile.nearest_shapes(key)])
         for shape_key, exact in order:
             hit = None if shape_key is None else profile.lookup(shape_key, problem.m)
-            if hit is None or (exact and hit[0] != want) or (shape_key, hit[0]) in tried:
+            if (hit is None or (exact and hit[0] != want) or (shape_key, hit[0]) in tried
+                    or abs(math.log2(hit[0] / want)) > MAX_BORROW_OCTAVES):
                 continue
             tried.add((shape_key, hit[0]))
             bucket, schedule = hit

@@ -226,6 +226,14 @@ def test_an_entry_at_this_m_beats_this_shapes_entry_at_another_m(h100, monkeypat
     assert got.source == "profile profile M=16"
 
 
+def test_no_entry_serves_an_m_far_from_its_bucket(h100, monkeypatch):
+    """Entries measured at M <= 32 (a decode sweep) do not pick the kernel of M=300: the heuristics do."""
+    prof = Profile(entries=[_entry(32, "sm80:t32x64x128_w1x1x4_s4_kparallel4")], path=None)
+    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+    assert choose(_problem(128), 0).source == "profile profile M=32"  # two octaves: still borrowed
+    assert choose(_problem(300), 0).source == "heuristic"
+
+
 def test_one_copy_weight_reads_a_dequant_mm_entry_from_its_copy_and_skips_sm80_tiles(h100, monkeypatch):
     """A profile measured on two copies names dequant_mm (sm80 copy) and sm80 tiles; the H100's one
     (sm90a) copy runs the same dequant_mm entry through its sm90a dequantize kernel, and an sm80
