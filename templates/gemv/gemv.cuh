@@ -281,6 +281,12 @@ struct Gemv {
     z[1] = P::splat(__ldg(zp + 8));
   }
 
+  // The row of `params` (scales or zeros, (num_groups, 16 strips)) of atom kb's group; a lane adds
+  // its offset (poff in mainloop: row g of its strip; + 8 for row g + 8).
+  static __device__ __forceinline__ raw const* group_row(void const* params, GemvArgs const& p, int kb) {
+    return static_cast<raw const*>(params) + (size_t)min((kb * 16) >> p.group_shift, p.num_groups - 1) * (16 * p.strips);
+  }
+
   static __device__ __forceinline__ void load_params(GemvArgs const& p, int kb, int strip0, uint32_t (&s)[kStrips][2],
                                                      uint32_t (&z)[kStrips][2], int gap = 0) {
     int const gi = min((kb * 16) >> p.group_shift, p.num_groups - 1);
@@ -387,9 +393,8 @@ struct Gemv {
             if (kb0 + u >= kend) break;
           }
           if (u % kGroupAtoms == 0) {
-            size_t const base = (size_t)min(((kb0 + u) * 16) >> p.group_shift, p.num_groups - 1) * (16 * p.strips);
-            raw const* const sp = static_cast<raw const*>(p.scales) + base;
-            raw const* const zp = static_cast<raw const*>(p.zeros) + base;
+            raw const* const sp = group_row(p.scales, p, kb0 + u);
+            raw const* const zp = group_row(p.zeros, p, kb0 + u);
 #pragma unroll
             for (int j = 0; j < kStrips; ++j) {
               s[j][0] = P::splat(__ldg(sp + poff[j]));
@@ -399,18 +404,7 @@ struct Gemv {
             }
           }
 #pragma unroll
-          for (int j = 0; j < kStrips; ++j) {
-            uint32_t a[4];
-            W::convert(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-            atom_scale<Element>(a, s[j], z[j]);
-            W::finish(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-            if constexpr (kFma) {
-              fma_atom(a, xf[u], acc[j]);
-            } else {
-#pragma unroll
-              for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
-            }
-          }
+          for (int j = 0; j < kStrips; ++j) atom_math(wq[u / W::kAtoms][j], u, s[j], z[j], xf[u], acc[j]);
         }
       };
       if (!kCapped && kb0 + kUnroll <= kend) {
@@ -449,9 +443,8 @@ struct Gemv {
           if (kb0 + u >= kend) break;
         }
         if (u % kGroupAtoms == 0) {
-          size_t const base = (size_t)min(((kb0 + u) * 16) >> p.group_shift, p.num_groups - 1) * (16 * p.strips);
-          raw const* const sp = static_cast<raw const*>(p.scales) + base;
-          raw const* const zp = static_cast<raw const*>(p.zeros) + base;
+          raw const* const sp = group_row(p.scales, p, kb0 + u);
+          raw const* const zp = group_row(p.zeros, p, kb0 + u);
 #pragma unroll
           for (int j = 0; j < kStrips; ++j)
 #pragma unroll
@@ -485,6 +478,23 @@ struct Gemv {
         }
       }
       if (!kWhole && open) fold();
+    }
+  }
+
+  // Atom u of a strip: its words converted, scaled (s, z': rows g, g + 8) and multiplied into the
+  // strip's accumulators (an mma per n8 tile of x, or the FMA variant's fp32 FMAs).
+  static __device__ __forceinline__ void atom_math(uint32_t const (&w)[W::kWords], int u, uint32_t const (&s)[2],
+                                                   uint32_t const (&z)[2], uint32_t const (&xf)[kXRows][2],
+                                                   float (&acc)[kXRows][kPer]) {
+    uint32_t a[4];
+    W::convert(w, u % W::kAtoms, a);
+    atom_scale<Element>(a, s, z);
+    W::finish(w, u % W::kAtoms, a);
+    if constexpr (kFma) {
+      fma_atom(a, xf, acc);
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[mt], a, xf[mt][0], xf[mt][1]);
     }
   }
 

@@ -208,18 +208,7 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
         if (kb0 + u >= kend) break;  // zero-filled atoms past the slice would still add z'
         if (u % kGroupAtoms == 0) stage_params(params + ((u * 16) >> p.group_shift) * kGroupBytes, g, s, z);
 #pragma unroll
-        for (int j = 0; j < kStrips; ++j) {
-          uint32_t a[4];
-          W::convert(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-          atom_scale<Element>(a, s[j], z[j]);
-          W::finish(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-          if constexpr (kFma) {
-            Base::fma_atom(a, xf[u], acc[j]);
-          } else {
-#pragma unroll
-            for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
-          }
-        }
+        for (int j = 0; j < kStrips; ++j) Base::atom_math(wq[u / W::kAtoms][j], u, s[j], z[j], xf[u], acc[j]);
       }
     }
     cp_async_wait<0>();  // no copy may land in shared memory after the CTA's epilogue reuses it

@@ -466,14 +466,7 @@ struct MoeGemvExpert {
         if (kb0 + u >= kend) break;
         if (u % kGroupAtoms == 0) G::load_params(p, kb0 + u, strip0, s, z, gap);
 #pragma unroll
-        for (int j = 0; j < kAllStrips; ++j) {
-          uint32_t a[4];
-          W::convert(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-          atom_scale<Element>(a, s[j], z[j]);
-          W::finish(wq[u / W::kAtoms][j], u % W::kAtoms, a);
-#pragma unroll
-          for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(acc[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
-        }
+        for (int j = 0; j < kAllStrips; ++j) G::atom_math(wq[u / W::kAtoms][j], u, s[j], z[j], xf[u], acc[j]);
       }
     }
   }
