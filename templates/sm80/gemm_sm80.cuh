@@ -153,6 +153,77 @@ struct MixedGemmSm80 {
     return row * (BK / 8) + (chunk ^ (row & 7));
   }
 
+  // The copy plan of A and (sm90a layout) B, built once per CTA. A thread's chunks of a stage are
+  // then a pointer advanced by the k-tile plus a fixed stride per pass, predicated by row / strip
+  // bits fixed per CTA; only a tile reaching K's end checks k. Recomputed per k-tile (load_stage's
+  // general form), the 64-bit addressing and zero-fill predicates were a third of the 16-token
+  // main loop's instructions (bench/NOTES.md, session 16). Valid when a pass of the CTA covers
+  // whole A rows and whole B k16 rows, and the A swizzle's row & 7 is the same in every pass.
+  static constexpr int kRowChunksA = BK / 8;
+  static constexpr int kPassesA = BM * kRowChunksA / kThreads;
+  static constexpr int kRowChunksB = kRow90Bytes / 16;
+  static constexpr int kPassesB = kK16 * kRowChunksB / kThreads;
+  static constexpr bool kPlanned = kL90 && kThreads % kRowChunksA == 0 && (kThreads / kRowChunksA) % 8 == 0 &&
+                                   (BM * kRowChunksA) % kThreads == 0 && kThreads % kRowChunksB == 0 &&
+                                   (kK16 * kRowChunksB) % kThreads == 0;
+
+  struct CopyPlan {
+    char const* a;  // the thread's A chunk of pass 0 at k-tile 0
+    char const* b;  // its B chunk of pass 0 at k-tile 0
+    int a_pass;     // bytes between A passes (kThreads / kRowChunksA rows)
+    int b_pass;     // bytes between B passes (kThreads / kRowChunksB k16 rows)
+    int b_tile;     // bytes of B per k-tile (kK16 rows of N_pad / 16 atoms)
+    int a_k;        // the chunk's first k inside a k-tile
+    int b_kk;       // the k16 row of pass 0 inside a k-tile
+    unsigned a_rows;  // bit i: pass i's A row is < M
+    bool b_strip;   // the chunk's atom is in a strip < N_pad / 16
+    int a_dst, b_dst;  // stage offsets of pass 0
+  };
+
+  static __device__ __forceinline__ CopyPlan copy_plan(GemmArgs const& p, Tile const& t, int tid) {
+    CopyPlan c;
+    int const row = tid / kRowChunksA, chunk = tid % kRowChunksA;
+    c.a_pass = (kThreads / kRowChunksA) * p.lda * 2;
+    c.a_k = chunk * 8;
+    c.a = static_cast<char const*>(p.a) + ((size_t)min(t.m0 + row, p.m - 1) * p.lda + c.a_k) * 2;
+    c.a_rows = 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kPassesA; ++i) c.a_rows |= unsigned(t.m0 + row + i * (kThreads / kRowChunksA) < p.m) << i;
+    c.a_dst = a_swizzle(row, chunk) * 16;
+    int const strips = p.n_pad / 16, off = (tid % kRowChunksB) * 16;
+    c.b_kk = tid / kRowChunksB;
+    c.b_pass = (kThreads / kRowChunksB) * strips * kAtom90Bytes;
+    c.b_tile = kK16 * strips * kAtom90Bytes;
+    c.b_strip = t.n0 / 16 + off / kAtom90Bytes < strips;
+    c.b = static_cast<char const*>(p.b) + ((size_t)c.b_kk * strips + t.n0 / 16) * kAtom90Bytes + off;
+    c.b_dst = kSmemA + c.b_kk * kRow90Bytes + off;
+    return c;
+  }
+
+  static __device__ __forceinline__ void load_stage_planned(GemmArgs const& p, Tile const& t, CopyPlan const& c,
+                                                            int ktile, char* stage, int tid) {
+    using cutlass::arch::CacheOperation;
+    bool const k_ok = ktile * BK + c.a_k < p.k;
+    char const* a = c.a + (size_t)ktile * (BK * 2);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kPassesA; ++i) {
+      bool const ok = k_ok && (c.a_rows >> i & 1u);
+      // Consecutive passes are kThreads / kRowChunksA rows apart, a multiple of 8: same swizzle.
+      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.a_dst + i * (kThreads / kRowChunksA) * BK * 2,
+                                                                 ok ? a + i * c.a_pass : c.a, ok);
+    }
+    int const kb0 = ktile * kK16 + c.b_kk;
+    bool const b_whole = (ktile + 1) * kK16 <= p.k16;
+    char const* b = c.b + (size_t)ktile * c.b_tile;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kPassesB; ++i) {
+      bool const ok = c.b_strip && (b_whole || kb0 + i * (kThreads / kRowChunksB) < p.k16);
+      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.b_dst + i * (kThreads / kRowChunksB) * kRow90Bytes,
+                                                                 ok ? b + i * c.b_pass : c.b, ok);
+    }
+    load_params_stage(p, t, ktile, stage, tid);
+  }
+
   static __device__ __forceinline__ void load_stage(GemmArgs const& p, Tile const& t, int ktile, char* stage,
                                                     int tid) {
     using cutlass::arch::CacheOperation;
@@ -206,30 +277,34 @@ struct MixedGemmSm80 {
         cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(sb + strip * kStripBytes + off, src, ok);
       }
     }
-    // Scales and zeros: the groups this k-tile touches. Rows past the last group repeat it (they
-    // only meet the zero-filled tail of A).
-    {
-      constexpr int kChunksRow = BN / 8;
-      char* ss = stage + kSmemA + kSmemB;
-      int const first = (ktile * BK) >> p.group_shift;
-      int const rows = p.group_shift >= kPerChannelShift ? 1 : max(1, BK >> p.group_shift);
-      constexpr int kChunksS = kGroupRows * kChunksRow;
-      CUTLASS_PRAGMA_UNROLL
-      for (int it = 0; it < (kChunksS + kThreads - 1) / kThreads; ++it) {
-        int const i = tid + it * kThreads;
-        if (kChunksS % kThreads != 0 && i >= kChunksS) break;
-        int r = i / kChunksRow, col = (i % kChunksRow) * 8;
-        if (r < rows) {
-          int g = min(first + r, p.num_groups - 1);
-          int gn = t.n0 + col;
-          bool ok = gn < p.n_pad;
-          size_t idx = ok ? (size_t)g * p.n_pad + gn : 0;
+    load_params_stage(p, t, ktile, stage, tid);
+  }
+
+  // Scales and zeros: the groups this k-tile touches. Rows past the last group repeat it (they
+  // only meet the zero-filled tail of A).
+  static __device__ __forceinline__ void load_params_stage(GemmArgs const& p, Tile const& t, int ktile, char* stage,
+                                                           int tid) {
+    using cutlass::arch::CacheOperation;
+    constexpr int kChunksRow = BN / 8;
+    char* ss = stage + kSmemA + kSmemB;
+    int const first = (ktile * BK) >> p.group_shift;
+    int const rows = p.group_shift >= kPerChannelShift ? 1 : max(1, BK >> p.group_shift);
+    constexpr int kChunksS = kGroupRows * kChunksRow;
+    CUTLASS_PRAGMA_UNROLL
+    for (int it = 0; it < (kChunksS + kThreads - 1) / kThreads; ++it) {
+      int const i = tid + it * kThreads;
+      if (kChunksS % kThreads != 0 && i >= kChunksS) break;
+      int r = i / kChunksRow, col = (i % kChunksRow) * 8;
+      if (r < rows) {
+        int g = min(first + r, p.num_groups - 1);
+        int gn = t.n0 + col;
+        bool ok = gn < p.n_pad;
+        size_t idx = ok ? (size_t)g * p.n_pad + gn : 0;
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
+            ss + (r * BN + col) * 2, static_cast<raw const*>(p.scales) + idx, ok);
+        if (kZeroMode != ZeroMode::kSymmetric) {
           cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
-              ss + (r * BN + col) * 2, static_cast<raw const*>(p.scales) + idx, ok);
-          if (kZeroMode != ZeroMode::kSymmetric) {
-            cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(
-                ss + kSmemS + (r * BN + col) * 2, static_cast<raw const*>(p.zeros) + idx, ok);
-          }
+              ss + kSmemS + (r * BN + col) * 2, static_cast<raw const*>(p.zeros) + idx, ok);
         }
       }
     }
@@ -303,9 +378,14 @@ struct MixedGemmSm80 {
   // ---------------------------------------------------------------------------------------------
   // The sm90a layout (kL90): a warp's scales/zeros, then one k16 step.
   // ---------------------------------------------------------------------------------------------
-  // (s, s) and (z', z') of the lane's 8 columns in each of the warp's 64-column blocks, n8 tile j =
-  // 2 i + n1 being column 64 a + 16 i + 8 n1 + g: held in registers across the k16 steps of a group
-  // (at group 128 one read serves a whole k-tile; the sm80 path re-reads its 16-byte vectors).
+  static __device__ __forceinline__ uint32_t splat_bits(uint32_t h) {
+    return P::splat(reinterpret_cast<raw const&>(reinterpret_cast<uint16_t const&>(h)));
+  }
+
+  // s and z' of the lane's 8 columns in each of the warp's 64-column blocks (raw halves, splatted at
+  // their use), n8 tile j = 2 i + n1 being column 64 a + 16 i + 8 n1 + g: held in registers across
+  // the k16 steps of a group (at group 128 one read serves a whole k-tile; the sm80 path re-reads
+  // its 16-byte vectors).
   static __device__ __forceinline__ void load_params90(char const* stage, int kk, int group_shift, int warp_n,
                                                        int lane, uint32_t (&s)[kAtomsN][8], uint32_t (&z)[kAtomsN][8]) {
     int const grow = (kk * 16) >> group_shift;  // 0 unless groups are smaller than BK
@@ -316,8 +396,8 @@ struct MixedGemmSm80 {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 8; ++j) {
         int const col = (warp_n * kAtomsN + a) * 64 + 8 * j + (lane >> 2);
-        s[a][j] = P::splat(ss[col]);
-        z[a][j] = P::splat(zs[col]);
+        s[a][j] = reinterpret_cast<uint16_t const&>(ss[col]);
+        z[a][j] = reinterpret_cast<uint16_t const&>(zs[col]);
       }
   }
 
@@ -349,7 +429,10 @@ struct MixedGemmSm80 {
       for (int i = 0; i < 4; ++i) {
         uint32_t q[4];
         AtomConvert<Element, kBits>::run(w[i], q);
-        uint32_t const si[2] = {s[a][2 * i], s[a][2 * i + 1]}, zi[2] = {z[a][2 * i], z[a][2 * i + 1]};
+        // Splatted at the use, not the load: ptxas then reads the half through the HFMA2's .H0_H0
+        // operand selector instead of a PRMT per value (16 per k-tile and warp).
+        uint32_t const si[2] = {splat_bits(s[a][2 * i]), splat_bits(s[a][2 * i + 1])};
+        uint32_t const zi[2] = {splat_bits(z[a][2 * i]), splat_bits(z[a][2 * i + 1])};
         atom_scale<Element>(q, si, zi);
         // A-fragment registers 0, 2 (rows g) are column g's B fragment, 1, 3 (rows g + 8) column g + 8's.
         bfrag[2 * i][0] = q[0];
@@ -437,9 +520,18 @@ struct MixedGemmSm80 {
 
     // Prologue: fill Stages - 1 stages. A group is committed even when empty so the
     // wait_group count below stays in step with the k-tile index.
+    CopyPlan plan{};
+    if constexpr (kPlanned) plan = copy_plan(p, t, tid);
+    auto load = [&](int ktile, char* stage) {
+      if constexpr (kPlanned) {
+        load_stage_planned(p, t, plan, ktile, stage, tid);
+      } else {
+        load_stage(p, t, ktile, stage, tid);
+      }
+    };
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < Stages - 1; ++s) {
-      if (s < k_tiles) load_stage(p, t, kt_begin + s, smem + s * kSmemStage, tid);
+      if (s < k_tiles) load(kt_begin + s, smem + s * kSmemStage);
       cutlass::arch::cp_async_fence();
     }
 
@@ -448,7 +540,7 @@ struct MixedGemmSm80 {
       // Also guarantees every warp is done with the stage the next load overwrites.
       __syncthreads();
       int const next = kt + Stages - 1;
-      if (next < k_tiles) load_stage(p, t, kt_begin + next, smem + (next % Stages) * kSmemStage, tid);
+      if (next < k_tiles) load(kt_begin + next, smem + (next % Stages) * kSmemStage);
       cutlass::arch::cp_async_fence();
 
       mma_stage(p, smem + (kt % Stages) * kSmemStage, warp_m, warp_n, warp_k, lane, acc);
