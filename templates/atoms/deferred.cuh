@@ -6,11 +6,13 @@
 // Per atom that drops the subtraction of the offset and the scale fma
 // (6 of the 14 instructions of an fp16 int4 atom; 8 of bf16's), for a fold per group of 2 FFMAs per
 // accumulator and one mma per atom (of ones, shared by the warp's strips) that gives X.
-// Layout contract: the sm90a atom (atoms/sm90a.cuh, mixed_gemm/kernels/sm90a/layout.py).
+// Layout contracts: the sm90a atom (atoms/sm90a.cuh, mixed_gemm/kernels/sm90a/layout.py) and the
+// lowbit planes (atoms/lowbit.cuh, mixed_gemm/kernels/gemv/lowbit_layout.py); not 1:2-sparse.
 #pragma once
 
 #include <cstdint>
 
+#include "atoms/lowbit.cuh"
 #include "atoms/sm90a.cuh"
 
 namespace mixed_gemm {
@@ -24,7 +26,7 @@ template <>
 struct RawAtom<cutlass::half_t, 4> {
   static __device__ __forceinline__ constexpr float mul(int h) { return h ? 1.f / 16.f : 1.f; }
   static __device__ __forceinline__ constexpr float off(int h) { return h ? 72.f : 1032.f; }
-  static __device__ __forceinline__ void run(uint32_t const* w, uint32_t (&a)[4]) {
+  static __device__ __forceinline__ void run(uint32_t const* w, int, uint32_t (&a)[4]) {
     uint32_t const lo = w[0], hi = w[0] >> 8;
     a[0] = lop3<kAndXor>(lo, 0x000f000fu, 0x64086408u);
     a[2] = lop3<kAndXor>(hi, 0x000f000fu, 0x64086408u);
@@ -38,7 +40,7 @@ template <>
 struct RawAtom<cutlass::bfloat16_t, 4> {
   static __device__ __forceinline__ constexpr float mul(int) { return 1.f; }
   static __device__ __forceinline__ constexpr float off(int) { return 136.f; }
-  static __device__ __forceinline__ void run(uint32_t const* w, uint32_t (&a)[4]) {
+  static __device__ __forceinline__ void run(uint32_t const* w, int, uint32_t (&a)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[i] = lop3<kAndXor>(w[0] >> (4 * i), 0x000f000fu, 0x43084308u);
   }
@@ -49,7 +51,7 @@ template <>
 struct RawAtom<cutlass::half_t, 8> {
   static __device__ __forceinline__ constexpr float mul(int) { return 1.f; }
   static __device__ __forceinline__ constexpr float off(int) { return 1152.f; }
-  static __device__ __forceinline__ void run(uint32_t const* w, uint32_t (&a)[4]) {
+  static __device__ __forceinline__ void run(uint32_t const* w, int, uint32_t (&a)[4]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t const u = w[h] ^ 0x80808080u;
@@ -64,8 +66,38 @@ template <>
 struct RawAtom<cutlass::bfloat16_t, 8> {
   static __device__ __forceinline__ constexpr float mul(int) { return 1.f; }
   static __device__ __forceinline__ constexpr float off(int) { return 0.f; }
-  static __device__ __forceinline__ void run(uint32_t const* w, uint32_t (&a)[4]) {
+  static __device__ __forceinline__ void run(uint32_t const* w, int, uint32_t (&a)[4]) {
     AtomConvert<cutlass::bfloat16_t, 8>::run(w, a);
+  }
+};
+
+// 1 and 2 bits (lowbit planes): the converter's fma already leaves q' (one fma per pair places the
+// field and removes the magic together: there is no offset encoding left to keep); only the scale
+// fma is saved. run(w, u, a): atom u of the lane's block words w.
+template <typename Element, int kBits>
+struct RawPlanes {
+  static __device__ __forceinline__ constexpr float mul(int) { return 1.f; }
+  static __device__ __forceinline__ constexpr float off(int) { return 0.f; }
+  static __device__ __forceinline__ void run(uint32_t const* w, int u, uint32_t (&a)[4]) {
+    PlaneAtoms<Element, kBits>::convert(reinterpret_cast<uint32_t const(&)[kBits]>(*w), u, a);
+  }
+};
+template <typename Element>
+struct RawAtom<Element, 1> : RawPlanes<Element, 1> {};
+template <typename Element>
+struct RawAtom<Element, 2> : RawPlanes<Element, 2> {};
+
+// 3 bits: the two low bits and the top bit under the magic's exponent, magic + q (q < 8: exact),
+// without the subtraction of magic + 4 (41 -> 33 instructions per atom with the scale fma).
+template <typename Element>
+struct RawAtom<Element, 3> {
+  using W = PlaneAtoms<Element, 3>;
+  static constexpr float kOff = (std::is_same<Element, cutlass::half_t>::value ? 1024.f : 128.f) + 4.f;
+  static __device__ __forceinline__ constexpr float mul(int) { return 1.f; }
+  static __device__ __forceinline__ constexpr float off(int) { return kOff; }
+  static __device__ __forceinline__ void run(uint32_t const* w, int u, uint32_t (&a)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = W::magic_field3(reinterpret_cast<uint32_t const(&)[3]>(*w), 4 * u + r);
   }
 };
 

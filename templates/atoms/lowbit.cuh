@@ -107,12 +107,17 @@ struct PlaneAtoms {
         int const o = kBits * (p % (16 / kBits)), e = o % kWindow;
         uint32_t const f = lop3<kAndOr>(w[kBits == 1 ? 0 : p / 8] >> (o - e), ((1u << kBits) - 1) * 0x10001u << e, kMagic);
         a[r] = P::fma(f, C::inv_pow2(e), C::neg_int((1u << (C::kMantissa - e)) + (1u << (kBits - 1))));
-      } else {  // the top bit from plane 2, moved to bit 2 of each half, then (lo & 3) | top | magic
-        uint32_t const lo = w[p / 8] >> (2 * (p % 8));
-        uint32_t const top = p >= 2 ? w[kWords - 1] >> (p - 2) : w[kWords - 1] << (2 - p);
-        a[r] = P::sub(lop3<kAndOr>(lo, 0x00030003u, (top & 0x00040004u) | kMagic), kBias);
+      } else {
+        a[r] = P::sub(magic_field3(w, p), kBias);
       }
     }
+  }
+  // 3 bits: magic + q of pair p, exact: the top bit from plane 2 moved to bit 2 of each half, then
+  // (lo & 3) | top | magic.
+  static __device__ __forceinline__ uint32_t magic_field3(uint32_t const (&w)[kWords], int p) {
+    uint32_t const lo = w[p / 8] >> (2 * (p % 8));
+    uint32_t const top = p >= 2 ? w[kWords - 1] >> (p - 2) : w[kWords - 1] << (2 - p);
+    return lop3<kAndOr>(lo, 0x00030003u, (top & 0x00040004u) | kMagic);
   }
   static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
 };

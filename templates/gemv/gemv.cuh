@@ -257,7 +257,8 @@ struct Gemv {
   static_assert(kUnroll >= 1 && (kUnroll & (kUnroll - 1)) == 0, "kUnroll: a power of two (group alignment)");
   static_assert(kUnroll % W::kAtoms == 0, "kUnroll: whole blocks of the layout (4 atoms for 1-3 bits)");
   static_assert(kRuns >= 1 && kStrips % kRuns == 0, "kRuns: equal runs of strips");
-  static_assert(!kDeferred || (!kFma && (kBits == 4 || kBits == 8)), "kDeferred: the mma kernels of the sm90a layout");
+  static_assert(!kDeferred || (!kFma && kBits != 7),
+                "kDeferred: the mma kernels, not 1:2-sparse (a dropped element's zero would enter the sums of x)");
   static constexpr int kRun = kStrips / kRuns;
 
   // The weight strip of the warp's strip j (strip0 + j with one run: gemv's code is unchanged).
@@ -384,7 +385,12 @@ struct Gemv {
       // there ptxas, free to interleave a whole step's atoms, spilled (64 registers: 0.5 KB).
       auto compute = [&](auto whole) {
         if constexpr (kDeferred) {
-          deferred_step<kGroupAtoms, decltype(whole)::value>(p, kb0, kend, poff, wq, xf, acc);
+          // The group's parameters straight from global memory (L1 hits), rows g + 8 h of strip j.
+          auto params = [&](int u, int j, int h, float& sc, float& zc) {
+            sc = static_cast<float>(__ldg(group_row(p.scales, p, kb0 + u) + poff[j] + 8 * h));
+            zc = static_cast<float>(__ldg(group_row(p.zeros, p, kb0 + u) + poff[j] + 8 * h));
+          };
+          deferred_step<kGroupAtoms, decltype(whole)::value>(kb0, kend, wq, xf, acc, params);
           return;
         }
 #pragma unroll
@@ -418,41 +424,50 @@ struct Gemv {
   // One step of the kDeferred kernel: per segment of kGroupAtoms atoms (one group's parameters),
   // the raw codes' mma sums into `part` and the activations' sums (an mma of ones) into `xsum`,
   // then acc += (s mul) part + (z' - off s) X per row half (rows g, g + 8: their encodings differ).
-  template <int kGroupAtoms, bool kWhole>
-  static __device__ __forceinline__ void deferred_step(GemvArgs const& p, int kb0, int kend, int const (&poff)[kStrips],
-                                                       uint32_t const (&wq)[kBlocks][kStrips][W::kWords],
+  // params(u, j, h, s, z'): the parameters of atom u's group, strip j, row g + 8 h (global memory
+  // here, the ring's stage in gemv_pipe.cuh).
+  template <int kGroupAtoms, bool kWhole, bool kLateParams = false, typename Params>
+  static __device__ __forceinline__ void deferred_step(int kb0, int kend, uint32_t const (&wq)[kBlocks][kStrips][W::kWords],
                                                        uint32_t const (&xf)[kUnroll][kXRows][2],
-                                                       float (&acc)[kStrips][kXRows][kPer]) {
+                                                       float (&acc)[kStrips][kXRows][kPer], Params const& params) {
     if constexpr (kDeferred) {
       using R = RawAtom<Element, kBits>;
       uint32_t const ones[4] = {Ones<Element>::kPair, Ones<Element>::kPair, Ones<Element>::kPair, Ones<Element>::kPair};
       float part[kStrips][kTiles][4], xsum[kTiles][4], c1[kStrips][2], c2[kStrips][2];
-      auto fold = [&]() {
+      auto coeffs = [&](int u0, int j) {
 #pragma unroll
-        for (int j = 0; j < kStrips; ++j)
+        for (int h = 0; h < 2; ++h) {
+          float sc, zc;
+          params(u0, j, h, sc, zc);
+          c1[j][h] = sc * R::mul(h);
+          c2[j][h] = fmaf(-R::off(h), sc, zc);
+        }
+      };
+      // kLateParams (the ring: parameters in shared memory): read at the fold, a strip at a time,
+      // so they hold no registers across the segment; else at the segment's start (an L1 round
+      // trip there overlaps the segment's mma's).
+      auto fold = [&](int u0) {
+#pragma unroll
+        for (int j = 0; j < kStrips; ++j) {
+          if constexpr (kLateParams) coeffs(u0, j);
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)  // c0 c1: rows g, tokens 2t, 2t+1; c2 c3: rows g + 8
               acc[j][mt][e] = fmaf(c1[j][e >> 1], part[j][mt][e], fmaf(c2[j][e >> 1], xsum[mt][e & 1], acc[j][mt][e]));
+        }
       };
-      bool open = false;  // a segment cut short by the slice's end still folds
+      int open = -1;  // the open segment's first atom: a segment cut short by the slice's end still folds
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if constexpr (!kWhole) {
           if (kb0 + u >= kend) break;
         }
         if (u % kGroupAtoms == 0) {
-          raw const* const sp = group_row(p.scales, p, kb0 + u);
-          raw const* const zp = group_row(p.zeros, p, kb0 + u);
+          if constexpr (!kLateParams) {
 #pragma unroll
-          for (int j = 0; j < kStrips; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float const sc = static_cast<float>(__ldg(sp + poff[j] + 8 * h));
-              c1[j][h] = sc * R::mul(h);
-              c2[j][h] = fmaf(-R::off(h), sc, static_cast<float>(__ldg(zp + poff[j] + 8 * h)));
-            }
+            for (int j = 0; j < kStrips; ++j) coeffs(u, j);
+          }
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
@@ -461,23 +476,23 @@ struct Gemv {
 #pragma unroll
               for (int j = 0; j < kStrips; ++j) part[j][mt][e] = 0.f;
             }
-          open = true;
+          open = u;
         }
 #pragma unroll
         for (int j = 0; j < kStrips; ++j) {
           uint32_t a[4];
-          R::run(wq[u][j], a);
+          R::run(wq[u / W::kAtoms][j], u % W::kAtoms, a);
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(part[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
         }
 #pragma unroll
         for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(xsum[mt], ones, xf[u][mt][0], xf[u][mt][1]);
         if ((u + 1) % kGroupAtoms == 0) {
-          fold();
-          open = false;
+          fold(u + 1 - kGroupAtoms);
+          open = -1;
         }
       }
-      if (!kWhole && open) fold();
+      if (!kWhole && open >= 0) fold(open);
     }
   }
 

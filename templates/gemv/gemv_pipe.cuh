@@ -48,10 +48,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// kDeferred (`_ds`): the group scale and zero applied once per group to the fp32 sums, as in
+// gemv.cuh (atoms/deferred.cuh), with the parameters read from the stage.
 template <typename Element, int kBits, int kTiles, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, int kStages,
-          int kFmaTokens = 0>
-struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnroll, true, kFmaTokens> {
-  using Base = Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnroll, true, kFmaTokens>;
+          int kFmaTokens = 0, bool kDeferred = false>
+struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnroll, true, kFmaTokens, 1, kDeferred> {
+  using Base = Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnroll, true, kFmaTokens, 1, kDeferred>;
   using W = typename Base::W;
   using raw = typename Base::raw;
   using Acc = typename Base::Acc;
@@ -202,6 +204,20 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
           xf[u][mt][0] = XS::pair(xs, xrow[mt], u, t, 0);
           xf[u][mt][1] = XS::pair(xs, xrow[mt], u, t, 1);
         }
+      if constexpr (kDeferred) {
+        // The staged group's scale and zero of strip j, row g + 8 h.
+        auto staged = [&](int u, int j, int h, float& sc, float& zc) {
+          raw const* const gp = reinterpret_cast<raw const*>(params + ((u * 16) >> p.group_shift) * kGroupBytes) + g;
+          sc = static_cast<float>(gp[16 * j + 8 * h]);
+          zc = static_cast<float>(gp[16 * (kStrips + j) + 8 * h]);
+        };
+        if (kb0 + kUnroll <= kend) {
+          Base::template deferred_step<kGroupAtoms, true, true>(kb0, kend, wq, xf, acc, staged);
+        } else {
+          Base::template deferred_step<kGroupAtoms, false, true>(kb0, kend, wq, xf, acc, staged);
+        }
+        continue;
+      }
       uint32_t s[kStrips][2], z[kStrips][2];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {

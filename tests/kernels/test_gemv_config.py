@@ -38,11 +38,15 @@ def test_deferred_scaling_schedules():
     assert (c.deferred, c.occupancy, c.splits, c.schedule) == (True, 3, 6, "m8_s2_w8x1_u8_ds_o3_split6")
     assert c.kernel_name == "mg_gemv_bf16_u8_m8_s2_w8x1_u8_ds_o3" and "deferred=True" in repr(c)
     assert "deferred" not in repr(GemvConfig())  # the other kernels keep their sources and cache keys
-    for bad, rule in (({"tokens": 1}, "mma kernels"), ({"stages": 3}, "without a ring"),
-                      ({"bits": 2, "layout": "lowbit"}, "sm90a layout")):
+    for bad, rule in (({"tokens": 1}, "mma kernels"), ({"bits": 7, "layout": "lowbit"}, "not 1:2-sparse"),
+                      ({"tokens": 16, "layout": "sm80"}, "sm90a and lowbit layouts")):
         with pytest.raises(ValueError, match=rule):
             GemvConfig(deferred=True, **bad)
     assert "0, 1, true, true>;" in gemv.FAMILY.render(c)  # kDeferred, kCapped (the _o3 register cap)
+    # 1-3 bits, with or without a ring: the ring's kernel gets kDeferred after kFmaTokens
+    ring = GemvConfig.from_schedule("m8_s4_w2x2_u8_p3_ds_split2", bits=3)
+    assert (ring.layout, ring.stages, ring.deferred, ring.schedule) == ("lowbit", 3, True, "m8_s4_w2x2_u8_p3_ds_split2")
+    assert "3, 0, true>;" in gemv.FAMILY.render(ring)
 
 
 def test_ring_schedules_names_and_shared_memory_by_m():

@@ -128,6 +128,18 @@ DEFERRED_SHAPES = (
 )
 
 
+# Deferred group scaling for 1-3 bits (``_ds``; not 1:2-sparse): (tokens, strips, warps, unroll,
+# stages). The A/B (bench/NOTES.md, session 16): 3-bit 57344x8192 at M=1 137 -> 126 µs, M=16
+# 205 -> 197; 4096x4096 2- and 3-bit 4-5% faster; 2-bit's large shapes keep the plain ring.
+LOWBIT_DEFERRED_SHAPES = (
+    (8, 4, (2, 2), 8, 0),
+    (8, 4, (2, 2), 8, 3),
+    (8, 1, (2, 4), 32, 2),
+    (16, 4, (2, 2), 4, 3),
+    (32, 4, (2, 2), 4, 3),
+)
+
+
 def _shape(tokens, strips, warps, unroll, stage_x=False, stages=0, occupancy=0, deferred=False) -> dict:
     return dict(tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x, stages=stages,
                 occupancy=occupancy, deferred=deferred)
@@ -138,8 +150,10 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
     (tokens, strips, warps, unroll, stage_x, stages, occupancy, deferred); int8 halves the unroll of
     int4's (the same bytes per step)."""
     if layout == "lowbit" or bits in LOWBIT_BITS:
+        deferred = [] if bits == 7 else [_shape(t, s, w, u, stages=st, deferred=True)
+                                         for t, s, w, u, st in LOWBIT_DEFERRED_SHAPES]
         return ([_shape(*shape) for shape in LOWBIT_SHAPES]
-                + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES])
+                + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES] + deferred)
     half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
     if layout == "sm80":
         return [_shape(t, s, w, half(u), xs) for t, s, w, u, xs in SM80_SHAPES]

@@ -42,9 +42,10 @@ class GemvConfig:
     fragment is a 32-bit global load touching one L1 line per token row); ``stages`` (``_p<S>``,
     templates/gemv/gemv_pipe.cuh: each warp streams its weight and x slices through an S-stage
     cp.async ring in shared memory, S - 1 steps in flight while it converts one; x is always staged
-    there, so not with ``_xs``; not for the sm80 layout); ``deferred`` (``_ds``,
-    the sm90a layout's mma kernels: the mma takes the codes in their offset encoding and each
-    group's scale and zero are applied to the fp32 sums once per group, templates/atoms/deferred.cuh);
+    there, so not with ``_xs``; not for the sm80 layout); ``deferred`` (``_ds``, the mma kernels
+    of the sm90a and lowbit layouts, with or without a ring, not 1:2-sparse: the mma takes the codes
+    in their offset encoding and each group's scale and zero are applied to the fp32 sums once per
+    group, templates/atoms/deferred.cuh);
     ``occupancy`` (``_o<N>``: compiled with
     ``__launch_bounds__(threads, N)``, so ptxas caps the registers for N CTAs per SM; 0: its own
     choice). At launch: ``splits``,
@@ -87,8 +88,9 @@ class GemvConfig:
             (0 <= self.occupancy <= 8, "occupancy (CTAs per SM asked of ptxas) must be in [0, 8]"),
             (not self.stages or (self.layout != "sm80" and not self.stage_x),
              "stages (the cp.async ring) read the sm90a or lowbit layout and always stage x (no _xs)"),
-            (not self.deferred or (self.layout == "sm90a" and not self.fma and not self.stages),
-             "deferred (_ds: group scaling after the mma) is for the sm90a layout's mma kernels without a ring"),
+            (not self.deferred or (self.layout != "sm80" and not self.fma and self.bits != 7),
+             "deferred (_ds: group scaling after the mma) is for the mma kernels of the sm90a and lowbit layouts, "
+             "not 1:2-sparse (a dropped element's zero would enter the sums of x)"),
             (self.smem_bytes <= (MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM),
              f"shared memory {self.smem_bytes} B above the {'ring' if self.stages else 'static'} limit "
              f"{MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM} B"),
