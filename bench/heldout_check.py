@@ -1,18 +1,19 @@
 """How close selection gets on shapes no profile holds (issue #23 item 4: within 25% of the best).
 
 Reads the CSV of a ``mixed-gemm profile --shapes ... --no-merge`` sweep of held-out shapes (every
-candidate timed on the GPU; the H100's is ``profiles/h100-heldout-f16.csv``) and, for each
+candidate timed on the GPU; the H100's is ``profiles/h100-heldout-f16.csv.gz``) and, for each
 (shape, M), asks selection what it would run on that GPU with the shipped profile (nearest
 profiled shape, refitted) or the heuristics; prints that schedule's time over the sweep's best.
 Runs on the CPU (selection for compute capability 9.0 and the SM count given); a schedule the
 sweep did not time is listed, to time with ``mixed-gemm profile --shapes N:K --ms M --schedules``.
 
-    python bench/heldout_check.py [--csv profiles/h100-heldout-f16.csv] [--profile profiles/h100.json]
+    python bench/heldout_check.py [--csv profiles/h100-heldout-f16.csv.gz] [--profile profiles/h100.json]
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -26,7 +27,7 @@ from mixed_gemm.select.selection import choose  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--csv", default="profiles/h100-heldout-f16.csv")
+    ap.add_argument("--csv", default="profiles/h100-heldout-f16.csv.gz")
     ap.add_argument("--profile", default="profiles/h100.json")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--dtype", default="f16")
@@ -34,7 +35,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     times = defaultdict(dict)  # (n, k, m) -> schedule -> µs
-    for row in csv.DictReader(open(args.csv)):
+    for row in csv.DictReader(gzip.open(args.csv, "rt") if args.csv.endswith(".gz") else open(args.csv)):
         if row["Status"] == "success" and row["Runtime"]:
             times[(int(row["n"]), int(row["k"]), int(row["m"]))][row["schedule"]] = float(row["Runtime"]) * 1e3
     profile = Profile.load(Path(args.profile))

@@ -15,7 +15,7 @@ from .config import Sm90aConfig
 
 FROM_M = 9
 # (max M, schedule with TK = 128, schedule with TK = 64 for groups that are not a multiple of 128),
-# from the H100 profile (profiles/h100-sm90a-f16.csv, 8 Llama-3 shapes, M 16..8192): thin token
+# from the H100 profile (profiles/h100-sm90a-f16.csv.gz, 8 Llama-3 shapes, M 16..8192): thin token
 # tiles split over K below 128 rows, square tiles with activation multicast up to 256, wide
 # 128x256 tiles with a swizzled order beyond 1024.
 ROWS: Tuple[Tuple[int, str, str], ...] = (
