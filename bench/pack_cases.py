@@ -9,6 +9,7 @@ A case line is ring_ab.py's: ``N K M BITS GROUP schedule [schedule ...]`` (``#``
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 
 from mixed_gemm._paths import cache_dir
@@ -34,7 +35,7 @@ def main() -> None:
     for spec in specs.values():
         build_spec(spec)
         entries.append(locate(spec.name, spec.source(), spec.arch_flags, (), spec.output)[1].name)
-    out = subprocess.os.path.abspath(a.out)
+    out = os.path.abspath(a.out)
     subprocess.run(f"tar cf - {' '.join(sorted(entries))} | xz -T2 -6 > {out}", shell=True, check=True,  # noqa: S602
                    cwd=cache_dir())
     print(f"{len(entries)} kernels -> {a.out}")
