@@ -102,7 +102,10 @@ struct MixedGemmSm80 {
   static_assert(kBits == 4 || kBits == 8, "4- or 8-bit weights");
   static_assert(BM % (16 * WarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(BN % (kAtomN * WarpsN) == 0, "warp tile columns must be a multiple of the 64-column atom");
-  static_assert(BK == 64 || BK == 128, "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks)");
+  // BK 256 (sm90a layout only, whose A rows are padded, not swizzled): a k-tile's fixed costs (the
+  // barrier, the copy plan's arithmetic, a warp's group parameters) over twice the atoms.
+  static_assert(BK == 64 || BK == 128 || (kSm90aLayout_ && BK == 256),
+                "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks), or 256 on the sm90a layout");
   static_assert(kK16 % WarpsK == 0, "k16 steps must split evenly over the K warps");
   static_assert(Stages >= 2, "a pipeline needs at least two stages");
   using InstructionShape = InstructionShape_;
@@ -123,7 +126,11 @@ struct MixedGemmSm80 {
 
   // Shared memory per stage. Group sizes are >= 32, so a k-tile touches at most BK/32 groups.
   static constexpr int kGroupRows = BK / 32;
-  static constexpr int kSmemA = BM * BK * 2;
+  // A's rows in shared memory: swizzled on the sm80 layout; on the sm90a layout padded by 16 bytes
+  // instead, which serves any BK. The pad keeps an ldmatrix phase's 8 rows (BK * 2 + 16 bytes
+  // apart) on 8 different bank groups.
+  static constexpr int kPitchA = kL90 ? BK * 2 + 16 : BK * 2;
+  static constexpr int kSmemA = BM * kPitchA;
   static constexpr int kSmemB = BK * BN * kBits / 8;
   static constexpr int kSmemS = kGroupRows * BN * 2;
   static constexpr int kSmemZ = kZeroMode == ZeroMode::kSymmetric ? 0 : kSmemS;
@@ -152,18 +159,22 @@ struct MixedGemmSm80 {
     // bank groups instead of one (rows are 128 or 256 bytes apart).
     return row * (BK / 8) + (chunk ^ (row & 7));
   }
+  // Byte offset of A's 16-byte chunk in a stage (see kPitchA).
+  static __device__ __forceinline__ int a_offset(int row, int chunk) {
+    return kL90 ? row * kPitchA + chunk * 16 : a_swizzle(row, chunk) * 16;
+  }
 
   // The copy plan of A and (sm90a layout) B, built once per CTA. A thread's chunks of a stage are
   // then a pointer advanced by the k-tile plus a fixed stride per pass, predicated by row / strip
   // bits fixed per CTA; only a tile reaching K's end checks k. Recomputed per k-tile (load_stage's
   // general form), the 64-bit addressing and zero-fill predicates were a third of the 16-token
   // main loop's instructions (bench/NOTES.md, session 16). Valid when a pass of the CTA covers
-  // whole A rows and whole B k16 rows, and the A swizzle's row & 7 is the same in every pass.
+  // whole A rows and whole B k16 rows (the sm90a layout's padded A rows need no swizzle rule).
   static constexpr int kRowChunksA = BK / 8;
   static constexpr int kPassesA = BM * kRowChunksA / kThreads;
   static constexpr int kRowChunksB = kRow90Bytes / 16;
   static constexpr int kPassesB = kK16 * kRowChunksB / kThreads;
-  static constexpr bool kPlanned = kL90 && kThreads % kRowChunksA == 0 && (kThreads / kRowChunksA) % 8 == 0 &&
+  static constexpr bool kPlanned = kL90 && kThreads % kRowChunksA == 0 &&
                                    (BM * kRowChunksA) % kThreads == 0 && kThreads % kRowChunksB == 0 &&
                                    (kK16 * kRowChunksB) % kThreads == 0;
 
@@ -178,6 +189,12 @@ struct MixedGemmSm80 {
     unsigned a_rows;  // bit i: pass i's A row is < M
     bool b_strip;   // the chunk's atom is in a strip < N_pad / 16
     int a_dst, b_dst;  // stage offsets of pass 0
+    // The thread's scale and zero chunk (one pass): row p_row of the k-tile's groups, at group 0.
+    char const* s;
+    char const* z;
+    int p_row, p_dst;
+    bool p_copy;    // the thread has a chunk, and its row is one the k-tile touches
+    bool p_col;     // its columns are < N_pad
   };
 
   static __device__ __forceinline__ CopyPlan copy_plan(GemmArgs const& p, Tile const& t, int tid) {
@@ -189,7 +206,7 @@ struct MixedGemmSm80 {
     c.a_rows = 0;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kPassesA; ++i) c.a_rows |= unsigned(t.m0 + row + i * (kThreads / kRowChunksA) < p.m) << i;
-    c.a_dst = a_swizzle(row, chunk) * 16;
+    c.a_dst = a_offset(row, chunk);
     int const strips = p.n_pad / 16, off = (tid % kRowChunksB) * 16;
     c.b_kk = tid / kRowChunksB;
     c.b_pass = (kThreads / kRowChunksB) * strips * kAtom90Bytes;
@@ -197,9 +214,20 @@ struct MixedGemmSm80 {
     c.b_strip = t.n0 / 16 + off / kAtom90Bytes < strips;
     c.b = static_cast<char const*>(p.b) + ((size_t)c.b_kk * strips + t.n0 / 16) * kAtom90Bytes + off;
     c.b_dst = kSmemA + c.b_kk * kRow90Bytes + off;
+    constexpr int kChunksRow = BN / 8;
+    int const col = (tid % kChunksRow) * 8;
+    c.p_row = tid / kChunksRow;
+    c.p_dst = kSmemA + kSmemB + (c.p_row * BN + col) * 2;
+    c.p_copy = tid < kGroupRows * kChunksRow &&
+               c.p_row < (p.group_shift >= kPerChannelShift ? 1 : max(1, BK >> p.group_shift));
+    c.p_col = t.n0 + col < p.n_pad;
+    c.s = static_cast<char const*>(p.scales) + (size_t)(t.n0 + col) * 2;
+    c.z = static_cast<char const*>(p.zeros) + (size_t)(t.n0 + col) * 2;
     return c;
   }
 
+  // The zero-fill predicate alone guards a copy: with a source size of 0, cp.async reads nothing,
+  // so the address may lie outside the tensor (selecting a safe one cost 4 instructions a copy).
   static __device__ __forceinline__ void load_stage_planned(GemmArgs const& p, Tile const& t, CopyPlan const& c,
                                                             int ktile, char* stage, int tid) {
     using cutlass::arch::CacheOperation;
@@ -208,9 +236,8 @@ struct MixedGemmSm80 {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kPassesA; ++i) {
       bool const ok = k_ok && (c.a_rows >> i & 1u);
-      // Consecutive passes are kThreads / kRowChunksA rows apart, a multiple of 8: same swizzle.
-      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.a_dst + i * (kThreads / kRowChunksA) * BK * 2,
-                                                                 ok ? a + i * c.a_pass : c.a, ok);
+      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.a_dst + i * (kThreads / kRowChunksA) * kPitchA,
+                                                                 a + i * c.a_pass, ok);
     }
     int const kb0 = ktile * kK16 + c.b_kk;
     bool const b_whole = (ktile + 1) * kK16 <= p.k16;
@@ -219,9 +246,16 @@ struct MixedGemmSm80 {
     for (int i = 0; i < kPassesB; ++i) {
       bool const ok = c.b_strip && (b_whole || kb0 + i * (kThreads / kRowChunksB) < p.k16);
       cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.b_dst + i * (kThreads / kRowChunksB) * kRow90Bytes,
-                                                                 ok ? b + i * c.b_pass : c.b, ok);
+                                                                 b + i * c.b_pass, ok);
     }
-    load_params_stage(p, t, ktile, stage, tid);
+    // Scales and zeros: the k-tile's group rows (past the last group, the last again).
+    static_assert(kGroupRows * (BN / 8) <= kThreads, "one pass of parameter chunks");
+    if (c.p_copy) {
+      int const g = min(((ktile * BK) >> p.group_shift) + c.p_row, p.num_groups - 1);
+      size_t const off = (size_t)g * p.n_pad * 2;
+      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.p_dst, c.s + off, c.p_col);
+      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.p_dst + kSmemS, c.z + off, c.p_col);
+    }
   }
 
   static __device__ __forceinline__ void load_stage(GemmArgs const& p, Tile const& t, int ktile, char* stage,
@@ -239,7 +273,7 @@ struct MixedGemmSm80 {
         int gm = t.m0 + row, gk = ktile * BK + chunk * 8;
         bool ok = gm < p.m && gk < p.k;
         raw const* src = ok ? a + (size_t)gm * p.lda + gk : a;
-        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_swizzle(row, chunk) * 16, src, ok);
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_offset(row, chunk), src, ok);
       }
     }
     // B: BN / 64 strips, each BK / 16 consecutive atoms (sm80), or BK / 16 rows of BN / 16 atoms (sm90a).
@@ -320,7 +354,7 @@ struct MixedGemmSm80 {
     for (int mi = 0; mi < kMmaM; ++mi) {
       int row = warp_m * WM + mi * 16 + (lane & 15);
       int chunk = kk * 2 + (lane >> 4);
-      cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(a_frag[mi], stage + a_swizzle(row, chunk) * 16);
+      cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(a_frag[mi], stage + a_offset(row, chunk));
     }
   }
 

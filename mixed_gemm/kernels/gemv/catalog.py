@@ -37,6 +37,9 @@ SHAPES = (
     # latency the small shapes pay: issue #23 item 2).
     (8, 1, (1, 8), 16, False),
     (8, 1, (2, 8), 8, False),
+    # The same at 16 tokens, x staged: 4096x4096 at M=16 10.1 vs 10.6 µs for the best sm80 tile
+    # (bench/NOTES.md, session 16).
+    (16, 1, (1, 8), 8, True),
     # CUDA-core FMA variant (1-4 tokens): no n8 padding, fp32 FMAs; timed beside the mma kernels.
     (1, 1, (1, 8), 16, False),
     (1, 1, (2, 8), 8, False),
