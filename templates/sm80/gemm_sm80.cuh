@@ -102,10 +102,7 @@ struct MixedGemmSm80 {
   static_assert(kBits == 4 || kBits == 8, "4- or 8-bit weights");
   static_assert(BM % (16 * WarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(BN % (kAtomN * WarpsN) == 0, "warp tile columns must be a multiple of the 64-column atom");
-  // BK 256 (sm90a layout only, whose A rows are padded, not swizzled): a k-tile's fixed costs (the
-  // barrier, the copy plan's arithmetic, a warp's group parameters) over twice the atoms.
-  static_assert(BK == 64 || BK == 128 || (kSm90aLayout_ && BK == 256),
-                "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks), or 256 on the sm90a layout");
+  static_assert(BK == 64 || BK == 128, "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks)");
   static_assert(kK16 % WarpsK == 0, "k16 steps must split evenly over the K warps");
   static_assert(Stages >= 2, "a pipeline needs at least two stages");
   using InstructionShape = InstructionShape_;
@@ -126,11 +123,7 @@ struct MixedGemmSm80 {
 
   // Shared memory per stage. Group sizes are >= 32, so a k-tile touches at most BK/32 groups.
   static constexpr int kGroupRows = BK / 32;
-  // A's rows in shared memory: swizzled on the sm80 layout; on the sm90a layout padded by 16 bytes
-  // instead, which serves any BK. The pad keeps an ldmatrix phase's 8 rows (BK * 2 + 16 bytes
-  // apart) on 8 different bank groups.
-  static constexpr int kPitchA = kL90 ? BK * 2 + 16 : BK * 2;
-  static constexpr int kSmemA = BM * kPitchA;
+  static constexpr int kSmemA = BM * BK * 2;
   static constexpr int kSmemB = BK * BN * kBits / 8;
   static constexpr int kSmemS = kGroupRows * BN * 2;
   static constexpr int kSmemZ = kZeroMode == ZeroMode::kSymmetric ? 0 : kSmemS;
@@ -159,22 +152,18 @@ struct MixedGemmSm80 {
     // bank groups instead of one (rows are 128 or 256 bytes apart).
     return row * (BK / 8) + (chunk ^ (row & 7));
   }
-  // Byte offset of A's 16-byte chunk in a stage (see kPitchA).
-  static __device__ __forceinline__ int a_offset(int row, int chunk) {
-    return kL90 ? row * kPitchA + chunk * 16 : a_swizzle(row, chunk) * 16;
-  }
 
   // The copy plan of A and (sm90a layout) B, built once per CTA. A thread's chunks of a stage are
   // then a pointer advanced by the k-tile plus a fixed stride per pass, predicated by row / strip
   // bits fixed per CTA; only a tile reaching K's end checks k. Recomputed per k-tile (load_stage's
   // general form), the 64-bit addressing and zero-fill predicates were a third of the 16-token
   // main loop's instructions (bench/NOTES.md, session 16). Valid when a pass of the CTA covers
-  // whole A rows and whole B k16 rows (the sm90a layout's padded A rows need no swizzle rule).
+  // whole A rows and whole B k16 rows, and the A swizzle's row & 7 is the same in every pass.
   static constexpr int kRowChunksA = BK / 8;
   static constexpr int kPassesA = BM * kRowChunksA / kThreads;
   static constexpr int kRowChunksB = kRow90Bytes / 16;
   static constexpr int kPassesB = kK16 * kRowChunksB / kThreads;
-  static constexpr bool kPlanned = kL90 && kThreads % kRowChunksA == 0 &&
+  static constexpr bool kPlanned = kL90 && kThreads % kRowChunksA == 0 && (kThreads / kRowChunksA) % 8 == 0 &&
                                    (BM * kRowChunksA) % kThreads == 0 && kThreads % kRowChunksB == 0 &&
                                    (kK16 * kRowChunksB) % kThreads == 0;
 
@@ -206,7 +195,7 @@ struct MixedGemmSm80 {
     c.a_rows = 0;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kPassesA; ++i) c.a_rows |= unsigned(t.m0 + row + i * (kThreads / kRowChunksA) < p.m) << i;
-    c.a_dst = a_offset(row, chunk);
+    c.a_dst = a_swizzle(row, chunk) * 16;
     int const strips = p.n_pad / 16, off = (tid % kRowChunksB) * 16;
     c.b_kk = tid / kRowChunksB;
     c.b_pass = (kThreads / kRowChunksB) * strips * kAtom90Bytes;
@@ -236,7 +225,8 @@ struct MixedGemmSm80 {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kPassesA; ++i) {
       bool const ok = k_ok && (c.a_rows >> i & 1u);
-      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.a_dst + i * (kThreads / kRowChunksA) * kPitchA,
+      // Consecutive passes are kThreads / kRowChunksA rows apart, a multiple of 8: same swizzle.
+      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.a_dst + i * (kThreads / kRowChunksA) * BK * 2,
                                                                  a + i * c.a_pass, ok);
     }
     int const kb0 = ktile * kK16 + c.b_kk;
@@ -273,7 +263,7 @@ struct MixedGemmSm80 {
         int gm = t.m0 + row, gk = ktile * BK + chunk * 8;
         bool ok = gm < p.m && gk < p.k;
         raw const* src = ok ? a + (size_t)gm * p.lda + gk : a;
-        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_offset(row, chunk), src, ok);
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_swizzle(row, chunk) * 16, src, ok);
       }
     }
     // B: BN / 64 strips, each BK / 16 consecutive atoms (sm80), or BK / 16 rows of BN / 16 atoms (sm90a).
@@ -354,7 +344,7 @@ struct MixedGemmSm80 {
     for (int mi = 0; mi < kMmaM; ++mi) {
       int row = warp_m * WM + mi * 16 + (lane & 15);
       int chunk = kk * 2 + (lane >> 4);
-      cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(a_frag[mi], stage + a_offset(row, chunk));
+      cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(a_frag[mi], stage + a_swizzle(row, chunk) * 16);
     }
   }
 

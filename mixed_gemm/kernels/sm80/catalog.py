@@ -26,14 +26,7 @@ SHAPES = (
 )
 # The decode tiles again on the sm90a layout (the Hopper one copy): 9-32 tokens, where the gemv
 # kernels re-read x per warp and the wgmma tiles pay their TMA prologue on small shapes.
-# BK 256 (this layout only): a k-tile's fixed instructions (barrier, copy arithmetic, a warp's
-# group parameters) over twice the atoms; 16 tokens are bound by the instruction count.
-SHAPES_SM90A = SHAPES[:7] + (
-    ((16, 64, 256), (1, 1, 4), 3),
-    ((16, 64, 256), (1, 1, 4), 4),
-    ((16, 64, 256), (1, 1, 8), 3),
-    ((32, 64, 256), (1, 1, 4), 3),
-)
+SHAPES_SM90A = SHAPES[:7]
 WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in (4, 8) for zero in ZERO_MODES)
 # The sm90a layout folds every zero mode into its additive zero: one kernel per dtype and width.
 WEIGHT_KINDS_SM90A = tuple((dtype, bits, "int") for dtype in DTYPES for bits in (4, 8))

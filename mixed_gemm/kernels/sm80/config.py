@@ -54,8 +54,7 @@ class Sm80Config:
         wm, wn, wk = self.warps
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.instruction == (16, 8, 16), "instruction must be (16, 8, 16): mma.sync.m16n8k16"),
-            (bk in (64, 128) or (bk == 256 and self.layout == "sm90a"),
-             "tile BK must be 64 or 128 (256 on the sm90a layout)"),
+            (bk in (64, 128), "tile BK must be 64 or 128"),
             (bm % (16 * wm) == 0, "tile BM must be a multiple of 16 * warps M"),
             (bn % (64 * wn) == 0, "tile BN must be a multiple of 64 * warps N (the B atom is 64 wide)"),
             ((bk // 16) % wk == 0, "BK / 16 must be a multiple of warps K"),
@@ -81,8 +80,7 @@ class Sm80Config:
         wm, wn, wk = self.warps
         s_bytes = (bk // 32) * bn * 2  # group sizes >= 32: at most BK/32 groups per k-tile
         zeros = self.kernel.zero_mode != "sym"  # the sm90a layout always stores its additive zero
-        pitch_a = bk * 2 + (16 if self.layout == "sm90a" else 0)  # sm90a: A rows padded, not swizzled
-        stage = bm * pitch_a + bk * bn * self.bits // 8 + s_bytes + (s_bytes if zeros else 0)
+        stage = bm * bk * 2 + bk * bn * self.bits // 8 + s_bytes + (s_bytes if zeros else 0)
         acc_per_thread = (bm // wm // 16) * (bn // wn // 8) * 4
         reduce = (wk - 1) * wm * wn * 32 * acc_per_thread * 4
         return max(self.stages * stage, reduce)
