@@ -11,7 +11,7 @@ using Kernel = mixed_gemm::GemvPipe<cutlass::bfloat16_t, 2, 2, 4, 2, 2, 4,
 static_assert(Kernel::kThreads == 128, "threads: GemvConfig and kernel disagree");
 static_assert(Kernel::kRows == 128, "rows per CTA: GemvConfig and kernel disagree");
 static_assert(Kernel::kSmemBytes == 40448, "shared memory: GemvConfig and kernel disagree");
-static_assert(sizeof(mixed_gemm::GemvArgs) == 104, "GemvArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::GemvArgs) == 112, "GemvArgs: Python mirror out of date");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");
 static_assert(int(mixed_gemm::ZeroMode::kInteger) == 1, "int(mixed_gemm::ZeroMode::kInteger): mixed_gemm/kernels/common.py disagrees");

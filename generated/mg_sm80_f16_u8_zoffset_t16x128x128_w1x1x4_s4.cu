@@ -13,8 +13,8 @@ using Kernel = mixed_gemm::MixedGemmSm80<cutlass::half_t, 8, 3, 16, 128, 128,
 // The Python config computes these too (launch geometry, smem limit); both must agree.
 static_assert(Kernel::kThreads == 128, "threads: Sm80Config and kernel disagree");
 static_assert(Kernel::kSmemBytes == 90112, "shared memory: Sm80Config and kernel disagree");
-static_assert(sizeof(mixed_gemm::GemmArgs) == 112, "GemmArgs: Python mirror out of date");
-static_assert(sizeof(mixed_gemm::ReduceArgs) == 40, "ReduceArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::GemmArgs) == 120, "GemmArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::ReduceArgs) == 48, "ReduceArgs: Python mirror out of date");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");
 static_assert(int(mixed_gemm::ZeroMode::kInteger) == 1, "int(mixed_gemm::ZeroMode::kInteger): mixed_gemm/kernels/common.py disagrees");

@@ -40,10 +40,12 @@ def is_moe(preset: str) -> bool:
 PROMPT, NEW_TOKENS, TTFT_PROMPT = 16, 48, 512
 
 
-def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = True, lm_head=None):
+def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = True, lm_head=None,
+                 residual: bool = False):
     """(fp16 model, int4 model): random weights made on the GPU, the int4 one by quantize_model
-    (and fuse_projections: one launch for q|k|v and one for gate|up; ``lm_head``: quantize the
-    output head too, ``"int8"`` or ``"int4"``)."""
+    (and fuse_projections: one launch for q|k|v and one for gate|up; ``residual``: the skip
+    connections in the o_proj/down_proj epilogues too; ``lm_head``: quantize the output head too,
+    ``"int8"`` or ``"int4"``)."""
     import transformers
 
     from .fuse import fuse_projections
@@ -67,7 +69,7 @@ def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = T
     int4 = copy.deepcopy(fp16)
     quantize_model(int4, bits=4, group_size=group_size, progress=False, lm_head=lm_head)
     if fuse:
-        fuse_projections(int4)
+        fuse_projections(int4, residual=residual)
     torch.cuda.empty_cache()
     return fp16, int4
 
@@ -210,15 +212,15 @@ def ttft_ms(model) -> float:
 
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compiled: bool = True,
-        fuse: bool = True, compare: bool = False, lm_head=None, log=print) -> Dict:
+        fuse: bool = True, compare: bool = False, lm_head=None, residual: bool = False, log=print) -> Dict:
     """Every measurement, the models alternating within each repetition (order reversed every
     other one); medians. ``compare`` adds the tinygemm peer."""
-    fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head)
+    fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head, residual=residual)
     models = {"fp16": fp16, "mixed_gemm": int4}
     if compare:
         models[PEER] = build_peer(fp16)
     result: Dict = {"preset": preset, "layers": fp16.config.num_hidden_layers, "gpu": torch.cuda.get_device_name(),
-                    "fused": fuse, "lm_head": lm_head or "fp16",
+                    "fused": fuse, "residual": fuse and residual, "lm_head": lm_head or "fp16",
                     "weight_bytes": {k: weight_bytes(m) for k, m in models.items()}, "rows": []}
     warm = {}
     for name, model in models.items():  # warm-ups (module loads, selection, compilation) out of the timing

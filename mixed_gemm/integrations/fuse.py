@@ -11,9 +11,15 @@ Mistral- and Qwen2-family blocks fused into one prepacked weight each (outputs s
 
 Fusing needs the projections to share bits, group size, zero mode, dtype and layout, and no
 act-order permutation (each projection has its own); blocks that do not qualify stay as they were.
+
+- Residual (``residual=True``): a pre-norm decoder layer (Llama, Mistral, Qwen2, Qwen3) adds its
+  skip connections in the epilogues of ``o_proj`` and ``down_proj`` (:class:`SkipProj`) instead
+  of two add kernels: the layer's forward is replaced on the instance (its class, hooks and
+  module tree stay), and the layer hands each projection its residual just before the call.
 """
 from __future__ import annotations
 
+import types
 from typing import List, Optional, Sequence
 
 import torch
@@ -109,10 +115,67 @@ class QKVSlice(nn.Module):
         return out
 
 
-def fuse_projections(model: nn.Module, gated: bool = False) -> int:
+class SkipProj(nn.Module):
+    """Stands in for a residual-fused layer's ``o_proj`` / ``down_proj``: ``proj(x) + residual``
+    with the residual the layer handed over for this call (cleared when read, so no tensor outlives
+    the forward); called without one it is ``proj(x)``."""
+
+    def __init__(self, proj: QuantLinear):
+        super().__init__()
+        self.proj = proj
+        self._handover: Optional[list] = None
+
+    def forward(self, x):
+        hand, self._handover = self._handover, None
+        return self.proj(x, residual=None if hand is None else hand[0])
+
+
+# Pre-norm decoder layers whose forward is exactly: h = x + o_proj(attn(input_layernorm(x)));
+# out = h + down_proj(mlp(post_attention_layernorm(h))) (Gemma's extra norms are not).
+RESIDUAL_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+
+
+def _residual_forward(self, hidden_states, *args, **kwargs):
+    """The layer's forward with both skip connections in the projections' epilogues (positional
+    extras, which transformers does not pass, take the class's own forward)."""
+    if args:
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    attn, mlp = self.self_attn, self.mlp
+    attn.o_proj._handover = [hidden_states]
+    h, _ = attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    mlp.down_proj._handover = [h]
+    return mlp(self.post_attention_layernorm(h))
+
+
+def _residual_fusable(layer: nn.Module) -> bool:
+    if type(layer).__name__ not in RESIDUAL_LAYERS or "forward" in vars(layer):
+        return False
+    parts = [getattr(layer, n, None) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")]
+    if any(p is None for p in parts):
+        return False
+    o, down = getattr(parts[1], "o_proj", None), getattr(parts[3], "down_proj", None)
+    return isinstance(o, QuantLinear) and isinstance(down, QuantLinear)
+
+
+def fuse_residual(model: nn.Module) -> int:
+    """Move the skip connections of every qualifying decoder layer of ``model`` into the epilogues
+    of its (quantized) ``o_proj`` and ``down_proj``, in place (module docstring); returns how many
+    layers changed."""
+    fused = 0
+    for layer in list(model.modules()):
+        if _residual_fusable(layer):
+            layer.self_attn.o_proj = SkipProj(layer.self_attn.o_proj)
+            layer.mlp.down_proj = SkipProj(layer.mlp.down_proj)
+            layer.forward = types.MethodType(_residual_forward, layer)
+            fused += 1
+    return fused
+
+
+def fuse_projections(model: nn.Module, gated: bool = False, residual: bool = False) -> int:
     """Fuse q/k/v and gate/up of every qualifying block of ``model`` in place (QuantLinear
     projections, see the module docstring); returns how many groups were fused. ``gated``: SiLU·mul
-    in the gate|up epilogue where the MLP allows it (:class:`FusedGateUpMLP`; off by default)."""
+    in the gate|up epilogue where the MLP allows it (:class:`FusedGateUpMLP`; off by default).
+    ``residual``: also :func:`fuse_residual` (the layers it changes are not counted)."""
     fused = 0
     for module in list(model.modules()):
         names = ("q_proj", "k_proj", "v_proj")
@@ -129,6 +192,8 @@ def fuse_projections(model: nn.Module, gated: bool = False) -> int:
                 mlp = FusedGateUpMLP(concat([gate, up]), module.down_proj, module.act_fn, gate.out_features, gated)
                 _replace(model, module, mlp)
                 fused += 1
+    if residual:
+        fuse_residual(model)
     return fused
 
 

@@ -135,20 +135,32 @@ class QuantLinear(nn.Module):
             self._dense = (key, w)
         return self._dense[1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x @ W.T (+ bias) (+ residual)``; ``residual`` (the output's shape and dtype; a decoder
+        block's skip connection) is added before the one rounding where the kernel's epilogue
+        takes it (:func:`mixed_gemm.matmul`)."""
         if x.is_cuda:
             if torch.compiler.is_compiling():  # traced: the op takes the buffers, no PackedWeight here
                 buf = self._buffers
                 g = self.in_features if self.group_size == -1 or buf["scales"].shape[0] == 1 else self.group_size
                 return torch.ops.mixed_gemm.matmul(x, buf["b"], buf["scales"], buf["zeros"], buf["perm"], buf["bias"],
                                                    self.out_features, self.in_features, self.bits, g, self.zero_mode,
-                                                   self.layout, self._aux())
+                                                   self.layout, self._aux(), residual)
             # A drop-in for nn.Linear takes any strides (transformers hands the lm_head a
             # hidden_states[:, -1:, :] view); matmul itself takes contiguous rows only.
-            return matmul(x if x.is_contiguous() else x.contiguous(), self.packed(), bias=self._buffers["bias"])
+            if residual is not None and not residual.is_contiguous():
+                residual = residual.contiguous()
+            return matmul(x if x.is_contiguous() else x.contiguous(), self.packed(), bias=self._buffers["bias"],
+                          residual=residual)
         w = self.dense_weight().to(x.device)
         bias = None if self.bias is None else self.bias.float()
-        return torch.nn.functional.linear(x.float(), w, bias).to(x.dtype)
+        y = torch.nn.functional.linear(x.float(), w, bias)
+        if residual is not None:
+            if tuple(residual.shape) != tuple(y.shape) or residual.dtype != x.dtype:
+                raise ValueError(f"residual: expected a {x.dtype} tensor of the output's shape {tuple(y.shape)}, "
+                                 f"got {residual.dtype} {tuple(residual.shape)}")
+            y = y + residual.float()
+        return y.to(x.dtype)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """For a fused gate|up layer without bias (rows ``[0, I)`` gate, ``[I, 2I)`` up):

@@ -29,25 +29,29 @@ def packed_view(b, scales, zeros, perm, n: int, k: int, bits: int, group_size: i
 @torch.library.custom_op("mixed_gemm::matmul", mutates_args=())
 def matmul_op(x: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
               perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], n: int, k: int, bits: int,
-              group_size: int, zero_mode: str, layout: str, aux: List[torch.Tensor]) -> torch.Tensor:
-    """``y = x @ dequant(W).T + bias`` for the PackedWeight with these tensors and fields (``aux``:
-    the second layout's tensors, empty for one layout)."""
+              group_size: int, zero_mode: str, layout: str, aux: List[torch.Tensor],
+              residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``y = x @ dequant(W).T + bias + residual`` for the PackedWeight with these tensors and fields
+    (``aux``: the second layout's tensors, empty for one layout)."""
     w = packed_view(b, scales, zeros, perm, n, k, bits, group_size, zero_mode, layout, aux)
     if not x.is_contiguous():  # compiled graphs may hand over views
         x = x.contiguous()
-    return matmul(x, w, bias=bias)
+    if residual is not None and not residual.is_contiguous():
+        residual = residual.contiguous()
+    return matmul(x, w, bias=bias, residual=residual)
 
 
 @matmul_op.register_fake
-def _matmul_fake(x, b, scales, zeros, perm, bias, n, k, bits, group_size, zero_mode, layout, aux):
+def _matmul_fake(x, b, scales, zeros, perm, bias, n, k, bits, group_size, zero_mode, layout, aux, residual=None):
     torch._check(x.shape[-1] == k, lambda: f"x: last dimension must equal the weight's K={k}")
     return x.new_empty((*x.shape[:-1], n))
 
 
-def matmul_packed_op(x: torch.Tensor, w: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def matmul_packed_op(x: torch.Tensor, w: PackedWeight, bias: Optional[torch.Tensor] = None,
+                     residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Call the custom op for ``w``."""
     return torch.ops.mixed_gemm.matmul(x, w.b, w.scales, w.zeros, w.perm, bias, w.n, w.k, w.bits, w.group_size,
-                                       w.zero_mode, w.layout, list(w.aux))
+                                       w.zero_mode, w.layout, list(w.aux), residual)
 
 
 @torch.library.custom_op("mixed_gemm::silu_mul_matmul", mutates_args=())

@@ -1,4 +1,4 @@
-"""``mixed_gemm.matmul``: y = x @ dequant(W).T (+ bias) on the GPU."""
+"""``mixed_gemm.matmul``: y = x @ dequant(W).T (+ bias) (+ residual) on the GPU."""
 from __future__ import annotations
 
 from typing import Optional
@@ -49,6 +49,21 @@ def _check_bias(bias, w: PackedWeight) -> None:
         _fail(ValueError, "bias: must be contiguous and 16-byte aligned (the sm90a epilogue loads it in 16-byte units)")
 
 
+def _check_residual(residual, w: PackedWeight, shape: tuple) -> None:
+    if not isinstance(residual, torch.Tensor):
+        _fail(TypeError, f"residual: expected a torch.Tensor or None, got {type(residual).__name__}")
+    if residual.device != w.device or residual.dtype != w.dtype or tuple(residual.shape) != shape:
+        _fail(ValueError, f"residual: expected a {w.dtype} tensor of the output's shape {shape} on {w.device}, "
+                          f"got {residual.dtype} {tuple(residual.shape)} on {residual.device}")
+    if not residual.is_contiguous() or residual.data_ptr() % 16:
+        _fail(ValueError, "residual: must be contiguous and 16-byte aligned (the epilogues read it like the output)")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def matmul(
     x: torch.Tensor,
     w,
@@ -61,8 +76,9 @@ def matmul(
     bias: Optional[torch.Tensor] = None,
     config=None,
     out: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``y = x @ W.T + bias`` with ``W`` dequantized on the fly (``(q - z) s`` or ``q s + m``).
+    """``y = x @ W.T + bias + residual`` with ``W`` dequantized on the fly (``(q - z) s`` or ``q s + m``).
 
     Two forms:
 
@@ -73,7 +89,10 @@ def matmul(
     ``x``: ``(..., K)`` in the weight's dtype (float16 or bfloat16), contiguous, 16-byte aligned, on
     the weight's CUDA device; any number of rows ``M >= 0``. Returns ``(..., N)`` in that dtype;
     fp32 accumulation. ``bias``: ``(N,)`` in that dtype, 16-byte aligned. ``out``: optional
-    contiguous, 16-byte aligned result tensor (no allocation). Rules on ``N``/``K``/``group_size`` are those of :func:`prepack`.
+    contiguous, 16-byte aligned result tensor (no allocation). ``residual``: optional ``(..., N)``
+    tensor of the output's shape and dtype, contiguous, 16-byte aligned, not overlapping ``out``
+    (a decoder block's skip connection): added in fp32 before the one rounding by the kernels of
+    families with ``residual_epilogue`` (the decode families), by one add after the others. Rules on ``N``/``K``/``group_size`` are those of :func:`prepack`.
     ``config`` forces a kernel configuration of any family (sweeps, debugging); its dtype, bits and
     zero mode must match the weight. Otherwise the kernel comes from ``$MIXED_GEMM_SCHEDULE``, the
     GPU's profile, else the families' heuristics (:func:`mixed_gemm.select.choose`), once per weight
@@ -104,6 +123,11 @@ def matmul(
             _fail(ValueError, f"out: expected a contiguous, 16-byte aligned {w.dtype} tensor of shape {shape} on "
                               f"{x.device} (TMA stores the sm90a kernels' output in 16-byte units)")
         y = out
+    if residual is not None:
+        _check_residual(residual, w, shape)
+        if _overlap(residual, y):
+            _fail(ValueError, "residual: must not overlap out (families without the epilogue add it after the "
+                              "GEMM has written out)")
     if m == 0:
         return y
 
@@ -119,9 +143,9 @@ def matmul(
         x = x.index_select(-1, w.perm)
     if device_index != _current_device():
         with torch.cuda.device(device_index):  # the launch goes to the current context
-            choice.launch(x, w, bias, y, m, current_stream(device_index))
+            choice.launch(x, w, bias, y, m, current_stream(device_index), residual)
     else:
-        choice.launch(x, w, bias, y, m, current_stream(device_index))
+        choice.launch(x, w, bias, y, m, current_stream(device_index), residual)
     return y
 
 

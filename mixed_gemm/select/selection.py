@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class Choice:
     """What runs for a problem: ``family``, ``config``, ``schedule`` (``"family:schedule"``) and
     ``source`` (``"override"``, ``"profile <file> M=<bucket>"`` or ``"heuristic"``).
-    ``launch(x, w, bias, y, m, stream)`` loads the kernel on first use.
+    ``launch(x, w, bias, y, m, stream, residual=None)`` loads the kernel on first use.
 
     A cold call never waits for nvcc (``$MIXED_GEMM_JIT=async``, the default, outside
     :func:`mixed_gemm.compile.blocking`): when the chosen kernel is neither packaged nor cached,
@@ -52,11 +52,14 @@ class Choice:
         """``"family:schedule"`` of the kernel calls run now (the stand-in's while one runs)."""
         return qualified(self.standin[1]) if self.standin is not None else self.schedule
 
-    def launch(self, x, w, bias, y, m: int, stream: int) -> None:
+    def launch(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
         fn = self._launch
         if fn is None or self._pending is not None:
             fn = self._resolve()
-        fn(x, w, bias, y, m, stream)
+        if residual is None:
+            fn(x, w, bias, y, m, stream)
+        else:
+            fn(x, w, bias, y, m, stream, residual)
 
     def _resolve(self):
         with _RESOLVE_LOCK:

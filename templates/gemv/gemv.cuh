@@ -1,5 +1,6 @@
 // Decode GEMM for M <= 32 tokens, reading the sm90a weight layout straight from global memory:
-//   y[M, N] = x[M, K] (fp16/bf16, row-major) x W^T (+ bias[N]),  W[n, k] = q'[n, k] s[g, n] + z'[g, n]
+//   y[M, N] = x[M, K] (fp16/bf16, row-major) x W^T (+ bias[N]) (+ residual[M, N]),
+//   W[n, k] = q'[n, k] s[g, n] + z'[g, n]
 // with q' the stored signed code and z' the additive zero the sm90a layout holds (every zero mode
 // folds into it at prepack: mixed_gemm/kernels/sm90a/layout.py).
 //
@@ -38,6 +39,7 @@ struct GemvArgs {
   void const* scales;  // (num_groups, 16 * strips), activation dtype
   void const* zeros;   // additive z', same shape (never null: symmetric weights store 0)
   void const* bias;    // (n,) or nullptr
+  void const* residual;  // (m, n) row-major like y, or nullptr: added before the one rounding to y
   void* y;             // (m, n) row-major
   float* workspace;    // split-K: splits x m x n fp32 partial planes
   int* counters;       // split-K: one arrival counter per row tile, zero between launches
@@ -74,7 +76,8 @@ struct GemvMath<cutlass::bfloat16_t> {
 // (grid.y), each slice publishes an fp32 plane, the last slice of the row tile to arrive sums the
 // planes in slice order (the result does not depend on the arrival order), writes y and resets
 // the tile's arrival counter, so the next launch (or graph replay) finds it at zero: one kernel
-// node, no memset. `outputs(f)` calls f(n, token, value) for each of the lane's kAcc accumulators
+// node, no memset. The residual (a decoder block's skip connection, (m, n) like y) is added in fp32
+// where y is written, so the sum is rounded once and no add kernel follows. `outputs(f)` calls f(n, token, value) for each of the lane's kAcc accumulators
 // that lies inside y. reduce() alone is the first step (moe_gemv's epilogues run it, then their own).
 template <typename raw, int kAcc, int kWarpsN, int kWarpsK, int kRows, int kThreads>
 struct GemvEpilogue {
@@ -104,12 +107,15 @@ struct GemvEpilogue {
                              Outputs const& outputs) {
     reduce(smem, acc, wn, wk, lane);
     raw const* bias = static_cast<raw const*>(p.bias);
+    raw const* residual = static_cast<raw const*>(p.residual);
     raw* y = static_cast<raw*>(p.y);
     if (p.splits == 1) {
       if (wk != 0) return;
       outputs([&](int n, int token, float v) {
+        size_t const at = (size_t)token * p.n + n;
         if (bias != nullptr) v += static_cast<float>(bias[n]);
-        y[(size_t)token * p.n + n] = raw(v);
+        if (residual != nullptr) v += static_cast<float>(residual[at]);
+        y[at] = raw(v);
       });
       return;
     }
@@ -136,8 +142,10 @@ struct GemvEpilogue {
       float const* src = p.workspace + (size_t)token * p.n + n;
       float v = __ldcg(src);
       for (int sl = 1; sl < p.splits; ++sl) v += __ldcg(src + sl * plane);
+      size_t const at = (size_t)token * p.n + n;
       if (bias != nullptr) v += static_cast<float>(bias[n]);
-      y[(size_t)token * p.n + n] = raw(v);
+      if (residual != nullptr) v += static_cast<float>(residual[at]);
+      y[at] = raw(v);
     }
   }
 };

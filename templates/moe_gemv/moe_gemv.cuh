@@ -90,6 +90,7 @@ struct MoeGemv {
     p.scales = static_cast<raw const*>(a.scales) + (size_t)e * a.expert_s;
     p.zeros = static_cast<raw const*>(a.zeros) + (size_t)e * a.expert_s;
     p.bias = nullptr;
+    p.residual = nullptr;
     p.y = nullptr;
     p.workspace = nullptr;
     p.counters = nullptr;
@@ -219,7 +220,7 @@ struct MoeGemv {
     // gemv's epilogue over this token's output row: planes, counters and y start at the token's.
     GemvArgs out;
     out.x = nullptr;
-    out.b = out.scales = out.zeros = out.bias = nullptr;
+    out.b = out.scales = out.zeros = out.bias = out.residual = nullptr;
     out.y = static_cast<raw*>(a.y) + (size_t)token * a.n;
     bool const planes = gridDim.y > 1;  // else one slice writes y: no workspace, no counters
     out.workspace = planes ? a.workspace + (size_t)token * gridDim.y * a.n : nullptr;

@@ -1,5 +1,5 @@
 // Mixed-input GEMM, CUTLASS 2.x style for sm80+ (runs on sm_80 and sm_90 via the fatbin):
-//   C[M, N] = A[M, K] (fp16 or bf16, row-major) x dequant(B)[K, N] (+ bias[N]),
+//   C[M, N] = A[M, K] (fp16 or bf16, row-major) x dequant(B)[K, N] (+ bias[N]) (+ residual[M, N]),
 //   dequant(B)[k, n] = (q[n, k] - z[g, n]) * s[g, n] (or q s + m, see dequant.cuh), g = k / group_size.
 //
 // Split-K (blockIdx.z = slice): "none" writes C; "serial" accumulates fp32 partials in a
@@ -53,6 +53,7 @@
 
 #include "atoms/sm90a.cuh"
 #include "common/dequant.cuh"
+#include "sm80/reduce.cuh"
 
 namespace mixed_gemm {
 
@@ -63,6 +64,7 @@ struct GemmArgs {
   void const* scales;   // (num_groups, n_pad) fp16, permuted
   void const* zeros;    // same shape as scales, or nullptr for symmetric weights
   void const* bias;     // (N,) fp16 or nullptr
+  void const* residual;  // (M, N) like c (row stride ldc), or nullptr: added to the output
   void* c;              // (M, N) fp16/bf16, row stride ldc elements
   float* workspace;     // split-K partials: (M, N) serial, (splits, M, N) parallel and fused
   int* semaphores;      // serial / fused split-K: one per output tile, zero between calls
@@ -640,7 +642,6 @@ struct MixedGemmSm80 {
       __threadfence();  // acquire side: the other slices' planes, read below, are not stale
       // The whole block sums the tile's planes in slice order and writes C: coalesced pairs, and no
       // registers beyond a few per thread (summing into the accumulators would spill the big tiles).
-      raw const* bias = static_cast<raw const*>(p.bias);
       raw* c = static_cast<raw*>(p.c);
       size_t const plane = (size_t)p.m * p.n;
       for (int i = tid; i < BM * BN / 2; i += kThreads) {
@@ -654,12 +655,9 @@ struct MixedGemmSm80 {
           v.x += part.x;
           v.y += part.y;
         }
-        if (bias != nullptr) {
-          float2 const b = P::to_floats(*reinterpret_cast<raw2 const*>(bias + col));
-          v.x += b.x;
-          v.y += b.y;
-        }
-        *reinterpret_cast<raw2*>(c + (size_t)row * p.ldc + col) = P::from_floats(v.x, v.y);
+        size_t const at = (size_t)row * p.ldc + col;
+        v = add_terms<Element>(v, p.bias, p.residual, col, at);
+        *reinterpret_cast<raw2*>(c + at) = P::from_floats(v.x, v.y);
       }
       return;
     }
@@ -694,7 +692,9 @@ struct MixedGemmSm80 {
             if (to_workspace) {
               *reinterpret_cast<float2*>(ws + wi) = v;
             } else {
-              *reinterpret_cast<raw2*>(c + (size_t)row * p.ldc + col) = P::from_floats(v.x + b.x, v.y + b.y);
+              size_t const at = (size_t)row * p.ldc + col;
+              if (p.residual != nullptr) v = add_terms<Element>(v, nullptr, p.residual, col, at);
+              *reinterpret_cast<raw2*>(c + at) = P::from_floats(v.x + b.x, v.y + b.y);
             }
           }
         }

@@ -1,5 +1,5 @@
-// Parallel split-K: C[m, n] = sum over slices of workspace[slice, m, n] (+ bias[n]), fp32 sums in
-// slice order (deterministic), one rounding to the output type at the end.
+// Parallel split-K: C[m, n] = sum over slices of workspace[slice, m, n] (+ bias[n]) (+ residual[m, n]),
+// fp32 sums in slice order (deterministic), one rounding to the output type at the end.
 #pragma once
 
 #include "common/dequant.cuh"
@@ -9,9 +9,31 @@ namespace mixed_gemm {
 struct ReduceArgs {
   float const* workspace;  // (splits, M, N) fp32
   void const* bias;        // (N,) or nullptr
+  void const* residual;    // (M, N), row stride ldc, or nullptr
   void* c;                 // (M, N), row stride ldc
   int m, n, ldc, splits;
 };
+
+// v + bias[col, col + 1] + residual[at, at + 1], either term absent when its pointer is null: the
+// terms every sm80 epilogue adds in fp32 before its one rounding (a decoder block's skip
+// connection added here costs no add kernel and no second rounding).
+template <typename Element>
+__device__ __forceinline__ float2 add_terms(float2 v, void const* bias, void const* residual, int col, size_t at) {
+  using P = Pair<Element>;
+  using raw = typename P::raw;
+  using raw2 = typename P::raw2;
+  if (bias != nullptr) {
+    float2 const b = P::to_floats(*reinterpret_cast<raw2 const*>(static_cast<raw const*>(bias) + col));
+    v.x += b.x;
+    v.y += b.y;
+  }
+  if (residual != nullptr) {
+    float2 const r = P::to_floats(*reinterpret_cast<raw2 const*>(static_cast<raw const*>(residual) + at));
+    v.x += r.x;
+    v.y += r.y;
+  }
+  return v;
+}
 
 template <typename Element>
 __device__ void splitk_reduce(ReduceArgs const& p) {
@@ -30,12 +52,9 @@ __device__ void splitk_reduce(ReduceArgs const& p) {
       v.x += w.x;
       v.y += w.y;
     }
-    if (p.bias != nullptr) {
-      float2 b = P::to_floats(*reinterpret_cast<raw2 const*>(static_cast<raw const*>(p.bias) + col));
-      v.x += b.x;
-      v.y += b.y;
-    }
-    *reinterpret_cast<raw2*>(static_cast<raw*>(p.c) + (size_t)row * p.ldc + col) = P::from_floats(v.x, v.y);
+    size_t const at = (size_t)row * p.ldc + col;
+    v = add_terms<Element>(v, p.bias, p.residual, col, at);
+    *reinterpret_cast<raw2*>(static_cast<raw*>(p.c) + at) = P::from_floats(v.x, v.y);
   }
 }
 

@@ -103,3 +103,27 @@ def test_fused_projections_eager_compiled_and_generate():
             static = model.generate(ids, cache_implementation="static", **kw)
     assert static[:, :ids.shape[1] + 4].equal(unfused_tokens[:, :ids.shape[1] + 4])
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, indirect=True)
+def test_residual_fused_eager_compiled_and_generate(schedule):
+    """Skip connections in the o_proj/down_proj epilogues (or the add after, per family): eager,
+    reduce-overhead fullgraph (graph trees: no handed-over tensor outlives a forward), static-cache
+    generate."""
+    from mixed_gemm.integrations.fuse import fuse_projections
+
+    model = quantized_llama(seed=6, schedule=schedule)
+    ids = torch.randint(0, 512, (2, 5), device="cuda")
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        plain = model(ids).logits
+        plain_tokens = model.generate(ids, **kw)
+        fuse_projections(model, residual=True)
+        fused = model(ids).logits
+        torch.testing.assert_close(fused, plain, rtol=0, atol=1e-2 * plain.abs().max().item())
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):
+            got = compiled(ids).logits.clone()
+        torch.testing.assert_close(got, fused, rtol=0, atol=2e-2 * fused.abs().max().item())
+        static = model.generate(ids, cache_implementation="static", **kw)
+    assert static[:, :ids.shape[1] + 4].equal(plain_tokens[:, :ids.shape[1] + 4])

@@ -130,6 +130,42 @@ def test_fuse_projections_keeps_logits(monkeypatch):
     assert fuse_projections(model) == 0  # idempotent
 
 
+def test_fuse_residual_keeps_logits_hooks_and_generate():
+    from mixed_gemm.integrations.fuse import SkipProj, fuse_projections, fuse_residual
+
+    model = tiny_llama(seed=5)
+    quantize_model(model, bits=4, group_size=32, progress=False)
+    ids = torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        before = model(ids, output_hidden_states=True)
+        tokens = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert fuse_projections(model, residual=True) == 2 * 2
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.o_proj, SkipProj) and isinstance(layer.mlp.down_proj, SkipProj)
+    assert type(layer).__name__ == "LlamaDecoderLayer" and "forward" in vars(layer)  # class and hooks kept
+    with torch.no_grad():
+        after = model(ids, output_hidden_states=True)
+        fused_tokens = model.generate(ids, max_new_tokens=4, do_sample=False)
+    torch.testing.assert_close(after.logits, before.logits, rtol=0, atol=1e-5)
+    for a, b in zip(after.hidden_states, before.hidden_states):  # per-layer outputs still recorded
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert torch.equal(fused_tokens, tokens)
+    assert layer.self_attn.o_proj._handover is None and layer.mlp.down_proj._handover is None
+    x = torch.randn(1, 3, 64)  # called outside the layer: the plain projection
+    torch.testing.assert_close(layer.self_attn.o_proj(x), layer.self_attn.o_proj.proj(x))
+    assert fuse_residual(model) == 0  # idempotent
+
+
+def test_quant_linear_residual_on_the_reference_path():
+    lin = torch.nn.Linear(64, 48, bias=True)
+    mod = QuantLinear.from_linear(lin, bits=4, group_size=32)
+    x, r = torch.randn(2, 5, 64).half(), torch.randn(2, 5, 48).half()
+    expect = (torch.nn.functional.linear(x.float(), mod.dense_weight(), mod.bias.float()) + r.float()).half()
+    assert torch.equal(mod(x, residual=r), expect)
+    with pytest.raises(ValueError, match="residual"):
+        mod(x, residual=r[..., :47])
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_one_sm90a_copy_quantizes_saves_and_fuses_like_sm80(tmp_path, symmetric):
     """A model quantized into the sm90a layout alone (the H100's one-copy weight) holds the same

@@ -124,13 +124,17 @@ class DequantMMLauncher:
     def __init__(self, dequantizer: Dequantizer):
         self.dequantize = dequantizer
 
-    def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
+    def __call__(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
         # The dense weight lives in per-stream scratch: no allocation per call, and none in a
         # CUDA-graph pool (torch.mm below runs on the same stream, so reuse is ordered).
         dense = scratch(y.device.index, stream, (w.n, w.k), w.dtype)
         self.dequantize(w, dense, stream)
         x2, y2 = x.reshape(m, w.k), y.view(m, w.n)
-        if bias is None:
+        if residual is not None:  # cuBLAS adds it (beta = 1); the bias, if any, after
+            torch.addmm(residual.view(m, w.n), x2, dense.t(), out=y2)
+            if bias is not None:
+                y2.add_(bias)
+        elif bias is None:
             torch.mm(x2, dense.t(), out=y2)
         else:
             torch.addmm(bias, x2, dense.t(), out=y2)

@@ -9,7 +9,7 @@ _p, _i = ctypes.c_void_p, ctypes.c_int
 
 class GemvArgs(ctypes.Structure):
     _fields_ = [
-        ("x", _p), ("b", _p), ("scales", _p), ("zeros", _p), ("bias", _p), ("y", _p), ("workspace", _p),
+        ("x", _p), ("b", _p), ("scales", _p), ("zeros", _p), ("bias", _p), ("residual", _p), ("y", _p), ("workspace", _p),
         ("counters", _p),
         ("m", _i), ("n", _i), ("k", _i), ("strips", _i), ("katoms", _i), ("group_shift", _i), ("num_groups", _i),
         ("splits", _i), ("chunk", _i),

@@ -8,7 +8,8 @@ from .config import GemvConfig
 
 
 class GemvLauncher:
-    """``launch(x, w, bias, y, m, stream)`` for one config on one device."""
+    """``launch(x, w, bias, y, m, stream, residual=None)`` for one config on one device (the
+    residual is added in the kernel's epilogue)."""
 
     def __init__(self, config: GemvConfig, spec, device_index: int):
         module = get_module(spec, device_index)
@@ -39,7 +40,7 @@ class GemvLauncher:
         blk = self._blocks[view.key] = (args, argv, (row_tiles, splits, 1), splits, smem)
         return blk
 
-    def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
+    def __call__(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
         blk = self._blocks.get(w.parts[self.layout].key)
         if blk is None:
             blk = self._block(w)
@@ -52,6 +53,7 @@ class GemvLauncher:
         with fn.lock:
             a.x = x.data_ptr()
             a.bias = 0 if bias is None else bias.data_ptr()
+            a.residual = 0 if residual is None else residual.data_ptr()
             a.y = y.data_ptr()
             a.workspace, a.counters, a.m = ws, cnt, m
             fn.launch(grid, stream, argv, smem[m] if smem else None)

@@ -14,7 +14,7 @@ class GemmArgs(ctypes.Structure):
     """mixed_gemm::GemmArgs (templates/sm80/gemm_sm80.cuh)."""
 
     _fields_ = [
-        ("a", _p), ("b", _p), ("scales", _p), ("zeros", _p), ("bias", _p), ("c", _p),
+        ("a", _p), ("b", _p), ("scales", _p), ("zeros", _p), ("bias", _p), ("residual", _p), ("c", _p),
         ("workspace", _p), ("semaphores", _p),
         ("m", _i), ("n", _i), ("k", _i), ("n_pad", _i), ("k16", _i), ("lda", _i), ("ldc", _i),
         ("group_shift", _i), ("num_groups", _i), ("split_mode", _i), ("log_tile", _i),
@@ -24,7 +24,7 @@ class GemmArgs(ctypes.Structure):
 class ReduceArgs(ctypes.Structure):
     """mixed_gemm::ReduceArgs (templates/sm80/reduce.cuh)."""
 
-    _fields_ = [("workspace", _p), ("bias", _p), ("c", _p), ("m", _i), ("n", _i), ("ldc", _i), ("splits", _i)]
+    _fields_ = [("workspace", _p), ("bias", _p), ("residual", _p), ("c", _p), ("m", _i), ("n", _i), ("ldc", _i), ("splits", _i)]
 
 
 GEMM_ARGS_BYTES = ctypes.sizeof(GemmArgs)

@@ -15,7 +15,8 @@ _REDUCE_MAX_BLOCKS = 4096  # grid-stride loop beyond this: enough blocks to fill
 
 
 class Sm80Launcher:
-    """``launch(x, w, bias, y, m, stream)`` for one config on one device. Built once per
+    """``launch(x, w, bias, y, m, stream, residual=None)`` for one config on one device (the
+    residual is added in the epilogue, or in the reduce kernel of parallel split-K). Built once per
     (config, device) by selection; a call fills the argument block and launches."""
 
     def __init__(self, config: Sm80Config, spec, device_index: int):
@@ -48,7 +49,7 @@ class Sm80Launcher:
         blk = self._blocks[view.key] = (args, argv, grid_y, grid_z)
         return blk
 
-    def __call__(self, x, w, bias, y, m: int, stream: int) -> None:
+    def __call__(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
         config, dev, mode = self.config, self.device_index, self.mode
         blk = self._blocks.get(w.parts[self.layout].key)
         if blk is None:
@@ -65,6 +66,7 @@ class Sm80Launcher:
         with gemm.lock:
             a.a = x.data_ptr()
             a.bias = 0 if bias is None else bias.data_ptr()
+            a.residual = 0 if residual is None else residual.data_ptr()  # parallel: read by the reduce
             a.c = y.data_ptr()
             a.workspace = ws
             a.semaphores = sem
@@ -75,6 +77,7 @@ class Sm80Launcher:
             with reduce.lock:
                 r = reduce.args
                 r.workspace, r.bias, r.c = ws, 0 if bias is None else bias.data_ptr(), y.data_ptr()
+                r.residual = 0 if residual is None else residual.data_ptr()
                 r.m, r.n, r.ldc, r.splits = m, w.n, w.n, config.split_k
                 pairs = m * w.n // 2
                 reduce.launch((min(max(1, -(-pairs // REDUCE_THREADS)), _REDUCE_MAX_BLOCKS), 1, 1), stream)

@@ -17,6 +17,7 @@ SHAPES = (
     ((128, 64, 128), "coop", (1, 1), 0),    # M = 64: the weight streams once
     ((128, 64, 64), "coop", (1, 1), 0),     # group 64 needs TK = 64
     ((64, 64, 128), "pp", (1, 1), 0),       # twice the weight tiles of 128 x 64: fills 132 SMs
+    ((64, 32, 128), "pp", (1, 1), 0),       # M = 33..64 on small N: two token tiles double the CTAs
     ((64, 128, 64), "pp", (1, 1), 0),
     ((128, 128, 64), "coop", (1, 1), 0),
     ((128, 128, 128), "coop", (1, 1), 0),
