@@ -125,7 +125,7 @@ def matmul(
         y = out
     if residual is not None:
         _check_residual(residual, w, shape)
-        if _overlap(residual, y):
+        if out is not None and _overlap(residual, y):
             _fail(ValueError, "residual: must not overlap out (families without the epilogue add it after the "
                               "GEMM has written out)")
     if m == 0:
