@@ -4,7 +4,8 @@ The Llama-3-8B-shaped model of ``mixed-gemm e2e`` (random weights, int4 g128, fu
 int4 lm_head) twice: as ``e2e`` builds it, and a copy with ``fuse_residual`` (two add kernels per
 layer fewer). fp16 and both int4 models alternate, median of ``--reps``:
 - the decode step (batch x 1 token) replayed from a CUDA graph;
-- eager ``generate`` tokens/s (host-bound: launches count);
+- one eager forward's wall time (median of 20) and eager ``generate`` tokens/s (host-bound:
+  launches and Python count);
 - with ``--compiled-batches``, the Inductor-compiled step captured in a graph (Inductor fuses the
   adds into the norms by itself, so this shows whether the epilogue costs anything there).
 
@@ -16,6 +17,7 @@ import argparse
 import copy
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,6 +26,21 @@ import torch  # noqa: E402
 
 from mixed_gemm.integrations import e2e  # noqa: E402
 from mixed_gemm.integrations.fuse import fuse_residual  # noqa: E402
+
+
+@torch.no_grad()
+def eager_step_ms(model, batch: int, calls: int = 20) -> float:
+    """Wall ms of one eager forward of batch x 1 token (no cache), median of ``calls``: the host's
+    share of eager decoding (Python and launches), which the GPU step hides only when it is longer."""
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model(ids, use_cache=False)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
 
 
 def main() -> int:
@@ -42,6 +59,7 @@ def main() -> int:
     print(f"layers with the residual epilogue: {fuse_residual(res)}", flush=True)
     models = {"fp16": fp16, "int4": int4, "int4+res": res}
     metrics = {"step_ms": lambda m, b: e2e.decode_step_ms(m, b),
+               "eager_step_ms": eager_step_ms,
                "eager_tps": lambda m, b: e2e.generate_tps(m, b, False)}
     for m in models.values():  # warm: loads, selection, first graphs
         for b in batches:
@@ -49,8 +67,8 @@ def main() -> int:
                 fn(m, b)
             if b in compiled:
                 e2e.compiled_step_ms(m, b)
-    lines = ["| batch | model | step in a graph (ms) | eager generate (tok/s) | compiled step (ms) |",
-             "|---|---|---|---|---|"]
+    lines = ["| batch | model | step in a graph (ms) | eager step, wall (ms) | eager generate (tok/s) | compiled step (ms) |",
+             "|---|---|---|---|---|---|"]
     for b in batches:
         samples = {k: {name: [] for name in list(metrics) + ["compiled_ms"]} for k in models}
         for rep in range(args.reps):
@@ -64,6 +82,7 @@ def main() -> int:
         for name in models:
             r = med[name]
             lines.append(f"| {b} | {name} | {r['step_ms']:.3f} ({med['fp16']['step_ms'] / r['step_ms']:.2f}x) | "
+                         f"{r['eager_step_ms']:.2f} ({med['fp16']['eager_step_ms'] / r['eager_step_ms']:.2f}x) | "
                          f"{r['eager_tps']:.1f} ({r['eager_tps'] / med['fp16']['eager_tps']:.2f}x) | "
                          f"{r['compiled_ms']:.3f} ({med['fp16']['compiled_ms'] / r['compiled_ms']:.2f}x) |")
         print("\n".join(lines[-3:]), flush=True)

@@ -44,9 +44,9 @@ def _params():
     for i, (sched, dtype, bits, layout, m) in enumerate(cases):
         zero = ZERO_KINDS[i % len(ZERO_KINDS)]
         group = GROUPS[i % len(GROUPS)]
-        if sched.startswith("sm90a:"):
-            group = 128  # a multiple of the tile's K (128)
         n = 2 * rng.randrange(8, 700)
+        if sched.startswith("sm90a:"):
+            group, n = 128, 8 * (n // 8)  # a multiple of the tile's K; TMA stores rows of 16 bytes
         k = group * rng.randrange(1, 12) if group != -1 else 8 * rng.randrange(2, 300)
         out.append(pytest.param(sched, dtype, bits, layout, zero, group, m, n, k,
                                 id=f"{sched}-{dtype}-u{bits}-{zero}-g{group}-m{m}n{n}k{k}"))
@@ -99,7 +99,8 @@ def test_quant_linear_residual_eager_and_compiled():
     eager = mod(x, residual=res)
     compiled = torch.compile(lambda a, r: mod(a, residual=r), fullgraph=True)(x, res)
     assert torch.equal(compiled, eager)
-    torch.testing.assert_close(eager.float(), (mod(x).float() + res.float()), rtol=0, atol=4e-3)
+    # The unfused sum rounds twice (the product, then the add): a rounding step of the sum apart.
+    torch.testing.assert_close(eager.float(), mod(x).float() + res.float(), rtol=2e-3, atol=2e-3)
 
 
 def test_residual_rules_fail_before_launch():
