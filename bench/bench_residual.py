@@ -54,7 +54,7 @@ def main() -> int:
     batches = [int(b) for b in args.batches.split(",")]
     compiled = [int(b) for b in args.compiled_batches.split(",") if b]
 
-    fp16, int4 = e2e.build_models("llama3-8b", args.layers, fuse=True, lm_head="int4")
+    fp16, int4 = e2e.build_models("llama3-8b", args.layers, fuse=True, lm_head="int4", residual=False)
     res = copy.deepcopy(int4)
     print(f"layers with the residual epilogue: {fuse_residual(res)}", flush=True)
     models = {"fp16": fp16, "int4": int4, "int4+res": res}

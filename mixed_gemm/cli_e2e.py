@@ -36,11 +36,11 @@ def run_e2e(args: argparse.Namespace) -> int:
 
     compiled = not args.no_compiled
     title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
-             f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused' + (', residual epilogues' if args.residual else '') + ')'}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
+             f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused' + ('' if args.no_residual else ', residual epilogues') + ')'}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
              f"alternating; {e2e.PROMPT}-token prompt, {e2e.NEW_TOKENS} new tokens")
     print(f"# {title}", flush=True)
     result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled, fuse=not args.no_fuse,
-                     compare=args.compare, lm_head=args.lm_head, residual=args.residual, log=lambda line: print(line, flush=True))
+                     compare=args.compare, lm_head=args.lm_head, residual=not args.no_residual, log=lambda line: print(line, flush=True))
     text = "\n".join([f"# {title}", ""] + e2e.table(result, compiled)) + "\n"
     print(text)
     if args.out:
@@ -73,9 +73,9 @@ def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions, median (default: %(default)s)")
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled (static cache) generate runs")
     parser.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate int4 launches")
-    parser.add_argument("--residual", action="store_true",
-                        help="with the fused projections, also add the skip connections in the o_proj/down_proj "
-                             "epilogues (fuse_projections(residual=True))")
+    parser.add_argument("--no-residual", action="store_true",
+                        help="keep the decoder layers' skip connections as add kernels (default: fused into the "
+                             "o_proj/down_proj epilogues, fuse_projections(residual=True))")
     parser.add_argument("--compare", action="store_true",
                         help="also build the model with torch's tinygemm int4 (bf16, group 128, the same codes) and "
                              "report it beside fp16 and mixed_gemm in every row")

@@ -41,7 +41,7 @@ PROMPT, NEW_TOKENS, TTFT_PROMPT = 16, 48, 512
 
 
 def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = True, lm_head=None,
-                 residual: bool = False):
+                 residual: bool = True):
     """(fp16 model, int4 model): random weights made on the GPU, the int4 one by quantize_model
     (and fuse_projections: one launch for q|k|v and one for gate|up; ``residual``: the skip
     connections in the o_proj/down_proj epilogues too; ``lm_head``: quantize the output head too,
@@ -212,7 +212,7 @@ def ttft_ms(model) -> float:
 
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compiled: bool = True,
-        fuse: bool = True, compare: bool = False, lm_head=None, residual: bool = False, log=print) -> Dict:
+        fuse: bool = True, compare: bool = False, lm_head=None, residual: bool = True, log=print) -> Dict:
     """Every measurement, the models alternating within each repetition (order reversed every
     other one); medians. ``compare`` adds the tinygemm peer."""
     fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head, residual=residual)

@@ -11,6 +11,7 @@ import mixed_gemm as mg
 from mixed_gemm.kernels import family, parse_schedule, sm80
 from mixed_gemm.kernels.gemv.catalog import shapes_for
 from mixed_gemm.kernels.gemv.config import GemvConfig
+from mixed_gemm.nn import QuantLinear
 from test_gemv_gpu import _weight
 from test_sm90a_gpu import DTYPES, TOL, ZERO_KINDS
 from weights import rel_err, seed_of
@@ -93,7 +94,7 @@ def test_residual_graph_capture_and_batch_dims():
 
 def test_quant_linear_residual_eager_and_compiled():
     lin = torch.nn.Linear(512, 768, bias=True, device="cuda", dtype=torch.float16)
-    mod = mg.nn.QuantLinear.from_linear(lin, bits=4, group_size=128)
+    mod = QuantLinear.from_linear(lin, bits=4, group_size=128)
     x = torch.randn(4, 512, device="cuda").half()
     res = torch.randn(4, 768, device="cuda").half()
     eager = mod(x, residual=res)
