@@ -215,6 +215,11 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
         fuse: bool = True, compare: bool = False, lm_head=None, residual: bool = True, log=print) -> Dict:
     """Every measurement, the models alternating within each repetition (order reversed every
     other one); medians. ``compare`` adds the tinygemm peer."""
+    # Every model's forward (and each batch's graph) compiles the same transformers code objects: at
+    # Dynamo's default of 8 entries per code object the model compiled last falls back to eager
+    # (in session 18 the peer's compiled generate fell to 25 tok/s that way).
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
     fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head, residual=residual)
     models = {"fp16": fp16, "mixed_gemm": int4}
     if compare:
