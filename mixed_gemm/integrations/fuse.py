@@ -8,6 +8,10 @@ Mistral- and Qwen2-family blocks fused into one prepacked weight each (outputs s
   ``v_proj`` (:class:`QKVSlice`) their slices of that output. The hand-over is cleared by ``v_proj``,
   so no tensor outlives the forward (CUDA-graph trees require that), and a slice called with
   another input than q's computes the fused matmul itself instead of handing back stale data.
+  Hand-overs go through a :class:`Slot` made at fusion: assigning a module attribute runs
+  ``nn.Module.__setattr__``, whose checks cost more host time per eager decode step than the adds
+  the residual fusion saves (bench/NOTES.md, session 18); a plain object's attribute is a store
+  (and Dynamo traces it, where it does not trace a list's item assignment).
 
 Fusing needs the projections to share bits, group size, zero mode, dtype and layout, and no
 act-order permutation (each projection has its own); blocks that do not qualify stay as they were.
@@ -27,6 +31,13 @@ from torch import nn
 
 from ..nn import QuantLinear
 from ..ops import prepack
+
+
+class Slot:
+    """One value handed from a module to another within a forward (see the module docstring)."""
+
+    def __init__(self):
+        self.value = None
 
 
 def _fusable(layers: Sequence[nn.Module]) -> bool:
@@ -87,14 +98,14 @@ class FusedQKV(nn.Module):
     def __init__(self, qkv: QuantLinear, sizes: Sequence[int]):
         super().__init__()
         self.qkv, self.sizes = qkv, tuple(sizes)
-        self._handover: Optional[list] = None
+        self._handover = Slot()  # (x, k, v) from q's call until v's
 
     def split(self, x) -> List[torch.Tensor]:
         return list(self.qkv(x).split(self.sizes, dim=-1))
 
     def forward(self, x):
         q, k, v = self.split(x)
-        self._handover = [x, k, v]
+        self._handover.value = (x, k, v)
         return q
 
 
@@ -108,10 +119,11 @@ class QKVSlice(nn.Module):
 
     def forward(self, x):
         owner = self._owner[0]
-        hand = owner._handover
+        slot = owner._handover
+        hand = slot.value
         out = hand[self.index] if hand is not None and hand[0] is x else owner.split(x)[self.index]
         if self.index == 2:
-            owner._handover = None  # nothing outlives the attention's projections
+            slot.value = None  # nothing outlives the attention's projections
         return out
 
 
@@ -123,11 +135,12 @@ class SkipProj(nn.Module):
     def __init__(self, proj: QuantLinear):
         super().__init__()
         self.proj = proj
-        self._handover: Optional[list] = None
+        self._handover = Slot()  # the residual of the current call, written by the layer
 
     def forward(self, x):
-        hand, self._handover = self._handover, None
-        return self.proj(x, residual=None if hand is None else hand[0])
+        slot = self._handover
+        residual, slot.value = slot.value, None
+        return self.proj(x, residual=residual)
 
 
 # Pre-norm decoder layers whose forward is exactly: h = x + o_proj(attn(input_layernorm(x)));
@@ -140,11 +153,11 @@ def _residual_forward(self, hidden_states, *args, **kwargs):
     extras, which transformers does not pass, take the class's own forward)."""
     if args:
         return type(self).forward(self, hidden_states, *args, **kwargs)
-    attn, mlp = self.self_attn, self.mlp
-    attn.o_proj._handover = [hidden_states]
-    h, _ = attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
-    mlp.down_proj._handover = [h]
-    return mlp(self.post_attention_layernorm(h))
+    o_slot, down_slot = self._mg_skip_slots
+    o_slot.value = hidden_states
+    h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    down_slot.value = h
+    return self.mlp(self.post_attention_layernorm(h))
 
 
 def _residual_fusable(layer: nn.Module) -> bool:
@@ -164,8 +177,9 @@ def fuse_residual(model: nn.Module) -> int:
     fused = 0
     for layer in list(model.modules()):
         if _residual_fusable(layer):
-            layer.self_attn.o_proj = SkipProj(layer.self_attn.o_proj)
-            layer.mlp.down_proj = SkipProj(layer.mlp.down_proj)
+            o, down = SkipProj(layer.self_attn.o_proj), SkipProj(layer.mlp.down_proj)
+            layer.self_attn.o_proj, layer.mlp.down_proj = o, down
+            layer._mg_skip_slots = (o._handover, down._handover)
             layer.forward = types.MethodType(_residual_forward, layer)
             fused += 1
     return fused

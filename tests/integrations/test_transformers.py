@@ -121,7 +121,7 @@ def test_fuse_projections_keeps_logits(monkeypatch):
         again = model(ids).logits
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
     assert torch.equal(after, again)
-    assert layer.self_attn.q_proj._handover is None  # nothing kept between forwards
+    assert layer.self_attn.q_proj._handover.value is None  # nothing kept between forwards
     # A slice called on another input computes its own projection rather than a stale hand-over.
     x = torch.randn(1, 3, 64)
     head = layer.self_attn.q_proj
@@ -150,7 +150,12 @@ def test_fuse_residual_keeps_logits_hooks_and_generate():
     for a, b in zip(after.hidden_states, before.hidden_states):  # per-layer outputs still recorded
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     assert torch.equal(fused_tokens, tokens)
-    assert layer.self_attn.o_proj._handover is None and layer.mlp.down_proj._handover is None
+    assert layer.self_attn.o_proj._handover.value is None and layer.mlp.down_proj._handover.value is None
+    # Dynamo traces the in-place hand-overs in one graph (the GPU suite compiles with Inductor).
+    with torch.no_grad():
+        traced = torch.compile(model, backend="eager", fullgraph=True)(ids).logits
+    torch.testing.assert_close(traced, after.logits, rtol=0, atol=1e-5)
+    assert layer.self_attn.o_proj._handover.value is None and layer.self_attn.q_proj._handover.value is None
     x = torch.randn(1, 3, 64)  # called outside the layer: the plain projection
     torch.testing.assert_close(layer.self_attn.o_proj(x), layer.self_attn.o_proj.proj(x))
     assert fuse_residual(model) == 0  # idempotent
