@@ -98,4 +98,6 @@ def test_heuristic_and_candidates():
             assert all(c.cluster == (1, 1) for c in configs) or bits == 4
     assert all("x128_" not in s.split("_")[0][-4:] for s in candidate_schedules(64, 4096, 4096, 64, 132))
     assert candidate_schedules(8, 4096, 4096, 128, 132) == []  # gemv only below 16 tokens
-    assert all(s.startswith("t128x32x128_") for s in candidate_schedules(16, 4096, 4096, 128, 132))
+    at16 = candidate_schedules(16, 4096, 4096, 128, 132)  # only the 32-token tiles (128 and 64 weight rows)
+    assert at16 and all(s.split("_")[0].split("x")[1] == "32" for s in at16)
+    assert any(s.startswith("t64x32x128_pp") for s in at16) and any(s.startswith("t128x32x128_") for s in at16)
