@@ -105,7 +105,6 @@ class Family:
     output: str = "fatbin"                # what nvcc builds: "fatbin" or "shared" (kernel + host code, ctypes)
     min_capability: Tuple[int, int] = (8, 0)
     max_capability: Tuple[int, int] = (99, 9)
-    residual_epilogue: bool = False       # its kernels add launch's residual in the epilogue (else an add follows)
 
     # ---- where it runs ----
     def runs_on(self, capability: Optional[Tuple[int, int]], what: str = "the GPU") -> Verdict:
@@ -196,7 +195,7 @@ class Family:
     def launcher(self, config, device_index: int):
         """A callable ``launch(x, w, bias, y, m, stream, residual=None)`` for ``config`` on
         ``device_index``: ``y = x @ W.T (+ bias) (+ residual)``, the residual ``(..., N)`` like ``y``
-        and not overlapping it (added in the epilogue where ``residual_epilogue``, else after)
+        and not overlapping it (added in the epilogue by the kernels that read it, else after)
         (loads the module; callers cache it). ``x`` is contiguous and in the weight's K order."""
         raise NotImplementedError
 

@@ -91,8 +91,9 @@ def matmul(
     fp32 accumulation. ``bias``: ``(N,)`` in that dtype, 16-byte aligned. ``out``: optional
     contiguous, 16-byte aligned result tensor (no allocation). ``residual``: optional ``(..., N)``
     tensor of the output's shape and dtype, contiguous, 16-byte aligned, not overlapping ``out``
-    (a decoder block's skip connection): added in fp32 before the one rounding by the kernels of
-    families with ``residual_epilogue`` (the decode families), by one add after the others. Rules on ``N``/``K``/``group_size`` are those of :func:`prepack`.
+    (a decoder block's skip connection): added in fp32 before the one rounding by the decode
+    families' kernels (gemv, sm80), by one add after the others (sm90a, dequant_mm). Rules on
+    ``N``/``K``/``group_size`` are those of :func:`prepack`.
     ``config`` forces a kernel configuration of any family (sweeps, debugging); its dtype, bits and
     zero mode must match the weight. Otherwise the kernel comes from ``$MIXED_GEMM_SCHEDULE``, the
     GPU's profile, else the families' heuristics (:func:`mixed_gemm.select.choose`), once per weight

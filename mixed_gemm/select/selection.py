@@ -56,10 +56,7 @@ class Choice:
         fn = self._launch
         if fn is None or self._pending is not None:
             fn = self._resolve()
-        if residual is None:
-            fn(x, w, bias, y, m, stream)
-        else:
-            fn(x, w, bias, y, m, stream, residual)
+        fn(x, w, bias, y, m, stream, residual)
 
     def _resolve(self):
         with _RESOLVE_LOCK:

@@ -25,7 +25,6 @@ class GemvFamily(Family):
     name = "gemv"
     config_class = GemvConfig
     layout = layout.NAME
-    residual_epilogue = True
     sets_layout = False  # it reads the layout the large-M family of the device chose
     arch_flags = (
         "-gencode=arch=compute_80,code=sm_80",

@@ -24,7 +24,6 @@ class Sm80Family(Family):
     name = "sm80"
     config_class = Sm80Config
     layout = layout.NAME
-    residual_epilogue = True
     # SASS for A100-class (sm_80) and H100-class (sm_90), compute_90 PTX for newer GPUs to JIT.
     # Plain sm_90 has no wgmma/setmaxnreg (those need sm_90a); mma.sync needs none of them.
     arch_flags = (
