@@ -179,6 +179,7 @@ def fuse_residual(model: nn.Module) -> int:
         if _residual_fusable(layer):
             o, down = SkipProj(layer.self_attn.o_proj), SkipProj(layer.mlp.down_proj)
             layer.self_attn.o_proj, layer.mlp.down_proj = o, down
+            # The slots again, as a plain attribute: the forward skips two nn.Module.__getattr__ lookups.
             layer._mg_skip_slots = (o._handover, down._handover)
             layer.forward = types.MethodType(_residual_forward, layer)
             fused += 1
