@@ -25,14 +25,8 @@ SHAPES = (
     ((256, 128, 64), (4, 2, 1), 3),
 )
 # The decode tiles again on the sm90a layout (the Hopper one copy): 9-32 tokens, where the gemv
-# kernels re-read x per warp and the wgmma tiles pay their TMA prologue on small shapes; and 64-token
-# tiles for 33-64, where one wgmma consumer warp per scheduler issues each k16 block's dequantize
-# alone (~95 cycles of dependent ALU work, bench/ncu_sm90a.txt): here 4-8 warps share a scheduler.
-SHAPES_SM90A = SHAPES[:7] + (
-    ((64, 64, 128), (1, 1, 4), 4),     # one dequantized B fragment feeds 4 m16 rows (128 accumulators)
-    SHAPES[7],                         # (64, 64, 128), (2, 1, 2)
-    ((64, 64, 128), (2, 1, 4), 4),     # 8 warps: two per scheduler on each k-step
-)
+# kernels re-read x per warp and the wgmma tiles pay their TMA prologue on small shapes.
+SHAPES_SM90A = SHAPES[:7]
 WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in (4, 8) for zero in ZERO_MODES)
 # The sm90a layout folds every zero mode into its additive zero: one kernel per dtype and width.
 WEIGHT_KINDS_SM90A = tuple((dtype, bits, "int") for dtype in DTYPES for bits in (4, 8))
