@@ -81,6 +81,26 @@ def test_static_cache_generate_matches_eager(schedule):
         fp16.generate(ids, cache_implementation="static", **kw)
 
 
+def _check_fused_against_plain(model, ids, fuse, max_new_tokens, static_runs):
+    """Logits and greedy tokens of ``model`` before ``fuse(model)``; after it: eager logits equal
+    them, reduce-overhead fullgraph equals the fused eager run, static-cache generate (run
+    ``static_runs`` times: the later ones replay the recorded graphs) keeps the first tokens."""
+    kw = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        plain = model(ids).logits
+        plain_tokens = model.generate(ids, **kw)
+        fuse(model)
+        fused = model(ids).logits
+        torch.testing.assert_close(fused, plain, rtol=0, atol=1e-2 * plain.abs().max().item())
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):
+            got = compiled(ids).logits.clone()
+        torch.testing.assert_close(got, fused, rtol=0, atol=2e-2 * fused.abs().max().item())
+        for _ in range(static_runs):
+            static = model.generate(ids, cache_implementation="static", **kw)
+    assert static[:, :ids.shape[1] + 4].equal(plain_tokens[:, :ids.shape[1] + 4])
+
+
 def test_fused_projections_eager_compiled_and_generate():
     from mixed_gemm.integrations.fuse import fuse_projections
 
@@ -88,20 +108,11 @@ def test_fused_projections_eager_compiled_and_generate():
     torch._dynamo.reset()
     model = quantized_llama(seed=4)
     ids = torch.randint(0, 512, (3, 6), device="cuda")
-    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
-    with torch.no_grad():
-        unfused = model(ids).logits
-        unfused_tokens = model.generate(ids, **kw)
-        assert fuse_projections(model) == 2 * 2
-        fused = model(ids).logits
-        torch.testing.assert_close(fused, unfused, rtol=0, atol=1e-2 * unfused.abs().max().item())
-        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-        for _ in range(3):
-            got = compiled(ids).logits.clone()
-        torch.testing.assert_close(got, fused, rtol=0, atol=2e-2 * fused.abs().max().item())
-        for _ in range(2):
-            static = model.generate(ids, cache_implementation="static", **kw)
-    assert static[:, :ids.shape[1] + 4].equal(unfused_tokens[:, :ids.shape[1] + 4])
+
+    def fuse(m):
+        assert fuse_projections(m) == 2 * 2
+
+    _check_fused_against_plain(model, ids, fuse, max_new_tokens=10, static_runs=2)
     torch._dynamo.reset()
 
 
@@ -114,16 +125,5 @@ def test_residual_fused_eager_compiled_and_generate(schedule):
 
     model = quantized_llama(seed=6, schedule=schedule)
     ids = torch.randint(0, 512, (2, 5), device="cuda")
-    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
-    with torch.no_grad():
-        plain = model(ids).logits
-        plain_tokens = model.generate(ids, **kw)
-        fuse_projections(model, residual=True)
-        fused = model(ids).logits
-        torch.testing.assert_close(fused, plain, rtol=0, atol=1e-2 * plain.abs().max().item())
-        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-        for _ in range(3):
-            got = compiled(ids).logits.clone()
-        torch.testing.assert_close(got, fused, rtol=0, atol=2e-2 * fused.abs().max().item())
-        static = model.generate(ids, cache_implementation="static", **kw)
-    assert static[:, :ids.shape[1] + 4].equal(plain_tokens[:, :ids.shape[1] + 4])
+    _check_fused_against_plain(model, ids, lambda m: fuse_projections(m, residual=True), max_new_tokens=8,
+                               static_runs=1)
