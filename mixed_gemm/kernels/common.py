@@ -88,12 +88,21 @@ def split_for_waves(s0: int, tiles: int, k_tiles: int, sms: int) -> int:
     return min(options, key=lambda s: (waves(s) / s, s != s0, s))
 
 
-def split_for_fill(s0: int, columns_measured: int, columns: int, max_splits: int, sms: int) -> int:
+def split_for_fill(s0: int, columns_measured: int, columns: int, max_splits: int, sms: int,
+                   keep_count_on_more: bool = False) -> int:
     """For memory-streaming decode CTAs (several share an SM): ``s0`` split a grid of
-    ``columns_measured`` CTA columns best; a shape with fewer columns keeps the measured CTA count
-    (``s0 * columns_measured / columns`` slices) when ``s0`` would leave the GPU under-filled
-    (fewer than FILL x sms CTAs); otherwise ``s0``. E.g. 28672 rows unsplit in 224 CTAs: 13824
-    rows make 108, and 2 slices ran 1.34x faster (held-out sweep)."""
-    if columns >= columns_measured or columns * s0 >= FILL * sms:
+    ``columns_measured`` CTA columns best. A shape with fewer columns keeps the measured CTA count
+    (``s0 * columns_measured / columns`` slices) where ``s0`` would leave the GPU under-filled
+    (fewer than FILL x sms CTAs): 28672 rows unsplit in 224 CTAs, 13824 rows make 108, and 2 slices
+    ran 1.34x faster. With ``keep_count_on_more`` a shape with more columns keeps it too, rather
+    than add CTAs: gemv, 4096 rows in 8 slices (256 CTAs); 5120 rows in 8 (320) ran 22.1 µs, in 6
+    (240) 16.9 µs. (Not the sm80 thin tiles: there the same move, 5120x13824 at M=16, went 27.9 ->
+    30.8 µs.) Otherwise ``s0``. Held-out sweeps, bench/NOTES.md."""
+    if columns == columns_measured:
+        return s0
+    if columns > columns_measured:
+        if s0 == 1 or not keep_count_on_more:
+            return s0
+    elif columns * s0 >= FILL * sms:  # fewer columns, but the GPU stays filled
         return s0
     return max(1, min(max_splits, round(s0 * columns_measured / columns)))

@@ -211,6 +211,20 @@ def test_borrowed_entry_is_refitted_to_the_shape(h100, monkeypatch):
                                                     "profile profile M=256 of 4096x14336")
 
 
+def test_borrowed_decode_split_keeps_the_measured_cta_count(h100, monkeypatch):
+    """Held-out sweep (bench/NOTES.md, session 19): a gemv entry split 8 on 4096 rows (256 CTAs)
+    serves 5120 rows in 6 slices (240), not 8 (320: 22.1 vs 16.9 µs); the sm80 thin tile keeps its
+    factor there (the same move made it slower)."""
+    prof = Profile(entries=[_entry(1, "gemv:m8_s2_w4x2_u8_ds_split8", n=4096, k=14336),
+                            _entry(16, "sm80:t16x64x128_w1x1x8_s4_sm90a_kfused6", n=4096, k=14336)], path=None)
+    monkeypatch.setattr(C, "device_profile", lambda device_index: prof)
+    got = choose(_problem(1, n=5120, k=13824, layout="sm90a"), 0)
+    assert (got.schedule, got.source) == ("gemv:m8_s2_w4x2_u8_ds_split6", "profile profile M=1 of 4096x14336")
+    assert choose(_problem(1, n=4096, k=14336, layout="sm90a"), 0).schedule == "gemv:m8_s2_w4x2_u8_ds_split8"
+    got = choose(_problem(16, n=5120, k=13824, layout="sm90a"), 0)
+    assert got.schedule == "sm80:t16x64x128_w1x1x8_s4_sm90a_kfused6"
+
+
 def test_an_entry_at_this_m_beats_this_shapes_entry_at_another_m(h100, monkeypatch):
     """A profile extended at large M for some shapes serves the others there: at M=256 the nearest
     shape measured at 256 wins over this shape's own M=16 entry (the best family changes with M)."""

@@ -54,11 +54,12 @@ class GemvFamily(Family):
         return heuristic_config(problem, sms)
 
     def refit(self, config: GemvConfig, problem: Problem, sms: int, measured: Problem) -> GemvConfig:
-        """Splits for this shape's row tiles: a shape with fewer keeps the measured CTA count where
-        the measured factor would under-fill the GPU (:func:`split_for_fill`)."""
+        """Splits for this shape's row tiles: it keeps the measured CTA count where the measured
+        factor would under-fill the GPU (fewer tiles) or add CTAs (more; :func:`split_for_fill`)."""
         columns = config.launch_geometry(problem.n, problem.k)[0]
         rows_measured, splits, _, _ = config.launch_geometry(measured.n, measured.k)
-        best = split_for_fill(splits, rows_measured, columns, min(MAX_SPLITS, config.steps(problem.k)), sms)
+        best = split_for_fill(splits, rows_measured, columns, min(MAX_SPLITS, config.steps(problem.k)), sms,
+                              keep_count_on_more=True)
         return config if best == splits else config.replace(splits=best)
 
     def render(self, config: GemvConfig) -> str:
