@@ -19,6 +19,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--which", default="int4,fp16")
+    ap.add_argument("--sort", default="self_cpu_time_total", help="profiler table order (self_cuda_time_total: GPU time)")
     a = ap.parse_args()
     fp16, int4 = e2e.build_models(a.model, a.layers)
     models = {"fp16": fp16, "int4": int4}
@@ -38,7 +39,13 @@ def main() -> None:
         print(f"{name}: per generate of {e2e.NEW_TOKENS} tokens:",
               {k: counts[k] for k in ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cudaStreamSynchronize",
                                       "cudaMemcpyAsync", "Torch-Compiled Region") if counts[k]})
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
+        avg = prof.key_averages()
+        try:
+            print(avg.table(sort_by=a.sort, row_limit=18), flush=True)
+        except (AttributeError, KeyError):  # older torch names device time "cuda"
+            print(avg.table(sort_by=a.sort.replace("device", "cuda"), row_limit=18), flush=True)
+        gpu_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in avg)
+        print(f"{name}: GPU time per generate {gpu_us / 1e3:.2f} ms, per token {gpu_us / 1e3 / e2e.NEW_TOKENS:.3f} ms")
         torch._dynamo.utils.counters.clear()
 
 
