@@ -14,8 +14,8 @@ import mixed_gemm as mg
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm80 import MoeSm80Config
 from mixed_gemm.kernels.moe_sm80.catalog import SHAPES
-from mixed_gemm.ops.experts import _problems, moe_grouped
-from test_moe_gemv_gpu import TOP_KS, Experts, layer, ref_h, ref_y, routing, run_stages
+from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
+from test_moe_gemv_gpu import TOP_KS, layer, routing
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
 from tolerance import assert_elementwise
 from weights import seed_of
@@ -67,85 +67,42 @@ def _sweep_params():
 @pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,route", _sweep_params())
 def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route):
     seed = seed_of("moe80", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
-    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
-    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 1000)
-    zm = w13.packed.zero_mode
-    cfg13 = MoeSm80Config.from_schedule(s13, dtype=dtype, bits=bits, zero_mode=zm)
-    cfg2 = MoeSm80Config.from_schedule(s2, dtype=dtype, bits=bits, zero_mode=zm)
-    for cfg, p in zip((cfg13, cfg2), _problems(t, top_k, w13.packed, w2.packed)):
-        assert FAMILY.can_implement(cfg, p) == (True, "")
-    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", DTYPES[dtype])
-    weights, ids = routing(t, top_k, e, seed, one_expert=3 if route == "one" else None)
-    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
-    assert not torch.isnan(hk).any() and not torch.isnan(yk).any(), "an output was never written"
-    # h: the GEMM's output is rounded before silu * up (one more rounding than the reference's).
-    assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), h, chained=2)
-    assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), inter)
-    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=(cfg13, cfg2))
-    assert torch.equal(y, yk)  # deterministic; and h handed over in sorted order gives the same rows
-    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
-    assert_elementwise(y, ref, inter, chained=3)
+    check_sweep_case(FAMILY, MoeSm80Config, seed, dtype, DTYPES[dtype], bits, s13, s2, zero, group, top_k, t, e, h,
+                     inter, route)
 
 
-def _cfgs(w13, shape=SHAPES[0]):
-    zm = w13.packed.zero_mode
-    return _cfg("w13", shape, zero_mode=zm), _cfg("w2", shape, zero_mode=zm)
+def _cfgs(shape=SHAPES[0]):
+    return _cfg("w13", shape), _cfg("w2", shape)
 
 
 def test_ids_out_of_range_contribute_nothing():
     w13, w2 = layer(seed=8)
-    t, top_k, e = 40, 2, w13.packed.num_experts
-    x = torch.randn(t, 256, device="cuda").half()
-    weights, ids = routing(t, top_k, e, seed_of("oob80"))
-    bad = ids.clone()
-    bad[0, 1], bad[2, 0], bad[3, 1] = -1, e, 2**40
-    bad[4, :] = -7  # a token with no valid slot: y row zero
-    hk, yk = run_stages(*_cfgs(w13), x, w13.packed, w2.packed, weights, bad)
-    valid = (bad >= 0) & (bad < e)
-    hv = hk.view(t, top_k, -1)
-    assert (hv[~valid] == 0).all()
-    kept_ids = torch.where(valid, bad, torch.zeros_like(bad))
-    kept_weights = torch.where(valid, weights, torch.zeros_like(weights))
-    assert_elementwise(hv[valid], ref_h(x, w13.kernel, kept_ids, top_k).view(t, top_k, -1)[valid], 256, chained=2)
-    assert (yk[4] == 0).all()
-    assert_elementwise(yk, ref_y(hk, w2.kernel, kept_ids, kept_weights), 128)
+    check_ids_out_of_range(_cfgs(), w13, w2, "oob80")
 
 
 def test_no_tokens_and_one_token():
     w13, w2 = layer(seed=8)
-    cfgs = _cfgs(w13)
-    x = torch.empty(0, 256, device="cuda").half()
-    weights, ids = torch.empty(0, 2, device="cuda"), torch.empty(0, 2, dtype=torch.long, device="cuda")
-    run_stages(*cfgs, x, w13.packed, w2.packed, weights, ids)  # no launch, no error
-    assert moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs).shape == (0, 256)
-    x = torch.randn(1, 256, device="cuda").half()
-    weights, ids = routing(1, 2, 8, seed_of("one80"))
-    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)  # 6 of 8 experts without rows
-    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), 128, chained=3)
+    check_no_tokens_and_one_token(_cfgs(), w13, w2, "one80")
 
 
 def test_graph_capture_with_new_routing_between_replays():
-    """Captured once, replayed with new routing and new x written into the captured inputs: the
-    per-expert row counts (and so the tiles each CTA finds) change every replay, nothing is read on
-    the host."""
-    w13, w2 = layer(e=16, seed=8)
-    cfgs = _cfgs(w13, SHAPES[1])
-    t, top_k = 96, 2
-    x = torch.randn(t, 256, device="cuda").half()
-    weights, ids = routing(t, top_k, 16, seed_of("g80", 0))
+    check_graph_capture(_cfgs(SHAPES[1]), "g80")
+
+
+def test_selection_takes_it_where_moe_sm90a_does_not_run(monkeypatch):
+    """With moe_sm90a unavailable (an Ampere GPU), many rows per expert go to this family, a few to
+    moe_gemv; mg.moe runs the plan it reports."""
+    import mixed_gemm.ops.experts as experts
+    from mixed_gemm.ops.experts import grouped_plan
+
+    monkeypatch.setattr(family("moe_sm90a"), "supports", lambda i: (False, "not an sm_90a GPU (test)"))
+    monkeypatch.setattr(experts, "GROUPED", {})  # plans made before the patch
+    w13, w2 = layer(e=8, seed=8)
+    for t, name in ((256, "moe_sm80"), (4, "moe_gemv")):
+        plan = grouped_plan(torch.randn(t, 256, device="cuda").half(), w13.packed, w2.packed, 2)
+        assert plan.family.name == name, (t, plan)
+    x = torch.randn(256, 256, device="cuda").half()
+    weights, ids = routing(256, 2, 8, seed_of("sel80"))
     with mg.compile.blocking():
-        moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)  # warm-up: load, blocks
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)
-    for i in range(1, 4):
-        w_new, ids_new = routing(t, top_k, 16, seed_of("g80", i), one_expert=5 if i == 2 else None)
-        x.copy_(torch.randn(t, 256, generator=torch.Generator().manual_seed(i)).half().cuda())
-        weights.copy_(w_new)
-        ids.copy_(ids_new)
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
-        assert_elementwise(y, ref, 128, chained=3)
+        y = mg.moe(x, w13.packed, w2.packed, weights, ids)
+    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), 128, chained=3)

@@ -12,11 +12,10 @@ too (its tests do); there ``moe_sm90a``, asked first, takes the same problems.
 """
 from __future__ import annotations
 
-import threading
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, Family, MoeProblem, Verdict
+from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, ZERO_MODES, constant_checks
 from ..sm90a import layout
 from .abi import (COMBINE_ARGS_BYTES, GROUPED_ARGS_BYTES, ROUTE_THREADS, ROUTE_VEC, SILU_MUL_ARGS_BYTES)
@@ -29,7 +28,7 @@ from .launch import MoeSm80Launcher
 MAX_PAIRS = 2**31 - 1  # sorted rows and tile indices are 32-bit in the kernel
 
 
-class MoeSm80Family(Family):
+class MoeSm80Family(GroupedFamily):
     name = "moe_sm80"
     config_class = MoeSm80Config
     layout = layout.NAME
@@ -41,19 +40,7 @@ class MoeSm80Family(Family):
     )
     min_capability = (8, 0)
 
-    def __init__(self):
-        self._launchers = {}
-        self._lock = threading.Lock()
-
-    def can_implement(self, config: MoeSm80Config, problem) -> Verdict:
-        if not isinstance(problem, MoeProblem):
-            return False, ("moe_sm80 runs the projections of a mixture-of-experts layer (mixed_gemm.moe, a "
-                           "MoeProblem), not a dense matmul")
-        ok, why = super().can_implement(config, problem)
-        if not ok:
-            return ok, why
-        if config.stage != problem.stage:
-            return False, f"{config.schedule} is the {config.stage} kernel, the problem is the {problem.stage} projection"
+    def grouped_rules(self, config: MoeSm80Config, problem: MoeProblem) -> Verdict:
         if problem.n % 8 or problem.k % 8:
             return False, (f"N and K must be multiples of 8 (rows of x and of the output are copied and stored in "
                            f"16-byte units), got N={problem.n}, K={problem.k}")
@@ -89,16 +76,7 @@ class MoeSm80Family(Family):
         )
 
     def launcher(self, config: MoeSm80Config, device_index: int) -> MoeSm80Launcher:
-        """One launcher per (config, device), kept: it holds the per-weight argument blocks, and
-        loading the module synchronizes the device, which a CUDA-graph capture must not see."""
-        key = (config, device_index)
-        launcher = self._launchers.get(key)
-        if launcher is None:
-            with self._lock:
-                launcher = self._launchers.get(key)
-                if launcher is None:
-                    launcher = self._launchers[key] = MoeSm80Launcher(config, self.build_spec(config), device_index)
-        return launcher
+        return MoeSm80Launcher(config, self.build_spec(config), device_index)
 
 
 FAMILY = MoeSm80Family()
