@@ -10,7 +10,7 @@
 #if !(defined(MIXED_GEMM_HOST_PASS) && defined(__CUDA_ARCH__))
 #include "common/constants.cuh"
 #include "moe_sm90a/grouped_sm90a.cuh"
-#include "moe_sm90a/route.cuh"
+#include "common/moe_route.cuh"
 
 using G = mixed_gemm::moe_sm90a::GroupedGemm<cutlass::bfloat16_t, cutlass::int4b_t, 128, 256, 64, 0>;
 static_assert(G::kBits == 4, "bits: MoeSm90aConfig and kernel disagree");
@@ -37,14 +37,14 @@ mg_moe_sm90a_bf16_u4_t128x256x64_s0(CUTLASS_GRID_CONSTANT G::Params const params
   op(params, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sm90a::kRouteThreads)
+extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)
 mg_silu_mul(G::MmaType const* g, int64_t const* order, int64_t const* used, G::MmaType* h, int inter) {
-  mixed_gemm::moe_sm90a::silu_mul_scatter(g, order, used, h, inter);
+  mixed_gemm::moe_route::silu_mul_scatter(g, order, used, h, inter);
 }
 
-extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sm90a::kRouteThreads)
+extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)
 mg_combine(G::MmaType const* o, int64_t const* pos, float const* weights, G::MmaType* y, int hidden, int top_k) {
-  mixed_gemm::moe_sm90a::combine(o, pos, weights, y, hidden, top_k);
+  mixed_gemm::moe_route::combine(o, pos, weights, y, hidden, top_k);
 }
 #endif  // !MIXED_GEMM_HOST_PASS
 
@@ -72,9 +72,9 @@ Loaded const& loaded() {
 // grid (rows, column blocks of kRouteThreads x 8 activations)
 int route_launch(cudaKernel_t kernel, long long rows, int columns, void** args, void* stream) {
   if (rows <= 0) return 0;
-  constexpr int per_cta = mixed_gemm::moe_sm90a::kRouteThreads * mixed_gemm::moe_sm90a::kVec;
+  constexpr int per_cta = mixed_gemm::moe_route::kRouteThreads * mixed_gemm::moe_route::kVec;
   dim3 grid(unsigned(rows), unsigned((columns + per_cta - 1) / per_cta));
-  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, dim3(mixed_gemm::moe_sm90a::kRouteThreads),
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, dim3(mixed_gemm::moe_route::kRouteThreads),
                                    args, 0, static_cast<cudaStream_t>(stream));
   return e == cudaSuccess ? 0 : mixed_gemm::sm90a::kErrLaunch;
 }

@@ -201,3 +201,24 @@ class Family:
 
     def __repr__(self) -> str:
         return f"<kernel family {self.name}>"
+
+
+class GroupedFamily(Family):
+    """A grouped (mixture-of-experts) family: its configs carry the ``stage`` they run, and its
+    problems are :class:`MoeProblem`. :meth:`can_implement` checks what every grouped family needs
+    first; subclasses add their own rules in :meth:`grouped_rules`."""
+
+    def can_implement(self, config, problem) -> Verdict:
+        if not isinstance(problem, MoeProblem):
+            return False, (f"{self.name} runs the projections of a mixture-of-experts layer (mixed_gemm.moe, a "
+                           "MoeProblem), not a dense matmul")
+        ok, why = super().can_implement(config, problem)
+        if not ok:
+            return ok, why
+        if config.stage != problem.stage:
+            return False, f"{config.schedule} is the {config.stage} kernel, the problem is the {problem.stage} projection"
+        return self.grouped_rules(config, problem)
+
+    def grouped_rules(self, config, problem: "MoeProblem") -> Verdict:
+        """This family's own rules for a problem of the config's stage and weight kind."""
+        return OK

@@ -509,6 +509,18 @@ struct MixedGemmSm80 {
   }
 
   static __device__ void run(GemmArgs const& p, char* smem) {
+    // Tile of this block: CUTLASS's identity swizzle (M in blockIdx.x, groups of 2^log_tile N tiles).
+    int const tiles_m = (p.m + BM - 1) / BM;
+    int const tiles_n = (p.n_pad + BN - 1) / BN;
+    cutlass::gemm::GemmCoord const tc =
+        cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>::get_tile_offset(p.log_tile);
+    if (tc.m() >= tiles_m || tc.n() >= tiles_n) return;  // padding blocks of the swizzled grid
+    run_tile(p, smem, tc.m(), tc.n(), tc.k(), gridDim.z);
+  }
+
+  // One output tile (tile_m, tile_n) of K slice `slice` of `splits`; the grouped kernels of the
+  // moe_sm80 family call it with an expert's rows and weight in `p` (unsplit).
+  static __device__ void run_tile(GemmArgs const& p, char* smem, int tile_m, int tile_n, int slice, int splits) {
     int const tid = threadIdx.x;
     int const lane = tid & 31;
     int const warp = tid >> 5;
@@ -517,19 +529,12 @@ struct MixedGemmSm80 {
     int const warp_mn = warp % (WarpsM * WarpsN);
     int const warp_m = warp_mn / WarpsN;
     int const warp_n = warp_mn % WarpsN;
-
-    // Tile of this block: CUTLASS's identity swizzle (M in blockIdx.x, groups of 2^log_tile N tiles).
-    int const tiles_m = (p.m + BM - 1) / BM;
     int const tiles_n = (p.n_pad + BN - 1) / BN;
-    cutlass::gemm::GemmCoord const tc =
-        cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>::get_tile_offset(p.log_tile);
-    if (tc.m() >= tiles_m || tc.n() >= tiles_n) return;  // padding blocks of the swizzled grid
     Tile t;
-    t.m0 = tc.m() * BM;
-    t.n0 = tc.n() * BN;
+    t.m0 = tile_m * BM;
+    t.n0 = tile_n * BN;
 
     // K range of this split-K slice (whole k-tiles; a slice may be empty).
-    int const splits = gridDim.z, slice = tc.k();
     int const k_tiles_total = (p.k16 * 16 + BK - 1) / BK;
     int const per_slice = (k_tiles_total + splits - 1) / splits;
     int const kt_begin = min(slice * per_slice, k_tiles_total);
@@ -605,7 +610,7 @@ struct MixedGemmSm80 {
     bool const writer = warp_k == 0;
 
     // Serial split-K: wait for this tile's turn.
-    int* sem = p.semaphores + tc.m() * tiles_n + tc.n();
+    int* sem = p.semaphores + tile_m * tiles_n + tile_n;
     bool const serial = p.split_mode == int(SplitKMode::kSerial) && splits > 1;
     if (serial) {
       if (tid == 0) {

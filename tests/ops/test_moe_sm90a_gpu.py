@@ -15,8 +15,9 @@ import mixed_gemm as mg
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90a import MoeSm90aConfig
 from mixed_gemm.kernels.moe_sm90a.catalog import TILES
-from mixed_gemm.ops.experts import _problems, grouped_plan, moe_grouped
-from test_moe_gemv_gpu import TOP_KS, Experts, layer, ref_h, ref_y, routing, run_stages
+from mixed_gemm.ops.experts import _problems, grouped_plan
+from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
+from test_moe_gemv_gpu import TOP_KS, layer, routing
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
 from tolerance import assert_elementwise
 from weights import seed_of
@@ -67,26 +68,8 @@ def _sweep_params():
 @pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,ids32,route", _sweep_params())
 def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route):
     seed = seed_of("moe90", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
-    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
-    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 1000)
-    zm = w13.packed.zero_mode
-    cfg13 = MoeSm90aConfig.from_schedule(s13, dtype=dtype, bits=bits, zero_mode=zm)
-    cfg2 = MoeSm90aConfig.from_schedule(s2, dtype=dtype, bits=bits, zero_mode=zm)
-    for cfg, p in zip((cfg13, cfg2), _problems(t, top_k, w13.packed, w2.packed)):
-        assert FAMILY.can_implement(cfg, p) == (True, "")
-    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", DTYPES[dtype])
-    weights, ids = routing(t, top_k, e, seed, ids_dtype=torch.int32 if ids32 else torch.int64,
-                           one_expert=3 if route == "one" else None)
-
-    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, ids)
-    assert not torch.isnan(hk).any() and not torch.isnan(yk).any(), "an output was never written"
-    # h: the GEMM's output is rounded before silu * up (one more rounding than the reference's).
-    assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), h, chained=2)
-    assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), inter)
-    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=(cfg13, cfg2))
-    assert torch.equal(y, yk)  # deterministic; and h handed over in sorted order gives the same rows
-    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
-    assert_elementwise(y, ref, inter, chained=3)
+    check_sweep_case(FAMILY, MoeSm90aConfig, seed, dtype, DTYPES[dtype], bits, s13, s2, zero, group, top_k, t, e, h,
+                     inter, route, ids_dtype=torch.int32 if ids32 else torch.int64)
 
 
 def _layer(**kwargs):
@@ -104,41 +87,18 @@ def test_group_32_is_refused_with_the_rule():
     ok, why = FAMILY.can_implement(_cfgs(w13)[0], p13)
     assert not ok and "group size 32 is not a multiple of the tile's K=64" in why
     plan = grouped_plan(torch.empty(256, 256, device="cuda", dtype=torch.float16), w13.packed, w2.packed, 2)
-    assert plan.family.name == "moe_gemv"  # the next grouped family takes it
+    assert plan.family.name == "moe_sm80"  # the next grouped family takes it (any group of 32 and up)
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
 def test_ids_out_of_range_contribute_nothing(ids_dtype):
     w13, w2 = _layer()
-    t, top_k, e = 40, 2, w13.packed.num_experts
-    x = torch.randn(t, 256, device="cuda").half()
-    weights, ids = routing(t, top_k, e, seed_of("oob90"), ids_dtype=ids_dtype)
-    bad = ids.clone()
-    bad[0, 1], bad[2, 0], bad[3, 1] = -1, e, (2**40 if ids_dtype == torch.int64 else 2**31 - 1)
-    bad[4, :] = -7  # a token with no valid slot: y row zero
-    cfg13, cfg2 = _cfgs(w13)
-    hk, yk = run_stages(cfg13, cfg2, x, w13.packed, w2.packed, weights, bad)
-    valid = (bad >= 0) & (bad < e)
-    hv = hk.view(t, top_k, -1)
-    assert (hv[~valid] == 0).all()
-    kept_ids = torch.where(valid, bad, torch.zeros_like(bad))
-    kept_weights = torch.where(valid, weights, torch.zeros_like(weights))
-    assert_elementwise(hv[valid], ref_h(x, w13.kernel, kept_ids, top_k).view(t, top_k, -1)[valid], 256, chained=2)
-    assert (yk[4] == 0).all()
-    assert_elementwise(yk, ref_y(hk, w2.kernel, kept_ids, kept_weights), 128)
+    check_ids_out_of_range(_cfgs(w13), w13, w2, "oob90", ids_dtype)
 
 
 def test_no_tokens_and_one_token():
     w13, w2 = _layer()
-    cfgs = _cfgs(w13)
-    x = torch.empty(0, 256, device="cuda").half()
-    weights, ids = torch.empty(0, 2, device="cuda"), torch.empty(0, 2, dtype=torch.long, device="cuda")
-    run_stages(*cfgs, x, w13.packed, w2.packed, weights, ids)  # no launch, no error
-    assert moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs).shape == (0, 256)
-    x = torch.randn(1, 256, device="cuda").half()
-    weights, ids = routing(1, 2, 8, seed_of("one90"))
-    y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)  # 6 of 8 experts without rows
-    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), 128, chained=3)
+    check_no_tokens_and_one_token(_cfgs(w13), w13, w2, "one90")
 
 
 def test_selection_takes_it_for_many_rows_per_expert():
@@ -157,26 +117,5 @@ def test_selection_takes_it_for_many_rows_per_expert():
 
 
 def test_graph_capture_with_new_routing_between_replays():
-    """Captured once, replayed with new routing and new x written into the captured inputs: the
-    per-expert row counts change every replay and nothing is read on the host."""
-    w13, w2 = _layer(e=16)
-    cfgs = _cfgs(w13, tile=(128, 32, 64))
-    t, top_k = 96, 2
-    x = torch.randn(t, 256, device="cuda").half()
-    weights, ids = routing(t, top_k, 16, seed_of("g90", 0))
-    with mg.compile.blocking():
-        moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)  # warm-up: load, arrays
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)
-    for i in range(1, 4):
-        w_new, ids_new = routing(t, top_k, 16, seed_of("g90", i), one_expert=5 if i == 2 else None)
-        x.copy_(torch.randn(t, 256, generator=torch.Generator().manual_seed(i)).half().cuda())
-        weights.copy_(w_new)
-        ids.copy_(ids_new)
-        y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
-        assert_elementwise(y, ref, 128, chained=3)
+    tile = (128, 32, 64)
+    check_graph_capture((MoeSm90aConfig(stage="w13", tile=tile), MoeSm90aConfig(stage="w2", tile=tile)), "g90")

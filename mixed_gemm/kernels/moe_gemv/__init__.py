@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, Family, MoeProblem, Verdict
+from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, constant_checks
 from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES
@@ -36,7 +36,7 @@ MAX_PAIRS = 2**31 - 1  # pair indices are 32-bit in the kernel
 MAX_EXPERT_PAIRS = 2**30  # expert mode: scan rounds index up to pairs + 4 * threads, invalid ids as ~p
 
 
-class MoeGemvFamily(Family):
+class MoeGemvFamily(GroupedFamily):
     name = "moe_gemv"
     config_class = MoeGemvConfig
     layout = layout.NAME
@@ -48,15 +48,7 @@ class MoeGemvFamily(Family):
     )
     min_capability = (8, 0)
 
-    def can_implement(self, config: MoeGemvConfig, problem) -> Verdict:
-        if not isinstance(problem, MoeProblem):
-            return False, ("moe_gemv runs the projections of a mixture-of-experts layer (mixed_gemm.moe, a MoeProblem), "
-                           "not a dense matmul")
-        ok, why = super().can_implement(config, problem)
-        if not ok:
-            return ok, why
-        if config.stage != problem.stage:
-            return False, f"{config.schedule} is the {config.stage} kernel, the problem is the {problem.stage} projection"
+    def grouped_rules(self, config: MoeGemvConfig, problem: MoeProblem) -> Verdict:
         if problem.stage == "w13" and problem.n % 32:
             return False, (f"gate|up: I = N/2 must be a multiple of 16 (a warp pairs gate strip s with up strip s + I/16 "
                            f"of the sm90a layout's 16-row atoms), got I={problem.n / 2:g}")

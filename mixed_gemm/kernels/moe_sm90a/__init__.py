@@ -17,7 +17,7 @@ import threading
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, Family, MoeProblem, Verdict
+from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, constant_checks
 from ..sm90a import layout
 from .abi import ABI_VERSION
@@ -31,7 +31,7 @@ _QUANT_TYPES = {4: "cutlass::int4b_t", 8: "int8_t"}
 MAX_PAIRS = 2**31 - 1  # rows of one GEMM: CUTLASS's problem sizes are int32
 
 
-class MoeSm90aFamily(Family):
+class MoeSm90aFamily(GroupedFamily):
     name = "moe_sm90a"
     config_class = MoeSm90aConfig
     layout = layout.NAME
@@ -45,15 +45,7 @@ class MoeSm90aFamily(Family):
         self._launchers = {}
         self._lock = threading.Lock()
 
-    def can_implement(self, config: MoeSm90aConfig, problem) -> Verdict:
-        if not isinstance(problem, MoeProblem):
-            return False, ("moe_sm90a runs the projections of a mixture-of-experts layer (mixed_gemm.moe, a "
-                           "MoeProblem), not a dense matmul")
-        ok, why = super().can_implement(config, problem)
-        if not ok:
-            return ok, why
-        if config.stage != problem.stage:
-            return False, f"{config.schedule} is the {config.stage} kernel, the problem is the {problem.stage} projection"
+    def grouped_rules(self, config: MoeSm90aConfig, problem: MoeProblem) -> Verdict:
         tk = config.tile[2]
         g, k, n = problem.group_size, problem.k, problem.n
         if g not in (-1, k) and g % tk:

@@ -1,18 +1,11 @@
-"""Launching one moe_sm90a config: the routed rows grouped by expert on the device, one grouped
-GEMM over them, and the stage's epilogue (gate|up: SiLU(gate) * up; down: the top-k weighted sum).
+"""Launching one moe_sm90a config: the routed rows grouped by expert on the device
+(:class:`~mixed_gemm.kernels.moe_route.SortedGroupedLauncher`: sort, gathers, the route kernels and
+where everything rounds), one grouped GEMM over them through the family's host library.
 
-Nothing here reads a tensor's values on the host: an expert's row count lives only in the device
-array of problem sizes the kernel walks, so a call is legal under CUDA-graph capture. The sort,
-the gathers and the pointer arithmetic are torch operations on the current stream (about twenty
-small launches: this family serves many routed rows per expert, where they cost a few percent;
-the decode side is moe_gemv's); the two epilogues are the library's own one-pass kernels
-(templates/moe_sm90a/route.cuh).
-
-Rows and rounding: the routed rows are sorted by expert (stable; pairs whose id lies outside
-``[0, E)`` sort last and are never computed), gathered, multiplied (fp32 accumulation, output
-rounded once to the activation dtype), then gate|up forms ``silu(g) * u`` in fp32 from the rounded
-``g`` and ``u`` and rounds once (an out-of-range pair's row is 0); down scatters each pair's row back, multiplies it by its fp32 top-k
-weight and adds a token's slots in fp32 (a fixed order: deterministic), rounding ``y`` once.
+The sort, the gathers and the pointer arithmetic are torch operations on the current stream (about
+twenty small launches: this family serves many routed rows per expert, where they cost a few
+percent; the decode side is moe_gemv's); the two epilogues are the library's own one-pass kernels
+(templates/common/moe_route.cuh).
 """
 from __future__ import annotations
 
@@ -24,6 +17,7 @@ import torch
 from ...runtime import workspace
 from ...runtime.library import open_library
 from ..base import sm_count
+from ..moe_route import SortedGroupedLauncher
 from . import abi
 from .config import MoeSm90aConfig
 
@@ -63,7 +57,7 @@ class _Arrays:
         self.shapes[:, 2] = w.k
 
 
-class MoeSm90aLauncher:
+class MoeSm90aLauncher(SortedGroupedLauncher):
     """``launch(x, w, ids, weights, out, tokens, top_k, stream)`` for one config on one device,
     the interface of every grouped family (see ``moe_gemv.launch``): ``x`` the stage's rows (w13:
     ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)`` in pair order), ``w`` the stacked experts
@@ -72,6 +66,7 @@ class MoeSm90aLauncher:
 
     def __init__(self, config: MoeSm90aConfig, spec, device_index: int):
         self.config = config
+        self.stage = config.stage
         self.device_index = device_index
         tm, tn, tk = config.tile
         self.lib, self.info = open_library(spec, abi.bind, abi.info, abi.ABI_VERSION,
@@ -114,40 +109,14 @@ class MoeSm90aLauncher:
             raise MoeSm90aLaunchError(f"{self.config.name}: mg_run(E={e}, N={w.n}, K={w.k}, group={w.group_size}): "
                                       f"{abi.describe(rc)}")
 
-    # The two stages can hand h over in their own sorted row order (see __call__'s sorted_h).
-    sorted_pairs = True
-
-    def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
-                 stream: int, sorted_h: bool = False) -> None:
-        """One stage. ``sorted_h`` (both stages of this family, same ids): ``h`` stays in the sorted
-        pair order the GEMMs use (gate|up writes it so, down reads it so) instead of pair order,
-        saving a scatter and a gather of ``h``; the sort is stable, so both stages sort alike."""
-        pairs = tokens * top_k
-        if pairs == 0:
-            return
-        e = w.num_experts
-        flat = ids.reshape(-1)
-        valid = (flat >= 0) & (flat < e)
-        key = torch.where(valid, flat.long(), e)
-        order = torch.sort(key, stable=True).indices
-        counts = torch.zeros(e + 1, dtype=torch.int64, device=x.device).scatter_add_(0, key, torch.ones_like(key))[:e]
-        offsets = torch.cumsum(counts, 0) - counts
-        if self.config.stage == "w13":
-            rows = x.index_select(0, order // top_k)
-            g = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
-            self.gemm(rows, w, counts, offsets, g, stream)
-            used = counts.sum()
-            dest = torch.arange(pairs, device=x.device) if sorted_h else order  # h's row of sorted row r
-            rc = self.lib.mg_silu_mul(g.data_ptr(), dest.data_ptr(), used.data_ptr(), out.data_ptr(), pairs, w.n // 2,
-                                      stream or None)
-        else:
-            rows = x if sorted_h else x.index_select(0, order)
-            o = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
-            self.gemm(rows, w, counts, offsets, o, stream)
-            # pos[p]: pair p's row among the sorted ones; -1 where no expert computed it.
-            pos = torch.empty_like(order).index_copy_(0, order, torch.arange(pairs, device=x.device))
-            pos = torch.where(valid, pos, -1)
-            rc = self.lib.mg_combine(o.data_ptr(), pos.data_ptr(), weights.data_ptr(), out.data_ptr(), tokens, w.n,
-                                     top_k, stream or None)
+    def silu_mul(self, g, dest, used, out, pairs: int, inter: int, stream: int) -> None:
+        rc = self.lib.mg_silu_mul(g.data_ptr(), dest.data_ptr(), used.data_ptr(), out.data_ptr(), pairs, inter,
+                                  stream or None)
         if rc:
-            raise MoeSm90aLaunchError(f"{self.config.name}: the {self.config.stage} epilogue: {abi.describe(rc)}")
+            raise MoeSm90aLaunchError(f"{self.config.name}: the gate|up epilogue: {abi.describe(rc)}")
+
+    def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
+        rc = self.lib.mg_combine(o.data_ptr(), pos.data_ptr(), weights.data_ptr(), out.data_ptr(), tokens, hidden,
+                                 top_k, stream or None)
+        if rc:
+            raise MoeSm90aLaunchError(f"{self.config.name}: the down epilogue: {abi.describe(rc)}")

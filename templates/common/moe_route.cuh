@@ -1,4 +1,4 @@
-// The two memory-bound steps around the grouped GEMMs of the moe_sm90a family, one pass each over
+// The two memory-bound steps around the grouped GEMMs of the moe_sm90a and moe_sm80 families, one pass each over
 // their rows (as torch operations they were eight passes with fp32 intermediates: at Mixtral's
 // 4096 tokens several GB of traffic beside a 6 ms GEMM).
 //
@@ -11,7 +11,7 @@
 #include "cutlass/numeric_conversion.h"
 
 namespace mixed_gemm {
-namespace moe_sm90a {
+namespace moe_route {
 
 constexpr int kRouteThreads = 256;  // threads per CTA of both kernels: 8 columns each
 constexpr int kVec = 8;             // activations per 16-byte vector
@@ -67,5 +67,5 @@ __device__ void combine(T const* o, int64_t const* pos, float const* weights, T*
   *reinterpret_cast<Vec<T>*>(y + t * hidden + c) = out;
 }
 
-}  // namespace moe_sm90a
+}  // namespace moe_route
 }  // namespace mixed_gemm

@@ -1,0 +1,101 @@
+"""``MoeSm80Config``: the frozen configuration of the grouped mma.sync MoE family, its single source
+of truth: name, rendered source, build-cache key and schedule derive from it."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass
+from typing import Tuple
+
+from ..common import check_weight_kind, hash_once, raise_on
+from ..sm80.config import Sm80Config
+
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)$")
+STAGES = ("w13", "w2")
+
+
+@hash_once
+@dataclass(frozen=True)
+class MoeSm80Config:
+    """One launch configuration of the grouped Ampere kernel (templates/moe_sm80/): the sm80 family's
+    multistage mma.sync tile reading the stacked sm90a-layout experts, a CTA per BM-row tile of one
+    expert's routed rows.
+
+    Compiled in: ``dtype``, ``bits``, ``tile`` = (BM routed rows, BN weight rows, BK), ``warps``
+    (M, N, K), ``stages``: exactly an :class:`~mixed_gemm.kernels.sm80.config.Sm80Config` on the
+    sm90a layout (:attr:`tile_config`), whose rules it inherits. Chosen at launch: ``stage``
+    (``"w13"``: gate|up, then SiLU(gate) * up; ``"w2"``: down, then the top-k weighted sum).
+    ``zero_mode`` is folded into the additive zero at prepack. ``schedule``
+    (``w13_t64x128x64_w2x2x1_s4``) is what a profile stores (as ``moe_sm80:<schedule>``)."""
+
+    dtype: str = "f16"
+    bits: int = 4
+    zero_mode: str = "int"
+    stage: str = "w13"
+    tile: Tuple[int, int, int] = (64, 128, 64)
+    warps: Tuple[int, int, int] = (2, 2, 1)
+    stages: int = 4
+
+    family = "moe_sm80"
+
+    def __post_init__(self) -> None:
+        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
+            (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
+        ], f"MoeSm80Config {self.tile}/{self.warps}")
+        self.tile_config  # the tile's own rules (raises with them)
+
+    @property
+    def layout(self) -> str:
+        return "sm90a"
+
+    @functools.cached_property
+    def tile_config(self) -> Sm80Config:
+        """The dense sm80 config of the same tile on the one copy: the kernel body it runs."""
+        return Sm80Config(dtype=self.dtype, bits=self.bits, zero_mode="int", tile=self.tile, warps=self.warps,
+                          stages=self.stages, layout="sm90a")
+
+    @property
+    def threads(self) -> int:
+        return self.tile_config.threads
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.tile_config.smem_bytes
+
+    @functools.cached_property
+    def kernel(self) -> "MoeSm80Config":
+        """The compiled identity: the zero mode folded, the stage (a launch-time choice) at its default."""
+        return dataclasses.replace(self, zero_mode="int", stage="w13")
+
+    @functools.cached_property
+    def _tile_schedule(self) -> str:
+        (bm, bn, bk), (wm, wn, wk) = self.tile, self.warps
+        return f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}"
+
+    @functools.cached_property
+    def kernel_name(self) -> str:
+        return f"mg_moe_sm80_{self.dtype}_u{self.bits}_{self._tile_schedule}"
+
+    @functools.cached_property
+    def schedule(self) -> str:
+        return f"{self.stage}_{self._tile_schedule}"
+
+    @functools.cached_property
+    def name(self) -> str:
+        return f"mg_moe_sm80_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self.schedule}"
+
+    @classmethod
+    def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4,
+                      zero_mode: str = "int") -> "MoeSm80Config":
+        m = _SCHEDULE.match(schedule)
+        if m is None:
+            raise ValueError(f"schedule: {schedule!r} is not a moe_sm80 schedule "
+                             "<w13|w2>_t<BM>x<BN>x<BK>_w<WM>x<WN>x<WK>_s<stages>")
+        stage, *nums = m.groups()
+        bm, bn, bk, wm, wn, wk, stages = map(int, nums)
+        return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(bm, bn, bk), warps=(wm, wn, wk),
+                   stages=stages)
+
+    def replace(self, **changes) -> "MoeSm80Config":
+        return dataclasses.replace(self, **changes)
