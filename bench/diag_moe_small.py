@@ -42,11 +42,11 @@ def main() -> None:
     shape = MOE_MODELS[a.model]
     gen = torch.Generator().manual_seed(0)
     packed = []
-    for n, k in ((2 * shape.inter, shape.hidden), (shape.hidden, shape.inter)):
+    for n, k, gate_up in ((2 * shape.inter, shape.hidden, True), (shape.hidden, shape.inter, False)):
         w = torch.randn(shape.experts, n, k, generator=gen) / k**0.5
         parts = [quantize(w[e].cuda(), bits=4, group_size=128) for e in range(shape.experts)]
         packed.append(prepack_experts(*(torch.stack([p[i] for p in parts]) for i in range(3)), bits=4, group_size=128,
-                                      dtype=torch.float16))
+                                      dtype=torch.float16, gate_up=gate_up))
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
     for t in map(int, a.tokens.split(",")):

@@ -185,10 +185,10 @@ def bench_moe(name: str, tokens: Sequence[int], dtype: torch.dtype, bandwidth: f
     dense13 = (torch.randn(shape.experts, 2 * shape.inter, shape.hidden, generator=gen) / shape.hidden**0.5)
     dense2 = (torch.randn(shape.experts, shape.hidden, shape.inter, generator=gen) / shape.inter**0.5)
     packed = []
-    for w in (dense13, dense2):
+    for w, gate_up in ((dense13, True), (dense2, False)):
         parts = [quantize(w[e].cuda(), bits=4, group_size=group_size) for e in range(shape.experts)]
         packed.append(prepack_experts(*(torch.stack([p[i] for p in parts]) for i in range(3)), bits=4,
-                                         group_size=group_size, dtype=dtype))
+                                         group_size=group_size, dtype=dtype, gate_up=gate_up))
     w13, w2 = dense13.to("cuda", dtype), dense2.to("cuda", dtype)
     w13_t, w2_t = w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous()
     rows = []

@@ -77,7 +77,7 @@ class ExpertCollector:
         def stacked(rows):
             z = None if self.spec["symmetric"] else field(rows, 2)
             return prepack_experts(field(rows, 0), field(rows, 1).to(self.dtype), z, bits=self.spec["bits"],
-                                   group_size=self.spec["group_size"], dtype=self.dtype)
+                                   group_size=self.spec["group_size"], dtype=self.dtype, gate_up=len(rows) == 2)
 
         return QuantExperts(stacked(("gate", "up")), stacked(("down",)), group_size=self.spec["group_size"])
 
@@ -91,8 +91,8 @@ def expert_tensors(path: str, module: QuantExperts, *, format: str) -> Dict[str,
     inter = w2.k
     out: Dict[str, torch.Tensor] = {}
     for e in range(w13.num_experts):
-        q13, s13, z13 = w13.expert(e).unpack()
-        q2, s2, z2 = w2.expert(e).unpack()
+        q13, s13, z13 = w13.unpack_expert(e)  # gate rows, then up rows
+        q2, s2, z2 = w2.unpack_expert(e)
         rows = {"gate_proj": slice(0, inter), "up_proj": slice(inter, 2 * inter)}
         layers = {name: (q13[r], s13[r], None if z13 is None else z13[r]) for name, r in rows.items()}
         layers["down_proj"] = (q2, s2, z2)

@@ -42,7 +42,10 @@ class MoeProblem:
     ``tokens`` x ``top_k`` (token, slot) pairs, each multiplying one row by its expert's ``(n, k)``
     weight, ``experts`` of them stacked (``ops.experts.PackedExperts``). ``stage``: ``"w13"`` (gate|up,
     ``n`` = 2I, ``k`` = H; SiLU(gate) * up follows) or ``"w2"`` (down, ``n`` = H, ``k`` = I; the top-k
-    weighted sum follows). Shapes only: nothing here depends on the routing's values."""
+    weighted sum follows). ``gate_up``: the w13 weight's rows are interleaved gate|up blocks
+    (``ops.experts``: what ``moe`` runs; the tile families' fused SiLU·mul needs it), not gate rows
+    then up rows (a dense gate|up weight, ``ops.gated``). Shapes only: nothing here depends on the
+    routing's values."""
 
     tokens: int
     top_k: int
@@ -55,6 +58,7 @@ class MoeProblem:
     group_size: int
     layout: str
     stage: str
+    gate_up: bool = False
 
     @property
     def pairs(self) -> int:
@@ -208,6 +212,10 @@ class GroupedFamily(Family):
     problems are :class:`MoeProblem`. :meth:`can_implement` checks what every grouped family needs
     first; subclasses add their own rules in :meth:`grouped_rules`."""
 
+    # Reads a gate|up weight whose rows are gate then up (a dense gate|up weight), besides the
+    # interleaved stacks moe runs; the tile families' gated epilogues read only those.
+    reads_gate_up_halves = False
+
     def can_implement(self, config, problem) -> Verdict:
         if not isinstance(problem, MoeProblem):
             return False, (f"{self.name} runs the projections of a mixture-of-experts layer (mixed_gemm.moe, a "
@@ -217,6 +225,9 @@ class GroupedFamily(Family):
             return ok, why
         if config.stage != problem.stage:
             return False, f"{config.schedule} is the {config.stage} kernel, the problem is the {problem.stage} projection"
+        if problem.stage == "w13" and not problem.gate_up and not self.reads_gate_up_halves:
+            return False, ("its epilogue forms SiLU(gate) * up from gate|up rows interleaved in blocks of 8 "
+                           "(prepack_experts(..., gate_up=True)); this weight holds gate rows, then up rows")
         return self.grouped_rules(config, problem)
 
     def grouped_rules(self, config, problem: "MoeProblem") -> Verdict:

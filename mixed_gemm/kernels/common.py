@@ -15,6 +15,10 @@ SPLIT_K_MODES = {"none": 0, "serial": 1, "parallel": 2, "fused": 3}
 PER_CHANNEL_SHIFT = 30     # mixed_gemm::kPerChannelShift: group_shift of a per-channel weight
 ATOM_K, ATOM_N = 16, 64    # mixed_gemm::kAtomK / kAtomN: the sm80 layout's atom
 REDUCE_THREADS = 256       # mixed_gemm::kReduceThreads
+# mixed_gemm::kGateUpBlock (templates/common/gate_up.cuh; checked by the grouped families' sources,
+# grouped_constant_checks, so that the dense kernels do not depend on it): a stacked gate|up weight
+# holds gate rows 8j..8j+7, then up rows 8j..8j+7, for each j.
+GATE_UP_BLOCK = 8
 
 
 def round_up(x: int, m: int) -> int:
@@ -106,3 +110,8 @@ def split_for_fill(s0: int, columns_measured: int, columns: int, max_splits: int
     elif columns * s0 >= FILL * sms:  # fewer columns, but the GPU stays filled
         return s0
     return max(1, min(max_splits, round(s0 * columns_measured / columns)))
+
+
+def grouped_constant_checks() -> List[Tuple[str, int]]:
+    """:func:`constant_checks` and the grouped families' own (their sources include gate_up.cuh)."""
+    return constant_checks() + [("mixed_gemm::kGateUpBlock", GATE_UP_BLOCK)]

@@ -1,15 +1,16 @@
 """What the grouped tile families (moe_sm90a, moe_sm80) do around their one GEMM launch per
 projection: sort the (token, slot) pairs by expert on the device, gather their rows, and finish
-each stage with its one-pass route kernel (templates/common/moe_route.cuh): gate|up with
-SiLU(gate) * up, down with the top-k weighted sum.
+the down projection with its one-pass route kernel (templates/common/moe_route.cuh), the top-k
+weighted sum. The gate|up GEMM forms SiLU(gate) * up in its own epilogue (the gate|up stack's
+interleaved rows, templates/common/gate_up.cuh) and writes only ``h``.
 
 Nothing here reads a tensor's values on the host: an expert's row count lives only in device
 tensors, so a call is legal under CUDA-graph capture. Rows and rounding: the routed rows are sorted
 by expert (stable; pairs whose id lies outside ``[0, E)`` sort last and are never computed),
-gathered, multiplied (fp32 accumulation, output rounded once to the activation dtype), then gate|up
-forms ``silu(g) * u`` in fp32 from the rounded ``g`` and ``u`` and rounds once (an out-of-range
-pair's row is 0); down scatters each pair's row back, multiplies it by its fp32 top-k weight and
-adds a token's slots in fp32 (a fixed order: deterministic), rounding ``y`` once.
+gathered and multiplied (fp32 accumulation); gate|up rounds ``g`` and ``u`` to the activation dtype,
+forms ``silu(g) * u`` in fp32 and rounds once; down's output rows are rounded once, and its route
+kernel scatters each pair's row back, multiplies it by its fp32 top-k weight and adds a token's
+slots in fp32 (a fixed order: deterministic), rounding ``y`` once.
 """
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ import torch
 class SortedGroupedLauncher:
     """The launcher interface of every grouped family (see ``moe_gemv.launch``) for families whose
     kernel computes each expert's contiguous block of sorted rows. Subclasses provide ``stage``
-    (``"w13"`` or ``"w2"``) and the three device calls :meth:`gemm`, :meth:`silu_mul` and
-    :meth:`combine`."""
+    (``"w13"`` or ``"w2"``) and the two device calls :meth:`gemm` and :meth:`combine`."""
 
     stage = "w13"
     # The two stages can hand h over in their own sorted row order (see __call__'s sorted_h).
@@ -29,11 +29,8 @@ class SortedGroupedLauncher:
     def gemm(self, rows: torch.Tensor, w, counts: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
              stream: int) -> None:
         """``out[r] = rows[r] W_e^T`` for the rows ``[offsets[e], offsets[e] + counts[e])`` of each
-        expert ``e`` (int64 device tensors; rows past the last expert's are left as they are)."""
-        raise NotImplementedError
-
-    def silu_mul(self, g, dest, used, out, pairs: int, inter: int, stream: int) -> None:
-        """``out[dest[r]] = silu(g[r, :I]) * g[r, I:]`` for sorted rows ``r < used`` (0 past it)."""
+        expert ``e`` (int64 device tensors; rows past the last expert's are left as they are); the
+        gate|up stage writes ``silu(gate) * up`` of that product instead (``out`` ``(rows, I)``)."""
         raise NotImplementedError
 
     def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
@@ -60,10 +57,12 @@ class SortedGroupedLauncher:
         offsets = torch.cumsum(counts, 0) - counts
         if self.stage == "w13":
             rows = x.index_select(0, order // top_k)
-            g = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
-            self.gemm(rows, w, counts, offsets, g, stream)
-            dest = torch.arange(pairs, device=x.device) if sorted_h else order  # h's row of sorted row r
-            self.silu_mul(g, dest, counts.sum(), out, pairs, w.n // 2, stream)
+            if sorted_h:  # rows past the experts' (out-of-range ids) stay unwritten: down never reads them
+                self.gemm(rows, w, counts, offsets, out, stream)
+            else:  # pair order: an out-of-range pair's row is 0
+                hs = torch.zeros_like(out)
+                self.gemm(rows, w, counts, offsets, hs, stream)
+                out.index_copy_(0, order, hs)
         else:
             rows = x if sorted_h else x.index_select(0, order)
             o = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)

@@ -35,7 +35,8 @@ class QuantExperts(nn.Module):
         # whose K is no larger holds one group
         self.group_size = group_size if group_size is not None else (
             w13.group_size if w13.scales.shape[1] > 1 else -1)
-        self._meta = {name: {f: getattr(w, f) for f in ("n", "k", "bits", "group_size", "zero_mode", "layout")}
+        self._meta = {name: {f: getattr(w, f) for f in ("n", "k", "bits", "group_size", "zero_mode", "layout",
+                                                         "gate_up")}
                       for name, w in (("w13", w13), ("w2", w2))}
         for name, w in (("w13", w13), ("w2", w2)):
             for f in _FIELDS:
@@ -60,11 +61,12 @@ class QuantExperts(nn.Module):
                              "(E, 2I, H) and (E, H, I)")
         dtype = w13.dtype if w13.dtype in (torch.float16, torch.bfloat16) else torch.float16
         packed = []
-        for w in (w13, w2):
+        for w, gate_up in ((w13, True), (w2, False)):
             parts = [quantize(w[e], bits=bits, group_size=group_size, symmetric=symmetric) for e in range(w.shape[0])]
             z = None if parts[0][2] is None else torch.stack([p[2] for p in parts])
             packed.append(prepack_experts(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), z,
-                                          bits=bits, group_size=group_size, dtype=dtype, layout=layout))
+                                          bits=bits, group_size=group_size, dtype=dtype, layout=layout,
+                                          gate_up=gate_up))
         return cls(*packed, group_size=group_size)
 
     @property

@@ -77,7 +77,7 @@ def moe_op(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
            inter: int, hidden: int, bits: int, group13: int, group2: int, zero_mode: str, layout: str) -> torch.Tensor:
     """:func:`mixed_gemm.moe` over :class:`PackedExperts` tensors and fields (``w13``: ``(2I, H)``
     per expert with group ``group13``; ``w2``: ``(H, I)`` with ``group2``)."""
-    w13 = PackedExperts(w13_b, w13_scales, w13_zeros, 2 * inter, hidden, bits, group13, zero_mode, layout)
+    w13 = PackedExperts(w13_b, w13_scales, w13_zeros, 2 * inter, hidden, bits, group13, zero_mode, layout, gate_up=True)
     w2 = PackedExperts(w2_b, w2_scales, w2_zeros, hidden, inter, bits, group2, zero_mode, layout)
     return moe(x if x.is_contiguous() else x.contiguous(), w13, w2, topk_weights, topk_ids)
 
@@ -91,7 +91,10 @@ def _moe_fake(x, topk_weights, topk_ids, w13_b, w13_scales, w13_zeros, w2_b, w2_
 
 def moe_packed_op(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor) -> torch.Tensor:
-    """Call the ``mixed_gemm::moe`` custom op for ``w13``/``w2`` (both of one kind)."""
+    """Call the ``mixed_gemm::moe`` custom op for ``w13``/``w2`` (both of one kind; ``w13`` a gate|up
+    stack, which the op's tensors cannot say)."""
+    if not w13.gate_up:
+        raise ValueError("w13: expected a gate|up stack, prepack_experts(..., gate_up=True), got plain rows")
     return torch.ops.mixed_gemm.moe(x, topk_weights, topk_ids, w13.b, w13.scales, w13.zeros, w2.b, w2.scales,
                                     w2.zeros, w2.k, w13.k, w13.bits, w13.group_size, w2.group_size, w13.zero_mode,
                                     w13.layout)

@@ -32,12 +32,12 @@ from .timing import time_graph
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
-def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int):
+def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int, gate_up: bool = False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randint(0, 16, (e, n, k), generator=gen, dtype=torch.uint8, device="cuda")
     s = ((torch.rand(e, n, k // 128, generator=gen, device="cuda") + 0.5) * (2.0 / (16 * k**0.5))).to(dtype)
     z = torch.randint(0, 16, (e, n, k // 128), generator=gen, device="cuda").to(dtype)
-    return prepack_experts(q, s, z, bits=4, group_size=128, dtype=dtype, layout="sm90a")
+    return prepack_experts(q, s, z, bits=4, group_size=128, dtype=dtype, layout="sm90a", gate_up=gate_up)
 
 
 def _agrees(y: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
@@ -56,7 +56,7 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
     winners = []
     for name in models:
         shape = MOE_MODELS[name]
-        w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, dtype, 13)
+        w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, dtype, 13, gate_up=True)
         w2 = _experts(shape.experts, shape.hidden, shape.inter, dtype, 2)
         for t in tokens:
             bucket = m_bucket(t)
@@ -70,7 +70,7 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
             for stage, w, src, out, wts in (("w13", w13, x, h, None), ("w2", w2, h, y, weights)):
                 problem = MoeProblem(tokens=bucket, top_k=shape.top_k, experts=shape.experts, n=w.n, k=w.k,
                                      dtype=KERNEL_DTYPES[dtype], bits=4, zero_mode=w.zero_mode, group_size=128,
-                                     layout="sm90a", stage=stage)
+                                     layout="sm90a", stage=stage, gate_up=w.gate_up)
                 times: Dict[str, float] = {}  # "family:schedule" -> seconds, every grouped family
                 heuristic = None
                 for fam in GROUPED_FAMILIES:

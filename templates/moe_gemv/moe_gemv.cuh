@@ -5,8 +5,9 @@
 // schedules: "pair mode" (MoeGemv: a CTA column per pair) and "expert mode" (MoeGemvExpert, at the
 // end of this file: a CTA column per expert, serving up to kTokens of its pairs per weight pass).
 //
-//   kGateUp: h[p, i] = silu(x[t] . Wg_e[i]) * (x[t] . Wu_e[i])   (w13[e] = (2I, H): gate rows [0, I),
-//            up rows [I, 2I)); h is (T * top_k, I) in the activation dtype.
+//   kGateUp: h[p, i] = silu(x[t] . Wg_e[i]) * (x[t] . Wu_e[i])   (w13[e] = (2I, H): gate|up rows
+//            interleaved in blocks of 8, common/gate_up.cuh, or, with gate_up == 0, gate rows [0, I)
+//            then up rows [I, 2I): a dense gate|up weight); h is (T * top_k, I) in the activation dtype.
 //   kDown:   y[t, n] = sum_j topk_weights[t, j] * (h[t * top_k + j] . W2_e[n])   (w2[e] = (H, I)).
 //
 // Why this shape. At decode every pair is one token: the kernel is gemv.cuh's FMA variant for one
@@ -32,6 +33,7 @@
 #pragma once
 
 #include "gemv/gemv.cuh"
+#include "common/gate_up.cuh"
 
 namespace mixed_gemm {
 
@@ -55,11 +57,22 @@ struct MoeGemvArgs {
   int z0;                // first pair (kGateUp) / token (kDown) of this launch: grid.z is at most 65535
   int ids_64;            // topk_ids are int64
   int chunks;            // expert mode: grid.z = experts * chunks; CTA z serves chunks z % chunks, + chunks, ...
+  int gate_up;           // kGateUp: rows interleaved in blocks of kGateUpBlock (else gate rows, then up rows)
 };
 
 enum class MoeStage : int { kGateUp = 0, kDown = 1 };
 
-__device__ __forceinline__ float moe_silu(float g) { return g / (1.f + expf(-g)); }
+// kGateUp: where a warp's runs of strips start and how far apart they lie. Its outputs are always
+// the 16 kStrips columns of h from 16 strip0: interleaved, they are the gate and up rows of the 2
+// kStrips strips from 2 strip0 (one run after the other, gap kStrips); otherwise kStrips gate strips
+// from strip0 and their up strips I/16 further.
+struct GateUpRuns {
+  int strip0, gap;
+};
+template <int kStrips>
+__device__ __forceinline__ GateUpRuns gate_up_runs(int gate_up, int strip0, int inter) {
+  return gate_up ? GateUpRuns{2 * strip0, kStrips} : GateUpRuns{strip0, inter / 16};
+}
 
 template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll>
 struct MoeGemv {
@@ -74,6 +87,7 @@ struct MoeGemv {
   static constexpr int kSmemBytes = K::kSmemBytes;      // the cross-warp K reduction
   using Epilogue = GemvEpilogue<raw, K::kAcc, kWarpsN, kWarpsK, kRows, kThreads>;
   static_assert(kGated || K::kRows == kRows, "one run: the CTA's weight rows are its outputs");
+  static_assert(kGateUpBlock == 8, "the gated epilogues pair accumulator rows r and r + 8");
 
   // Expert of pair p, or -1 outside [0, experts) (compared in 64 bits: no id wraps into range).
   static __device__ __forceinline__ int expert_of(MoeGemvArgs const& a, int pair) {
@@ -106,13 +120,23 @@ struct MoeGemv {
     return p;
   }
 
-  // f(i, gate, up) for each gate|up output i (a column of h) the lane holds after the reduction:
-  // gate strip j's rows g, g + 8 (accumulators [j][0][0..1]) and the same rows of up strip j. After
-  // the FMA variant's shuffles the 4 lanes of a row agree; lane t = 0 reports it.
+  // f(i, gate, up) for each gate|up output i (a column of h) the lane holds after the reduction.
+  // Interleaved: strip j (of 2 kStrips from 2 strip0) holds gate row 8 (2 strip0 + j) + g as its row
+  // g (accumulator [j][0][0]) and the up row as its row g + 8 ([j][0][1]). Otherwise gate strip j's
+  // rows g, g + 8 ([j][0][0..1]) and the same rows of up strip j. After the FMA variant's shuffles
+  // the 4 lanes of a row agree; lane t = 0 reports it.
   template <typename F>
-  static __device__ __forceinline__ void for_each_gated(int strip0, int lane, int inter, typename K::Acc const& acc,
-                                                        F&& f) {
+  static __device__ __forceinline__ void for_each_gated(int gate_up, int strip0, int lane, int inter,
+                                                        typename K::Acc const& acc, F&& f) {
     if ((lane & 3) != 0) return;
+    if (gate_up) {
+#pragma unroll
+      for (int j = 0; j < 2 * kStrips; ++j) {
+        int const i = kGateUpBlock * (2 * strip0 + j) + (lane >> 2);
+        if (i < inter) f(i, acc[j][0][0], acc[j][0][1]);
+      }
+      return;
+    }
 #pragma unroll
     for (int j = 0; j < kStrips; ++j)
 #pragma unroll
@@ -144,13 +168,14 @@ struct MoeGemv {
     float (&flat)[K::kAcc] = reinterpret_cast<float(&)[K::kAcc]>(acc);
 #pragma unroll
     for (int i = 0; i < K::kAcc; ++i) flat[i] = 0.f;
-    gemv_mainloop<K>(p, strip0, kbeg, kend, wk, smem + K::kReduceBytes, acc, inter / 16);
+    GateUpRuns const runs = gate_up_runs<kStrips>(a.gate_up, strip0, inter);
+    gemv_mainloop<K>(p, runs.strip0, kbeg, kend, wk, smem + K::kReduceBytes, acc, runs.gap);
     K::finish(flat);
     Epilogue::reduce(smem, flat, wn, wk, lane);
 
     if (a.splits == 1) {
       if (wk != 0) return;
-      for_each_gated(strip0, lane, inter, acc, [&](int i, float gate, float up) { h[i] = raw(moe_silu(gate) * up); });
+      for_each_gated(a.gate_up, strip0, lane, inter, acc, [&](int i, float gate, float up) { h[i] = raw(silu_mul(gate, up)); });
       return;
     }
     // Split-K, as gemv's epilogue: each slice publishes its fp32 gate and up sums (a plane of the
@@ -159,7 +184,7 @@ struct MoeGemv {
     float* const planes = a.workspace + (size_t)pair * a.splits * a.n;
     if (wk == 0) {
       float* plane = planes + (size_t)blockIdx.y * a.n;
-      for_each_gated(strip0, lane, inter, acc, [&](int i, float gate, float up) {
+      for_each_gated(a.gate_up, strip0, lane, inter, acc, [&](int i, float gate, float up) {
         __stcg(plane + i, gate);
         __stcg(plane + inter + i, up);
       });
@@ -183,7 +208,7 @@ struct MoeGemv {
         gate += __ldcg(planes + (size_t)sl * a.n + i);
         up += __ldcg(planes + (size_t)sl * a.n + inter + i);
       }
-      h[i] = raw(moe_silu(gate) * up);
+      h[i] = raw(silu_mul(gate, up));
     }
   }
 
@@ -474,10 +499,27 @@ struct MoeGemvExpert {
 
   // f(column, chunk row, value) (down) or f(i, chunk row, gate, up) (gate|up) for each of the lane's
   // accumulators inside the output and the chunk. mma accumulator (j, mt, e): row g + 8 (e >> 1) of
-  // strip j, token column mt * 8 + 2t + (e & 1) of the n8 tile: here the chunk row.
+  // strip j, token column mt * 8 + 2t + (e & 1) of the n8 tile: here the chunk row. Interleaved
+  // gate|up (gate_up): strip j of 2 kStrips from 2 strip0 holds output 8 (2 strip0 + j) + g, its gate
+  // in rows g (e = 0, 1) and its up in rows g + 8 (e = 2, 3).
   template <typename F>
-  static __device__ __forceinline__ void for_each_output(int strip0, int lane, int outputs, int n, Acc const& acc,
-                                                         F&& f) {
+  static __device__ __forceinline__ void for_each_output(int gate_up, int strip0, int lane, int outputs, int n,
+                                                         Acc const& acc, F&& f) {
+    if constexpr (kGated) {
+      if (gate_up) {
+#pragma unroll
+        for (int j = 0; j < 2 * kStrips; ++j)
+#pragma unroll
+          for (int mt = 0; mt < kTiles; ++mt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              int const i = kGateUpBlock * (2 * strip0 + j) + (lane >> 2);
+              int const r = mt * 8 + 2 * (lane & 3) + c;
+              if (i < outputs && r < n) f(i, r, acc[j][mt][c], acc[j][mt][2 + c]);
+            }
+        return;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kStrips; ++j)
 #pragma unroll
@@ -524,17 +566,18 @@ struct MoeGemvExpert {
       int const n = scan(a, e, c * kTokens, sc);
       if (n <= 0) return;  // uniform: the expert has no pair from here on
       Acc acc;
-      chunk_sums(p, smem, strip0, inter / 16, sc, acc);
+      GateUpRuns const runs = gate_up_runs<kStrips>(a.gate_up, strip0, inter);
+      chunk_sums(p, smem, runs.strip0, runs.gap, sc, acc);
       if (a.splits == 1) {
         if (wk == 0)
-          for_each_output(strip0, lane, inter, n, acc, [&](int i, int r, float gate, float up) {
+          for_each_output(a.gate_up, strip0, lane, inter, n, acc, [&](int i, int r, float gate, float up) {
             int const ent = sc.entries[r];
-            h[(size_t)pair_of(ent) * inter + i] = raw(ent < 0 ? 0.f : moe_silu(gate) * up);
+            h[(size_t)pair_of(ent) * inter + i] = raw(ent < 0 ? 0.f : silu_mul(gate, up));
           });
         continue;
       }
       if (wk == 0)
-        for_each_output(strip0, lane, inter, n, acc, [&](int i, int r, float gate, float up) {
+        for_each_output(a.gate_up, strip0, lane, inter, n, acc, [&](int i, int r, float gate, float up) {
           float* plane = a.workspace + ((size_t)pair_of(sc.entries[r]) * a.splits + blockIdx.y) * a.n;
           __stcg(plane + i, gate);
           __stcg(plane + inter + i, up);
@@ -560,7 +603,7 @@ struct MoeGemvExpert {
           gate += __ldcg(planes + (size_t)sl * a.n + i);
           up += __ldcg(planes + (size_t)sl * a.n + inter + i);
         }
-        h[(size_t)pair_of(ent) * inter + i] = raw(ent < 0 ? 0.f : moe_silu(gate) * up);
+        h[(size_t)pair_of(ent) * inter + i] = raw(ent < 0 ? 0.f : silu_mul(gate, up));
       }
     }
   }
@@ -583,14 +626,14 @@ struct MoeGemvExpert {
       chunk_sums(p, smem, strip0, 0, sc, acc);
       if (planes_per_token == 1) {  // top_k == 1, one slice: pair p is token p
         if (wk == 0)
-          for_each_output(strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
+          for_each_output(0, strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
             int const ent = sc.entries[r], pair = pair_of(ent);
             y[(size_t)pair * a.n + col] = raw(ent < 0 ? 0.f : __ldg(a.weights + pair) * v);
           });
         continue;
       }
       if (wk == 0)
-        for_each_output(strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
+        for_each_output(0, strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
           int const ent = sc.entries[r], pair = pair_of(ent);
           float* plane = a.workspace + ((size_t)pair * a.splits + blockIdx.y) * a.n;
           __stcg(plane + col, ent < 0 ? 0.f : __ldg(a.weights + pair) * v);

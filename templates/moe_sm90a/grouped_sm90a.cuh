@@ -22,6 +22,8 @@
 #include <cuda_runtime.h>
 
 #include "sm90a/gemm_sm90a.cuh"  // reorder_atom, FixedStageCount, the error codes
+#include "common/gate_up.cuh"
+#include "cutlass/epilogue/collective/default_epilogue_array.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 
 namespace mixed_gemm {
@@ -87,6 +89,85 @@ struct ScaleZeroMainloop : Base {
   }
 };
 
+// The library's ptr-array register-store epilogue (no shared memory) with a gate|up mode
+// (Arguments::gate_up, chosen per launch: one binary serves both projections). The weight rows are
+// a gate|up stack's (common/gate_up.cuh): a wgmma m64 accumulator gives each thread rows r and
+// r + 8 of a 16-row block, value (c, 0, j) and (c, 1, j) of its fragment, i.e. gate row i and up
+// row i. It writes h[t, gate_up_output(r)] = silu(g) * u for each token column t of the group:
+// (N / 2) columns, half the bytes of the product it replaces and no second pass over them. g and u
+// are rounded to the output dtype first (the rounding of a stored product), silu(g) * u once.
+template <class Base>
+struct GateUpEpilogue : Base {
+  struct Arguments : Base::Arguments {
+    int gate_up = 0;
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+
+  CUTLASS_HOST_DEVICE GateUpEpilogue(Params const& params) : Base(params), params_(params) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_HOST_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                      BlockCoordMNKL blk_coord_mnkl, Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                      TiledMma tiled_mma, ResidueMNK residue, int thread_idx, char* smem) {
+    if (!params_.gate_up) {
+      Base::operator()(problem_shape_mnkl, blk_shape_MNK, blk_coord_mnkl, accumulators, tiled_mma, residue,
+                       thread_idx, smem);
+      return;
+    }
+    using ElementD = typename Base::ElementD;
+    // wgmma's accumulator fragment: ((2 columns, 2 row halves, N / 8), MMA_M, MMA_N).
+    static_assert(rank<0>(FrgLayout{}) == 3 && size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2,
+                  "a wgmma accumulator: rows r and r + 8 in the fragment's second mode");
+    static_assert(kGateUpBlock == 8, "the gate|up rows pair accumulator rows r and r + 8");
+    int const m_total = int(get<0>(problem_shape_mnkl));  // 2I weight rows
+    int const n_total = int(get<1>(problem_shape_mnkl));  // the group's routed rows
+    int const inter = m_total / 2;
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    ElementD* h = params_.ptr_D[l_coord];
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor tile = local_tile(make_identity_tensor(make_shape(m_total, n_total)), take<0, 2>(blk_shape_MNK),
+                             make_coord(m_coord, n_coord));
+    Tensor coords = thr_mma.partition_C(tile);  // (m, n) of each accumulator
+    auto rounded = [](float v) { return float(ElementD(v)); };
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < size<1>(accumulators); ++mi) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int ni = 0; ni < size<2>(accumulators); ++ni) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size<0, 2>(accumulators); ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            auto const at = coords(make_coord(c, 0, j), mi, ni);
+            int const m = get<0>(at), n = get<1>(at);
+            if (m < m_total && n < n_total) {
+              float const g = rounded(accumulators(make_coord(c, 0, j), mi, ni));
+              float const u = rounded(accumulators(make_coord(c, 1, j), mi, ni));
+              h[(size_t)n * inter + gate_up_output(m)] = ElementD(silu_mul(g, u));
+            }
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  Params params_;
+};
+
+// The epilogue operator inside CUTLASS's adapter for the warp-specialized kernels.
+template <class Adapted>
+struct AdaptedOp;
+template <class Op>
+struct AdaptedOp<cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Op>> {
+  using type = Op;
+};
+
 template <class MmaType_, class QuantType_, int TM, int TN, int TK, int Stages>
 struct GroupedGemm {
   using MmaType = MmaType_;
@@ -106,16 +187,20 @@ struct GroupedGemm {
   using ClusterShape = Shape<_1, _1, _1>;
   // Cooperative: two consumer warpgroups split the tile's weight rows (TM >= 128).
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  // Register stores, so that one thread can pair gate and up (GateUpEpilogue); no shared memory,
+  // which the main loop's stages take instead.
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
 
   // y rows (tokens, N) row-major are D^T column-major; no C operand.
   static constexpr int kAlignY = 128 / cutlass::sizeof_bits<MmaType>::value;
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using LibraryEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, cutlass::layout::ColumnMajor*, kAlignY,
       MmaType, cutlass::layout::ColumnMajor*, kAlignY,
       EpilogueSchedule>::CollectiveOp;
+  using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+      GateUpEpilogue<typename AdaptedOp<LibraryEpilogue>::type>>;
 
   using StageCount = cute::conditional_t<
       Stages == 0,
@@ -163,17 +248,22 @@ struct GroupedGemm {
   }
 
   // The arguments of one launch over `groups` experts: every pointer is a device array of one
-  // entry per expert, `shapes` the (N, T_e, K) triples.
+  // entry per expert, `shapes` the (N, T_e, K) triples. gate_up: y is h (T_e rows of N / 2 per
+  // group), SiLU(gate) * up of the gate|up stack's product (GateUpEpilogue).
   static Arguments make_args(int groups, void* shapes, void const* w, void const* layouts_w, void const* x,
                              void const* strides_x, void const* s, void const* strides_s, void const* z, void* y,
-                             void const* strides_y, int group_size, int sm_count) {
+                             void const* strides_y, int group_size, int sm_count, int gate_up) {
+    typename CollectiveEpilogue::Arguments epilogue{};
+    epilogue.ptr_D = as<MmaType*>(y);
+    epilogue.dD = as<StrideY>(strides_y);
+    epilogue.gate_up = gate_up;
+    epilogue.thread.alpha = 1.0f;
+    epilogue.thread.beta = 0.0f;
     Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                    {groups, static_cast<Shape3*>(shapes), nullptr},
                    {as<QuantType const*>(w), as<LayoutW>(layouts_w), as<MmaType const*>(x), as<StrideX>(strides_x),
                     as<MmaType const*>(s), as<StrideS>(strides_s), group_size, as<MmaType const*>(z)},
-                   {{}, nullptr, nullptr, as<MmaType*>(y), as<StrideY>(strides_y)}};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
+                   epilogue};
     args.hw_info.sm_count = sm_count;  // given: otherwise every call queries the device
     return args;
   }

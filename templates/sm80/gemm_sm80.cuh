@@ -518,22 +518,27 @@ struct MixedGemmSm80 {
     run_tile(p, smem, tc.m(), tc.n(), tc.k(), gridDim.z);
   }
 
-  // One output tile (tile_m, tile_n) of K slice `slice` of `splits`; the grouped kernels of the
-  // moe_sm80 family call it with an expert's rows and weight in `p` (unsplit).
-  static __device__ void run_tile(GemmArgs const& p, char* smem, int tile_m, int tile_n, int slice, int splits) {
+  // Warp roles: K-warps outermost so each K slice is a whole group of M x N warps.
+  struct WarpRole {
+    int lane, warp_k, warp_mn, warp_m, warp_n;
+  };
+  static __device__ __forceinline__ WarpRole warp_role() {
     int const tid = threadIdx.x;
-    int const lane = tid & 31;
     int const warp = tid >> 5;
-    // Warp roles: K-warps outermost so each K slice is a whole group of M x N warps.
-    int const warp_k = warp / (WarpsM * WarpsN);
     int const warp_mn = warp % (WarpsM * WarpsN);
-    int const warp_m = warp_mn / WarpsN;
-    int const warp_n = warp_mn % WarpsN;
-    int const tiles_n = (p.n_pad + BN - 1) / BN;
-    Tile t;
-    t.m0 = tile_m * BM;
-    t.n0 = tile_n * BN;
+    return {tid & 31, warp / (WarpsM * WarpsN), warp_mn, warp_mn / WarpsN, warp_mn % WarpsN};
+  }
 
+  // The fp32 sums of tile t over K slice `slice` of `splits` (main loop, then the cross-warp K
+  // reduction): afterwards the K-warp 0 of each M x N warp holds them in acc (mma accumulator
+  // layout: c0 c1 at row g, columns 2 tq, 2 tq + 1 of each n8 tile, c2 c3 at row g + 8). The grouped
+  // kernels of the moe_sm80 family call it with an expert's rows and weight in `p` and store the
+  // sums their own way.
+  static __device__ __forceinline__ void tile_sums(GemmArgs const& p, char* smem, Tile const& t, WarpRole const& role,
+                                                   int slice, int splits, float (&acc)[kMmaM][kTilesN][4]) {
+    int const tid = threadIdx.x;
+    int const lane = role.lane, warp_k = role.warp_k, warp_mn = role.warp_mn;
+    int const warp_m = role.warp_m, warp_n = role.warp_n;
     // K range of this split-K slice (whole k-tiles; a slice may be empty).
     int const k_tiles_total = (p.k16 * 16 + BK - 1) / BK;
     int const per_slice = (k_tiles_total + splits - 1) / splits;
@@ -541,7 +546,6 @@ struct MixedGemmSm80 {
     int const kt_end = min(kt_begin + per_slice, k_tiles_total);
     int const k_tiles = kt_end - kt_begin;
 
-    float acc[kMmaM][kTilesN][4];
     CUTLASS_PRAGMA_UNROLL
     for (int mi = 0; mi < kMmaM; ++mi)
       CUTLASS_PRAGMA_UNROLL
@@ -607,6 +611,21 @@ struct MixedGemmSm80 {
         }
       }
     }
+  }
+
+  // One output tile (tile_m, tile_n) of K slice `slice` of `splits`; the grouped kernels of the
+  // moe_sm80 family call it with an expert's rows and weight in `p` (unsplit).
+  static __device__ void run_tile(GemmArgs const& p, char* smem, int tile_m, int tile_n, int slice, int splits) {
+    int const tid = threadIdx.x;
+    WarpRole const role = warp_role();
+    int const lane = role.lane, warp_k = role.warp_k;
+    int const warp_m = role.warp_m, warp_n = role.warp_n;
+    int const tiles_n = (p.n_pad + BN - 1) / BN;
+    Tile t;
+    t.m0 = tile_m * BM;
+    t.n0 = tile_n * BN;
+    float acc[kMmaM][kTilesN][4];
+    tile_sums(p, smem, t, role, slice, splits, acc);
     bool const writer = warp_k == 0;
 
     // Serial split-K: wait for this tile's turn.

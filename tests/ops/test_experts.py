@@ -18,14 +18,17 @@ from tolerance import assert_elementwise  # noqa: E402
 E, H, I = 4, 128, 64
 
 
-def experts(n, k, *, bits=4, group=32, symmetric=False, dtype=torch.float16, device="cpu", seed=0, layout="auto"):
+def experts(n, k, *, bits=4, group=32, symmetric=False, dtype=torch.float16, device="cpu", seed=0, layout="auto",
+            gate_up=False):
+    """Random experts' canonical (q, s, z) and their stack (gate_up=True: moe's w13)."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(E, n, k, generator=gen) / k**0.5
     parts = [mg.quantize(w[e], bits=bits, group_size=group, symmetric=symmetric) for e in range(E)]
     q, s = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
     z = None if symmetric else torch.stack([p[2] for p in parts])
     return (q, s, z), mg.prepack_experts(q.to(device), s.to(device), None if z is None else z.to(device), bits=bits,
-                                         group_size=group, dtype=dtype, layout=layout)
+                                         group_size=group, dtype=dtype, layout=layout,
+                                         gate_up=gate_up)
 
 
 def routing(t, k, seed, device="cpu"):
@@ -37,8 +40,8 @@ def routing(t, k, seed, device="cpu"):
 
 @pytest.mark.parametrize("bits, group, symmetric", [(4, 32, False), (4, 64, True), (8, -1, False), (4, 128, False)])
 def test_each_expert_is_prepacks_weight(bits, group, symmetric):
-    (q, s, z), w = experts(2 * I, H, bits=bits, group=group, symmetric=symmetric)
-    assert (w.num_experts, w.n, w.k) == (E, 2 * I, H)
+    (q, s, z), w = experts(2 * I, H, bits=bits, group=group, symmetric=symmetric, gate_up=False)
+    assert (w.num_experts, w.n, w.k) == (E, 2 * I, H) and not w.gate_up
     for e in range(E):
         one = mg.prepack(q[e], s[e], None if z is None else z[e], format="plain", bits=bits, group_size=group)
         got = w.expert(e)
@@ -47,9 +50,30 @@ def test_each_expert_is_prepacks_weight(bits, group, symmetric):
         assert got.b.data_ptr() == w.b.data_ptr() + e * one.b.numel() * one.b.element_size()  # a view at stride
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_gate_up_stack_interleaves_rows_in_blocks_of_8(symmetric):
+    """A gate|up stack stores gate rows 8j..8j+7 then up rows 8j..8j+7 (ops.experts' contract):
+    expert e is prepack's weight of those rows; unpack_expert and dequantize give gate then up."""
+    (q, s, z), w = experts(2 * I, H, symmetric=symmetric, gate_up=True)
+    assert w.gate_up
+    stored = torch.cat([torch.cat([torch.arange(8 * j, 8 * j + 8), I + torch.arange(8 * j, 8 * j + 8)])
+                        for j in range(I // 8)])
+    for e in range(E):
+        one = mg.prepack(q[e][stored], s[e][stored], None if z is None else z[e][stored], format="plain", bits=4,
+                         group_size=32)
+        assert torch.equal(w.expert(e).b, one.b) and torch.equal(w.expert(e).scales, one.scales)
+        qe, se, ze = w.unpack_expert(e)
+        assert torch.equal(qe, q[e]) and torch.equal(se, s[e].to(se.dtype))
+    plain = experts(2 * I, H, symmetric=symmetric, gate_up=False)[1]
+    assert torch.equal(w.dequantize(), plain.dequantize())
+    h = torch.randn(3, 2 * I)
+    gate, up = mg.ops.experts.split_gate_up(h[:, stored])  # a product with the stored rows
+    assert torch.equal(gate.reshape(3, I), h[:, :I]) and torch.equal(up.reshape(3, I), h[:, I:])
+
+
 @pytest.mark.parametrize("t, k", [(1, 1), (5, 2), (33, 2)])
 def test_moe_matches_reference_cpu(t, k):
-    _, w13 = experts(2 * I, H, seed=1)
+    _, w13 = experts(2 * I, H, seed=1, gate_up=True)
     _, w2 = experts(H, I, seed=2)
     x = torch.randn(t, H, generator=torch.Generator().manual_seed(t)).half()
     weights, ids = routing(t, k, seed=t)
@@ -60,7 +84,7 @@ def test_moe_matches_reference_cpu(t, k):
 
 
 def test_rules_are_named_before_anything_runs():
-    _, w13 = experts(2 * I, H)
+    _, w13 = experts(2 * I, H, gate_up=True)
     _, w2 = experts(H, I)
     x = torch.randn(3, H).half()
     weights, ids = routing(3, 2, seed=0)
@@ -69,7 +93,13 @@ def test_rules_are_named_before_anything_runs():
     with pytest.raises(ValueError, match="w13: expected K = H = 64"):
         mg.moe(x[:, :64].contiguous(), w13, w2, weights, ids)
     with pytest.raises(ValueError, match=r"w2: expected \(E, H, I\)"):
+        mg.moe(x, w13, experts(H, 2 * I, gate_up=False)[1], weights, ids)
+    with pytest.raises(ValueError, match=r"w13: expected a gate\|up stack, prepack_experts\(\.\.\., gate_up=True\)"):
+        mg.moe(x, experts(2 * I, H, gate_up=False)[1], w2, weights, ids)
+    with pytest.raises(ValueError, match="w2: the down projection is stacked with plain rows"):
         mg.moe(x, w13, w13, weights, ids)
+    with pytest.raises(ValueError, match=r"q: a gate\|up stack \(gate_up=True\) has 2I rows with I a multiple of 8"):
+        experts(2 * 12, H, gate_up=True)
     with pytest.raises(TypeError, match="x: dtype must equal"):
         mg.moe(x.float(), w13, w2, weights, ids)
     with pytest.raises(ValueError, match="topk_ids, topk_weights: expected equal"):
@@ -79,7 +109,7 @@ def test_rules_are_named_before_anything_runs():
     with pytest.raises(TypeError, match="w13, w2: expected PackedExperts"):
         mg.moe(x, w13.expert(0), w2, weights, ids)
     with pytest.raises(ValueError, match="layout: experts hold one layout"):
-        mg.prepack_experts(*experts(2 * I, H)[0], group_size=32, layout="sm80+sm90a")
+        mg.prepack_experts(*experts(2 * I, H, gate_up=True)[0], group_size=32, layout="sm80+sm90a")
 
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -90,7 +120,7 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("t, k", [(1, 2), (16, 2), (300, 2)])
 def test_moe_gpu_matches_reference(dtype, t, k):
-    _, w13 = experts(2 * I, H, seed=3, dtype=dtype, device="cuda")
+    _, w13 = experts(2 * I, H, seed=3, dtype=dtype, device="cuda", gate_up=True)
     _, w2 = experts(H, I, seed=4, dtype=dtype, device="cuda")
     x = torch.randn(t, H, generator=torch.Generator().manual_seed(t)).to("cuda", dtype)
     weights, ids = routing(t, k, seed=t, device="cuda")
@@ -104,7 +134,7 @@ def test_moe_gpu_matches_reference(dtype, t, k):
 @pytest.mark.gpu
 def test_moe_gpu_refuses_capture_with_a_reason():
     # sm80-layout experts: no grouped kernel reads them, so only the per-expert path could run
-    _, w13 = experts(2 * I, H, device="cuda", layout="sm80")
+    _, w13 = experts(2 * I, H, device="cuda", layout="sm80", gate_up=True)
     _, w2 = experts(H, I, device="cuda", layout="sm80")
     x = torch.randn(2, H, device="cuda").half()
     weights, ids = routing(2, 2, seed=0, device="cuda")
@@ -119,7 +149,7 @@ def test_custom_op_opcheck_and_compile():
     """torch.ops.mixed_gemm.moe: schema, fake implementation and dispatch (opcheck), on the CPU."""
     from mixed_gemm.ops import moe_packed_op
 
-    _, w13 = experts(2 * I, H, seed=5)
+    _, w13 = experts(2 * I, H, seed=5, gate_up=True)
     _, w2 = experts(H, I, seed=6)
     x = torch.randn(6, H).half()
     weights, ids = routing(6, 2, seed=6)
@@ -130,7 +160,7 @@ def test_custom_op_opcheck_and_compile():
 
 
 def test_no_tokens():
-    _, w13 = experts(2 * I, H)
+    _, w13 = experts(2 * I, H, gate_up=True)
     _, w2 = experts(H, I)
     y = mg.moe(torch.empty(0, H).half(), w13, w2, torch.empty(0, 2), torch.empty(0, 2, dtype=torch.long))
     assert y.shape == (0, H) and y.dtype == torch.float16

@@ -21,7 +21,7 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, GroupedFamily, MoeProblem, Verdict
-from ..common import DTYPES, constant_checks
+from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
@@ -41,6 +41,7 @@ class MoeGemvFamily(GroupedFamily):
     config_class = MoeGemvConfig
     layout = layout.NAME
     sets_layout = False  # it reads the sm90a copy prepack_experts made on the H100
+    reads_gate_up_halves = True  # the gate|up order is a launch argument (ops.gated's dense weights)
     arch_flags = (
         "-gencode=arch=compute_80,code=sm_80",
         "-gencode=arch=compute_90,code=sm_90",
@@ -93,7 +94,7 @@ class MoeGemvFamily(GroupedFamily):
             tokens_arg=f", {kernel.tokens}" if kernel.by_expert else "",
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
-            rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=constant_checks(),
+            rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=grouped_constant_checks(),
         )
 
     def launcher(self, config: MoeGemvConfig, device_index: int) -> MoeGemvLauncher:

@@ -16,9 +16,9 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, GroupedFamily, MoeProblem, Verdict
-from ..common import DTYPES, ZERO_MODES, constant_checks
+from ..common import DTYPES, ZERO_MODES, grouped_constant_checks
 from ..sm90a import layout
-from .abi import (COMBINE_ARGS_BYTES, GROUPED_ARGS_BYTES, ROUTE_THREADS, ROUTE_VEC, SILU_MUL_ARGS_BYTES)
+from .abi import COMBINE_ARGS_BYTES, GROUPED_ARGS_BYTES, ROUTE_THREADS, ROUTE_VEC
 from .candidates import candidate_schedules
 from .catalog import default_catalog
 from .config import MoeSm80Config
@@ -71,8 +71,8 @@ class MoeSm80Family(GroupedFamily):
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, zero_mode_id=ZERO_MODES["int"],
             bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=kernel.stages,
             threads=kernel.threads, smem_bytes=kernel.smem_bytes, grouped_args_bytes=GROUPED_ARGS_BYTES,
-            silu_mul_args_bytes=SILU_MUL_ARGS_BYTES, combine_args_bytes=COMBINE_ARGS_BYTES,
-            route_threads=ROUTE_THREADS, route_vec=ROUTE_VEC, constants=constant_checks(),
+            combine_args_bytes=COMBINE_ARGS_BYTES,
+            route_threads=ROUTE_THREADS, route_vec=ROUTE_VEC, constants=grouped_constant_checks(),
         )
 
     def launcher(self, config: MoeSm80Config, device_index: int) -> MoeSm80Launcher:

@@ -19,12 +19,6 @@ class GroupedArgs(ctypes.Structure):
                 ("p_stride", _ll), ("experts", _i)]
 
 
-class SiluMulArgs(ctypes.Structure):
-    """mixed_gemm::moe_sm80::SiluMulArgs."""
-
-    _fields_ = [("g", _p), ("order", _p), ("used", _p), ("h", _p), ("inter", _i)]
-
-
 class CombineArgs(ctypes.Structure):
     """mixed_gemm::moe_sm80::CombineArgs."""
 
@@ -32,5 +26,4 @@ class CombineArgs(ctypes.Structure):
 
 
 GROUPED_ARGS_BYTES = ctypes.sizeof(GroupedArgs)
-SILU_MUL_ARGS_BYTES = ctypes.sizeof(SiluMulArgs)
 COMBINE_ARGS_BYTES = ctypes.sizeof(CombineArgs)

@@ -1,6 +1,7 @@
 """Launching one moe_sm80 config: the routed rows sorted and gathered by expert on the device
 (:class:`~mixed_gemm.kernels.moe_route.SortedGroupedLauncher`), one grouped launch of the sm80 tile
-over every expert's rows, and the stage's route kernel, all from the family's fatbin.
+over every expert's rows (gate|up: its ``_gate_up`` kernel, which stores SiLU(gate) * up), and
+down's route kernel, all from the family's fatbin.
 
 The grid is ``(ceil(pairs / BM) + E, N tiles)``: a bound from shapes alone. The kernel finds each
 CTA's expert in ``tile_ends`` (inclusive prefix sums of ``ceil(count_e / BM)``, written here on the
@@ -14,7 +15,7 @@ from ...runtime import get_module
 from ..common import PER_CHANNEL_SHIFT
 from ..moe_route import SortedGroupedLauncher
 from ..sm90a import layout as sm90a_layout
-from .abi import ROUTE_THREADS, ROUTE_VEC, CombineArgs, GroupedArgs, SiluMulArgs
+from .abi import ROUTE_THREADS, ROUTE_VEC, CombineArgs, GroupedArgs
 from .config import MoeSm80Config
 
 _ROUTE_PER_CTA = ROUTE_THREADS * ROUTE_VEC  # columns of one route CTA
@@ -30,8 +31,9 @@ class MoeSm80Launcher(SortedGroupedLauncher):
         self.stage = config.stage
         self.device_index = device_index
         name = config.kernel_name
-        self.grouped = module.function(name, GroupedArgs, config.threads, config.smem_bytes)
-        self.silu = module.function(name + "_silu_mul", SiluMulArgs, ROUTE_THREADS)
+        self.gated = config.stage == "w13"
+        self.grouped = module.function(name + ("_gate_up" if self.gated else ""), GroupedArgs, config.threads,
+                                       config.smem_bytes)
         self.comb = module.function(name + "_combine", CombineArgs, ROUTE_THREADS)
         self.bm, self.bn = config.tile[0], config.tile[1]
         self._blocks = {}  # stacked weight key -> (argument block, its pointer array's address, grid y)
@@ -45,7 +47,8 @@ class MoeSm80Launcher(SortedGroupedLauncher):
             g = args.gemm
             n_pad, k16 = sm90a_layout.dims(w.b[0])
             g.b, g.scales, g.zeros = w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr()
-            g.n, g.k, g.n_pad, g.k16, g.lda, g.ldc = w.n, w.k, n_pad, k16, w.k, w.n
+            # gate|up writes h: SiLU(gate) * up, I = N / 2 columns
+            g.n, g.k, g.n_pad, g.k16, g.lda, g.ldc = w.n, w.k, n_pad, k16, w.k, w.n // 2 if self.gated else w.n
             num_groups = w.scales.shape[1]
             g.group_shift = PER_CHANNEL_SHIFT if num_groups == 1 else w.group_size.bit_length() - 1
             g.num_groups = num_groups
@@ -65,13 +68,6 @@ class MoeSm80Launcher(SortedGroupedLauncher):
             args.gemm.a, args.gemm.c, args.gemm.m = rows.data_ptr(), out.data_ptr(), rows.shape[0]
             args.offsets, args.counts, args.tile_ends = offsets.data_ptr(), counts.data_ptr(), tile_ends.data_ptr()
             fn.launch(grid, stream, argv)
-
-    def silu_mul(self, g, dest, used, out, pairs: int, inter: int, stream: int) -> None:
-        fn = self.silu
-        with fn.lock:
-            a = fn.args
-            a.g, a.order, a.used, a.h, a.inter = g.data_ptr(), dest.data_ptr(), used.data_ptr(), out.data_ptr(), inter
-            fn.launch((pairs, -(-inter // _ROUTE_PER_CTA), 1), stream)
 
     def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
         fn = self.comb

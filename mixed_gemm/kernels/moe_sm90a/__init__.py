@@ -18,7 +18,7 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, GroupedFamily, MoeProblem, Verdict
-from ..common import DTYPES, constant_checks
+from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
@@ -77,7 +77,7 @@ class MoeSm90aFamily(GroupedFamily):
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], quant=_QUANT_TYPES[kernel.bits], bits=kernel.bits,
             tm=tm, tn=tn, tk=tk, stages=kernel.stages, threads=kernel.threads, abi_version=ABI_VERSION,
-            constants=constant_checks(),
+            constants=grouped_constant_checks(),
         )
 
     def launcher(self, config: MoeSm90aConfig, device_index: int) -> MoeSm90aLauncher:

@@ -4,7 +4,8 @@ where everything rounds), one grouped GEMM over them through the family's host l
 
 The sort, the gathers and the pointer arithmetic are torch operations on the current stream (about
 twenty small launches: this family serves many routed rows per expert, where they cost a few
-percent; the decode side is moe_gemv's); the two epilogues are the library's own one-pass kernels
+percent; the decode side is moe_gemv's). The gate|up GEMM's epilogue stores SiLU(gate) * up (the
+library's GateUpEpilogue); down's top-k sum is the library's one-pass kernel
 (templates/common/moe_route.cuh).
 """
 from __future__ import annotations
@@ -90,7 +91,8 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
     def gemm(self, rows: torch.Tensor, w, counts: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
              stream: int) -> None:
         """``out[r] = rows[r] W_e^T`` for the rows ``[offsets[e], offsets[e] + counts[e])`` of each
-        expert ``e`` (device tensors; rows past the last expert's are left as they are)."""
+        expert ``e`` (device tensors; rows past the last expert's are left as they are); gate|up:
+        ``silu(gate) * up`` of it, ``out`` ``(rows, I)``."""
         arrays = self._weight_arrays(w)
         e = w.num_experts
         shapes = arrays.shapes.clone()
@@ -104,16 +106,10 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
         rc = self.lib.mg_run(e, shapes.data_ptr(), arrays.w.data_ptr(), arrays.layouts_w.data_ptr(), ptr_x.data_ptr(),
                              arrays.strides_x.data_ptr(), arrays.s.data_ptr(), arrays.strides_s.data_ptr(),
                              arrays.z.data_ptr(), ptr_y.data_ptr(), arrays.strides_y.data_ptr(), w.group_size,
-                             self.sms, ws or None, ws_bytes, stream or None)
+                             self.sms, ws or None, ws_bytes, int(self.stage == "w13"), stream or None)
         if rc:
             raise MoeSm90aLaunchError(f"{self.config.name}: mg_run(E={e}, N={w.n}, K={w.k}, group={w.group_size}): "
                                       f"{abi.describe(rc)}")
-
-    def silu_mul(self, g, dest, used, out, pairs: int, inter: int, stream: int) -> None:
-        rc = self.lib.mg_silu_mul(g.data_ptr(), dest.data_ptr(), used.data_ptr(), out.data_ptr(), pairs, inter,
-                                  stream or None)
-        if rc:
-            raise MoeSm90aLaunchError(f"{self.config.name}: the gate|up epilogue: {abi.describe(rc)}")
 
     def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
         rc = self.lib.mg_combine(o.data_ptr(), pos.data_ptr(), weights.data_ptr(), out.data_ptr(), tokens, hidden,
