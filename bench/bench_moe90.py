@@ -47,7 +47,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         shape = MOE_MODELS[name]
-        w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, torch.float16, 13)
+        w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, torch.float16, 13, gate_up=True)
         w2 = _experts(shape.experts, shape.hidden, shape.inter, torch.float16, 2)
         for t in map(int, args.tokens.split(",")):
             gen = torch.Generator().manual_seed(t)

@@ -23,7 +23,8 @@ Execution: on the CPU the float32 reference (:func:`mixed_gemm.reference.moe` of
 experts). On a GPU, the grouped path when a grouped family (``kernels.GROUPED_FAMILIES``) can take
 the experts (the ``sm90a`` layout, 4/8 bits): on an H100, once the routed experts get many pairs
 each, ``moe_sm90a`` (pairs sorted by expert on the device, one grouped wgmma GEMM per projection
-over every expert's rows, SiLU(gate) * up and the top-k sum around them); otherwise ``moe_gemv``
+over every expert's rows, SiLU(gate) * up in the gate|up GEMM's epilogue, the top-k sum after
+down; ``moe_sm80`` likewise with mma.sync tiles on Ampere); otherwise ``moe_gemv``
 (the decode kernels, "pair mode" at one token, "expert mode" once experts get several pairs; ``I``
 a multiple of 16): two launches, gate|up with SiLU(gate) * up fused, then down with the top-k
 weighted sum fused. The profile's grouped entries, where they were measured near this token
@@ -37,8 +38,8 @@ decode-size ``T``, up to 256 tokens, and above that while ``T * top_k`` is at mo
 captured; it says so.
 
 Rounding (grouped path): the gate and up dot products accumulate in float32, ``silu(g) * u`` is
-computed in float32 and rounded once to the activation dtype (the intermediate ``h``; moe_sm90a
-rounds ``g`` and ``u`` to the activation dtype first, as its GEMM stores them); the down
+computed in float32 and rounded once to the activation dtype (the intermediate ``h``; the tile
+families, moe_sm90a and moe_sm80, round ``g`` and ``u`` to the activation dtype first); the down
 dot products accumulate in float32, each slot's is multiplied by its top-k weight in float32, the
 slots are added in slot order (deterministic, no atomics), and ``y`` is rounded once.
 """

@@ -13,7 +13,7 @@ constexpr int kGateUpBlock = 8;
 // The h column of stored row `row` (< 8 within its 16-row block: a gate row) of a gate|up stack.
 __host__ __device__ constexpr int gate_up_output(int row) { return (row >> 4) * kGateUpBlock + (row & 7); }
 
-// silu(g) * u in fp32, the one SiLU of every gated epilogue (host too: CUTLASS epilogues are host-device).
-__host__ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
+// silu(g) * u in fp32, the one SiLU of every gated epilogue.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
 
 }  // namespace mixed_gemm

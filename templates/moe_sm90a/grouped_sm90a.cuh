@@ -112,7 +112,7 @@ struct GateUpEpilogue : Base {
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
-  CUTLASS_HOST_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
                                       BlockCoordMNKL blk_coord_mnkl, Tensor<FrgEngine, FrgLayout> const& accumulators,
                                       TiledMma tiled_mma, ResidueMNK residue, int thread_idx, char* smem) {
     if (!params_.gate_up) {
@@ -135,21 +135,30 @@ struct GateUpEpilogue : Base {
                              make_coord(m_coord, n_coord));
     Tensor coords = thr_mma.partition_C(tile);  // (m, n) of each accumulator
     auto rounded = [](float v) { return float(ElementD(v)); };
+    // A thread holds h columns i (its row r) for tokens n and n + 1; lane ^ 4 holds column i ^ 1 (row
+    // r ^ 1) for the same tokens. One exchange and each thread stores two adjacent columns of one
+    // token in one 4-byte store: rows r even take token n, odd ones token n + 1.
+    bool const odd = (thread_idx >> 2) & 1;
     CUTLASS_PRAGMA_UNROLL
     for (int mi = 0; mi < size<1>(accumulators); ++mi) {
       CUTLASS_PRAGMA_UNROLL
       for (int ni = 0; ni < size<2>(accumulators); ++ni) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < size<0, 2>(accumulators); ++j) {
+          float v[2];
           CUTLASS_PRAGMA_UNROLL
           for (int c = 0; c < 2; ++c) {
-            auto const at = coords(make_coord(c, 0, j), mi, ni);
-            int const m = get<0>(at), n = get<1>(at);
-            if (m < m_total && n < n_total) {
-              float const g = rounded(accumulators(make_coord(c, 0, j), mi, ni));
-              float const u = rounded(accumulators(make_coord(c, 1, j), mi, ni));
-              h[(size_t)n * inter + gate_up_output(m)] = ElementD(silu_mul(g, u));
-            }
+            v[c] = silu_mul(rounded(accumulators(make_coord(c, 0, j), mi, ni)),
+                            rounded(accumulators(make_coord(c, 1, j), mi, ni)));
+          }
+          float const other = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
+          auto const at = coords(make_coord(0, 0, j), mi, ni);
+          int const m = get<0>(at) & ~1, n = get<1>(at) + (odd ? 1 : 0);  // the pair's first row, this store's token
+          if (m < m_total && n < n_total) {
+            cutlass::Array<ElementD, 2> pair;
+            pair[0] = ElementD(odd ? other : v[0]);
+            pair[1] = ElementD(odd ? v[1] : other);
+            *reinterpret_cast<cutlass::Array<ElementD, 2>*>(h + (size_t)n * inter + gate_up_output(m)) = pair;
           }
         }
       }

@@ -18,7 +18,7 @@ def _problem(fam, m=64, **kw):
     (the stage of its first catalog config) with ``m`` tokens."""
     if fam in GROUPED_FAMILIES:
         base = dict(tokens=m, top_k=2, experts=8, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int",
-                    group_size=128, layout=fam.layout, stage=fam.catalog()[0].stage)
+                    group_size=128, layout=fam.layout, stage=fam.catalog()[0].stage, gate_up=True)
         return MoeProblem(**dict(base, **kw))
     base = dict(m=m, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout=fam.layout)
     return Problem(**dict(base, **kw))

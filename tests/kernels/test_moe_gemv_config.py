@@ -24,7 +24,7 @@ PRESETS = ((128, 8, 2048, 768), (8, 2, 4096, 14336), (64, 6, 2048, 1408))
 def _problem(stage="w13", tokens=1, top_k=2, experts=8, h=4096, inter=1024, **kw):
     n, k = (2 * inter, h) if stage == "w13" else (h, inter)
     base = dict(tokens=tokens, top_k=top_k, experts=experts, n=n, k=k, dtype="f16", bits=4, zero_mode="int",
-                group_size=128, layout="sm90a", stage=stage)
+                group_size=128, layout="sm90a", stage=stage, gate_up=True)
     return MoeProblem(**dict(base, **kw))
 
 

@@ -16,7 +16,7 @@ from mixed_gemm.kernels.sm80.abi import GEMM_ARGS_BYTES
 def _problem(stage="w13", tokens=256, top_k=2, experts=8, h=4096, inter=1024, **kw):
     n, k = (2 * inter, h) if stage == "w13" else (h, inter)
     base = dict(tokens=tokens, top_k=top_k, experts=experts, n=n, k=k, dtype="f16", bits=4, zero_mode="int",
-                group_size=128, layout="sm90a", stage=stage)
+                group_size=128, layout="sm90a", stage=stage, gate_up=True)
     return MoeProblem(**dict(base, **kw))
 
 
@@ -57,7 +57,7 @@ def test_catalog_renders_the_grouped_kernel_and_checks_the_mirrors():
     assert "MixedGemmSm80<cutlass::half_t, 4, " in src and "cutlass::gemm::GemmShape<16, 8, 16>, true>" in src
     assert f"sizeof(mixed_gemm::moe_sm80::GroupedArgs) == {abi.GROUPED_ARGS_BYTES}" in src
     assert f"kRouteThreads == {abi.ROUTE_THREADS}" in src
-    for kernel in (c.kernel_name, c.kernel_name + "_silu_mul", c.kernel_name + "_combine"):
+    for kernel in (c.kernel_name, c.kernel_name + "_gate_up", c.kernel_name + "_combine"):
         assert re.search(rf"\b{kernel}\(mixed_gemm::moe_sm80::", src)
     # GemmArgs first (the kernel's view of one expert), then the routing arrays and strides.
     assert abi.GroupedArgs.offsets.offset == GEMM_ARGS_BYTES

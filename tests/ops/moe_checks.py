@@ -15,7 +15,7 @@ def check_sweep_case(fam, config_class, seed, dtype, torch_dtype, bits, s13, s2,
     """Both stages of ``config_class`` schedules ``s13`` / ``s2`` through their launchers and through
     ``moe_grouped``, against the kernels' own weights (each stage) and the float32 reference (the
     layer); outputs poisoned with NaN first."""
-    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed, gate_up=True)
     w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 1000)
     zm = w13.packed.zero_mode
     cfg13 = config_class.from_schedule(s13, dtype=dtype, bits=bits, zero_mode=zm)

@@ -92,7 +92,7 @@ def moe_layers(gen) -> int:
             q = torch.randint(0, 16, (e, n, k), device="cuda", generator=gen, dtype=torch.uint8)
             s = ((torch.rand(e, n, k // 128, device="cuda", generator=gen) + 0.5) * (2.0 / (16 * k**0.5))).half()
             z = torch.randint(0, 16, (e, n, k // 128), device="cuda", generator=gen).half()
-            ws.append(mg.prepack_experts(q, s, z, group_size=128, dtype=torch.float16))
+            ws.append(mg.prepack_experts(q, s, z, group_size=128, dtype=torch.float16, gate_up=n == 2 * inter))
             dense.append(torch.stack([mg.reference.dequantize(q[i], s[i], z[i], group_size=128, bits=4).float()
                                       for i in range(e)]))
         for t in MOE_TOKENS:

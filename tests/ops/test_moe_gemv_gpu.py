@@ -34,10 +34,11 @@ TOP_KS = (1, 2, 6, 8)
 
 
 class Experts:
-    """``e`` random experts of one kind, stacked in the sm90a layout, with their canonical weights
-    dequantized in float32 (``dense``) and as the kernels form them (``kernel``)."""
+    """``e`` random experts of one kind, stacked in the sm90a layout (``gate_up``: a gate|up stack,
+    moe's w13), with their canonical weights dequantized in float32 (``dense``) and as the kernels
+    form them (``kernel``), both gate rows then up rows."""
 
-    def __init__(self, e, n, k, *, dtype, bits, zero, group, seed):
+    def __init__(self, e, n, k, *, dtype, bits, zero, group, seed, gate_up=False):
         tdtype = DTYPES[dtype]
         qs, ss, zs, dense = [], [], [], []
         zm = "int"
@@ -51,7 +52,8 @@ class Experts:
                                                  zero_mode="offset" if zero == "offset" else "int"))
         z_all = None if zs[0] is None else torch.stack(zs).cuda()
         self.packed = mg.prepack_experts(torch.stack(qs).cuda(), torch.stack(ss).cuda(), z_all, bits=bits,
-                                         group_size=group, zero_mode=zm, dtype=tdtype, layout="sm90a")
+                                         group_size=group, zero_mode=zm, dtype=tdtype, layout="sm90a",
+                                         gate_up=gate_up)
         assert self.packed.layout == "sm90a" and self.packed.b.is_contiguous()
         self.dense = torch.stack(dense).cuda()
         self.kernel = kernel_weights(self.packed)
@@ -70,7 +72,8 @@ def kernel_weights(w) -> torch.Tensor:
         s = w.scales[e][:, :w.n].float()[gi].t()
         z = w.zeros[e][:, :w.n].float()[gi].t()
         out.append((q * s + z).to(w.dtype).float())
-    return torch.stack(out)
+    out = torch.stack(out)
+    return mg.ops.experts.gate_up_halves(out) if w.gate_up else out
 
 
 def routing(t, k, e, seed, *, one_expert=None, ids_dtype=torch.int64, weights_dtype=torch.float32):
@@ -202,7 +205,7 @@ def _expert_sweep_params():
                          _sweep_params() + _expert_sweep_params())
 def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route):
     seed = seed_of("moe", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
-    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed, gate_up=True)
     w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 1000)
     zm = w13.packed.zero_mode
     cfg13 = MoeGemvConfig.from_schedule(s13, dtype=dtype, bits=bits, zero_mode=zm)
@@ -226,7 +229,7 @@ def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, 
 
 def layer(dtype="f16", bits=4, zero="int", group=64, e=8, h=256, inter=128, seed=7):
     """w13 (E, 2I, H) and w2 (E, H, I) random experts of one kind (the grouped families' tests share it)."""
-    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed)
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed, gate_up=True)
     w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed + 100)
     return w13, w2
 
@@ -378,7 +381,7 @@ def test_moe_takes_the_grouped_path_and_falls_back_for_sm80_experts():
     # The same experts in the sm80 layout: no grouped kernel reads it; the per-expert path runs.
     q = torch.randint(0, 16, (8, 256, 256), dtype=torch.uint8)
     s = torch.rand(8, 256, 4) * 0.01 + 0.001
-    w13_80 = mg.prepack_experts(q.cuda(), s.cuda(), None, bits=4, group_size=64, layout="sm80")
+    w13_80 = mg.prepack_experts(q.cuda(), s.cuda(), None, bits=4, group_size=64, layout="sm80", gate_up=True)
     w2_80 = mg.prepack_experts(q[:, :, :128].contiguous().cuda(), s[:, :, :2].contiguous().cuda(), None, bits=4,
                                group_size=64, layout="sm80")
     why = grouped_plan(x, w13_80, w2_80, 2)
