@@ -3,11 +3,13 @@
 // Kernel: mg_moe_sm80_f16_u4_t64x128x64_w2x2x1_s4
 // Config: MoeSm80Config(dtype='f16', bits=4, zero_mode='int', stage='w13', tile=(64, 128, 64), warps=(2, 2, 1), stages=4)
 // The moe_sm80 family: the sm80 family's multistage mma.sync tile (templates/sm80/gemm_sm80.cuh) on
-// the one copy (kSm90aLayout), one launch over every expert's sorted rows, and the two one-pass
-// route kernels around it (templates/common/moe_route.cuh). A fatbin like the sm80 family's: the
-// launcher (mixed_gemm/kernels/moe_sm80/launch.py) fills the argument blocks, whose ctypes
-// mirrors (abi.py) the static_asserts below check.
+// the one copy (kSm90aLayout), one launch over every expert's sorted rows: `<name>_gate_up` stores
+// SiLU(gate) * up from its accumulators (h), `<name>` the plain product (the down projection's
+// rows), and `<name>_combine` adds the top-k slots (templates/common/moe_route.cuh). A fatbin like
+// the sm80 family's: the launcher (mixed_gemm/kernels/moe_sm80/launch.py) fills the argument
+// blocks, whose ctypes mirrors (abi.py) the static_asserts below check.
 #include "sm80/gemm_sm80.cuh"
+#include "common/gate_up.cuh"
 #include "common/moe_route.cuh"
 
 using Kernel = mixed_gemm::MixedGemmSm80<cutlass::half_t, 4, 1, 64, 128, 64,
@@ -24,7 +26,7 @@ namespace moe_sm80 {
 // ceil(counts / BM), written on the device), so the grid, ceil(pairs / BM) + E tiles, is a bound
 // known from shapes alone and a launch needs no host read of the routing (CUDA-graph capturable).
 struct GroupedArgs {
-  GemmArgs gemm;              // a: sorted rows (pairs, K); c: their outputs (pairs, N); b, scales, zeros: expert 0's
+  GemmArgs gemm;              // a: sorted rows (pairs, K); c: their outputs (pairs, ldc); b, scales, zeros: expert 0's
   int64_t const* offsets;     // (E,) first sorted row of each expert
   int64_t const* counts;      // (E,) its rows
   int const* tile_ends;       // (E,) inclusive prefix sums of ceil(counts / BM)
@@ -33,15 +35,7 @@ struct GroupedArgs {
   int experts;
 };
 
-// The route kernels' arguments (one struct each: a fatbin function takes one argument block).
-struct SiluMulArgs {
-  void const* g;              // (rows, 2I) gate|up outputs in sorted order
-  int64_t const* order;       // (rows,) the h row of each sorted row
-  int64_t const* used;        // () rows some expert computed (the rest are written as 0)
-  void* h;                    // (rows, I)
-  int inter;                  // I
-};
-
+// The route kernel's arguments (a fatbin function takes one argument block).
 struct CombineArgs {
   void const* o;              // (pairs, H) down outputs in sorted order
   int64_t const* pos;         // (pairs,) sorted row of each pair, -1 where no expert computed it
@@ -51,6 +45,38 @@ struct CombineArgs {
   int top_k;
 };
 
+// Gate|up: the tile's columns are stored weight rows of a gate|up stack (common/gate_up.cuh), so
+// n8 tile 2q of a warp holds gate rows and tile 2q + 1 the matching up rows (the warp's and the
+// CTA's columns start on 16-row blocks), in the same accumulator slots of the same thread. h's
+// column of stored column n is gate_up_output(n); the row stride is ldc = I. g and u are rounded to
+// the activation dtype first (the rounding of a stored gate|up product), silu(g) * u once.
+__device__ __forceinline__ void store_gate_up(GemmArgs const& p, Kernel::Tile const& t, Kernel::WarpRole const& role,
+                                              float const (&acc)[Kernel::kMmaM][Kernel::kTilesN][4]) {
+  static_assert(Kernel::WN % 16 == 0 && Kernel::BN % 16 == 0, "gate and up rows share a 16-row block");
+  using P = Kernel::P;
+  auto rounded = [](float v) { return float(Kernel::Element(v)); };
+  Kernel::raw* h = static_cast<Kernel::raw*>(p.c);
+  int const g = role.lane >> 2, tq = role.lane & 3;
+  CUTLASS_PRAGMA_UNROLL
+  for (int ni = 0; ni < Kernel::kTilesN; ni += 2) {
+    int const col = t.n0 + role.warp_n * Kernel::WN + ni * 8 + 2 * tq;  // a gate row (col % 16 < 8)
+    if (col >= p.n) continue;
+    int const i = mixed_gemm::gate_up_output(col);
+    CUTLASS_PRAGMA_UNROLL
+    for (int mi = 0; mi < Kernel::kMmaM; ++mi) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int hh = 0; hh < 2; ++hh) {
+        int const row = t.m0 + role.warp_m * Kernel::WM + mi * 16 + g + 8 * hh;
+        if (row >= p.m) continue;
+        float const v0 = mixed_gemm::silu_mul(rounded(acc[mi][ni][2 * hh]), rounded(acc[mi][ni + 1][2 * hh]));
+        float const v1 = mixed_gemm::silu_mul(rounded(acc[mi][ni][2 * hh + 1]), rounded(acc[mi][ni + 1][2 * hh + 1]));
+        *reinterpret_cast<Kernel::raw2*>(h + (size_t)row * p.ldc + i) = P::from_floats(v0, v1);
+      }
+    }
+  }
+}
+
+template <bool kGateUp>
 __device__ __forceinline__ void grouped_tile(GroupedArgs const& args, char* smem) {
   int const tile = blockIdx.x;
   int lo = 0, hi = args.experts;  // the first expert whose tiles end past this one
@@ -68,7 +94,18 @@ __device__ __forceinline__ void grouped_tile(GroupedArgs const& args, char* smem
   p.b = static_cast<char const*>(p.b) + e * args.b_stride;
   p.scales = static_cast<char const*>(p.scales) + e * args.p_stride;
   p.zeros = static_cast<char const*>(p.zeros) + e * args.p_stride;
-  Kernel::run_tile(p, smem, tile - (e ? args.tile_ends[e - 1] : 0), blockIdx.y, 0, 1);
+  int const tile_m = tile - (e ? args.tile_ends[e - 1] : 0);
+  if constexpr (kGateUp) {
+    Kernel::Tile t;
+    t.m0 = tile_m * Kernel::BM;
+    t.n0 = blockIdx.y * Kernel::BN;
+    Kernel::WarpRole const role = Kernel::warp_role();
+    float acc[Kernel::kMmaM][Kernel::kTilesN][4];
+    Kernel::tile_sums(p, smem, t, role, 0, 1, acc);
+    if (role.warp_k == 0) store_gate_up(p, t, role, acc);
+  } else {
+    Kernel::run_tile(p, smem, tile_m, blockIdx.y, 0, 1);
+  }
 }
 
 }  // namespace moe_sm80
@@ -78,7 +115,6 @@ __device__ __forceinline__ void grouped_tile(GroupedArgs const& args, char* smem
 static_assert(Kernel::kThreads == 128, "threads: MoeSm80Config and kernel disagree");
 static_assert(Kernel::kSmemBytes == 53248, "shared memory: MoeSm80Config and kernel disagree");
 static_assert(sizeof(mixed_gemm::moe_sm80::GroupedArgs) == 168, "GroupedArgs: Python mirror out of date");
-static_assert(sizeof(mixed_gemm::moe_sm80::SiluMulArgs) == 40, "SiluMulArgs: Python mirror out of date");
 static_assert(sizeof(mixed_gemm::moe_sm80::CombineArgs) == 40, "CombineArgs: Python mirror out of date");
 static_assert(mixed_gemm::moe_route::kRouteThreads == 256, "route threads: Python mirror out of date");
 static_assert(mixed_gemm::moe_route::kVec == 8, "route vector: Python mirror out of date");
@@ -95,16 +131,16 @@ static_assert(mixed_gemm::kPerChannelShift == 30, "mixed_gemm::kPerChannelShift:
 static_assert(mixed_gemm::kAtomK == 16, "mixed_gemm::kAtomK: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kAtomN == 64, "mixed_gemm::kAtomN: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kReduceThreads == 256, "mixed_gemm::kReduceThreads: mixed_gemm/kernels/common.py disagrees");
+static_assert(mixed_gemm::kGateUpBlock == 8, "mixed_gemm::kGateUpBlock: mixed_gemm/kernels/common.py disagrees");
 
 extern "C" __global__ void __launch_bounds__(128) mg_moe_sm80_f16_u4_t64x128x64_w2x2x1_s4(mixed_gemm::moe_sm80::GroupedArgs const args) {
   extern __shared__ __align__(16) char smem[];
-  mixed_gemm::moe_sm80::grouped_tile(args, smem);
+  mixed_gemm::moe_sm80::grouped_tile<false>(args, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)
-mg_moe_sm80_f16_u4_t64x128x64_w2x2x1_s4_silu_mul(mixed_gemm::moe_sm80::SiluMulArgs const a) {
-  using T = cutlass::half_t;
-  mixed_gemm::moe_route::silu_mul_scatter(static_cast<T const*>(a.g), a.order, a.used, static_cast<T*>(a.h), a.inter);
+extern "C" __global__ void __launch_bounds__(128) mg_moe_sm80_f16_u4_t64x128x64_w2x2x1_s4_gate_up(mixed_gemm::moe_sm80::GroupedArgs const args) {
+  extern __shared__ __align__(16) char smem[];
+  mixed_gemm::moe_sm80::grouped_tile<true>(args, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)

@@ -28,6 +28,7 @@ static_assert(mixed_gemm::kPerChannelShift == 30, "mixed_gemm::kPerChannelShift:
 static_assert(mixed_gemm::kAtomK == 16, "mixed_gemm::kAtomK: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kAtomN == 64, "mixed_gemm::kAtomN: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kReduceThreads == 256, "mixed_gemm::kReduceThreads: mixed_gemm/kernels/common.py disagrees");
+static_assert(mixed_gemm::kGateUpBlock == 8, "mixed_gemm::kGateUpBlock: mixed_gemm/kernels/common.py disagrees");
 
 #if !defined(MIXED_GEMM_HOST_PASS)
 extern "C" __global__ void __launch_bounds__(G::GemmKernel::MaxThreadsPerBlock, G::GemmKernel::MinBlocksPerMultiprocessor)
@@ -35,11 +36,6 @@ mg_moe_sm90a_bf16_u4_t128x32x64_s0(CUTLASS_GRID_CONSTANT G::Params const params)
   extern __shared__ char smem[];
   G::GemmKernel op;
   op(params, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)
-mg_silu_mul(G::MmaType const* g, int64_t const* order, int64_t const* used, G::MmaType* h, int inter) {
-  mixed_gemm::moe_route::silu_mul_scatter(g, order, used, h, inter);
 }
 
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)
@@ -54,7 +50,7 @@ extern "C" const unsigned char mg_fatbin[];
 namespace {
 struct Loaded {
   cudaLibrary_t library = nullptr;
-  cudaKernel_t kernel = nullptr, silu_mul = nullptr, combine = nullptr;
+  cudaKernel_t kernel = nullptr, combine = nullptr;
   cudaError_t error = cudaSuccess;
 };
 Loaded const& loaded() {
@@ -62,7 +58,6 @@ Loaded const& loaded() {
     Loaded r;
     r.error = cudaLibraryLoadData(&r.library, mg_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.kernel, r.library, "mg_moe_sm90a_bf16_u4_t128x32x64_s0");
-    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.silu_mul, r.library, "mg_silu_mul");
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.combine, r.library, "mg_combine");
     return r;
   }();
@@ -86,7 +81,7 @@ extern "C" {
 // tile K, then the bytes of one group's entry in each device array: problem shape, weight layout,
 // x stride, scale stride, y stride].
 int mg_info(long long* out, int count) {
-  long long v[] = {2, (long long)sizeof(G::Params), (long long)G::GemmKernel::SharedStorageSize,
+  long long v[] = {3, (long long)sizeof(G::Params), (long long)G::GemmKernel::SharedStorageSize,
                    (long long)G::GemmKernel::MaxThreadsPerBlock, (long long)G::LibraryMainloop::DispatchPolicy::Stages,
                    G::kBits, 128, 32, 64, (long long)sizeof(G::Shape3), (long long)sizeof(G::LayoutW),
                    (long long)sizeof(G::StrideX), (long long)sizeof(G::StrideS), (long long)sizeof(G::StrideY)};
@@ -115,7 +110,7 @@ int mg_strides(void* out, int n, int n_pad, int k) {
 
 long long mg_workspace_bytes(int groups, int sm_count) {
   void* p = reinterpret_cast<void*>(uintptr_t(256));
-  return (long long)G::GemmKernel::get_workspace_size(G::make_args(groups, p, p, p, p, p, p, p, p, p, p, 128, sm_count));
+  return (long long)G::GemmKernel::get_workspace_size(G::make_args(groups, p, p, p, p, p, p, p, p, p, p, 128, sm_count, 0));
 }
 
 // Once per device before the first launch (and before any capture): opt into the shared memory.
@@ -128,22 +123,16 @@ int mg_prepare() {
 }
 
 // One grouped launch on `stream`: every pointer argument is a device array with one entry per
-// expert (`shapes`: (N, T_e, K) int32 triples), written on the stream before this call.
+// expert (`shapes`: (N, T_e, K) int32 triples), written on the stream before this call. gate_up:
+// the weight is a gate|up stack and y receives SiLU(gate) * up, N / 2 columns per routed row.
 int mg_run(int groups, void* shapes, const void* w, const void* layouts_w, const void* x, const void* strides_x,
            const void* s, const void* strides_s, const void* z, void* y, const void* strides_y, int group_size,
-           int sm_count, void* workspace, long long workspace_bytes, void* stream) {
+           int sm_count, void* workspace, long long workspace_bytes, int gate_up, void* stream) {
   auto args = G::make_args(groups, shapes, w, layouts_w, x, strides_x, s, strides_s, z, y, strides_y, group_size,
-                           sm_count);
+                           sm_count, gate_up);
   return mixed_gemm::moe_sm90a::launch<G>(args, workspace, size_t(workspace_bytes),
                                           reinterpret_cast<void const*>(loaded().kernel),
                                           static_cast<cudaStream_t>(stream));
-}
-
-// After the gate|up GEMM: h[order[r]] = silu(g[r, :I]) * g[r, I:] for the `rows` sorted rows (0 for
-// rows at or past *used), on `stream`.
-int mg_silu_mul(const void* g, const void* order, const void* used, void* h, long long rows, int inter, void* stream) {
-  void* args[] = {&g, &order, &used, &h, &inter};
-  return route_launch(loaded().silu_mul, rows, inter, args, stream);
 }
 
 // After the down GEMM: y[t] = sum_j weights[t, j] o[pos[t k + j]] over the top-k slots in order (pos
