@@ -38,7 +38,7 @@ class MoeGemvLauncher:
         args.experts, args.n, args.k, args.strips, args.katoms = w.num_experts, w.n, w.k, strips, w.b.shape[1]
         args.group_shift = PER_CHANNEL_SHIFT if num_groups == 1 else w.group_size.bit_length() - 1
         args.num_groups, args.splits, args.chunk = num_groups, splits, chunk
-        args.gate_up = int(getattr(w, "gate_up", False))  # gate|up rows interleaved (else gate, then up)
+        args.gate_up = int(w.gate_up)  # gate|up rows interleaved (else gate, then up: ops.gated's dense weights)
         blk = self._blocks[key] = (args, argv, row_tiles, splits)
         return blk
 
@@ -56,7 +56,7 @@ class MoeGemvLauncher:
     def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
                  stream: int) -> None:
         key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k, w.group_size,
-               getattr(w, "gate_up", False))
+               w.gate_up)
         blk = self._blocks.get(key)
         if blk is None:
             blk = self._block(w, key)
