@@ -25,6 +25,8 @@ static_assert(mixed_gemm::kPerChannelShift == 30, "mixed_gemm::kPerChannelShift:
 static_assert(mixed_gemm::kAtomK == 16, "mixed_gemm::kAtomK: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kAtomN == 64, "mixed_gemm::kAtomN: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kReduceThreads == 256, "mixed_gemm::kReduceThreads: mixed_gemm/kernels/common.py disagrees");
+static_assert(mixed_gemm::kField3PerWord == 5, "mixed_gemm::kField3PerWord: mixed_gemm/kernels/gemv/lowbit_layout.py disagrees");
+static_assert(mixed_gemm::kField3SpareBit == 15, "mixed_gemm::kField3SpareBit: mixed_gemm/kernels/gemv/lowbit_layout.py disagrees");
 
 extern "C" __global__ void __launch_bounds__(128) mg_gemv_bf16_u3_m8_s4_w2x2_u8_p3(mixed_gemm::GemvArgs const args) {
   extern __shared__ __align__(16) char smem[];  // the rings: dynamic, above 48 KB by opt-in (launch.py)

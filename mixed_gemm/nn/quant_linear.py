@@ -33,6 +33,10 @@ class QuantLinear(nn.Module):
     That path exists for tests and debugging, not speed.
     """
 
+    # 2: 3-bit weights hold whole 3-bit fields in the lowbit layout (version 1: bit planes). A version-1
+    # state dict of a 3-bit layer would load without error and compute garbage, so it is refused.
+    _version = 2
+
     def __init__(self, in_features: int, out_features: int, *, bits: int = 4, group_size: int = 128,
                  zero_mode: str = "int", bias: bool = False, act_order: bool = False, format: str = "plain",
                  dtype: torch.dtype = torch.float16, device=None, layout: str = "sm80"):
@@ -178,6 +182,15 @@ class QuantLinear(nn.Module):
             return silu_mul_matmul(x if x.is_contiguous() else x.contiguous(), self.packed())
         gate, up = self(x).float().split(self.out_features // 2, dim=-1)
         return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        if self.bits == 3 and local_metadata.get("version") == 1:
+            raise ValueError(f"{prefix}b: this state dict holds 3-bit weights in the lowbit layout's bit planes "
+                             "(QuantLinear version 1); they are now whole 3-bit fields: rebuild the layer from its "
+                             "checkpoint (QuantLinear.from_checkpoint) or save_quantized output instead")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "

@@ -7,7 +7,7 @@
 // (6 of the 14 instructions of an fp16 int4 atom; 8 of bf16's), for a fold per group of 2 FFMAs per
 // accumulator and one mma per atom (of ones, shared by the warp's strips) that gives X.
 // Layout contracts: the sm90a atom (atoms/sm90a.cuh, mixed_gemm/kernels/sm90a/layout.py) and the
-// lowbit planes (atoms/lowbit.cuh, mixed_gemm/kernels/gemv/lowbit_layout.py); not 1:2-sparse.
+// lowbit layout (atoms/lowbit.cuh, mixed_gemm/kernels/gemv/lowbit_layout.py); not 1:2-sparse.
 #pragma once
 
 #include <cstdint>
@@ -71,35 +71,23 @@ struct RawAtom<cutlass::bfloat16_t, 8> {
   }
 };
 
-// 1 and 2 bits (lowbit planes): the converter's fma already leaves q' (one fma per pair places the
-// field and removes the magic together: there is no offset encoding left to keep); only the scale
-// fma is saved. run(w, u, a): atom u of the lane's block words w.
-template <typename Element, int kBits>
-struct RawPlanes {
+// 1-3 bits (lowbit): the converter's fma already leaves q' (one fma per pair places the field and
+// removes the magic together: there is no offset encoding left to keep); only the scale fma is
+// saved. run(w, u, a): atom u of the lane's block words w.
+template <typename Element, typename W>
+struct RawLowbit {
   static __device__ __forceinline__ constexpr float mul(int) { return 1.f; }
   static __device__ __forceinline__ constexpr float off(int) { return 0.f; }
   static __device__ __forceinline__ void run(uint32_t const* w, int u, uint32_t (&a)[4]) {
-    PlaneAtoms<Element, kBits>::convert(reinterpret_cast<uint32_t const(&)[kBits]>(*w), u, a);
+    W::convert(reinterpret_cast<uint32_t const(&)[W::kWords]>(*w), u, a);
   }
 };
 template <typename Element>
-struct RawAtom<Element, 1> : RawPlanes<Element, 1> {};
+struct RawAtom<Element, 1> : RawLowbit<Element, PlaneAtoms<Element, 1>> {};
 template <typename Element>
-struct RawAtom<Element, 2> : RawPlanes<Element, 2> {};
-
-// 3 bits: the two low bits and the top bit under the magic's exponent, magic + q (q < 8: exact),
-// without the subtraction of magic + 4 (41 -> 33 instructions per atom with the scale fma).
+struct RawAtom<Element, 2> : RawLowbit<Element, PlaneAtoms<Element, 2>> {};
 template <typename Element>
-struct RawAtom<Element, 3> {
-  using W = PlaneAtoms<Element, 3>;
-  static constexpr float kOff = (std::is_same<Element, cutlass::half_t>::value ? 1024.f : 128.f) + 4.f;
-  static __device__ __forceinline__ constexpr float mul(int) { return 1.f; }
-  static __device__ __forceinline__ constexpr float off(int) { return kOff; }
-  static __device__ __forceinline__ void run(uint32_t const* w, int u, uint32_t (&a)[4]) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] = W::magic_field3(reinterpret_cast<uint32_t const(&)[3]>(*w), 4 * u + r);
-  }
-};
+struct RawAtom<Element, 3> : RawLowbit<Element, Field3Atoms<Element>> {};
 
 // The A fragment of an all-ones 16x16 matrix: mma(ones, x) gives X = sum_k x per token.
 template <typename Element>

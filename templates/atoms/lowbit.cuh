@@ -1,7 +1,7 @@
 // How the decode and dequantize kernels read a weight, per stored width: one lane's words of a
 // block of K atoms (16 x 16) -> the lane's mma.sync.m16n8k16 A fragment of each atom, as exact
 // q' = q - 2**(bits-1) pairs (then w = q' s + z', atom_scale). Layout contracts:
-// mixed_gemm/kernels/sm90a/layout.py (4 and 8 bits) and mixed_gemm/kernels/gemv/layout.py
+// mixed_gemm/kernels/sm90a/layout.py (4 and 8 bits) and mixed_gemm/kernels/gemv/lowbit_layout.py
 // ("lowbit": 1, 2, 3 bits and 1:2-sparse 7 bits).
 //
 // Fragment register r of an atom holds rows g + 8 (r & 1), columns 2t, 2t+1 (+ 8 when r >= 2) for
@@ -73,51 +73,39 @@ static_assert(PairConst<cutlass::half_t>::neg_int(1026) == 0xe402e402u && PairCo
               "fp16 constants");
 static_assert(PairConst<cutlass::bfloat16_t>::neg_int(130) == 0xc302c302u, "bf16 constants");
 
-// 1, 2 and 3 bits: a block is 4 atoms (k64); codes are unsigned, in bit planes so that a pair's two
+// (a & b) | c: immLut = (0xf0 & 0xcc) | 0xaa.
+constexpr uint32_t kAndOr = 0xea;
+
+// 1 and 2 bits: a block is 4 atoms (k64); codes are unsigned, in bit planes so that a pair's two
 // values sit in the two halves of a word at the same offset (one mask extracts both):
 //   2-bit plane, words 0 (atoms 0, 1) and 1 (atoms 2, 3): pair p at bits 2 (p % 8) and 16 + 2 (p % 8);
-//   1-bit plane, word kBits - 1 (3 bits: the top bit; 1 bit: the code): pair p at bits p and 16 + p.
+//   1-bit plane (1 bit: the code): pair p at bits p and 16 + p.
 // The field goes under the exponent of 1024.0 (fp16) / 128.0 (bf16) with one lop3, so the half reads
-// magic + q exactly; one subtraction of magic + 2**(bits-1) leaves q' (no per-element cvt).
-// 1 and 2 bits leave a field where it lies when it fits the mantissa (bit e: the half reads magic +
-// q 2**e, still exact), and one fma by 2**-e then gives q' exactly: a shift per word and window of
-// the mantissa's width instead of one per pair. At 2 bits the decode kernel issues ~17 instructions
-// per atom besides the loads, so the 4 shifts an atom saved are what it spends converting.
+// magic + q exactly (no per-element cvt). A field stays where it lies when it fits the mantissa
+// (bit e: the half reads magic + q 2**e, still exact), and one fma by 2**-e then gives q' exactly:
+// a shift per word and window of the mantissa's width instead of one per pair. At 2 bits the decode
+// kernel issues ~17 instructions per atom besides the loads, so the 4 shifts an atom saved are what
+// it spends converting.
 template <typename Element, int kBits>
 struct PlaneAtoms {
-  static_assert(kBits >= 1 && kBits <= 3, "bit planes hold 1, 2 or 3 bits");
+  static_assert(kBits == 1 || kBits == 2, "bit planes hold 1 or 2 bits (3 bits: Field3Atoms)");
   using P = Pair<Element>;
   using C = PairConst<Element>;
   static constexpr int kAtoms = 4, kWords = kBits, kLaneStride = 1;
   static constexpr uint32_t kMagic = P::kMagic;
-  static constexpr uint32_t kBias = kMagic + (1u << (kBits - 1)) * 0x10001u;  // magic + 2**(bits-1), both halves
   // Field offsets that fit under the exponent as they are: 0 .. kWindow - kBits (fp16: 10 bits).
   static constexpr int kWindow = C::kMantissa / kBits * kBits;
-  // (a & b) | c: immLut = (0xf0 & 0xcc) | 0xaa.
-  static constexpr uint32_t kAndOr = 0xea;
 
   static __device__ __forceinline__ void load_at(uint32_t const* src, uint32_t (&w)[kWords]) {
     load_planes<kWords>(src, w);
   }
   static __device__ __forceinline__ void convert(uint32_t const (&w)[kWords], int u, uint32_t (&a)[4]) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      int const p = 4 * u + r;
-      if (kBits <= 2) {  // the field at offset o of its word, shifted down by whole windows to bit e
-        int const o = kBits * (p % (16 / kBits)), e = o % kWindow;
-        uint32_t const f = lop3<kAndOr>(w[kBits == 1 ? 0 : p / 8] >> (o - e), ((1u << kBits) - 1) * 0x10001u << e, kMagic);
-        a[r] = P::fma(f, C::inv_pow2(e), C::neg_int((1u << (C::kMantissa - e)) + (1u << (kBits - 1))));
-      } else {
-        a[r] = P::sub(magic_field3(w, p), kBias);
-      }
+    for (int r = 0; r < 4; ++r) {  // the field at offset o of its word, shifted down by whole windows to bit e
+      int const p = 4 * u + r, o = kBits * (p % (16 / kBits)), e = o % kWindow;
+      uint32_t const f = lop3<kAndOr>(w[kBits == 1 ? 0 : p / 8] >> (o - e), ((1u << kBits) - 1) * 0x10001u << e, kMagic);
+      a[r] = P::fma(f, C::inv_pow2(e), C::neg_int((1u << (C::kMantissa - e)) + (1u << (kBits - 1))));
     }
-  }
-  // 3 bits: magic + q of pair p, exact: the top bit from plane 2 moved to bit 2 of each half, then
-  // (lo & 3) | top | magic.
-  static __device__ __forceinline__ uint32_t magic_field3(uint32_t const (&w)[kWords], int p) {
-    uint32_t const lo = w[p / 8] >> (2 * (p % 8));
-    uint32_t const top = p >= 2 ? w[kWords - 1] >> (p - 2) : w[kWords - 1] << (2 - p);
-    return lop3<kAndOr>(lo, 0x00030003u, (top & 0x00040004u) | kMagic);
   }
   static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
 };
@@ -125,8 +113,63 @@ template <typename Element>
 struct WeightAtoms<Element, 1> : PlaneAtoms<Element, 1> {};
 template <typename Element>
 struct WeightAtoms<Element, 2> : PlaneAtoms<Element, 2> {};
+
+// 3 bits: a block is 4 atoms (k64), 3 words per lane, the whole 3-bit code of a pair's value in one
+// field so that one lop3 puts it under the magic's exponent (bit planes cost a shift and a lop3 per
+// plane and pair: 16 of an atom's 33 instructions). Pair p < 15 is field p % 5 of word p / 5: bits
+// 3 (p % 5) and 16 + 3 (p % 5). Pair 15 spreads over the bits left, 15 and 31: its code bit c is
+// bit 15 (k0 = 0) / 31 (k0 = 1) of word c.
+// The converter shifts each word once per mantissa window (fp16: fields 0-2 as they lie, 3-4 after
+// >> (9 - c); bf16: 0-1, 2-3 after >> 6, 4 after >> (12 - c)). The last window's shift decreases
+// with the word, so it leaves word c's bit 15 at bit kSpare + c: pair 15's code is three masks away
+// from those shifted words (no shift of its own). Then one fma by 2**-e per pair gives q' exactly.
+// Python mirrors: FIELD3_PER_WORD, FIELD3_SPARE_BIT (lowbit_layout.py; checked by the lowbit sources).
+constexpr int kField3PerWord = 5, kField3SpareBit = 15;
+
 template <typename Element>
-struct WeightAtoms<Element, 3> : PlaneAtoms<Element, 3> {};
+struct Field3Atoms {
+  using P = Pair<Element>;
+  using C = PairConst<Element>;
+  static constexpr int kAtoms = 4, kWords = 3, kLaneStride = 1;
+  static constexpr uint32_t kMagic = P::kMagic;
+  static constexpr int kSpare = C::kF16 ? 6 : 3;  // where the last window leaves word 0's bit 15
+  static constexpr int last_shift(int c) { return kField3SpareBit - kSpare - c; }
+  static constexpr int shift(int c, int j) {  // field j of word c: the shift that puts it in the mantissa
+    return C::kF16 ? (j <= 2 ? 0 : last_shift(c)) : (j <= 1 ? 0 : j <= 3 ? 6 : last_shift(c));
+  }
+  static constexpr bool fits() {  // every field, and pair 15's three bits, inside the mantissa
+    for (int c = 0; c < 3; ++c)
+      for (int j = 0; j < kField3PerWord; ++j)
+        if (3 * j - shift(c, j) < 0 || 3 * j - shift(c, j) + 3 > C::kMantissa) return false;
+    return kSpare + 3 <= C::kMantissa;
+  }
+  static_assert(fits(), "a 3-bit field does not fit the mantissa after its window's shift");
+
+  static __device__ __forceinline__ uint32_t q_prime(uint32_t f, int e) {  // magic + q 2**e -> q - 4
+    return P::fma(f, C::inv_pow2(e), C::neg_int((1u << (C::kMantissa - e)) + 4u));
+  }
+  static __device__ __forceinline__ void load_at(uint32_t const* src, uint32_t (&w)[kWords]) {
+    load_planes<kWords>(src, w);
+  }
+  static __device__ __forceinline__ void convert(uint32_t const (&w)[kWords], int u, uint32_t (&a)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      int const p = 4 * u + r;
+      if (p < 3 * kField3PerWord) {
+        int const c = p / kField3PerWord, j = p % kField3PerWord, e = 3 * j - shift(c, j);
+        a[r] = q_prime(lop3<kAndOr>(w[c] >> shift(c, j), 0x00070007u << e, kMagic), e);
+      } else {
+        uint32_t f = kMagic;
+#pragma unroll
+        for (int c = 0; c < 3; ++c) f = lop3<kAndOr>(w[c] >> last_shift(c), 0x00010001u << (kSpare + c), f);
+        a[r] = q_prime(f, kSpare);
+      }
+    }
+  }
+  static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
+};
+template <typename Element>
+struct WeightAtoms<Element, 3> : Field3Atoms<Element> {};
 
 // 1:2-sparse 7 bits: a block is one atom, one word per lane (int4's bytes): byte r is register r's
 // pair, the kept element's 7-bit code with its position in bit 7 (1: the first, k even). prmt puts

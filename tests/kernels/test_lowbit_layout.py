@@ -1,6 +1,7 @@
 """The lowbit layout (1-3-bit planes, 1:2-sparse 7-bit bytes): exact inverses, the docstring's bit
 positions, and a Python mirror of the converters in templates/atoms/lowbit.cuh (the shifts and masks
-the kernel applies to a lane's words) giving every lane's A-fragment values q' = q - 2**(bits-1)."""
+the kernel applies to a lane's words, per dtype's mantissa window) giving every lane's A-fragment
+values q' = q - 2**(bits-1)."""
 import pytest
 import torch
 
@@ -11,7 +12,26 @@ from mixed_gemm.kernels.gemv import lowbit_layout as L
 SHAPES = ((16, 64), (37, 200), (96, 256))
 
 
-def _fragments(b: torch.Tensor, bits: int, n_pad: int, kp: int) -> torch.Tensor:
+def _field3(w, p: int, half: int, mantissa: int) -> int:
+    """Field3Atoms::convert for pair p, register half ``half``: the code as the lop3 leaves it under
+    the magic's exponent (bits e .. e+2 of the half, read after the word's window shift), over 2**e."""
+    spare = 6 if mantissa == 10 else 3
+
+    def last_shift(c):
+        return L.FIELD3_SPARE_BIT - spare - c
+
+    def field(word, shift, e, width):
+        assert 0 <= e and e + width <= mantissa  # inside the mantissa: the half is exactly magic + q 2**e
+        return ((word >> shift) >> (e + 16 * half)) & ((1 << width) - 1)
+
+    if p < 3 * L.FIELD3_PER_WORD:
+        c, j = divmod(p, L.FIELD3_PER_WORD)
+        shift = (0 if j <= 2 else last_shift(c)) if mantissa == 10 else (0 if j <= 1 else 6 if j <= 3 else last_shift(c))
+        return field(w[c], shift, 3 * j - shift, 3)
+    return sum(field(w[c], last_shift(c), spare + c, 1) << c for c in range(3))
+
+
+def _fragments(b: torch.Tensor, bits: int, n_pad: int, kp: int, mantissa: int = 10) -> torch.Tensor:
     """What PlaneAtoms / WeightAtoms<7>::convert (+ finish) leave in each lane's registers, placed back
     at (n, k): planes give q'; sparse gives q' of the kept element and 0 for the dropped one."""
     out = torch.zeros(n_pad, kp, dtype=torch.int64)
@@ -30,12 +50,10 @@ def _fragments(b: torch.Tensor, bits: int, n_pad: int, kp: int) -> torch.Tensor:
                                 byte = (w[0] >> (8 * r)) & 0xFF
                                 kept_first = byte >> 7
                                 v = (byte & 0x7F) - 64 if kept_first == (e == 0) else 0
+                            elif bits == 3:
+                                v = _field3(w, p, e, mantissa) - 4
                             else:
-                                field = 0
-                                if bits >= 2:
-                                    field |= (w[p // 8] >> (2 * (p % 8) + 16 * e)) & 3
-                                if bits != 2:  # the 1-bit plane: bit p (+16), moved to the code's top bit
-                                    field |= ((w[bits - 1] >> (p + 16 * e)) & 1) << (bits - 1)
+                                field = (w[p // 8] >> (2 * (p % 8) + 16 * e)) & 3 if bits == 2 else (w[0] >> (p + 16 * e)) & 1
                                 v = field - (1 << (bits - 1))
                             n = 16 * nb + g + 8 * (r & 1)
                             k = 16 * (blk * per + u) + 8 * (r >> 1) + 2 * t + e
@@ -50,8 +68,9 @@ def test_planes_round_trip_and_the_converter_reads_every_code(bits, n, k):
     q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
     b = L.pack_b(q, bits)
     assert tuple(b.shape) == L.shapes(n, k, bits, 1)[0] and torch.equal(L.unpack_b(b, bits, n, k), q)
-    got = _fragments(b, bits, b.shape[1] * 16, b.shape[0] * 64)
-    assert torch.equal(got[:n, :k], q.to(torch.int64) - (1 << (bits - 1)))  # padding: code 0 under scale 0
+    for mantissa in (10, 7):  # fp16, bf16 (3 bits: their windows differ)
+        got = _fragments(b, bits, b.shape[1] * 16, b.shape[0] * 64, mantissa)
+        assert torch.equal(got[:n, :k], q.to(torch.int64) - (1 << (bits - 1)))  # padding: code 0 under scale 0
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
@@ -84,3 +103,19 @@ def test_registry_prepack_and_errors():
         L.pack(q, s, z.float() + 0.5, 7, torch.float16, "float")
     with pytest.raises(ValueError, match="bits: the lowbit layout holds"):
         L.pack_b(q, 4)
+
+
+@pytest.mark.parametrize("p,k0", ((0, 0), (7, 1), (14, 0), (15, 0), (15, 1)))
+def test_three_bit_fields_sit_where_the_docstring_says(p, k0):
+    # one element of lane 0 (n = 8 n1, k = 16 u + 8 k2 + k0) holds code 5 (0b101), every other 0
+    u, r = divmod(p, 4)
+    n, k = 8 * (r & 1), 16 * u + 8 * (r >> 1) + k0
+    q = torch.zeros(16, 64, dtype=torch.uint8)
+    q[n, k] = 5
+    words = (L.pack_b(q, 3)[0, 0, :, 0].to(torch.int64) & 0xFFFFFFFF).tolist()
+    if p < 15:  # word p // 5, bits 3 (p % 5) (+ 16 for k0 = 1)
+        expect = [0, 0, 0]
+        expect[p // 5] = 5 << (3 * (p % 5) + 16 * k0)
+    else:  # code bit c in bit 15 (k0 = 0) / 31 (k0 = 1) of word c
+        expect = [(5 >> c & 1) << (15 + 16 * k0) for c in range(3)]
+    assert words == expect

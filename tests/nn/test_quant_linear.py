@@ -133,3 +133,19 @@ def test_low_bit_modules_state_dict_round_trip(bits):
     m2.load_state_dict(m.state_dict())
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(bits)).half()
     assert torch.equal(m2(x), m(x))
+
+
+def test_a_version_one_three_bit_state_dict_is_refused():
+    """3-bit layers moved from bit planes to whole 3-bit fields (QuantLinear version 2): an old state
+    dict would load silently and compute garbage, so it names the rule; other widths load as before."""
+    lin = torch.nn.Linear(128, 32).half()
+    for bits in (2, 3):
+        m = QuantLinear.from_linear(lin, bits=bits, group_size=64)
+        sd = m.state_dict()
+        sd._metadata[""]["version"] = 1
+        m2 = QuantLinear(128, 32, bits=bits, group_size=64, bias=True, layout="lowbit", zero_mode=m.zero_mode)
+        if bits == 3:
+            with pytest.raises(ValueError, match="b: this state dict holds 3-bit weights in the lowbit layout's bit planes"):
+                m2.load_state_dict(sd)
+        else:
+            m2.load_state_dict(sd)

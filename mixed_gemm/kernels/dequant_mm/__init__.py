@@ -70,7 +70,7 @@ class DequantMMFamily(Family):
                 "dequant_mm/dequant_sm90a.cu.j2",
                 family=self.name, config=repr(kernel), name=kernel.kernel_name, element=DTYPES[kernel.dtype][0],
                 bits=kernel.bits, threads=kernel.threads, args_bytes=DEQUANT_SM90A_ARGS_BYTES,
-                constants=constant_checks(),
+                constants=constant_checks(), lowbit_constants=lowbit_layout.constant_checks(kernel.bits),
             )
         return render_template(
             "dequant_mm/dequant.cu.j2",

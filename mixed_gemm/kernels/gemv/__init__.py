@@ -74,6 +74,7 @@ class GemvFamily(Family):
             stage_x="true" if kernel.stage_x else "false", stages=kernel.stages, deferred=kernel.deferred, threads=kernel.threads,
             occupancy=kernel.occupancy,
             rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),
+            lowbit_constants=lowbit_layout.constant_checks(kernel.bits),
         )
 
     def launcher(self, config: GemvConfig, device_index: int) -> GemvLauncher:

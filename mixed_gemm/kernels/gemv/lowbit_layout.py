@@ -12,11 +12,15 @@ form one coalesced 128-byte request per warp and converts with a mask, an OR and
                                             (1:2-sparse: (K16, N_pad/16, 32), W = 1)
 
     1, 2, 3 bits: a block is 4 atoms along K (k64), W = bits words; pair p = 4 u + r (atom u):
-      2-bit plane (bits 2, 3): word p // 8, bits 2 (p % 8) (k0 = 0) and 16 + 2 (p % 8) (k0 = 1)
-          word 0:  | p7 | p6 | ... | p0 | p7 | p6 | ... | p0 |      <- q & 3 (2 bits each)
+      2 bits, bit plane: word p // 8, bits 2 (p % 8) (k0 = 0) and 16 + 2 (p % 8) (k0 = 1)
+          word 0:  | p7 | p6 | ... | p0 | p7 | p6 | ... | p0 |      <- q (2 bits each)
                     31           k0 = 1  16 15          k0 = 0  0
-      1-bit plane (bits 1, 3): word W - 1, bits p and 16 + p      <- q (1 bit) or q >> 2 (3 bits)
-          word W-1: | p15 .. p0 (k0 = 1) | p15 .. p0 (k0 = 0) |
+      1 bit: word 0, bits p and 16 + p
+          word 0:  | p15 .. p0 (k0 = 1) | p15 .. p0 (k0 = 0) |
+      3 bits, whole fields: pair p < 15 in word p // 5, bits 3 (p % 5) and 16 + 3 (p % 5); pair 15's
+      code bit c in bit 15 (k0 = 0) / 31 (k0 = 1) of word c
+          word c:  | b_c | p5c+4 | .. | p5c | b_c | p5c+4 | .. | p5c |    (b_c: bit c of pair 15)
+                    31    30   k0 = 1    16 15    14   k0 = 0     0
     1:2-sparse 7 bits: a block is 1 atom, W = 1 (int4's bytes): byte r of the word is register r's
       pair along K: the kept element's code in bits 0-6, bit 7 set when it is the first (k0 = 0);
       the other element is its group's zero code (exactly 0 in the canonical weight, zeroed by the
@@ -32,7 +36,7 @@ family reads it up to 32 tokens, the dequantize kernel (dequant_mm) above.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
@@ -43,9 +47,20 @@ from ..sm90a import layout as sm90a_layout
 NAME = "lowbit"
 ATOM = 16
 PLANE_BITS = (1, 2, 3)
+# mixed_gemm::kField3PerWord / kField3SpareBit (templates/atoms/lowbit.cuh; the lowbit sources
+# static_assert them, constant_checks): 3-bit fields per half-word, the bit that holds pair 15's.
+FIELD3_PER_WORD = 5
+FIELD3_SPARE_BIT = 15
 SPARSE_BITS = 7
 BITS = PLANE_BITS + (SPARSE_BITS,)
 ALWAYS_ZEROS = True  # z' is always stored (zeros for symmetric weights), as in the sm90a layout
+
+
+def constant_checks(bits: int) -> List[Tuple[str, int]]:
+    """``(C++ expression, Python value)`` pairs that the sources reading ``bits``-bit weights
+    ``static_assert`` (templates/atoms/lowbit_check.j2): the 3-bit fields' placement."""
+    return [("mixed_gemm::kField3PerWord", FIELD3_PER_WORD),
+            ("mixed_gemm::kField3SpareBit", FIELD3_SPARE_BIT)] if bits == 3 else []
 
 
 def block_atoms(bits: int) -> int:
@@ -79,16 +94,24 @@ def _coords(n_pad: int, kp: int, device):
     return nb, n1, n0, kb, k2, k1, k0
 
 
-def _plane_index(bits: int, n_pad: int, kp: int, device):
-    """For the bit planes: (flat word of the low plane, its bit, flat word of the 1-bit plane, its bit)."""
+def _bit_slots(bits: int, n_pad: int, kp: int, device):
+    """Where each element's code bits go: ``[(flat word, bit position, code bit mask or None for the
+    whole code, which elements)]``, broadcastable to ``(n_pad, kp)``; an element missing from a
+    slot's ``which`` stores nothing there."""
     nb, n1, n0, kb, k2, k1, k0 = _coords(n_pad, kp, device)
     strips, w = n_pad // 16, words(bits)
     kq, u = kb // 4, kb % 4
     lane, p = 4 * n0 + k1, 4 * u + n1 + 2 * k2
     base = (kq * strips + nb) * w
-    low = ((base + p // 8) * 32 + lane, 2 * (p % 8) + 16 * k0)
-    one = ((base + w - 1) * 32 + lane, p + 16 * k0)
-    return low, one
+    every = torch.ones((), dtype=torch.bool, device=device)
+    if bits == 1:
+        return [((base * 32 + lane), p + 16 * k0, None, every)]
+    if bits == 2:
+        return [(((base + p // 8) * 32 + lane), 2 * (p % 8) + 16 * k0, None, every)]
+    per, whole = FIELD3_PER_WORD, 3 * FIELD3_PER_WORD
+    slots = [(((base + torch.clamp(p // per, max=2)) * 32 + lane), 3 * (p % per) + 16 * k0, None, p < whole)]
+    slots += [(((base + c) * 32 + lane), FIELD3_SPARE_BIT + 16 * k0, c, p == whole) for c in range(3)]
+    return slots
 
 
 def _pair_bytes(n_pad: int, kp: int, device) -> torch.Tensor:
@@ -122,11 +145,9 @@ def pack_b(q: torch.Tensor, bits: int) -> torch.Tensor:
     qp = torch.zeros((n_pad, kp), dtype=torch.int64, device=q.device)
     qp[:n, :k] = q.to(torch.int64)
     acc = torch.zeros(math.prod(shape), dtype=torch.int64, device=q.device)
-    (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, q.device)
-    if bits >= 2:
-        acc.index_add_(0, lw.expand(n_pad, kp).reshape(-1), ((qp & 3) << lbit).reshape(-1))
-    if bits != 2:
-        acc.index_add_(0, ow.expand(n_pad, kp).reshape(-1), (((qp >> (bits - 1)) & 1) << obit).reshape(-1))
+    for word, bit, code_bit, which in _bit_slots(bits, n_pad, kp, q.device):
+        v = qp if code_bit is None else (qp >> code_bit) & 1
+        acc.index_add_(0, word.expand(n_pad, kp).reshape(-1), torch.where(which, v << bit, 0).reshape(-1))
     return _to_int32(acc).view(shape).contiguous()
 
 
@@ -136,12 +157,10 @@ def unpack_b(b: torch.Tensor, bits: int, n: int, k: int) -> torch.Tensor:
     n_pad, kp = round_up(n, ATOM), padded_k(k, bits)
     _expect_b(b, n_pad, kp, bits, n, k)
     flat = b.contiguous().view(-1).to(torch.int64) & 0xFFFFFFFF
-    (lw, lbit), (ow, obit) = _plane_index(bits, n_pad, kp, b.device)
     q = torch.zeros((n_pad, kp), dtype=torch.int64, device=b.device)
-    if bits >= 2:
-        q |= (flat[lw.expand(n_pad, kp)] >> lbit) & 3
-    if bits != 2:
-        q |= ((flat[ow.expand(n_pad, kp)] >> obit) & 1) << (bits - 1)
+    for word, bit, code_bit, which in _bit_slots(bits, n_pad, kp, b.device):
+        got = flat[word.expand(n_pad, kp)] >> bit
+        q |= torch.where(which, got & ((1 << bits) - 1) if code_bit is None else (got & 1) << code_bit, 0)
     return q[:n, :k].to(torch.uint8).contiguous()
 
 
