@@ -73,6 +73,11 @@ LOWBIT_SHAPES = (
     (16, 4, (2, 2), 16, True),
     (32, 4, (2, 2), 4, True),
     (1, 2, (4, 2), 8, False),
+    # int4's M=1 winners on the 8B and 70B qkv/o shapes (latency, not bytes: bench/NOTES.md, session
+    # 21): 256-row CTAs with no cross-warp reduction, and CTAs of 8 or 16 K-warps.
+    (8, 2, (8, 1), 8, False),
+    (8, 1, (1, 8), 16, False),
+    (8, 1, (2, 8), 8, False),
 )
 
 
@@ -136,6 +141,9 @@ DEFERRED_SHAPES = (
 # 205 -> 197; 4096x4096 2- and 3-bit 4-5% faster; 2-bit's large shapes keep the plain ring.
 LOWBIT_DEFERRED_SHAPES = (
     (8, 4, (2, 2), 8, 0),
+    (8, 2, (8, 1), 8, 0),
+    (8, 1, (1, 8), 16, 0),
+    (8, 1, (2, 8), 8, 0),
     (8, 4, (2, 2), 8, 3),
     (8, 1, (2, 4), 32, 2),
     (16, 4, (2, 2), 4, 3),
