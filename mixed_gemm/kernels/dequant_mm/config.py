@@ -78,7 +78,7 @@ class DequantMMConfig:
 
     def grid(self, n_pad: int, k16: int) -> Tuple[int, int, int]:
         """sm80: one block per 64 columns x TILE_K rows of K; sm90a / lowbit: one per 8 layout
-        blocks of a block column (a block: one atom; four for the lowbit bit planes)."""
+        blocks of a block column (a block: one atom; four for 1-3 bits in the lowbit layout)."""
         if self.layout == "sm90a":
             return (-(-n_pad // 128), k16, 1)
         if self.layout == "lowbit":

@@ -78,7 +78,7 @@ class GemvConfig:
             ((self.layout == "lowbit") == (self.bits in LOWBIT_BITS),
              f"{LOWBIT_BITS}-bit weights are read from the lowbit layout, and only they"),
             (self.layout != "lowbit" or self.unroll % block_atoms(self.bits) == 0,
-             "unroll: whole blocks of the lowbit layout (4 atoms for the 1-3-bit planes)"),
+             "unroll: whole blocks of the lowbit layout (4 atoms for 1-3 bits)"),
             (self.layout != "sm80" or self.tokens == 16, "the sm80-layout kernel serves 16 tokens (one m16 tile)"),
             (1 <= self.strips <= 8, "strips must be in [1, 8]"),
             (wn >= 1 and wk >= 1 and 32 * wn * wk <= MAX_THREADS, f"warps: at most {MAX_THREADS} threads"),

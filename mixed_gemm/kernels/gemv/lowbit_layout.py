@@ -46,13 +46,13 @@ from ..sm90a import layout as sm90a_layout
 
 NAME = "lowbit"
 ATOM = 16
-PLANE_BITS = (1, 2, 3)
+BLOCK_BITS = (1, 2, 3)  # 4-atom blocks: 1- and 2-bit planes, whole 3-bit fields
 # mixed_gemm::kField3PerWord / kField3SpareBit (templates/atoms/lowbit.cuh; the lowbit sources
 # static_assert them, constant_checks): 3-bit fields per half-word, the bit that holds pair 15's.
 FIELD3_PER_WORD = 5
 FIELD3_SPARE_BIT = 15
 SPARSE_BITS = 7
-BITS = PLANE_BITS + (SPARSE_BITS,)
+BITS = BLOCK_BITS + (SPARSE_BITS,)
 ALWAYS_ZEROS = True  # z' is always stored (zeros for symmetric weights), as in the sm90a layout
 
 
