@@ -3,7 +3,7 @@
 // Kernel: mg_moe_sm80_bf16_u8_t64x128x64_w2x2x1_s4
 // Config: MoeSm80Config(dtype='bf16', bits=8, zero_mode='int', stage='w13', tile=(64, 128, 64), warps=(2, 2, 1), stages=4)
 // The moe_sm80 family: the sm80 family's multistage mma.sync tile (templates/sm80/gemm_sm80.cuh) on
-// the one copy (kSm90aLayout), one launch over every expert's sorted rows: `<name>_gate_up` stores
+// the one copy (kAtomLayout), one launch over every expert's sorted rows: `<name>_gate_up` stores
 // SiLU(gate) * up from its accumulators (h), `<name>` the plain product (the down projection's
 // rows), and `<name>_combine` adds the top-k slots (templates/common/moe_route.cuh). A fatbin like
 // the sm80 family's: the launcher (mixed_gemm/kernels/moe_sm80/launch.py) fills the argument

@@ -29,7 +29,10 @@
 // 8 t + g is stored at position 8 g + t, so lane (g = lane / 4) reads its 8 tiles' values as one
 // 16-byte vector.
 //
-// kSm90aLayout: the same kernel reading the Hopper one copy (mixed_gemm/kernels/sm90a/layout.py),
+// kAtomLayout: the same kernel reading the one copy of A-fragment atoms: the sm90a layout
+// (mixed_gemm/kernels/sm90a/layout.py, 4 and 8 bits) or the lowbit layout (1-3 bits and 1:2-sparse
+// 7 bits, mixed_gemm/kernels/gemv/lowbit_layout.py; W::kAtoms atoms per block along K). The sm90a
+// case first, as it was written (the Hopper one copy),
 // so decode batches of 9-32 tokens get this multistage pipeline without a second weight copy. An
 // sm90a atom (16 n x 16 k) is the mma A fragment of W, i.e. the B fragments of W^T for two n8 tiles
 // (lane 4 g + t: registers 0, 2 are column g's k pairs, 1, 3 column g + 8's). The 4 atoms of one
@@ -37,6 +40,10 @@
 // BN/16 atoms per k16 verbatim and one ldmatrix.x4 (lane t at 16 t) hands lane l atom i's word as
 // register i, exactly as the sm80 atom does. The codes are signed and the zero additive
 // (w = q' s + z', every zero mode folded in at prepack), scales/zeros plain (G, N_pad) rows.
+// Generally a stage holds block rows: one block (kAtoms atoms along K, W::kWords words per lane) of
+// each of the CTA's BN/16 strips, contiguous in global memory; the 4 strips of a 64-column block are
+// 4 kWords consecutive 128-byte chunks, so kWords ldmatrix.x4 hand lane l its words (chunk i as
+// register i), and W::convert turns atom u of a strip's words into the lane's A-fragment pairs.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -51,6 +58,7 @@
 #include "cutlass/gemm/gemm.h"
 #include "cutlass/gemm/threadblock/threadblock_swizzle.h"
 
+#include "atoms/lowbit.cuh"
 #include "atoms/sm90a.cuh"
 #include "common/dequant.cuh"
 #include "sm80/reduce.cuh"
@@ -79,7 +87,7 @@ struct GemmArgs {
 };
 
 template <typename Element_, int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
-          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>, bool kSm90aLayout_ = false>
+          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>, bool kAtomLayout_ = false>
 struct MixedGemmSm80 {
   using Element = Element_;
   using P = Pair<Element>;
@@ -101,7 +109,8 @@ struct MixedGemmSm80 {
   static constexpr int kK16 = BK / 16;       // k16 steps per k-tile
   static constexpr int kK16PerWarp = kK16 / WarpsK;
 
-  static_assert(kBits == 4 || kBits == 8, "4- or 8-bit weights");
+  static_assert(kBits == 4 || kBits == 8 || (kAtomLayout_ && (kBits == 1 || kBits == 2 || kBits == 3 || kBits == 7)),
+                "4- or 8-bit weights (1-3 bits and 1:2-sparse 7 bits: the lowbit layout)");
   static_assert(BM % (16 * WarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(BN % (kAtomN * WarpsN) == 0, "warp tile columns must be a multiple of the 64-column atom");
   static_assert(BK == 64 || BK == 128, "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks)");
@@ -116,17 +125,22 @@ struct MixedGemmSm80 {
   // Bytes of one atom (16 x 64 elements) and of one chunk that a single ldmatrix.x4 reads.
   static constexpr int kAtomBytes = 16 * 64 * kBits / 8;
   static constexpr int kChunks = kBits / 4;
-  // The sm90a layout (kL90): a 16 x 16 atom, and one k16 row of the CTA's BN columns.
-  static constexpr bool kL90 = kSm90aLayout_;
-  static constexpr int kAtom90Bytes = 16 * 16 * kBits / 8;
-  static constexpr int kRow90Bytes = (BN / 16) * kAtom90Bytes;
-  static_assert(!kL90 || kZeroMode_ == int(ZeroMode::kInteger),
-                "the sm90a layout always stores the additive zero: compile it as the integer-zero kind");
+  // The atom layouts (kFrag): a block of W::kAtoms atoms (one strip's block: kBlockBytes), and a
+  // block row of the CTA's BN / 16 strips (kRowBytes), kRowsB rows per k-tile.
+  static constexpr bool kFrag = kAtomLayout_;
+  using W = WeightAtoms<Element, kBits>;
+  static constexpr int kBlockK16 = kFrag ? W::kAtoms : 1;
+  static constexpr int kBlockBytes = 128 * W::kWords;
+  static constexpr int kRowBytes = (BN / 16) * kBlockBytes;
+  static constexpr int kRowsB = kK16 / kBlockK16;
+  static_assert(!kFrag || kK16 % kBlockK16 == 0, "a k-tile holds whole blocks");
+  static_assert(!kFrag || kZeroMode_ == int(ZeroMode::kInteger),
+                "the atom layouts always store the additive zero: compile them as the integer-zero kind");
 
   // Shared memory per stage. Group sizes are >= 32, so a k-tile touches at most BK/32 groups.
   static constexpr int kGroupRows = BK / 32;
   static constexpr int kSmemA = BM * BK * 2;
-  static constexpr int kSmemB = BK * BN * kBits / 8;
+  static constexpr int kSmemB = kFrag ? kRowsB * kRowBytes : BK * BN * kBits / 8;  // 1:2-sparse: int4's bytes
   static constexpr int kSmemS = kGroupRows * BN * 2;
   static constexpr int kSmemZ = kZeroMode == ZeroMode::kSymmetric ? 0 : kSmemS;
   using Deq = Dequantizer<Element, kBits, kZeroMode>;
@@ -155,30 +169,31 @@ struct MixedGemmSm80 {
     return row * (BK / 8) + (chunk ^ (row & 7));
   }
 
-  // The copy plan of A and (sm90a layout) B, built once per CTA. A thread's chunks of a stage are
+  // The copy plan of A and (atom layouts) B, built once per CTA. A thread's chunks of a stage are
   // then a pointer advanced by the k-tile plus a fixed stride per pass, predicated by row / strip
   // bits fixed per CTA; only a tile reaching K's end checks k. Recomputed per k-tile (load_stage's
   // general form), the 64-bit addressing and zero-fill predicates were a third of the 16-token
   // main loop's instructions (bench/NOTES.md, session 16). Valid when a pass of the CTA covers
-  // whole A rows and whole B k16 rows, and the A swizzle's row & 7 is the same in every pass.
+  // whole A rows, and the A swizzle's row & 7 is the same in every pass; B is planned too when a
+  // pass covers whole block rows (3-bit rows of 96 chunks are not: they take load_b_rows).
   static constexpr int kRowChunksA = BK / 8;
   static constexpr int kPassesA = BM * kRowChunksA / kThreads;
-  static constexpr int kRowChunksB = kRow90Bytes / 16;
-  static constexpr int kPassesB = kK16 * kRowChunksB / kThreads;
-  static constexpr bool kPlanned = kL90 && kThreads % kRowChunksA == 0 && (kThreads / kRowChunksA) % 8 == 0 &&
-                                   (BM * kRowChunksA) % kThreads == 0 && kThreads % kRowChunksB == 0 &&
-                                   (kK16 * kRowChunksB) % kThreads == 0;
+  static constexpr int kRowChunksB = kRowBytes / 16;
+  static constexpr int kPassesB = kRowsB * kRowChunksB / kThreads;
+  static constexpr bool kPlanned = kFrag && kThreads % kRowChunksA == 0 && (kThreads / kRowChunksA) % 8 == 0 &&
+                                   (BM * kRowChunksA) % kThreads == 0;
+  static constexpr bool kPlannedB = kPlanned && kThreads % kRowChunksB == 0 && (kRowsB * kRowChunksB) % kThreads == 0;
 
   struct CopyPlan {
     char const* a;  // the thread's A chunk of pass 0 at k-tile 0
     char const* b;  // its B chunk of pass 0 at k-tile 0
     int a_pass;     // bytes between A passes (kThreads / kRowChunksA rows)
     int b_pass;     // bytes between B passes (kThreads / kRowChunksB k16 rows)
-    int b_tile;     // bytes of B per k-tile (kK16 rows of N_pad / 16 atoms)
+    int b_tile;     // bytes of B per k-tile (kRowsB rows of N_pad / 16 blocks)
     int a_k;        // the chunk's first k inside a k-tile
-    int b_kk;       // the k16 row of pass 0 inside a k-tile
+    int b_kk;       // the block row of pass 0 inside a k-tile
     unsigned a_rows;  // bit i: pass i's A row is < M
-    bool b_strip;   // the chunk's atom is in a strip < N_pad / 16
+    bool b_strip;   // the chunk's block is in a strip < N_pad / 16
     int a_dst, b_dst;  // stage offsets of pass 0
     // The thread's scale and zero chunk (one pass): row p_row of the k-tile's groups, at group 0.
     char const* s;
@@ -200,11 +215,11 @@ struct MixedGemmSm80 {
     c.a_dst = a_swizzle(row, chunk) * 16;
     int const strips = p.n_pad / 16, off = (tid % kRowChunksB) * 16;
     c.b_kk = tid / kRowChunksB;
-    c.b_pass = (kThreads / kRowChunksB) * strips * kAtom90Bytes;
-    c.b_tile = kK16 * strips * kAtom90Bytes;
-    c.b_strip = t.n0 / 16 + off / kAtom90Bytes < strips;
-    c.b = static_cast<char const*>(p.b) + ((size_t)c.b_kk * strips + t.n0 / 16) * kAtom90Bytes + off;
-    c.b_dst = kSmemA + c.b_kk * kRow90Bytes + off;
+    c.b_pass = (kThreads / kRowChunksB) * strips * kBlockBytes;
+    c.b_tile = kRowsB * strips * kBlockBytes;
+    c.b_strip = t.n0 / 16 + off / kBlockBytes < strips;
+    c.b = static_cast<char const*>(p.b) + ((size_t)c.b_kk * strips + t.n0 / 16) * kBlockBytes + off;
+    c.b_dst = kSmemA + c.b_kk * kRowBytes + off;
     constexpr int kChunksRow = BN / 8;
     int const col = (tid % kChunksRow) * 8;
     c.p_row = tid / kChunksRow;
@@ -231,14 +246,19 @@ struct MixedGemmSm80 {
       cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.a_dst + i * (kThreads / kRowChunksA) * BK * 2,
                                                                  a + i * c.a_pass, ok);
     }
-    int const kb0 = ktile * kK16 + c.b_kk;
-    bool const b_whole = (ktile + 1) * kK16 <= p.k16;
-    char const* b = c.b + (size_t)ktile * c.b_tile;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kPassesB; ++i) {
-      bool const ok = c.b_strip && (b_whole || kb0 + i * (kThreads / kRowChunksB) < p.k16);
-      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.b_dst + i * (kThreads / kRowChunksB) * kRow90Bytes,
-                                                                 b + i * c.b_pass, ok);
+    if constexpr (kPlannedB) {
+      int const rows = p.k16 / kBlockK16;
+      int const kb0 = ktile * kRowsB + c.b_kk;
+      bool const b_whole = (ktile + 1) * kRowsB <= rows;
+      char const* b = c.b + (size_t)ktile * c.b_tile;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kPassesB; ++i) {
+        bool const ok = c.b_strip && (b_whole || kb0 + i * (kThreads / kRowChunksB) < rows);
+        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.b_dst + i * (kThreads / kRowChunksB) * kRowBytes,
+                                                                   b + i * c.b_pass, ok);
+      }
+    } else {
+      load_b_rows(p, t, ktile, stage, tid);
     }
     // Scales and zeros: the k-tile's group rows (past the last group, the last again).
     static_assert(kGroupRows * (BN / 8) <= kThreads, "one pass of parameter chunks");
@@ -268,23 +288,9 @@ struct MixedGemmSm80 {
         cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + a_swizzle(row, chunk) * 16, src, ok);
       }
     }
-    // B: BN / 64 strips, each BK / 16 consecutive atoms (sm80), or BK / 16 rows of BN / 16 atoms (sm90a).
-    if constexpr (kL90) {
-      constexpr int kChunksRow = kRow90Bytes / 16;
-      constexpr int kChunksB = kK16 * kChunksRow;
-      char const* b = static_cast<char const*>(p.b);
-      char* sb = stage + kSmemA;
-      int const strips = p.n_pad / 16;
-      CUTLASS_PRAGMA_UNROLL
-      for (int it = 0; it < (kChunksB + kThreads - 1) / kThreads; ++it) {
-        int const i = tid + it * kThreads;
-        if (kChunksB % kThreads != 0 && i >= kChunksB) break;
-        int const kk = i / kChunksRow, off = (i % kChunksRow) * 16;
-        int const kb = ktile * kK16 + kk;
-        bool const ok = kb < p.k16 && t.n0 / 16 + off / kAtom90Bytes < strips;
-        char const* src = ok ? b + ((size_t)kb * strips + t.n0 / 16) * kAtom90Bytes + off : b;
-        cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(sb + kk * kRow90Bytes + off, src, ok);
-      }
+    // B: BN / 64 strips, each BK / 16 consecutive atoms (sm80), or kRowsB block rows (atom layouts).
+    if constexpr (kFrag) {
+      load_b_rows(p, t, ktile, stage, tid);
     } else {
       constexpr int kStripBytes = (BK / 16) * kAtomBytes;
       constexpr int kChunksB = (BN / 64) * kStripBytes / 16;
@@ -304,6 +310,25 @@ struct MixedGemmSm80 {
       }
     }
     load_params_stage(p, t, ktile, stage, tid);
+  }
+
+  // B of the atom layouts, each chunk's place computed: kRowsB block rows of BN / 16 blocks.
+  static __device__ __forceinline__ void load_b_rows(GemmArgs const& p, Tile const& t, int ktile, char* stage, int tid) {
+    using cutlass::arch::CacheOperation;
+    constexpr int kChunksB = kRowsB * kRowChunksB;
+    char const* b = static_cast<char const*>(p.b);
+    char* sb = stage + kSmemA;
+    int const strips = p.n_pad / 16, rows = p.k16 / kBlockK16;
+    CUTLASS_PRAGMA_UNROLL
+    for (int it = 0; it < (kChunksB + kThreads - 1) / kThreads; ++it) {
+      int const i = tid + it * kThreads;
+      if (kChunksB % kThreads != 0 && i >= kChunksB) break;
+      int const r = i / kRowChunksB, off = (i % kRowChunksB) * 16;
+      int const kb = ktile * kRowsB + r;
+      bool const ok = kb < rows && t.n0 / 16 + off / kBlockBytes < strips;
+      char const* src = ok ? b + ((size_t)kb * strips + t.n0 / 16) * kBlockBytes + off : b;
+      cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(sb + r * kRowBytes + off, src, ok);
+    }
   }
 
   // Scales and zeros: the groups this k-tile touches. Rows past the last group repeat it (they
@@ -402,7 +427,7 @@ struct MixedGemmSm80 {
   }
 
   // ---------------------------------------------------------------------------------------------
-  // The sm90a layout (kL90): a warp's scales/zeros, then one k16 step.
+  // The atom layouts (kFrag): a warp's scales/zeros, its strips' block words, then one k16 step.
   // ---------------------------------------------------------------------------------------------
   static __device__ __forceinline__ uint32_t splat_bits(uint32_t h) {
     return P::splat(reinterpret_cast<raw const&>(reinterpret_cast<uint16_t const&>(h)));
@@ -427,39 +452,56 @@ struct MixedGemmSm80 {
       }
   }
 
-  static __device__ __forceinline__ void mma_k16_90(char const* stage, int kk, int warp_m, int warp_n, int lane,
-                                                    uint32_t const (&s)[kAtomsN][8], uint32_t const (&z)[kAtomsN][8],
-                                                    float (&acc)[kMmaM][kTilesN][4]) {
+  // The lane's words of block row `row` for the 4 strips of each of the warp's 64-column blocks:
+  // w[a][i * kWords + c] is strip i's word c.
+  static constexpr int kStripWords = 4 * W::kWords;
+  static __device__ __forceinline__ void load_words(char const* stage, int row, int warp_n, int lane,
+                                                    uint32_t (&w)[kAtomsN][kStripWords]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int a = 0; a < kAtomsN; ++a) {
+      char const* blk = stage + kSmemA + row * kRowBytes + (warp_n * kAtomsN + a) * 4 * kBlockBytes;
+      if constexpr (W::kLaneStride == 1) {
+        // Word c of every lane is one 128-byte chunk: the 4 kWords chunks in a row, one ldmatrix.x4
+        // (lane t at 16 t) per 4 of them, each handing lane l the word at 4 l of its chunk.
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < W::kWords; ++v) {
+          cutlass::Array<unsigned, 4> q;
+          cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(q, blk + v * 512 + lane * 16);
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < 4; ++i) w[a][4 * v + i] = q[i];
+        }
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < 4; ++i) {  // int8: 8 bytes per lane per atom, a warp reads 256 contiguous bytes
+          uint2 const v = *reinterpret_cast<uint2 const*>(blk + i * kBlockBytes + lane * 8);
+          w[a][i * W::kWords] = v.x;
+          w[a][i * W::kWords + W::kWords - 1] = v.y;
+        }
+      }
+    }
+  }
+
+  // One k16 step: atom u of each strip's block (u is a constant after unrolling).
+  static __device__ __forceinline__ void mma_k16_frag(char const* stage, int kk, int u, int warp_m, int lane,
+                                                      uint32_t const (&w)[kAtomsN][kStripWords],
+                                                      uint32_t const (&s)[kAtomsN][8], uint32_t const (&z)[kAtomsN][8],
+                                                      float (&acc)[kMmaM][kTilesN][4]) {
     cutlass::Array<unsigned, 4> a_frag[kMmaM];
     load_a(stage, kk, warp_m, lane, a_frag);
     CUTLASS_PRAGMA_UNROLL
     for (int a = 0; a < kAtomsN; ++a) {
-      // The block's 4 atoms (strips 4 a' .. 4 a' + 3 of the CTA) at this k16, 4 x kAtom90Bytes in a row.
-      char const* blk = stage + kSmemA + kk * kRow90Bytes + (warp_n * kAtomsN + a) * 4 * kAtom90Bytes;
-      uint32_t w[4][kBits / 4];
-      if constexpr (kBits == 4) {
-        cutlass::Array<unsigned, 4> v;
-        cutlass::arch::ldsm<cutlass::layout::RowMajor, 4>(v, blk + lane * 16);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < 4; ++i) w[i][0] = v[i];
-      } else {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < 4; ++i) {  // 8 bytes per lane per atom: a warp reads 256 contiguous bytes
-          uint2 const v = *reinterpret_cast<uint2 const*>(blk + i * kAtom90Bytes + lane * 8);
-          w[i][0] = v.x;
-          w[i][1] = v.y;
-        }
-      }
       uint32_t bfrag[8][2];
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < 4; ++i) {
+        uint32_t const(&words)[W::kWords] = *reinterpret_cast<uint32_t const(*)[W::kWords]>(&w[a][i * W::kWords]);
         uint32_t q[4];
-        AtomConvert<Element, kBits>::run(w[i], q);
+        W::convert(words, u, q);
         // Splatted at the use, not the load: ptxas then reads the half through the HFMA2's .H0_H0
         // operand selector instead of a PRMT per value (16 per k-tile and warp).
         uint32_t const si[2] = {splat_bits(s[a][2 * i]), splat_bits(s[a][2 * i + 1])};
         uint32_t const zi[2] = {splat_bits(z[a][2 * i]), splat_bits(z[a][2 * i + 1])};
         atom_scale<Element>(q, si, zi);
+        W::finish(words, u, q);
         // A-fragment registers 0, 2 (rows g) are column g's B fragment, 1, 3 (rows g + 8) column g + 8's.
         bfrag[2 * i][0] = q[0];
         bfrag[2 * i][1] = q[2];
@@ -470,19 +512,45 @@ struct MixedGemmSm80 {
     }
   }
 
+  // A warp's k16 steps of a stage on an atom layout, its first step being atom kFirst of its block.
+  // The converters take the atom as a compile-time constant (its fields' shifts and words), so when
+  // K warps split a block (kK16PerWarp < kBlockK16), mma_stage dispatches on the warp's first atom.
+  template <int kFirst>
+  static __device__ __forceinline__ void mma_stage_frag(GemmArgs const& p, char const* stage, int warp_m, int warp_n,
+                                                        int warp_k, int lane, float (&acc)[kMmaM][kTilesN][4]) {
+    uint32_t s[kAtomsN][8], z[kAtomsN][8];
+    uint32_t w[kAtomsN][kStripWords];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kK16PerWarp; ++j) {
+      int const kk = warp_k * kK16PerWarp + j;
+      int const u = (kFirst + j) % kBlockK16;
+      // A new group row starts here (uniform across the warp: no divergence).
+      if (j == 0 || ((kk * 16) >> p.group_shift) != (((kk - 1) * 16) >> p.group_shift))
+        load_params90(stage, kk, p.group_shift, warp_n, lane, s, z);
+      if (j == 0 || u == 0) load_words(stage, kk / kBlockK16, warp_n, lane, w);
+      mma_k16_frag(stage, kk, u, warp_m, lane, w, s, z, acc);
+    }
+  }
+
+  template <int kFirst>
+  static __device__ __forceinline__ void dispatch_first(GemmArgs const& p, char const* stage, int first, int warp_m,
+                                                        int warp_n, int warp_k, int lane, float (&acc)[kMmaM][kTilesN][4]) {
+    if constexpr (kFirst + kK16PerWarp >= kBlockK16) {
+      mma_stage_frag<kFirst>(p, stage, warp_m, warp_n, warp_k, lane, acc);
+    } else if (first == kFirst) {
+      mma_stage_frag<kFirst>(p, stage, warp_m, warp_n, warp_k, lane, acc);
+    } else {
+      dispatch_first<kFirst + kK16PerWarp>(p, stage, first, warp_m, warp_n, warp_k, lane, acc);
+    }
+  }
+
   // One warp's k16 steps of a stage.
   static __device__ __forceinline__ void mma_stage(GemmArgs const& p, char const* stage, int warp_m, int warp_n,
                                                    int warp_k, int lane, float (&acc)[kMmaM][kTilesN][4]) {
-    if constexpr (kL90) {
-      uint32_t s[kAtomsN][8], z[kAtomsN][8];
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kK16PerWarp; ++j) {
-        int const kk = warp_k * kK16PerWarp + j;
-        // A new group row starts here (uniform across the warp: no divergence).
-        if (j == 0 || ((kk * 16) >> p.group_shift) != (((kk - 1) * 16) >> p.group_shift))
-          load_params90(stage, kk, p.group_shift, warp_n, lane, s, z);
-        mma_k16_90(stage, kk, warp_m, warp_n, lane, s, z, acc);
-      }
+    if constexpr (kFrag) {
+      // Powers of two: a warp's steps lie in one block, or cover whole blocks from a block's start.
+      static_assert(kK16PerWarp % kBlockK16 == 0 || kBlockK16 % kK16PerWarp == 0, "warps split blocks evenly");
+      dispatch_first<0>(p, stage, (warp_k * kK16PerWarp) % kBlockK16, warp_m, warp_n, warp_k, lane, acc);
     } else {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kK16PerWarp; ++j) mma_k16(p, stage, warp_k * kK16PerWarp + j, warp_m, warp_n, lane, acc);

@@ -136,8 +136,9 @@ def test_layout_for_cpu_is_the_primary_layout(monkeypatch):
 
 
 def test_profiler_candidates_for_lowbit_weights_parse(monkeypatch):
-    """The profiler's sweep asks layout_for(device, bits): a 2-bit problem offers gemv and dequant_mm
-    schedules of the lowbit layout, each of which parses into a config (the H100 run once failed here)."""
+    """The profiler's sweep asks layout_for(device, bits): a 2-bit problem offers gemv, sm80 and
+    dequant_mm schedules of the lowbit layout, each of which parses into a config (the H100 run once
+    failed here)."""
     from mixed_gemm.kernels import Problem, base, parse_schedule
     from mixed_gemm.profiler.candidates import candidate_schedules
 
@@ -146,9 +147,11 @@ def test_profiler_candidates_for_lowbit_weights_parse(monkeypatch):
         problem = Problem(m=m, n=4096, k=4096, dtype="f16", bits=2, zero_mode="int", group_size=64,
                           layout=layout_for(0, 2))
         scheds = candidate_schedules(problem, 132)
-        assert scheds and all(s.split(":")[0] in ("gemv", "dequant_mm") for s in scheds)
+        assert scheds and all(s.split(":")[0] in ("gemv", "sm80", "dequant_mm") for s in scheds)
+        assert all(s.endswith("_lowbit") or "_lowbit_" in s for s in scheds if s.startswith("sm80:"))
         for s in scheds:
-            parse_schedule(s, dtype="f16", bits=2, zero_mode="int")
+            config = parse_schedule(s, dtype="f16", bits=2, zero_mode="int")
+            assert getattr(config, "layout", "lowbit") == "lowbit"
 
 
 @pytest.mark.nvcc

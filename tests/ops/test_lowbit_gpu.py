@@ -1,12 +1,13 @@
 """1-, 2-, 3-bit and 1:2-sparse 7-bit weights on the GPU (the lowbit layout): every catalog gemv
-kernel of those widths, and selection over M in {1, 3, 16, 64, 300} (gemv up to 32 tokens,
-dequantize + cuBLAS above) for every width x group 32/64/128 x fp16/bf16, element-wise against the
-float32 reference; HQQ float zeros; the dequantize kernel; the sparse pattern's exact zeros."""
+kernel and every sm80 ``_lowbit`` tile of those widths, and selection over M in {1, 3, 16, 64, 300}
+(gemv or the sm80 tiles up to 32 tokens, dequantize + cuBLAS above) for every width x group
+32/64/128 x fp16/bf16, element-wise against the float32 reference; HQQ float zeros; the dequantize
+kernel; the sparse pattern's exact zeros."""
 import pytest
 import torch
 
 import mixed_gemm as mg
-from mixed_gemm.kernels import gemv
+from mixed_gemm.kernels import gemv, sm80
 from mixed_gemm.kernels.gemv.catalog import shapes_for
 from test_sm90a_gpu import DTYPES, TOL
 from weights import rel_err, seed_of
@@ -56,7 +57,8 @@ def test_every_m_through_selection(bits, group, dtype):
         x = torch.randn(m, k, device="cuda").to(tdtype)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=tdtype)
         mg.matmul(x, w, out=out)
-        assert mg.explain(m, w).family.name == ("gemv" if m <= 32 else "dequant_mm")
+        # Up to 32 tokens gemv or (where a profile chose it) the sm80 family's _lowbit tiles.
+        assert mg.explain(m, w).family.name in (("gemv", "sm80") if m <= 32 else ("dequant_mm",))
         _check(out, x, ref, None, k, dtype)
 
 
@@ -85,6 +87,56 @@ def test_every_catalog_kernel(schedule, dtype, bits, group, m):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=tdtype)
     mg.matmul(x, w, bias=bias, config=cfg, out=out)
     _check(out, x, ref, bias, k, dtype)
+
+
+SM80_LAUNCH = (("none", 1, 1), ("fused", 3, 1), ("parallel", 2, 2), ("fused", 8, 4), ("serial", 2, 1))
+
+
+def _sm80_params():
+    cases = []
+    kernels = [c for c in sm80.FAMILY.catalog() if c.layout == "lowbit"]
+    assert kernels, "the catalog compiles the decode tiles for the lowbit layout"
+    for i, c in enumerate(kernels):
+        group = GROUPS[i % len(GROUPS)]
+        mode, split, swizzle = SM80_LAUNCH[i % len(SM80_LAUNCH)]
+        m = (9, 16, 32, 5, 27)[i % 5]
+        sched = c.replace(split_k_mode=mode, split_k=split, swizzle=swizzle).schedule
+        cases.append(pytest.param(sched, c.dtype, c.bits, group, m, id=f"{sched}-{c.dtype}-u{c.bits}-g{group}-m{m}"))
+    return cases
+
+
+@pytest.mark.parametrize("schedule,dtype,bits,group,m", _sm80_params())
+def test_every_sm80_lowbit_tile(schedule, dtype, bits, group, m):
+    """Ragged N (16-row strips, 64/128-column tiles); K not a multiple of BK (a k-tile with one
+    block row of two) and, at group 32, of the 64-wide blocks (a zero-filled block tail)."""
+    n, k = 2 * 389, group * 7
+    seed = seed_of("sm80-lowbit", schedule, dtype, bits, group, m)
+    w, ref = _weight(dtype, bits, group, n, k, seed, zero="float" if bits in (2, 3) and seed % 2 else "int")
+    tdtype = DTYPES[dtype]
+    bias = torch.randn(n, device="cuda").to(tdtype) if seed % 3 else None
+    cfg = sm80.Sm80Config.from_schedule(schedule, dtype=dtype, bits=bits, zero_mode=w.zero_mode)
+    assert cfg.layout == "lowbit"
+    x = torch.randn(m, k, device="cuda").to(tdtype)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=tdtype)
+    mg.matmul(x, w, bias=bias, config=cfg, out=out)
+    _check(out, x, ref, bias, k, dtype)
+
+
+def test_sm80_lowbit_fused_split_is_deterministic_and_graph_capturable():
+    w, ref = _weight("f16", 3, 64, 4096, 4096, seed_of("sm80-lowbit-det"))
+    cfg = sm80.Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_lowbit_kfused4", bits=3, zero_mode="int")
+    x = torch.randn(16, 4096, device="cuda").half()
+    first = mg.matmul(x, w, config=cfg)
+    assert torch.equal(mg.matmul(x, w, config=cfg), first)
+    out = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mg.matmul(x, w, config=cfg, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+    _check(first, x, ref, None, 4096, "f16")
 
 
 @pytest.mark.parametrize("bits", WIDTHS)

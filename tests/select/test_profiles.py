@@ -181,7 +181,7 @@ def test_profile_entry_that_cannot_run_falls_back_with_reason(h100, monkeypatch)
 
 
 def test_no_family_reads_the_layout(h100):
-    with pytest.raises(ValueError, match="sm80: reads the 'sm80' or 'sm90a' weight layout.*dequant_mm: reads the 'sm80'"):
+    with pytest.raises(ValueError, match="sm80: reads the 'sm80' \\(4/8 bits\\) or 'sm90a' \\(4/8 bits\\) or 'lowbit'.*dequant_mm: reads the 'sm80'"):
         choose(_problem(16, layout="other"), 0)
 
 

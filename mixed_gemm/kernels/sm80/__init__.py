@@ -1,7 +1,8 @@
 """The ``sm80`` family: a CUTLASS 2.x-style multistage mma.sync mixed-input GEMM
 (templates/sm80/gemm_sm80.cuh). One fatbin runs on sm_80 and sm_90 (plus compute_90 PTX for newer
-GPUs); it reads the ``sm80`` weight layout (:mod:`.layout`), and its ``_sm90a`` schedules the
-Hopper one copy (the ``sm90a`` layout: decode batches there get this pipeline without a second copy)."""
+GPUs); it reads the ``sm80`` weight layout (:mod:`.layout`), its ``_sm90a`` schedules the Hopper one
+copy (the ``sm90a`` layout: decode batches there get this pipeline without a second copy), and its
+``_lowbit`` schedules the 1-3-bit and 1:2-sparse weights (the ``lowbit`` layout), for the same batches."""
 from __future__ import annotations
 
 from typing import List
@@ -13,7 +14,7 @@ from . import layout
 from .abi import GEMM_ARGS_BYTES, REDUCE_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog
-from .config import LAYOUTS, Sm80Config
+from .config import LAYOUT_BITS, LAYOUTS, Sm80Config
 from .heuristics import heuristic_config, refit_split_k
 from .launch import Sm80Launcher
 
@@ -43,9 +44,16 @@ class Sm80Family(Family):
                            f"above the grid limit {MAX_GRID_Y}")
         return OK
 
+    @staticmethod
+    def _layouts(problem: Problem) -> List[str]:
+        """The layouts of ``problem``'s weight this family reads at its width."""
+        held = problem.layout.split("+")
+        return [name for name in LAYOUTS if name in held and problem.bits in LAYOUT_BITS[name]]
+
     def reads_weight(self, problem: Problem) -> Verdict:
-        if not set(LAYOUTS) & set(problem.layout.split("+")):
-            return False, f"reads the {' or '.join(map(repr, LAYOUTS))} weight layout, the weight holds {problem.layout!r}"
+        if not self._layouts(problem):
+            read = " or ".join(f"{name!r} ({'/'.join(map(str, LAYOUT_BITS[name]))} bits)" for name in LAYOUTS)
+            return False, f"reads the {read} weight layout, the weight holds {problem.layout!r} at {problem.bits} bits"
         return OK
 
     def layout_of(self, config: Sm80Config) -> str:
@@ -55,11 +63,11 @@ class Sm80Family(Family):
         return default_catalog()
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:
-        return [s for layout in LAYOUTS if layout in problem.layout.split("+")
+        return [s for layout in self._layouts(problem)
                 for s in candidate_schedules(problem.m, problem.n, problem.k, sms, layout=layout)]
 
     def heuristic(self, problem: Problem, sms: int):
-        layout = next((name for name in LAYOUTS if name in problem.layout.split("+")), LAYOUTS[0])
+        layout = next(iter(self._layouts(problem)), LAYOUTS[0])
         return heuristic_config(problem.m, n=problem.n, k=problem.k, sms=sms, layout=layout, **problem.kind)
 
     def refit(self, config: Sm80Config, problem: Problem, sms: int, measured: Problem) -> Sm80Config:
@@ -76,7 +84,7 @@ class Sm80Family(Family):
             threads=kernel.threads, smem_bytes=kernel.smem_bytes,
             bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=kernel.stages,
             inst_m=kernel.instruction[0], inst_n=kernel.instruction[1], inst_k=kernel.instruction[2],
-            sm90a_layout="true" if kernel.layout == "sm90a" else "false",
+            atom_layout="false" if kernel.layout == "sm80" else "true",
             args_bytes=GEMM_ARGS_BYTES, reduce_args_bytes=REDUCE_ARGS_BYTES, constants=constant_checks(),
         )
 

@@ -17,7 +17,7 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, shapes=None, layout: s
     """Schedules (see :attr:`Sm80Config.schedule`) worth timing for an ``m`` x ``n`` x ``k`` problem
     whose weight holds ``layout`` (the catalog's shapes for it, unless ``shapes`` is given)."""
     out: List[str] = []
-    suffix = "_sm90a" if layout == "sm90a" else ""
+    suffix = "" if layout == "sm80" else f"_{layout}"
     for (bm, bn, bk), (wm, wn, wk), stages in (catalog_shapes(layout) if shapes is None else shapes):
         # Tiles much taller than M only multiply padding work; tiny tiles at large M re-read B too often.
         if bm > max(16, 2 * m) or (m >= 1024 and bm < 128) or (m >= 256 and bm < 64):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import List
 
 from ..common import DTYPES, ZERO_MODES
+from ..gemv.lowbit_layout import BITS as LOWBIT_BITS
 from .config import Sm80Config
 
 # (tile, warps, stages), small M to large M; the heuristics pick among these (a test checks).
@@ -28,22 +29,25 @@ SHAPES = (
 # kernels re-read x per warp and the wgmma tiles pay their TMA prologue on small shapes.
 SHAPES_SM90A = SHAPES[:7]
 WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in (4, 8) for zero in ZERO_MODES)
-# The sm90a layout folds every zero mode into its additive zero: one kernel per dtype and width.
+# The same tiles on the lowbit layout (1-3 bits, 1:2-sparse 7 bits): batches of 9-32 tokens, where
+# the gemv kernels lose a third of their M=1 speedup (bench/NOTES.md, session 22).
+SHAPES_LOWBIT = SHAPES_SM90A
+# The atom layouts fold every zero mode into their additive zero: one kernel per dtype and width.
 WEIGHT_KINDS_SM90A = tuple((dtype, bits, "int") for dtype in DTYPES for bits in (4, 8))
+WEIGHT_KINDS_LOWBIT = tuple((dtype, bits, "int") for dtype in DTYPES for bits in LOWBIT_BITS)
+_BY_LAYOUT = {"sm80": (SHAPES, WEIGHT_KINDS), "sm90a": (SHAPES_SM90A, WEIGHT_KINDS_SM90A),
+              "lowbit": (SHAPES_LOWBIT, WEIGHT_KINDS_LOWBIT)}
 
 
 def catalog_shapes(layout: str):
     """The (tile, warps, stages) the catalog compiles for weights of ``layout``."""
-    return SHAPES_SM90A if layout == "sm90a" else SHAPES
+    return _BY_LAYOUT[layout][0]
 
 
 def default_catalog() -> List[Sm80Config]:
     return [
-        Sm80Config(dtype=dtype, bits=bits, zero_mode=zero, tile=tile, warps=warps, stages=stages)
-        for dtype, bits, zero in WEIGHT_KINDS
-        for tile, warps, stages in SHAPES
-    ] + [
-        Sm80Config(dtype=dtype, bits=bits, zero_mode=zero, tile=tile, warps=warps, stages=stages, layout="sm90a")
-        for dtype, bits, zero in WEIGHT_KINDS_SM90A
-        for tile, warps, stages in SHAPES_SM90A
+        Sm80Config(dtype=dtype, bits=bits, zero_mode=zero, tile=tile, warps=warps, stages=stages, layout=layout)
+        for layout, (shapes, kinds) in _BY_LAYOUT.items()
+        for dtype, bits, zero in kinds
+        for tile, warps, stages in shapes
     ]

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import SPLIT_K_MODES, check_weight_kind, hash_once, raise_on
+from ..gemv.lowbit_layout import BITS as LOWBIT_BITS, SPARSE_BITS
 
-_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(_sm90a)?(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
-LAYOUTS = ("sm80", "sm90a")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_(sm90a|lowbit))?(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
+LAYOUTS = ("sm80", "sm90a", "lowbit")
+# The widths each layout holds (the lowbit layout: 1-3 bits and 1:2-sparse 7 bits).
+LAYOUT_BITS = {"sm80": (4, 8), "sm90a": (4, 8), "lowbit": LOWBIT_BITS}
 SWIZZLES = (1, 2, 4, 8)
 
 
@@ -25,8 +28,9 @@ class Sm80Config:
     Compiled into the kernel: ``dtype`` (activations and output), ``bits``, ``zero_mode`` (see
     dequant.cuh), ``tile`` = threadblock (BM, BN, BK), ``warps`` = warp grid (M, N, K) inside it
     (K warps are summed through shared memory), ``stages`` (cp.async pipeline depth), ``layout``:
-    the weight layout read, ``"sm80"`` or ``"sm90a"`` (the Hopper one copy, schedule suffix
-    ``_sm90a``: its zero is additive and always stored, so the zero mode is not compiled in).
+    the weight layout read, ``"sm80"``, ``"sm90a"`` (the Hopper one copy, schedule suffix
+    ``_sm90a``) or ``"lowbit"`` (1-3 bits and 1:2-sparse 7 bits, suffix ``_lowbit``); the atom
+    layouts' zero is additive and always stored, so the zero mode is not compiled in there.
     Chosen at launch: ``split_k_mode`` / ``split_k`` (K slices, blockIdx.z; "serial" takes turns
     on a semaphore, "parallel" adds a reduce kernel, "fused" lets the last slice of each tile sum
     the others) and ``swizzle`` (tile-group size of CUTLASS's identity threadblock swizzle).
@@ -52,7 +56,8 @@ class Sm80Config:
     def __post_init__(self) -> None:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
-        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
+        raise_on([(self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}")] +
+                 check_weight_kind(self.dtype, self.bits, self.zero_mode, LAYOUT_BITS.get(self.layout, ())) + [
             (self.instruction == (16, 8, 16), "instruction must be (16, 8, 16): mma.sync.m16n8k16"),
             (bk in (64, 128), "tile BK must be 64 or 128"),
             (bm % (16 * wm) == 0, "tile BM must be a multiple of 16 * warps M"),
@@ -64,7 +69,6 @@ class Sm80Config:
             (1 <= self.split_k <= 64, "split_k must be in [1, 64]"),
             (self.split_k == 1 or self.split_k_mode != "none", "split_k > 1 needs split_k_mode serial or parallel"),
             (self.swizzle in SWIZZLES, f"swizzle must be one of {SWIZZLES}"),
-            (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
         ], f"Sm80Config {self.tile}/{self.warps}")
 
     # ---- derived quantities (kept in step with gemm_sm80.cuh; the rendered source asserts them) ----
@@ -79,8 +83,9 @@ class Sm80Config:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
         s_bytes = (bk // 32) * bn * 2  # group sizes >= 32: at most BK/32 groups per k-tile
-        zeros = self.kernel.zero_mode != "sym"  # the sm90a layout always stores its additive zero
-        stage = bm * bk * 2 + bk * bn * self.bits // 8 + s_bytes + (s_bytes if zeros else 0)
+        zeros = self.kernel.zero_mode != "sym"  # the atom layouts always store their additive zero
+        stored = 4 if self.bits == SPARSE_BITS else self.bits  # 1:2-sparse 7 bits: int4's bytes
+        stage = bm * bk * 2 + bk * bn * stored // 8 + s_bytes + (s_bytes if zeros else 0)
         acc_per_thread = (bm // wm // 16) * (bn // wn // 8) * 4
         reduce = (wk - 1) * wm * wn * 32 * acc_per_thread * 4
         return max(self.stages * stage, reduce)
@@ -88,7 +93,7 @@ class Sm80Config:
     @functools.cached_property
     def kernel(self) -> "Sm80Config":
         """The compiled identity: this config with the launch-time fields at their defaults (and,
-        on the sm90a layout, whose zero is always additive, one zero mode for all)."""
+        on the atom layouts, whose zero is always additive, one zero mode for all)."""
         zero = self.zero_mode if self.layout == "sm80" else "int"
         return dataclasses.replace(self, split_k_mode="none", split_k=1, swizzle=1, zero_mode=zero)
 
@@ -102,7 +107,7 @@ class Sm80Config:
     def _tile_schedule(self) -> str:
         bm, bn, bk = self.tile
         wm, wn, wk = self.warps
-        return f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}" + ("_sm90a" if self.layout == "sm90a" else "")
+        return f"t{bm}x{bn}x{bk}_w{wm}x{wn}x{wk}_s{self.stages}" + ("" if self.layout == "sm80" else f"_{self.layout}")
 
     @functools.cached_property
     def schedule(self) -> str:
@@ -125,10 +130,10 @@ class Sm80Config:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm80 schedule "
-                             "t<BM>x<BN>x<BK>_w<M>x<N>x<K>_s<stages>[_sm90a][_k<serial|parallel|fused><splits>][_sw<1|2|4|8>]")
+                             "t<BM>x<BN>x<BK>_w<M>x<N>x<K>_s<stages>[_sm90a|_lowbit][_k<serial|parallel|fused><splits>][_sw<1|2|4|8>]")
         v = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tuple(map(int, v[0:3])),
-                   warps=tuple(map(int, v[3:6])), stages=int(v[6]), layout="sm90a" if v[7] else "sm80",
+                   warps=tuple(map(int, v[3:6])), stages=int(v[6]), layout=v[7] or "sm80",
                    split_k_mode=v[8] or "none", split_k=int(v[9] or 1), swizzle=int(v[10] or 1))
 
     def grid(self, m: int, n_pad: int) -> Tuple[int, int, int]:

@@ -23,6 +23,9 @@ ROWS: Tuple[Tuple[int, str], ...] = (
     (512, "t128x128x64_w2x2x1_s4"),
 )
 ROWS_SM90A: Tuple[Tuple[int, str], ...] = ((16, "t16x64x128_w1x1x4_s4_sm90a"), (32, "t32x64x128_w1x1x4_s4_sm90a"))
+# The lowbit layout: none yet; the gemv family's heuristics take its unprofiled problems up to 32
+# tokens, and profiles choose these tiles where they win.
+ROWS_BY_LAYOUT = {"sm80": ROWS, "sm90a": ROWS_SM90A, "lowbit": ()}
 SPLIT_K_MODE = "fused"
 SPLIT_K_BELOW_WAVES = 2       # split only grids smaller than this many blocks per SM
 SPLIT_K_TARGET_WAVES = 4      # blocks per SM to aim for when splitting K
@@ -42,8 +45,9 @@ def heuristic_config(m: int, *, n: int, k: int, dtype: str, bits: int, zero_mode
                      sms: int, layout: str = "sm80") -> Optional[Sm80Config]:
     """The config of the first row whose max M covers ``m`` (None above the last row), with
     split-K where the grid under-fills ``sms`` multiprocessors. On the ``sm90a`` layout only the
-    decode row (the catalog compiles the thin tiles for it; the wgmma family takes larger M)."""
-    rows = ROWS if layout == "sm80" else ROWS_SM90A
+    decode row (the catalog compiles the thin tiles for it; the wgmma family takes larger M); none
+    on the ``lowbit`` layout."""
+    rows = ROWS_BY_LAYOUT[layout]
     for max_m, schedule in rows:
         if m <= max_m:
             break

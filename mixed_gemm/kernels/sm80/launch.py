@@ -5,11 +5,13 @@ from __future__ import annotations
 from ...runtime import get_module, semaphores, workspace
 from ..common import REDUCE_THREADS, SPLIT_K_MODES
 from .abi import GemmArgs, ReduceArgs
+from ..gemv import lowbit_layout
 from ..sm90a import layout as sm90a_layout
 from . import layout as sm80_layout
 from .config import Sm80Config
 
-_DIMS = {sm80_layout.NAME: sm80_layout.dims, sm90a_layout.NAME: sm90a_layout.dims}  # b -> (N_pad, K16)
+_DIMS = {sm80_layout.NAME: sm80_layout.dims, sm90a_layout.NAME: sm90a_layout.dims,
+         lowbit_layout.NAME: lowbit_layout.dims}  # b -> (N_pad, K16)
 
 _REDUCE_MAX_BLOCKS = 4096  # grid-stride loop beyond this: enough blocks to fill any GPU
 
