@@ -26,7 +26,7 @@ cp profiles/h100.json $OUT/h100.json
 for dt in f16 bf16; do for b in 2 3 7; do
   [ $((SECONDS - s)) -gt 540 ] && break 2
   timeout 110 python3 -m mixed_gemm.cli profile --model llama3-8b,llama3-70b --bits $b --group-size 64 --ms 16,32 \
-    --dtype $dt --out $OUT/h100.json --quiet > $OUT/sweep_u${b}_$dt.log 2>&1; echo "u$b $dt rc $? $((SECONDS - s)) s"
+    --dtype $dt --out $OUT/h100.json --quiet >> $OUT/sweeps.log 2>&1; echo "u$b $dt rc $? $((SECONDS - s)) s"
 done; done
 cp $OUT/h100.json /tmp/s22_h100.json
 python3 - profiles/h100.json $OUT/h100.json <<'PY'
