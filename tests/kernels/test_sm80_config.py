@@ -124,7 +124,9 @@ def test_lowbit_layout_catalog_candidates_and_reads():
     assert not fam.reads_weight(Problem(**{**two.__dict__, "layout": "sm90a"}))[0]  # 2 bits live in lowbit only
     cands = fam.candidates(two, 132)
     assert cands and all("_lowbit" in s for s in cands)
-    assert fam.heuristic(two, 132) is None
+    h = fam.heuristic(two, 132)
+    assert h.layout == "lowbit" and (h.tile, h.warps, h.stages) in SHAPES_LOWBIT and fam.can_implement(h, two)[0]
+    assert fam.heuristic(Problem(**{**two.__dict__, "m": 64}), 132) is None  # dequant_mm takes it
     cfg = Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_lowbit_kfused4", bits=3, zero_mode="float")
     assert cfg.layout == "lowbit" and cfg.kernel.zero_mode == "int" and fam.can_implement(cfg, two)[0] is False
     assert fam.can_implement(cfg, Problem(**{**two.__dict__, "bits": 3}))[0]

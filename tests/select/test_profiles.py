@@ -263,9 +263,10 @@ def test_one_copy_weight_reads_a_dequant_mm_entry_from_its_copy_and_skips_sm80_t
 
 
 @pytest.mark.parametrize("cc", [(9, 0), (8, 9)])
-def test_low_bit_weights_select_gemv_then_dequant_mm_on_every_gpu(monkeypatch, cc):
-    """The lowbit layout: the tile families (4/8 bits, their own layouts) pass with a reason, gemv
-    takes up to 32 tokens, dequantize + cuBLAS the rest; a profile of int4 entries is not borrowed."""
+def test_low_bit_weights_select_gemv_then_sm80_then_dequant_mm_on_every_gpu(monkeypatch, cc):
+    """The lowbit layout: the sm90a family (4/8 bits, its own layout) passes with a reason, gemv takes
+    up to 8 tokens, the sm80 family's _lowbit tiles 9-32, dequantize + cuBLAS the rest; a profile of
+    int4 entries (on the sm80 layout) is not borrowed."""
     monkeypatch.setattr(base, "compute_capability", lambda i: cc)
     monkeypatch.setattr(C, "device_profile", lambda device_index: Profile(entries=[_entry(16, "sm80:t16x64x128_w1x1x4_s4")],
                                                                           path=None))
@@ -273,7 +274,8 @@ def test_low_bit_weights_select_gemv_then_dequant_mm_on_every_gpu(monkeypatch, c
     for bits in (1, 2, 3, 7):
         for m in (1, 3, 16, 32, 33, 300):
             got = choose(_problem(m, bits=bits, group_size=64, layout="lowbit"), 0)
-            assert (got.family.name, got.source) == ("gemv" if m <= 32 else "dequant_mm", "heuristic")
+            want = "gemv" if m <= 8 else "sm80" if m <= 32 else "dequant_mm"
+            assert (got.family.name, got.source) == (want, "heuristic")
             assert got.config.layout == "lowbit"
 
 

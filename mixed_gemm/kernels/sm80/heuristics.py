@@ -23,9 +23,10 @@ ROWS: Tuple[Tuple[int, str], ...] = (
     (512, "t128x128x64_w2x2x1_s4"),
 )
 ROWS_SM90A: Tuple[Tuple[int, str], ...] = ((16, "t16x64x128_w1x1x4_s4_sm90a"), (32, "t32x64x128_w1x1x4_s4_sm90a"))
-# The lowbit layout: none yet; the gemv family's heuristics take its unprofiled problems up to 32
-# tokens, and profiles choose these tiles where they win.
-ROWS_BY_LAYOUT = {"sm80": ROWS, "sm90a": ROWS_SM90A, "lowbit": ()}
+# The lowbit layout: 9-32 tokens (gemv takes up to 8). With the fused split below, within 1.07x of the
+# best profiled schedule on the H100 (geomean; worst 1.23x; bench/NOTES.md, session 22).
+ROWS_LOWBIT: Tuple[Tuple[int, str], ...] = ((16, "t16x64x128_w1x1x4_s4_lowbit"), (32, "t32x64x128_w1x1x4_s4_lowbit"))
+ROWS_BY_LAYOUT = {"sm80": ROWS, "sm90a": ROWS_SM90A, "lowbit": ROWS_LOWBIT}
 SPLIT_K_MODE = "fused"
 SPLIT_K_BELOW_WAVES = 2       # split only grids smaller than this many blocks per SM
 SPLIT_K_TARGET_WAVES = 4      # blocks per SM to aim for when splitting K
@@ -45,8 +46,8 @@ def heuristic_config(m: int, *, n: int, k: int, dtype: str, bits: int, zero_mode
                      sms: int, layout: str = "sm80") -> Optional[Sm80Config]:
     """The config of the first row whose max M covers ``m`` (None above the last row), with
     split-K where the grid under-fills ``sms`` multiprocessors. On the ``sm90a`` layout only the
-    decode row (the catalog compiles the thin tiles for it; the wgmma family takes larger M); none
-    on the ``lowbit`` layout."""
+    decode row (the catalog compiles the thin tiles for it; the wgmma family takes larger M); on the
+    ``lowbit`` layout 9-32 tokens (dequant_mm takes larger M)."""
     rows = ROWS_BY_LAYOUT[layout]
     for max_m, schedule in rows:
         if m <= max_m:
