@@ -1,6 +1,7 @@
 """Instructions per weight atom in a decode kernel's main loop, from its SASS (sm_90, cuobjdump).
 
     python bench/sass_count.py gemv:m8_s4_w2x2_u8 --bits 2 [--dtype f16] [--group 64]
+    python bench/sass_count.py sm80:t16x128x128_w1x2x2_s4_lowbit --bits 2
 
 Builds (or finds in the kernel cache) the schedule's compiled identity, takes the SASS of its
 kernel and counts the instructions of the innermost loop body that holds the most HMMAs (the main
@@ -65,7 +66,10 @@ def main(argv=None) -> int:
         print("no loop with HMMA found", file=sys.stderr)
         return 1
     hmma, body, lo, hi = best
-    tiles = max(1, cfg.tokens // 8) if not cfg.fma else 1
+    if cfg.family == "sm80":  # an atom (16 n x 16 k) is 2 HMMA (n8 tiles) per m16 tile of the warp
+        tiles = 2 * (cfg.tile[0] // cfg.warps[0] // 16)
+    else:
+        tiles = max(1, cfg.tokens // 8) if not cfg.fma else 1
     atoms = hmma // tiles
     kinds = collections.Counter(op.split(".")[0] for op in body)
     print(f"{cfg.kernel_name}: loop {lo:#x}-{hi:#x}, {len(body)} instructions, {hmma} HMMA, "
