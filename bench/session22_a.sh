@@ -5,14 +5,7 @@
 # and 32 (fp16, bf16; every family's candidates) into a copy of the shipped profile
 # ($OUT/h100.json, also left in /tmp for call 2) and prints what changed at those M.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-T=/tmp/site
-[ -d $T/cutlass_library ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $T .whl/*.whl
-export PYTHONPATH=$PWD:$T MIXED_GEMM_CACHE_DIR=/tmp/kcache
-mkdir -p /tmp/kcache
-[ -f /tmp/kcache/.s22 ] || for f in kcache/*.txz; do [ -f "$f" ] && xz -dc "$f" | tar xf - -C /tmp/kcache; done
-ls kcache/kcache90.txz.part-* >/dev/null 2>&1 && cat kcache/kcache90.txz.part-* | xz -dc | tar xf - -C /tmp/kcache
-touch /tmp/kcache/.s22
+source bench/s22_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 s=$SECONDS
 python3 -m mixed_gemm.cli build --all --filter _lowbit --jobs 16 --quiet 2>&1 | tail -1

@@ -3,13 +3,7 @@
 # --ms 1,16`, gemlite beside) with the profile of call 1 (left in /tmp by it; else the shipped one).
 # Carry what call 1 carried: on the warm machine of call 1 nothing is unpacked again.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-T=/tmp/site
-[ -d $T/cutlass_library ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $T .whl/*.whl
-export PYTHONPATH=$PWD:$T MIXED_GEMM_CACHE_DIR=/tmp/kcache
-mkdir -p /tmp/kcache
-[ -f /tmp/kcache/.s22 ] || for f in kcache/*.txz; do [ -f "$f" ] && xz -dc "$f" | tar xf - -C /tmp/kcache; done
-ls kcache/kcache90.txz.part-* >/dev/null 2>&1 && cat kcache/kcache90.txz.part-* | xz -dc | tar xf - -C /tmp/kcache
+source bench/s22_env.sh
 [ -f /tmp/s22_h100.json ] && export MIXED_GEMM_PROFILE=/tmp/s22_h100.json
 echo "profile: ${MIXED_GEMM_PROFILE:-shipped}"
 timeout ${BENCH_TIMEOUT:-420} python3 -m mixed_gemm.cli bench --compare --bits ${BENCH_BITS:-2,3,4,7} --group-size 64 \

@@ -3,11 +3,7 @@
 # that exact entries, not the 128-token ones borrowed two octaves up, decide there; then the low-bit
 # GPU tests. Carry .whl and kcache/rest.txz (sm80 and dequant_mm fatbins; no gemv above 32 tokens).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-T=/tmp/site
-[ -d $T/cutlass_library ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $T .whl/*.whl
-export PYTHONPATH=$PWD:$T MIXED_GEMM_CACHE_DIR=/tmp/kcache
-mkdir -p /tmp/kcache && xz -dc kcache/rest.txz | tar xf - -C /tmp/kcache
+source bench/s22_env.sh
 s=$SECONDS
 cp profiles/h100.json $OUT/h100.json
 for dt in f16 bf16; do for b in 2 3 7; do

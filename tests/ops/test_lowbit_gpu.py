@@ -10,7 +10,7 @@ import mixed_gemm as mg
 from mixed_gemm.kernels import gemv, sm80
 from mixed_gemm.kernels.gemv.catalog import shapes_for
 from test_sm90a_gpu import DTYPES, TOL
-from weights import rel_err, seed_of
+from weights import deterministic_and_replayable, rel_err, seed_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 WIDTHS = (1, 2, 3, 7)
@@ -128,16 +128,7 @@ def test_sm80_lowbit_fused_split_is_deterministic_and_graph_capturable():
     w, ref = _weight("f16", 3, 64, 4096, 4096, seed_of("sm80-lowbit-det"))
     cfg = sm80.Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_lowbit_kfused4", bits=3, zero_mode="int")
     x = torch.randn(16, 4096, device="cuda").half()
-    first = mg.matmul(x, w, config=cfg)
-    assert torch.equal(mg.matmul(x, w, config=cfg), first)
-    out = torch.empty_like(first)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mg.matmul(x, w, config=cfg, out=out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, first)
+    first = deterministic_and_replayable(x, w, cfg)
     _check(first, x, ref, None, 4096, "f16")
 
 

@@ -13,7 +13,7 @@ from mixed_gemm.kernels import sm80
 from mixed_gemm.kernels.sm80.config import Sm80Config
 from test_gemv_gpu import _weight
 from test_sm90a_gpu import DTYPES, TOL, ZERO_KINDS
-from weights import rel_err, seed_of
+from weights import deterministic_and_replayable, rel_err, seed_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 GROUPS = (32, 64, 128, -1)
@@ -58,15 +58,5 @@ def test_split_k_deterministic_and_graph_capturable(mode):
     w, q, ref = _weight("f16", 4, "int", 128, 4096, 4096, seed_of("sm80-90a-det", mode))
     cfg = Sm80Config.from_schedule(f"t16x64x128_w1x1x4_s4_sm90a_k{mode}4", zero_mode="int")
     x = torch.randn(16, 4096, device="cuda").half()
-    first = mg.matmul(x, w, config=cfg)
-    assert torch.equal(mg.matmul(x, w, config=cfg), first)
-    out = torch.empty_like(first)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mg.matmul(x, w, config=cfg, out=out)
-    for _ in range(3):
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, first)  # counters and semaphores were left at zero
+    first = deterministic_and_replayable(x, w, cfg)
     assert rel_err(first, mg.reference.matmul(x, q, **ref), 4096) <= 2e-3

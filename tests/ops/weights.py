@@ -43,3 +43,21 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor, k: int | None = None) -> float:
     if k is not None:
         assert_elementwise(y, ref, k)
     return ((y.float() - ref).norm() / ref.norm()).item()
+
+
+def deterministic_and_replayable(x, w, config, replays: int = 3) -> torch.Tensor:
+    """``mg.matmul(x, w, config=config)`` twice (bit-identical: split-K sums in a fixed order), then
+    captured in a CUDA graph and replayed into a NaN-poisoned output (identical again: the split-K
+    counters and semaphores were left at zero). Returns the first result."""
+    first = mg.matmul(x, w, config=config)
+    assert torch.equal(mg.matmul(x, w, config=config), first)
+    out = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mg.matmul(x, w, config=config, out=out)
+    for _ in range(replays):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
+    return first
