@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import List
 
 from ..common import DTYPES, ZERO_MODES
-from ..gemv.lowbit_layout import BITS as LOWBIT_BITS
-from .config import Sm80Config
+from .config import LAYOUT_BITS, Sm80Config
 
 # (tile, warps, stages), small M to large M; the heuristics pick among these (a test checks).
 SHAPES = (
@@ -28,13 +27,13 @@ SHAPES = (
 # The decode tiles again on the sm90a layout (the Hopper one copy): 9-32 tokens, where the gemv
 # kernels re-read x per warp and the wgmma tiles pay their TMA prologue on small shapes.
 SHAPES_SM90A = SHAPES[:7]
-WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in (4, 8) for zero in ZERO_MODES)
+WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in LAYOUT_BITS["sm80"] for zero in ZERO_MODES)
 # The same tiles on the lowbit layout (1-3 bits, 1:2-sparse 7 bits): batches of 9-32 tokens, where
 # the gemv kernels lose a third of their M=1 speedup (bench/NOTES.md, session 22).
 SHAPES_LOWBIT = SHAPES_SM90A
 # The atom layouts fold every zero mode into their additive zero: one kernel per dtype and width.
-WEIGHT_KINDS_SM90A = tuple((dtype, bits, "int") for dtype in DTYPES for bits in (4, 8))
-WEIGHT_KINDS_LOWBIT = tuple((dtype, bits, "int") for dtype in DTYPES for bits in LOWBIT_BITS)
+WEIGHT_KINDS_SM90A = tuple((dtype, bits, "int") for dtype in DTYPES for bits in LAYOUT_BITS["sm90a"])
+WEIGHT_KINDS_LOWBIT = tuple((dtype, bits, "int") for dtype in DTYPES for bits in LAYOUT_BITS["lowbit"])
 _BY_LAYOUT = {"sm80": (SHAPES, WEIGHT_KINDS), "sm90a": (SHAPES_SM90A, WEIGHT_KINDS_SM90A),
               "lowbit": (SHAPES_LOWBIT, WEIGHT_KINDS_LOWBIT)}
 
