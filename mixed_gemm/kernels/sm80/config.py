@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import SPLIT_K_MODES, check_weight_kind, hash_once, raise_on
-from ..gemv.lowbit_layout import BITS as LOWBIT_BITS, SPARSE_BITS
+from ..gemv import lowbit_layout
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_(sm90a|lowbit))?(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
 LAYOUTS = ("sm80", "sm90a", "lowbit")
 # The widths each layout holds (the lowbit layout: 1-3 bits and 1:2-sparse 7 bits).
-LAYOUT_BITS = {"sm80": (4, 8), "sm90a": (4, 8), "lowbit": LOWBIT_BITS}
+LAYOUT_BITS = {"sm80": (4, 8), "sm90a": (4, 8), "lowbit": lowbit_layout.BITS}
 SWIZZLES = (1, 2, 4, 8)
 
 
@@ -84,7 +84,10 @@ class Sm80Config:
         wm, wn, wk = self.warps
         s_bytes = (bk // 32) * bn * 2  # group sizes >= 32: at most BK/32 groups per k-tile
         zeros = self.kernel.zero_mode != "sym"  # the atom layouts always store their additive zero
-        stored = 4 if self.bits == SPARSE_BITS else self.bits  # 1:2-sparse 7 bits: int4's bytes
+        # Bits stored per weight: the lowbit layout's words per lane per block of atoms (kRowBytes in
+        # gemm_sm80.cuh), so 1:2-sparse 7 bits stores int4's bytes.
+        stored = (4 * lowbit_layout.words(self.bits) // lowbit_layout.block_atoms(self.bits)
+                  if self.layout == "lowbit" else self.bits)
         stage = bm * bk * 2 + bk * bn * stored // 8 + s_bytes + (s_bytes if zeros else 0)
         acc_per_thread = (bm // wm // 16) * (bn // wn // 8) * 4
         reduce = (wk - 1) * wm * wn * 32 * acc_per_thread * 4

@@ -22,11 +22,12 @@ ROWS: Tuple[Tuple[int, str], ...] = (
     (64, "t64x128x64_w2x2x1_s4"),
     (512, "t128x128x64_w2x2x1_s4"),
 )
-ROWS_SM90A: Tuple[Tuple[int, str], ...] = ((16, "t16x64x128_w1x1x4_s4_sm90a"), (32, "t32x64x128_w1x1x4_s4_sm90a"))
-# The lowbit layout: 9-32 tokens (gemv takes up to 8). With the fused split below, within 1.07x of the
-# best profiled schedule on the H100 (geomean; worst 1.23x; bench/NOTES.md, session 22).
-ROWS_LOWBIT: Tuple[Tuple[int, str], ...] = ((16, "t16x64x128_w1x1x4_s4_lowbit"), (32, "t32x64x128_w1x1x4_s4_lowbit"))
-ROWS_BY_LAYOUT = {"sm80": ROWS, "sm90a": ROWS_SM90A, "lowbit": ROWS_LOWBIT}
+# The atom layouts (sm90a; lowbit from 9 tokens, gemv taking up to 8): the decode tiles with the
+# layout's schedule suffix. On lowbit, with the fused split below, within 1.07x of the best profiled
+# schedule on the H100 (geomean; worst 1.23x; bench/NOTES.md, session 22).
+DECODE_ROWS: Tuple[Tuple[int, str], ...] = ((16, "t16x64x128_w1x1x4_s4"), (32, "t32x64x128_w1x1x4_s4"))
+ROWS_BY_LAYOUT = {"sm80": ROWS, **{layout: tuple((m, f"{s}_{layout}") for m, s in DECODE_ROWS)
+                                   for layout in ("sm90a", "lowbit")}}
 SPLIT_K_MODE = "fused"
 SPLIT_K_BELOW_WAVES = 2       # split only grids smaller than this many blocks per SM
 SPLIT_K_TARGET_WAVES = 4      # blocks per SM to aim for when splitting K
