@@ -3,7 +3,7 @@ back-to-back calls in a CUDA graph): an empty kernel (1 and 264 CTAs), a pure re
 bytes (Triton, 16-byte loads, one partial sum per program), torch's int4 tinygemm and mg.matmul at
 M=1 on the same shapes.
 
-    python bench/latency_floor.py [--shapes 4096:4096,6144:4096,4096:14336,8192:8192]
+    python bench/latency_floor.py [--shapes 4096:4096,6144:4096,4096:14336,8192:8192] [--bits 2 --group-size 64]
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def _read(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096:4096,6144:4096,4096:14336,8192:8192,28672:4096")
+    ap.add_argument("--bits", type=int, default=4, help="weight width of the read and of mg.matmul (7: 1:2-sparse)")
+    ap.add_argument("--group-size", type=int, default=128)
     a = ap.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -43,7 +45,7 @@ def main() -> None:
         print(f"empty kernel, {grid} CTAs: {t * 1e6:.2f} us", flush=True)
     for spec in a.shapes.split(","):
         n, k = map(int, spec.split(":"))
-        qbytes = packed_bytes(n, k, 4, 128, True)
+        qbytes = packed_bytes(n, k, a.bits, a.group_size, True)
         words = qbytes // 4
         copies = copies_for(qbytes, l2)
         bufs = [torch.randint(0, 1 << 20, (words,), dtype=torch.int32, device="cuda") for _ in range(copies)]
@@ -52,7 +54,7 @@ def main() -> None:
             progs = triton.cdiv(words, block)
             fn = lambda i, b=block, p=progs: _read[(p,)](bufs[i % len(bufs)], out, words, BLOCK=b, num_warps=8)
             row.append(f"read B{block} ({progs} CTAs) {time_graph(fn, calls_for(fn, copies)) * 1e6:.2f} us")
-        ws = random_weights(n, k, bits=4, group_size=128, zero_mode="int", dtype="f16", copies=copies)
+        ws = random_weights(n, k, bits=a.bits, group_size=a.group_size, zero_mode="int", dtype="f16", copies=copies)
         x = torch.randn(1, k, device="cuda", dtype=torch.float16)
         y = torch.empty(1, n, device="cuda", dtype=torch.float16)
         fn = lambda i: mg.matmul(x, ws[i % len(ws)], out=y)  # noqa: E731
