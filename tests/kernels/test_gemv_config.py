@@ -30,7 +30,9 @@ def test_rules_and_static_shared_memory():
         GemvConfig(unroll=3)
     with pytest.raises(ValueError, match="shared memory"):
         GemvConfig(tokens=32, strips=2, warps=(4, 4), unroll=16, stage_x=True)
-    assert all(c.smem_bytes <= (MAX_RING_SMEM if c.stages else MAX_STATIC_SMEM) for c in gemv.FAMILY.catalog())
+    assert all(c.smem_bytes <= (MAX_RING_SMEM if c.dynamic_smem else MAX_STATIC_SMEM) for c in gemv.FAMILY.catalog())
+    big = GemvConfig(tokens=16, strips=1, warps=(1, 8), unroll=16, stage_x=True)  # x stages above 48 KB
+    assert big.smem_bytes > MAX_STATIC_SMEM and big.dynamic_smem and not GemvConfig(stage_x=True).dynamic_smem
 
 
 def test_deferred_scaling_schedules():
@@ -66,7 +68,7 @@ def test_ring_schedules_names_and_shared_memory_by_m():
         GemvConfig(stages=5)
     with pytest.raises(ValueError, match="always stage x"):
         GemvConfig(stages=3, stage_x=True)
-    with pytest.raises(ValueError, match="ring limit"):
+    with pytest.raises(ValueError, match="opt-in limit"):
         GemvConfig(tokens=32, strips=8, warps=(4, 4), unroll=32, stages=4)
 
 

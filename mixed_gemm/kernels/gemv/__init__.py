@@ -71,7 +71,7 @@ class GemvFamily(Family):
             fma_tokens=kernel.tokens if kernel.fma else 0,
             layout=kernel.layout, zero_mode_id=ZERO_MODES[kernel.zero_mode],
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll,
-            stage_x="true" if kernel.stage_x else "false", stages=kernel.stages, deferred=kernel.deferred, threads=kernel.threads,
+            stage_x="true" if kernel.stage_x else "false", stages=kernel.stages, dynamic_smem=kernel.dynamic_smem, deferred=kernel.deferred, threads=kernel.threads,
             occupancy=kernel.occupancy,
             rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),
             lowbit_constants=lowbit_layout.constant_checks(kernel.bits),

@@ -91,9 +91,9 @@ class GemvConfig:
             (not self.deferred or (self.layout != "sm80" and not self.fma and self.bits != 7),
              "deferred (_ds: group scaling after the mma) is for the mma kernels of the sm90a and lowbit layouts, "
              "not 1:2-sparse (a dropped element's zero would enter the sums of x)"),
-            (self.smem_bytes <= (MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM),
-             f"shared memory {self.smem_bytes} B above the {'ring' if self.stages else 'static'} limit "
-             f"{MAX_RING_SMEM if self.stages else MAX_STATIC_SMEM} B"),
+            (self.smem_bytes <= MAX_RING_SMEM,
+             f"shared memory {self.smem_bytes} B above the per-CTA opt-in limit {MAX_RING_SMEM} B (a ring, or x "
+             f"stages above {MAX_STATIC_SMEM} B, take it dynamically)"),
         ], "GemvConfig")
 
     def __repr__(self) -> str:
@@ -150,6 +150,12 @@ class GemvConfig:
             return self.ring_smem_bytes(self.tokens, 32)
         wn, wk = self.warps
         return self.reduce_bytes + (wn * wk * self.tokens * (self.unroll * 32 + 16) if self.stage_x else 0)
+
+    @property
+    def dynamic_smem(self) -> bool:
+        """Shared memory taken dynamically at launch (opted in above 48 KB): a ring's, and x stages
+        above the static limit (``_xs`` with u16-u32 steps: one or two steps per warp for a 4096-long K)."""
+        return bool(self.stages) or self.smem_bytes > MAX_STATIC_SMEM
 
     def ring_smem_bytes(self, m: int, group_size: int) -> int:
         """With ``stages``: the dynamic shared memory of a launch for ``m`` rows of x and a weight

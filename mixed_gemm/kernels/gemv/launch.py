@@ -15,8 +15,10 @@ class GemvLauncher:
         module = get_module(spec, device_index)
         self.config = config
         self.device_index = device_index
-        # Static shared memory (below the 48 KB default limit), or with a ring dynamic (opt-in above it).
-        self.fn = module.function(config.kernel_name, GemvArgs, config.threads, config.smem_bytes if config.stages else 0)
+        # Static shared memory (below the 48 KB default limit), or dynamic (opt-in above it): a ring's
+        # (sized per launch by M and the group size), or x stages above 48 KB (config.smem_bytes).
+        self.fn = module.function(config.kernel_name, GemvArgs, config.threads,
+                                  config.smem_bytes if config.dynamic_smem else 0)
         self.layout = config.layout
         # the weight's view key (of the layout read) -> (argument block, argv, grid, splits, ring smem by M or None)
         self._blocks = {}
