@@ -40,9 +40,8 @@ SHAPES = (
     # The same at 16 tokens, x staged: 4096x4096 at M=16 10.1 vs 10.6 µs for the best sm80 tile
     # (bench/NOTES.md, session 16).
     (16, 1, (1, 8), 8, True),
-    # With x stages above 48 KB (dynamic shared memory): a warp's share of a 4096-long K in one
-    # (8 tokens, u32) or two (16 tokens, u16) steps, one DRAM round trip each (session 23).
-    (8, 1, (1, 8), 32, True),
+    # Twice the step (int8: u8, int4: u16 with x stages above 48 KB in dynamic shared memory):
+    # int8 on 4096x4096 at M=16 11.6 -> 11.3 µs (bench/NOTES.md, session 23).
     (16, 1, (1, 8), 16, True),
     # CUDA-core FMA variant (1-4 tokens): no n8 padding, fp32 FMAs; timed beside the mma kernels.
     (1, 1, (1, 8), 16, False),
@@ -85,7 +84,9 @@ LOWBIT_SHAPES = (
     # The one-strip 16-token kernel int4 runs on 4096x4096: 8B o at M=16, 2-bit 11.3 -> 10.5 µs
     # against the sm80 tile (bench/NOTES.md, session 23).
     (16, 1, (1, 8), 8, True),
-    # The same with x stages above 48 KB: one step (8 tokens, 32 atoms) or two (16 tokens) per warp.
+    # The same with x stages above 48 KB (dynamic shared memory): a warp's share of a 4096-long K in
+    # one step (8 tokens, 32 atoms) or two (16 tokens). 2-bit 4096x4096 at M=8 8.2 -> 7.8 µs, M=16
+    # 10.5 -> 10.1; sparse 6144x4096 at M=8 14.5 -> 13.8 (bench/NOTES.md, session 23).
     (8, 1, (1, 8), 32, True),
     (16, 1, (1, 8), 16, True),
 )
@@ -135,7 +136,6 @@ OCCUPANCY_SHAPES = (
 DEFERRED_SHAPES = (
     (8, 1, (1, 8), 16, False, 0),
     (8, 1, (1, 8), 16, True, 0),
-    (8, 1, (1, 8), 32, True, 0),   # one step per warp at K=4096, x staged above 48 KB
     (8, 1, (2, 8), 8, False, 0),
     (8, 2, (4, 2), 8, False, 0),
     (8, 2, (4, 2), 8, True, 0),
@@ -148,18 +148,17 @@ DEFERRED_SHAPES = (
 
 
 # Deferred group scaling for 1-3 bits (``_ds``; not 1:2-sparse): (tokens, strips, warps, unroll,
-# stage x, stages). The A/B (bench/NOTES.md, session 16): 3-bit 57344x8192 at M=1 137 -> 126 µs, M=16
+# stages). The A/B (bench/NOTES.md, session 16): 3-bit 57344x8192 at M=1 137 -> 126 µs, M=16
 # 205 -> 197; 4096x4096 2- and 3-bit 4-5% faster; 2-bit's large shapes keep the plain ring.
 LOWBIT_DEFERRED_SHAPES = (
-    (8, 4, (2, 2), 8, False, 0),
-    (8, 2, (8, 1), 8, False, 0),
-    (8, 1, (1, 8), 16, False, 0),
-    (8, 1, (2, 8), 8, False, 0),
-    (8, 1, (1, 8), 32, True, 0),
-    (8, 4, (2, 2), 8, False, 3),
-    (8, 1, (2, 4), 32, False, 2),
-    (16, 4, (2, 2), 4, False, 3),
-    (32, 4, (2, 2), 4, False, 3),
+    (8, 4, (2, 2), 8, 0),
+    (8, 2, (8, 1), 8, 0),
+    (8, 1, (1, 8), 16, 0),
+    (8, 1, (2, 8), 8, 0),
+    (8, 4, (2, 2), 8, 3),
+    (8, 1, (2, 4), 32, 2),
+    (16, 4, (2, 2), 4, 3),
+    (32, 4, (2, 2), 4, 3),
 )
 
 
@@ -173,8 +172,8 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
     (tokens, strips, warps, unroll, stage_x, stages, occupancy, deferred); int8 halves the unroll of
     int4's (the same bytes per step)."""
     if layout == "lowbit" or bits in LOWBIT_BITS:
-        deferred = [] if bits == 7 else [_shape(t, s, w, u, xs, stages=st, deferred=True)
-                                         for t, s, w, u, xs, st in LOWBIT_DEFERRED_SHAPES]
+        deferred = [] if bits == 7 else [_shape(t, s, w, u, stages=st, deferred=True)
+                                         for t, s, w, u, st in LOWBIT_DEFERRED_SHAPES]
         return ([_shape(*shape) for shape in LOWBIT_SHAPES]
                 + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES] + deferred)
     half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
