@@ -144,8 +144,9 @@ class GemvConfig:
     @property
     def smem_bytes(self) -> int:
         """Shared memory of the kernel: the reduction buffer and, with ``stage_x``, each warp's x
-        slice (rows of ``unroll`` x 16 halves padded by 16 bytes), static; with ``stages`` the most
-        a launch takes (M = tokens, group 32: :meth:`ring_smem_bytes`), dynamic."""
+        slice (rows of ``unroll`` x 16 halves padded by 16 bytes), static up to 48 KB and dynamic above
+        (:attr:`dynamic_smem`); with ``stages`` the most a launch takes (M = tokens, group 32:
+        :meth:`ring_smem_bytes`), dynamic."""
         if self.stages:
             return self.ring_smem_bytes(self.tokens, 32)
         wn, wk = self.warps
