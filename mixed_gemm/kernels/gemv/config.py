@@ -18,8 +18,10 @@ LAYOUTS = ("sm90a", "sm80", "lowbit")
 TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
 MAX_THREADS = 512
-MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static (without a ring)
-MAX_RING_SMEM = 227 * 1024  # with a ring it is dynamic: the H100's opt-in limit per CTA (launch.py checks the device)
+MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static up to here (without a ring)
+# A ring's, or x stages above MAX_STATIC_SMEM, are dynamic: the H100's opt-in limit per CTA (the
+# runtime checks the device's).
+MAX_RING_SMEM = 227 * 1024
 STAGES = (0, 2, 3, 4)  # 0: no ring (gemv.cuh); else the cp.async ring's depth (gemv_pipe.cuh)
 
 
