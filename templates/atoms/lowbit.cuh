@@ -64,6 +64,11 @@ struct PairConst {
   static constexpr uint32_t splat(uint32_t h) { return h | h << 16; }
   static constexpr int log2i(uint32_t v) { return v <= 1 ? 0 : 1 + log2i(v >> 1); }
   static constexpr uint32_t inv_pow2(int e) { return splat(uint32_t(kExpBias - e) << kMantissa); }  // 2**-e
+  // The magic whose exponent makes bit e of the mantissa worth 1: a field q at bit e reads
+  // 2**(kMantissa - e) + q exactly (the decode kernels' `_ds` raw codes).
+  static constexpr uint32_t magic(int e) { return splat(uint32_t(kExpBias + kMantissa - e) << kMantissa); }
+  static constexpr uint32_t one() { return splat(uint32_t(kExpBias) << kMantissa); }
+  static constexpr uint32_t pair_value(int e) { return 1u << (kMantissa - e); }  // magic(e)'s value
   // -v for an integer 1 <= v < 2**(kMantissa + 1)
   static constexpr uint32_t neg_int(uint32_t v) {
     return splat(0x8000u | uint32_t(kExpBias + log2i(v)) << kMantissa | (v - (1u << log2i(v))) << (kMantissa - log2i(v)));
@@ -72,6 +77,59 @@ struct PairConst {
 static_assert(PairConst<cutlass::half_t>::neg_int(1026) == 0xe402e402u && PairConst<cutlass::half_t>::inv_pow2(4) == 0x2c002c00u,
               "fp16 constants");
 static_assert(PairConst<cutlass::bfloat16_t>::neg_int(130) == 0xc302c302u, "bf16 constants");
+static_assert(PairConst<cutlass::half_t>::magic(0) == 0x64006400u && PairConst<cutlass::half_t>::magic(8) == 0x44004400u &&
+                  PairConst<cutlass::bfloat16_t>::magic(0) == 0x43004300u && PairConst<cutlass::half_t>::one() == 0x3c003c00u,
+              "magic constants");
+
+// f(integral_constant<i>) for 0 <= i < kN: i is known once the caller's loop is unrolled, so the
+// chain of compares folds away and f may use i in constant expressions.
+template <int kN, typename F>
+__device__ __forceinline__ void with_index(int i, F&& f) {
+  if constexpr (kN > 0) {
+    if (i == kN - 1) {
+      f(std::integral_constant<int, kN - 1>{});
+    } else {
+      with_index<kN - 1>(i, f);
+    }
+  }
+}
+
+// Atom kU's four registers of W's raw codes (`_ds`, RawSums): pairs 4 kU .. 4 kU + 3.
+template <typename W, int kU>
+__device__ __forceinline__ void raw_atom(uint32_t const (&w)[W::kWords], uint32_t (&a)[4]) {
+  a[0] = W::template raw_pair<4 * kU>(w);
+  a[1] = W::template raw_pair<4 * kU + 1>(w);
+  a[2] = W::template raw_pair<4 * kU + 2>(w);
+  a[3] = W::template raw_pair<4 * kU + 3>(w);
+}
+
+// Deferred group scaling's raw codes (`_ds`, atoms/deferred.cuh), every lowbit width: raw(w, u, a)
+// puts pair p's field at bit e(p) under its own magic(e(p)), one lop3 per pair and no fma, so the
+// mma multiplies 2**(M - e) + q. The offsets' sums then come from the one sums mma per atom that
+// X needs anyway (shared by the warp's strips) when
+//   - e depends on the register r = p % 4 alone: every atom's A fragment of magics is the same
+//     four registers (else the compiler rebuilds it per atom: 2-4 MOVs);
+//   - register r + 1 (rows g + 8) sits kCoupleStep bits above r (rows g, r even): its magic is
+//     2**-step times r's, so rows g's offsets Y give rows g + 8's.
+// kSums, that mma's A fragment: r's magic for r even (rows g: Y), ones for r odd (rows g + 8: X).
+template <typename Element>
+struct RawSums {
+  using C = PairConst<Element>;
+  template <typename W>
+  static constexpr bool valid() {
+    for (int p = 0; p < 16; ++p)
+      if (W::raw_bit(p) != W::raw_bit(p % 4) || W::raw_bit(p) < 0 || W::raw_bit(p) + W::kRawBits > C::kMantissa)
+        return false;
+    return W::raw_bit(1) == W::raw_bit(0) + W::kCoupleStep && W::raw_bit(3) == W::raw_bit(2) + W::kCoupleStep;
+  }
+  template <typename W>
+  static __device__ __forceinline__ void sums(uint32_t (&a)[4]) {
+    a[0] = C::magic(W::raw_bit(0));
+    a[1] = C::one();
+    a[2] = C::magic(W::raw_bit(2));
+    a[3] = C::one();
+  }
+};
 
 // (a & b) | c: immLut = (0xf0 & 0xcc) | 0xaa.
 constexpr uint32_t kAndOr = 0xea;
@@ -86,9 +144,10 @@ constexpr uint32_t kAndOr = 0xea;
 // a shift per word and window of the mantissa's width instead of one per pair. At 2 bits the decode
 // kernel issues ~17 instructions per atom besides the loads, so the 4 shifts an atom saved are what
 // it spends converting.
-template <typename Element, int kBits>
+template <typename Element_, int kBits>
 struct PlaneAtoms {
   static_assert(kBits == 1 || kBits == 2, "bit planes hold 1 or 2 bits (3 bits: Field3Atoms)");
+  using Element = Element_;
   using P = Pair<Element>;
   using C = PairConst<Element>;
   static constexpr int kAtoms = 4, kWords = kBits, kLaneStride = 1;
@@ -108,6 +167,21 @@ struct PlaneAtoms {
     }
   }
   static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
+
+  // `_ds` raw codes (RawSums): e(p) = kBits r, but bf16 2 bits puts registers 2 and 3 at bits 2 and 4
+  // (bits 4 and 6 would leave the 7-bit mantissa). The shifts: fp16 2 bits >> 8 for a word's odd
+  // atom (the converter's one shift); bf16 2 bits >> 2, 8, 10 (two); 1 bit >> 4, 8, 12 (one).
+  static constexpr int kRawBits = kBits, kCoupleStep = kBits, kPerWord = 16 / kBits;
+  static constexpr int raw_bit(int p) { return kBits * (p % 4) - (!C::kF16 && kBits == 2 && p % 4 >= 2 ? 2 : 0); }
+  static constexpr int raw_shift(int p) { return kBits * (p % kPerWord) - raw_bit(p); }
+  template <int kP>  // kP a template argument: the shift's loops run at compile time, never in SASS
+  static __device__ __forceinline__ uint32_t raw_pair(uint32_t const (&w)[kWords]) {
+    constexpr int sh = raw_shift(kP), e = raw_bit(kP);
+    return lop3<kAndOr>(w[kP / kPerWord] >> sh, ((1u << kBits) - 1) * 0x10001u << e, C::magic(e));
+  }
+  static __device__ __forceinline__ void raw(uint32_t const (&w)[kWords], int u, uint32_t (&a)[4]) {
+    with_index<kAtoms>(u, [&](auto ku) { raw_atom<PlaneAtoms, decltype(ku)::value>(w, a); });
+  }
 };
 template <typename Element>
 struct WeightAtoms<Element, 1> : PlaneAtoms<Element, 1> {};
@@ -126,8 +200,9 @@ struct WeightAtoms<Element, 2> : PlaneAtoms<Element, 2> {};
 // Python mirrors: FIELD3_PER_WORD, FIELD3_SPARE_BIT (lowbit_layout.py; checked by the lowbit sources).
 constexpr int kField3PerWord = 5, kField3SpareBit = 15;
 
-template <typename Element>
+template <typename Element_>
 struct Field3Atoms {
+  using Element = Element_;
   using P = Pair<Element>;
   using C = PairConst<Element>;
   static constexpr int kAtoms = 4, kWords = 3, kLaneStride = 1;
@@ -167,6 +242,37 @@ struct Field3Atoms {
     }
   }
   static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
+
+  // `_ds` raw codes (RawSums): e(p) = 3 (p & 1), each field moved to bit 0 or 3 by a signed shift
+  // (< 0: left; couples (4, 5) and (14, 15) cross words). Pair 15's code lies at bit 3, so its three
+  // shifts (word c's bit 15 to bit 3 + c) are 12 - c, and word 0's serves pair 4 too: 9 shifts per
+  // block (the converter's 3 for fp16, 6 for bf16).
+  static constexpr int kRawBits = 3, kCoupleStep = 3;
+  static constexpr int raw_bit(int p) { return 3 * (p & 1); }
+  static constexpr int raw_shift(int p) { return 3 * (p % kField3PerWord) - raw_bit(p); }
+  static constexpr int spare_shift(int c) { return kField3SpareBit - raw_bit(15) - c; }
+  template <int kP>
+  static __device__ __forceinline__ uint32_t raw_pair(uint32_t const (&w)[kWords]) {
+    constexpr int e = raw_bit(kP);
+    if constexpr (kP < 3 * kField3PerWord) {
+      constexpr int sh = raw_shift(kP);
+      uint32_t v = w[kP / kField3PerWord];
+      if constexpr (sh >= 0) {
+        v >>= sh;
+      } else {
+        v <<= -sh;  // word 1's field 0, 3 bits above word 0's field 4 (couple (4, 5))
+      }
+      return lop3<kAndOr>(v, 0x00070007u << e, C::magic(e));
+    } else {
+      uint32_t f = C::magic(e);
+#pragma unroll
+      for (int c = 0; c < 3; ++c) f = lop3<kAndOr>(w[c] >> spare_shift(c), 0x00010001u << (e + c), f);
+      return f;
+    }
+  }
+  static __device__ __forceinline__ void raw(uint32_t const (&w)[kWords], int u, uint32_t (&a)[4]) {
+    with_index<kAtoms>(u, [&](auto ku) { raw_atom<Field3Atoms, decltype(ku)::value>(w, a); });
+  }
 };
 template <typename Element>
 struct WeightAtoms<Element, 3> : Field3Atoms<Element> {};

@@ -430,8 +430,9 @@ struct Gemv {
   }
 
   // One step of the kDeferred kernel: per segment of kGroupAtoms atoms (one group's parameters),
-  // the raw codes' mma sums into `part` and the activations' sums (an mma of ones) into `xsum`,
-  // then acc += (s mul) part + (z' - off s) X per row half (rows g, g + 8: their encodings differ).
+  // the raw codes' mma sums into `part` and the activations' sums (an mma of RawAtom::sums)
+  // into `xsum`, then acc += (s mul) part + (z' - off s) X [- lam s Y] per row half (rows g, g + 8:
+  // their encodings differ).
   // params(u, j, h, s, z'): the parameters of atom u's group, strip j, row g + 8 h (global memory
   // here, the ring's stage in gemv_pipe.cuh).
   template <int kGroupAtoms, bool kWhole, bool kLateParams = false, typename Params>
@@ -440,8 +441,11 @@ struct Gemv {
                                                        float (&acc)[kStrips][kXRows][kPer], Params const& params) {
     if constexpr (kDeferred) {
       using R = RawAtom<Element, kBits>;
-      uint32_t const ones[4] = {Ones<Element>::kPair, Ones<Element>::kPair, Ones<Element>::kPair, Ones<Element>::kPair};
-      float part[kStrips][kTiles][4], xsum[kTiles][4], c1[kStrips][2], c2[kStrips][2];
+      // xsum: the sums mma's output. R::kRowSums (lowbit): rows g (c0, c1) hold the offsets' Y and
+      // rows g + 8 (c2, c3) X; else X in every row.
+      float part[kStrips][kTiles][4], xsum[kTiles][4], c1[kStrips][2], c2[kStrips][2], c3[kStrips][2];
+      uint32_t sums[4];
+      R::sums(sums);
       auto coeffs = [&](int u0, int j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -449,6 +453,7 @@ struct Gemv {
           params(u0, j, h, sc, zc);
           c1[j][h] = sc * R::mul(h);
           c2[j][h] = fmaf(-R::off(h), sc, zc);
+          c3[j][h] = -R::lam(h) * sc;
         }
       };
       // kLateParams (the ring: parameters in shared memory): read at the fold, a strip at a time,
@@ -461,8 +466,15 @@ struct Gemv {
 #pragma unroll
           for (int mt = 0; mt < kTiles; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)  // c0 c1: rows g, tokens 2t, 2t+1; c2 c3: rows g + 8
-              acc[j][mt][e] = fmaf(c1[j][e >> 1], part[j][mt][e], fmaf(c2[j][e >> 1], xsum[mt][e & 1], acc[j][mt][e]));
+            for (int e = 0; e < 4; ++e) {  // c0 c1: rows g, tokens 2t, 2t+1; c2 c3: rows g + 8
+              int const h = e >> 1;
+              if constexpr (R::kRowSums) {
+                acc[j][mt][e] = fmaf(c1[j][h], part[j][mt][e],
+                                     fmaf(c3[j][h], xsum[mt][e & 1], fmaf(c2[j][h], xsum[mt][2 + (e & 1)], acc[j][mt][e])));
+              } else {
+                acc[j][mt][e] = fmaf(c1[j][h], part[j][mt][e], fmaf(c2[j][h], xsum[mt][e & 1], acc[j][mt][e]));
+              }
+            }
         }
       };
       int open = -1;  // the open segment's first atom: a segment cut short by the slice's end still folds
@@ -494,7 +506,7 @@ struct Gemv {
           for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(part[j][mt], a, xf[u][mt][0], xf[u][mt][1]);
         }
 #pragma unroll
-        for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(xsum[mt], ones, xf[u][mt][0], xf[u][mt][1]);
+        for (int mt = 0; mt < kTiles; ++mt) GemvMath<Element>::mma(xsum[mt], sums, xf[u][mt][0], xf[u][mt][1]);
         if ((u + 1) % kGroupAtoms == 0) {
           fold(u + 1 - kGroupAtoms);
           open = -1;

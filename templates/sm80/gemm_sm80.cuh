@@ -31,12 +31,11 @@
 //
 // kAtomLayout: the same kernel reading the one copy of A-fragment atoms: the sm90a layout
 // (mixed_gemm/kernels/sm90a/layout.py, 4 and 8 bits) or the lowbit layout (1-3 bits and 1:2-sparse
-// 7 bits, mixed_gemm/kernels/gemv/lowbit_layout.py; W::kAtoms atoms per block along K). The sm90a
-// case first, as it was written (the Hopper one copy),
-// so decode batches of 9-32 tokens get this multistage pipeline without a second weight copy. An
-// sm90a atom (16 n x 16 k) is the mma A fragment of W, i.e. the B fragments of W^T for two n8 tiles
-// (lane 4 g + t: registers 0, 2 are column g's k pairs, 1, 3 column g + 8's). The 4 atoms of one
-// 64-column block at one k16 are 512 (int4) bytes in a row of global memory, so a stage copies
+// 7 bits, mixed_gemm/kernels/gemv/lowbit_layout.py; W::kAtoms atoms per block along K), so decode
+// batches of 9-32 tokens get this multistage pipeline without a second weight copy. The sm90a case:
+// an sm90a atom (16 n x 16 k) is the mma A fragment of W, i.e. the B fragments of W^T for two n8
+// tiles (lane 4 g + t: registers 0, 2 are column g's k pairs, 1, 3 column g + 8's). The 4 atoms of
+// one 64-column block at one k16 are 512 (int4) bytes in a row of global memory, so a stage copies
 // BN/16 atoms per k16 verbatim and one ldmatrix.x4 (lane t at 16 t) hands lane l atom i's word as
 // register i, exactly as the sm80 atom does. The codes are signed and the zero additive
 // (w = q' s + z', every zero mode folded in at prepack), scales/zeros plain (G, N_pad) rows.
