@@ -19,10 +19,5 @@ BUDGET_S=${PROF_BUDGET:-250} timeout $(( ${PROF_BUDGET:-250} + 60 )) python3 ben
 echo "profile rc $? $((SECONDS - s)) s"; grep -c "was" "$OUT/prof.log"
 cp /tmp/s23_h100.json "$OUT/h100.json"
 export MIXED_GEMM_PROFILE=/tmp/s23_h100.json
-for b in ${BENCH_BITS:-2 3 7 4}; do
-  left=$(( ${LIMIT:-570} - (SECONDS - s) )); [ $left -lt 40 ] && { echo "no time for u$b"; break; }
-  timeout $left python3 -m mixed_gemm.cli bench --compare --bits $b --group-size 64 --ms ${BENCH_MS:-1,16} \
-    --plot /tmp/bits$b.png --out "$OUT/bench-u$b.md" > "$OUT/bench-u$b.log" 2>&1
-  echo "bench u$b rc $? $((SECONDS - s)) s"; grep -A3 "| M | mg" "$OUT/bench-u$b.md" | tail -2
-done
+BENCH_BITS=${BENCH_BITS:-2 3 7 4} LIMIT=$(( ${LIMIT:-570} - (SECONDS - s) )) bash bench/bits_bench.sh
 tail -70 "$OUT/prof.log"

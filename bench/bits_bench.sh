@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Session 24: the bits bench (M 1 and 16, group 64, gemlite beside) with the shipped profile, one
-# width per invocation, on a machine a session24 call has already set up (bench/s23_env.sh).
+# The bits bench (group 64, gemlite beside), one width per invocation so that each fits what is left
+# of LIMIT seconds; results in $OUT/bench-uB.md. Env: BENCH_BITS, BENCH_MS, LIMIT, and
+# MIXED_GEMM_PROFILE for a profile other than the shipped one. Sets up the machine with
+# bench/s23_env.sh (a no-op where an earlier call did).
 set -uo pipefail
 source bench/s23_env.sh
 s=$SECONDS
