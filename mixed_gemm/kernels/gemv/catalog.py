@@ -162,6 +162,16 @@ LOWBIT_DEFERRED_SHAPES = (
 )
 
 
+# The low bits' M=1 winners compiled for 3 CTAs per SM (``_o3``), plain and ``_ds`` (not
+# 1:2-sparse): (tokens, strips, warps, unroll). Without the per-pair fma the ``_ds`` u16 loop needs
+# ~100 registers, two 256-thread CTAs per SM; a third keeps more loads in flight, as int4's
+# ``_o3`` did (bench/NOTES.md, session 24).
+LOWBIT_OCCUPANCY_SHAPES = (
+    (8, 1, (1, 8), 16),
+    (8, 2, (8, 1), 8),
+)
+
+
 def _shape(tokens, strips, warps, unroll, stage_x=False, stages=0, occupancy=0, deferred=False) -> dict:
     return dict(tokens=tokens, strips=strips, warps=warps, unroll=unroll, stage_x=stage_x, stages=stages,
                 occupancy=occupancy, deferred=deferred)
@@ -174,8 +184,10 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
     if layout == "lowbit" or bits in LOWBIT_BITS:
         deferred = [] if bits == 7 else [_shape(t, s, w, u, stages=st, deferred=True)
                                          for t, s, w, u, st in LOWBIT_DEFERRED_SHAPES]
+        occupancy = [_shape(t, s, w, u, occupancy=3, deferred=ds) for t, s, w, u in LOWBIT_OCCUPANCY_SHAPES
+                     for ds in ((False,) if bits == 7 else (False, True))]
         return ([_shape(*shape) for shape in LOWBIT_SHAPES]
-                + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES] + deferred)
+                + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES] + deferred + occupancy)
     half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
     if layout == "sm80":
         return [_shape(t, s, w, half(u), xs) for t, s, w, u, xs in SM80_SHAPES]
