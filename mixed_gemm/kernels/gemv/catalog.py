@@ -162,13 +162,13 @@ LOWBIT_DEFERRED_SHAPES = (
 )
 
 
-# The low bits' M=1 winners compiled for 3 CTAs per SM (``_o3``), plain and ``_ds`` (not
-# 1:2-sparse): (tokens, strips, warps, unroll). Without the per-pair fma the ``_ds`` u16 loop needs
-# ~100 registers, two 256-thread CTAs per SM; a third keeps more loads in flight, as int4's
-# ``_o3`` did (bench/NOTES.md, session 24).
+# The low bits' 8-K-warp CTA compiled for 3 CTAs per SM (``_o3``, plain and ``_ds``; not
+# 1:2-sparse's ``_ds``): (tokens, strips, warps, unroll). Without the per-pair fma the ``_ds`` u16
+# loop needs ~100 registers, two 256-thread CTAs per SM; a third keeps more loads in flight. It won
+# 6144x4096 at M 1-4 (15 entries, 1-4%); the same for the (8, 2, (8, 1), 8) CTA never won
+# (bench/NOTES.md, session 24).
 LOWBIT_OCCUPANCY_SHAPES = (
     (8, 1, (1, 8), 16),
-    (8, 2, (8, 1), 8),
 )
 
 
