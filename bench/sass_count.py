@@ -70,7 +70,9 @@ def main(argv=None) -> int:
         tiles = 2 * (cfg.tile[0] // cfg.warps[0] // 16)
     else:
         tiles = max(1, cfg.tokens // 8) if not cfg.fma else 1
-    atoms = hmma // tiles
+    # `_ds`: one more mma per atom and n8 tile for the sums, shared by the warp's strips
+    shared = 1 + 1 / cfg.strips if getattr(cfg, "deferred", False) else 1
+    atoms = round(hmma / tiles / shared)
     kinds = collections.Counter(op.split(".")[0] for op in body)
     print(f"{cfg.kernel_name}: loop {lo:#x}-{hi:#x}, {len(body)} instructions, {hmma} HMMA, "
           f"{atoms} atoms -> {len(body) / atoms:.1f} per atom")
