@@ -72,7 +72,8 @@ def main(argv=None) -> int:
         tiles = max(1, cfg.tokens // 8) if not cfg.fma else 1
     # `_ds`: one more mma per atom and n8 tile for the sums, shared by the warp's strips
     shared = 1 + 1 / cfg.strips if getattr(cfg, "deferred", False) else 1
-    atoms = round(hmma / tiles / shared)
+    # 1:2-sparse: one mma.sp (HMMA.SP.16832) takes two atoms (k32)
+    atoms = round(hmma / tiles / shared * (2 if cfg.bits == 7 and cfg.family == "gemv" else 1))
     kinds = collections.Counter(op.split(".")[0] for op in body)
     print(f"{cfg.kernel_name}: loop {lo:#x}-{hi:#x}, {len(body)} instructions, {hmma} HMMA, "
           f"{atoms} atoms -> {len(body) / atoms:.1f} per atom")

@@ -31,7 +31,6 @@ struct RawOnes {
   }
 };
 
-
 // fp16 int4: a0/a2 (rows g) hold 1024 + q = q' + 1032; a1/a3 (rows g + 8, the odd nibbles kept in
 // place) hold 1024 + 16 q = 16 (q' + 72). All below 2048: exact halves.
 template <>

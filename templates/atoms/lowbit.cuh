@@ -68,7 +68,6 @@ struct PairConst {
   // 2**(kMantissa - e) + q exactly (the decode kernels' `_ds` raw codes).
   static constexpr uint32_t magic(int e) { return splat(uint32_t(kExpBias + kMantissa - e) << kMantissa); }
   static constexpr uint32_t one() { return splat(uint32_t(kExpBias) << kMantissa); }
-  static constexpr uint32_t pair_value(int e) { return 1u << (kMantissa - e); }  // magic(e)'s value
   // -v for an integer 1 <= v < 2**(kMantissa + 1)
   static constexpr uint32_t neg_int(uint32_t v) {
     return splat(0x8000u | uint32_t(kExpBias + log2i(v)) << kMantissa | (v - (1u << log2i(v))) << (kMantissa - log2i(v)));
@@ -277,30 +276,38 @@ struct Field3Atoms {
 template <typename Element>
 struct WeightAtoms<Element, 3> : Field3Atoms<Element> {};
 
-// 1:2-sparse 7 bits: a block is one atom, one word per lane (int4's bytes): byte r is register r's
-// pair, the kept element's 7-bit code with its position in bit 7 (1: the first, k even). prmt puts
-// the code under the magic's exponent in both halves (magic + code, exact); after the scale, the
-// position bit (replicated by prmt's sign mode) keeps the kept half and zeroes the other.
+// 1:2-sparse 7 bits, read by mma.sp.m16n8k32 (sparse tensor cores): the mma skips the dropped
+// half of every pair, so a pair costs half a prmt, half a subtraction and half an fma, where
+// expanding it to a dense fragment and zeroing the dropped element cost five instructions per
+// register (31 per atom). A block is 4 atoms (k64), two mma's: word 2 h + i of a lane is mma h's
+// compressed A registers 2 i (rows g, bytes 0-1) and 2 i + 1 (rows g + 8, bytes 2-3), one byte per
+// pair: the kept element's code in bits 0-6; bit 7 of the 16 bytes is the lane's metadata word
+// (the lane supplies mma t >> 1's: the sparsity selector; layout contract: lowbit_layout.py).
 template <typename Element>
 struct WeightAtoms<Element, 7> {
   using P = Pair<Element>;
-  static constexpr int kAtoms = 1, kWords = 1, kLaneStride = 1;
+  static constexpr bool kSparse = true;
+  static constexpr int kAtoms = 4, kWords = 4, kLaneStride = 1;
   static constexpr uint32_t kMagicBytes = ((P::kMagic >> 8) & 0xffu) * 0x01010101u;  // 0x64 / 0x43 in every byte
   static constexpr uint32_t kBias = P::kMagic + 64u * 0x10001u;              // magic + 2**6
-  // a & (b ^ c): immLut = 0xf0 & (0xcc ^ 0xaa).
-  static constexpr uint32_t kAndXorMask = 0x60;
 
-  static __device__ __forceinline__ void load_at(uint32_t const* src, uint32_t (&w)[1]) { load_planes<1>(src, w); }
-  static __device__ __forceinline__ void convert(uint32_t const (&w)[1], int, uint32_t (&a)[4]) {
-    uint32_t const codes = w[0] & 0x7f7f7f7fu;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] = P::sub(prmt(codes, kMagicBytes, 0x4040u + 0x0101u * r), kBias);
+  static __device__ __forceinline__ void load_at(uint32_t const* src, uint32_t (&w)[4]) { load_planes<4>(src, w); }
+  // Metadata bit i (pair i % 8 of rows g + 8 (i / 8); 1: the second element is kept) is bit 7 of
+  // byte i / 4 of word i % 4 and goes to bit 2 i: one shift per word. A chunk's nibble is then
+  // (first's index 0 or 1) | (second's 2 or 3) << 2, bit 3 always set: 0x8, 0x9, 0xC, 0xD, all
+  // valid (increasing) for mma.sp::ordered_metadata.
+  static __device__ __forceinline__ uint32_t meta(uint32_t const (&w)[4]) {
+    return 0x88888888u | ((w[0] >> 7) & 0x01010101u) | ((w[1] >> 5) & 0x04040404u) | ((w[2] >> 3) & 0x10101010u) |
+           ((w[3] >> 1) & 0x40404040u);
   }
-  static __device__ __forceinline__ void finish(uint32_t const (&w)[1], int, uint32_t (&a)[4]) {
+  // mma h's compressed A fragment as exact q' = q - 64: the metadata bits masked off, prmt puts two
+  // codes under the magic's exponent (magic + code, exact), one subtraction.
+  static __device__ __forceinline__ void convert_sp(uint32_t const (&w)[4], int h, uint32_t (&a)[4]) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      uint32_t const first = prmt(w[0], 0u, 0x8888u + 0x1111u * r);  // all ones when the first is kept
-      a[r] = lop3<kAndXorMask>(a[r], first, 0xffff0000u);
+    for (int i = 0; i < 2; ++i) {
+      uint32_t const codes = w[2 * h + i] & 0x7f7f7f7fu;
+      a[2 * i] = P::sub(prmt(codes, kMagicBytes, 0x4140u), kBias);
+      a[2 * i + 1] = P::sub(prmt(codes, kMagicBytes, 0x4342u), kBias);
     }
   }
 };

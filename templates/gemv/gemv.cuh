@@ -58,6 +58,16 @@ struct GemvMath<cutlass::half_t> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+  // 1:2-sparse: the compressed A (16 x 16 of a 16 x 32 tile), b[j] = x at k 8 j + 2t, + 1, e the
+  // metadata of the lanes that kSel picks (t >> 1 == kSel).
+  template <int kSel>
+  static __device__ __forceinline__ void mma_sp(float (&d)[4], uint32_t const (&a)[4], uint32_t const (&b)[4], uint32_t e) {
+    asm volatile(
+        "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, %13;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e), "n"(kSel));
+  }
 };
 
 template <>
@@ -68,6 +78,16 @@ struct GemvMath<cutlass::bfloat16_t> {
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // 1:2-sparse: the compressed A (16 x 16 of a 16 x 32 tile), b[j] = x at k 8 j + 2t, + 1, e the
+  // metadata of the lanes that kSel picks (t >> 1 == kSel).
+  template <int kSel>
+  static __device__ __forceinline__ void mma_sp(float (&d)[4], uint32_t const (&a)[4], uint32_t const (&b)[4], uint32_t e) {
+    asm volatile(
+        "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, %13;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e), "n"(kSel));
   }
 };
 
@@ -267,6 +287,9 @@ struct Gemv {
   static_assert(kRuns >= 1 && kStrips % kRuns == 0, "kRuns: equal runs of strips");
   static_assert(!kDeferred || (!kFma && kBits != 7),
                 "kDeferred: the mma kernels, not 1:2-sparse (a dropped element's zero would enter the sums of x)");
+  // 1:2-sparse weights run on mma.sp (atoms u, u + 1 as one m16n8k32 tile: unit_math).
+  static constexpr bool kSparse = kBits == 7;
+  static_assert(!kSparse || !kFma, "1:2-sparse: mma.sp kernels only (tokens 8, 16, 32), not the FMA variant");
   static constexpr int kRun = kStrips / kRuns;
 
   // The weight strip of the warp's strip j (strip0 + j with one run: gemv's code is unchanged).
@@ -418,7 +441,7 @@ struct Gemv {
             }
           }
 #pragma unroll
-          for (int j = 0; j < kStrips; ++j) atom_math(wq[u / W::kAtoms][j], u, s[j], z[j], xf[u], acc[j]);
+          for (int j = 0; j < kStrips; ++j) unit_math(wq[u / W::kAtoms][j], u, s[j], z[j], xf, acc[j]);
         }
       };
       if (!kCapped && kb0 + kUnroll <= kend) {
@@ -513,6 +536,42 @@ struct Gemv {
         }
       }
       if (!kWhole && open >= 0) fold(open);
+    }
+  }
+
+  // Atom u of a strip, the main loops' unit: atom_math; 1:2-sparse: atoms u, u + 1 as one mma.sp tile
+  // when u is even (kUnroll is whole 4-atom blocks), nothing when it is odd.
+  static __device__ __forceinline__ void unit_math(uint32_t const (&w)[W::kWords], int u, uint32_t const (&s)[2],
+                                                   uint32_t const (&z)[2], uint32_t const (&xf)[kUnroll][kXRows][2],
+                                                   float (&acc)[kXRows][kPer]) {
+    if constexpr (kSparse) {
+      if (u % 2 == 0) sparse_math(w, u, s, z, xf[u], xf[u + 1], acc);
+    } else {
+      atom_math(w, u, s, z, xf[u], acc);
+    }
+  }
+
+  // 1:2-sparse atoms u, u + 1 (u even) of a strip: mma (u % 4) / 2 of the block, its compressed A
+  // as exact q', scaled like a dense atom (a group spans >= 2 atoms), one mma.sp per n8 tile of x
+  // (B: the two atoms' fragments, k 8 j + 2t for register j) with the lane's metadata word.
+  static __device__ __forceinline__ void sparse_math(uint32_t const (&w)[W::kWords], int u, uint32_t const (&s)[2],
+                                                     uint32_t const (&z)[2], uint32_t const (&xa)[kXRows][2],
+                                                     uint32_t const (&xb)[kXRows][2], float (&acc)[kXRows][kPer]) {
+    if constexpr (kSparse) {
+      int const h = (u % W::kAtoms) / 2;
+      uint32_t a[4];
+      W::convert_sp(w, h, a);
+      atom_scale<Element>(a, s, z);
+      uint32_t const e = W::meta(w);
+#pragma unroll
+      for (int mt = 0; mt < kTiles; ++mt) {
+        uint32_t const b[4] = {xa[mt][0], xa[mt][1], xb[mt][0], xb[mt][1]};
+        if (h == 0) {
+          GemvMath<Element>::template mma_sp<0>(acc[mt], a, b, e);
+        } else {
+          GemvMath<Element>::template mma_sp<1>(acc[mt], a, b, e);
+        }
+      }
     }
   }
 

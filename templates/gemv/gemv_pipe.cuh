@@ -224,7 +224,7 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
         if (kb0 + u >= kend) break;  // zero-filled atoms past the slice would still add z'
         if (u % kGroupAtoms == 0) stage_params(params + ((u * 16) >> p.group_shift) * kGroupBytes, g, s, z);
 #pragma unroll
-        for (int j = 0; j < kStrips; ++j) Base::atom_math(wq[u / W::kAtoms][j], u, s[j], z[j], xf[u], acc[j]);
+        for (int j = 0; j < kStrips; ++j) Base::unit_math(wq[u / W::kAtoms][j], u, s[j], z[j], xf, acc[j]);
       }
     }
     cp_async_wait<0>();  // no copy may land in shared memory after the CTA's epilogue reuses it

@@ -30,8 +30,8 @@
 // 16-byte vector.
 //
 // kAtomLayout: the same kernel reading the one copy of A-fragment atoms: the sm90a layout
-// (mixed_gemm/kernels/sm90a/layout.py, 4 and 8 bits) or the lowbit layout (1-3 bits and 1:2-sparse
-// 7 bits, mixed_gemm/kernels/gemv/lowbit_layout.py; W::kAtoms atoms per block along K), so decode
+// (mixed_gemm/kernels/sm90a/layout.py, 4 and 8 bits) or the lowbit layout (1-3 bits,
+// mixed_gemm/kernels/gemv/lowbit_layout.py; W::kAtoms atoms per block along K), so decode
 // batches of 9-32 tokens get this multistage pipeline without a second weight copy. The sm90a case:
 // an sm90a atom (16 n x 16 k) is the mma A fragment of W, i.e. the B fragments of W^T for two n8
 // tiles (lane 4 g + t: registers 0, 2 are column g's k pairs, 1, 3 column g + 8's). The 4 atoms of
@@ -108,8 +108,8 @@ struct MixedGemmSm80 {
   static constexpr int kK16 = BK / 16;       // k16 steps per k-tile
   static constexpr int kK16PerWarp = kK16 / WarpsK;
 
-  static_assert(kBits == 4 || kBits == 8 || (kAtomLayout_ && (kBits == 1 || kBits == 2 || kBits == 3 || kBits == 7)),
-                "4- or 8-bit weights (1-3 bits and 1:2-sparse 7 bits: the lowbit layout)");
+  static_assert(kBits == 4 || kBits == 8 || (kAtomLayout_ && (kBits == 1 || kBits == 2 || kBits == 3)),
+                "4- or 8-bit weights (1-3 bits: the lowbit layout; its 1:2-sparse fragments are mma.sp's A)");
   static_assert(BM % (16 * WarpsM) == 0, "warp tile rows must be a multiple of 16");
   static_assert(BN % (kAtomN * WarpsN) == 0, "warp tile columns must be a multiple of the 64-column atom");
   static_assert(BK == 64 || BK == 128, "BK is 64 or 128 (the A swizzle spans 8 16-byte chunks)");

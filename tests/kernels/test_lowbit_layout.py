@@ -1,7 +1,8 @@
 """The lowbit layout (1-3-bit planes, 1:2-sparse 7-bit bytes): exact inverses, the docstring's bit
 positions, and a Python mirror of the converters in templates/atoms/lowbit.cuh (the shifts and masks
 the kernel applies to a lane's words, per dtype's mantissa window) giving every lane's A-fragment
-values q' = q - 2**(bits-1)."""
+values q' = q - 2**(bits-1); for 1:2-sparse, a mirror of the compressed fragments and metadata words
+the kernel hands mma.sp.m16n8k32, decompressed by the PTX ISA's rules (section 9.7.14.6)."""
 import pytest
 import torch
 
@@ -32,32 +33,54 @@ def _field3(w, p: int, half: int, mantissa: int) -> int:
 
 
 def _fragments(b: torch.Tensor, bits: int, n_pad: int, kp: int, mantissa: int = 10) -> torch.Tensor:
-    """What PlaneAtoms / WeightAtoms<7>::convert (+ finish) leave in each lane's registers, placed back
-    at (n, k): planes give q'; sparse gives q' of the kept element and 0 for the dropped one."""
+    """What PlaneAtoms / Field3Atoms::convert leave in each lane's registers, placed back at (n, k): q'."""
     out = torch.zeros(n_pad, kp, dtype=torch.int64)
     words = b.to(torch.int64) & 0xFFFFFFFF
-    per = L.block_atoms(bits)
     for blk in range(b.shape[0]):
         for nb in range(b.shape[1]):
             for lane in range(32):
                 g, t = lane // 4, lane % 4
-                w = words[blk, nb, :, lane].tolist() if bits != 7 else [int(words[blk, nb, lane])]
-                for u in range(per):
+                w = words[blk, nb, :, lane].tolist()
+                for u in range(4):
                     for r in range(4):
                         p = 4 * u + r
                         for e in range(2):  # the register's halves: k0 = 0 (low), 1 (high)
-                            if bits == 7:
-                                byte = (w[0] >> (8 * r)) & 0xFF
-                                kept_first = byte >> 7
-                                v = (byte & 0x7F) - 64 if kept_first == (e == 0) else 0
-                            elif bits == 3:
+                            if bits == 3:
                                 v = _field3(w, p, e, mantissa) - 4
                             else:
                                 field = (w[p // 8] >> (2 * (p % 8) + 16 * e)) & 3 if bits == 2 else (w[0] >> (p + 16 * e)) & 1
                                 v = field - (1 << (bits - 1))
                             n = 16 * nb + g + 8 * (r & 1)
-                            k = 16 * (blk * per + u) + 8 * (r >> 1) + 2 * t + e
+                            k = 16 * (blk * 4 + u) + 8 * (r >> 1) + 2 * t + e
                             out[n, k] = v
+    return out
+
+
+def _sparse_mma(b: torch.Tensor, n_pad: int, kp: int) -> torch.Tensor:
+    """The dense A that WeightAtoms<7>'s fragments and metadata word stand for, placed at (n, k): per
+    block and half h, lanes t with t >> 1 == h supply the metadata (rows g: bits 0-15, g + 8: 16-31,
+    k 16 (t & 1) .. + 15; nibble = index of the first kept element | the second's << 2), and the
+    compressed A register n1 + 2 i of lane 4 g + t holds chunk t + 4 i of row g + 8 n1."""
+    out = torch.zeros(n_pad, kp, dtype=torch.int64)
+    words = b.to(torch.int64) & 0xFFFFFFFF
+    for blk in range(b.shape[0]):
+        for nb in range(b.shape[1]):
+            w = words[blk, nb]  # (4, 32)
+            meta = [0x88888888 | (w[0, l] >> 7) & 0x01010101 | (w[1, l] >> 5) & 0x04040404
+                    | (w[2, l] >> 3) & 0x10101010 | (w[3, l] >> 1) & 0x40404040 for l in range(32)]
+            for h in range(2):
+                for g in range(8):
+                    for n1 in range(2):
+                        for chunk in range(8):
+                            supplier = 4 * g + 2 * h + chunk // 4
+                            nibble = (int(meta[supplier]) >> (16 * n1 + 4 * (chunk % 4))) & 0xF
+                            assert nibble in (0x4, 0x8, 0x9, 0xC, 0xD, 0xE)  # mma.sp::ordered_metadata's
+                            t, i = chunk % 4, chunk // 4
+                            word = int(w[2 * h + i, 4 * g + t])
+                            for j in range(2):
+                                code = (word >> (8 * (2 * n1 + j))) & 0x7F  # the & 0x7f7f7f7f, then the prmt
+                                k = 64 * blk + 32 * h + 4 * chunk + ((nibble >> (2 * j)) & 3)
+                                out[16 * nb + 8 * n1 + g, k] = code - 64
     return out
 
 
@@ -74,12 +97,12 @@ def test_planes_round_trip_and_the_converter_reads_every_code(bits, n, k):
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_sparse_bytes_and_the_converter_zero_the_dropped_element(n, k):
+def test_sparse_bytes_and_the_mma_sp_operands_give_the_weight(n, k):
     k = k // 32 * 32
     q, s, z = mg.sparsify_quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), group_size=32)
     b, scales, zeros = L.pack(q, s, z, 7, torch.float16, "int")
-    assert b.dim() == 3 and L.dims(b) == (b.shape[1] * 16, k // 16 + (k % 16 > 0))
-    got = _fragments(b, 7, b.shape[1] * 16, b.shape[0] * 16)[:n, :k]
+    assert tuple(b.shape) == L.shapes(n, k, 7, 1)[0] and L.dims(b) == (b.shape[1] * 16, b.shape[0] * 4)
+    got = _sparse_mma(b, b.shape[1] * 16, b.shape[0] * 64)[:n, :k]
     qi, zc = q.to(torch.int64), z.to(torch.int64).repeat_interleave(32, dim=1)
     # the kept element: the non-zero-code one, the first when both are zero codes (its q' s + z' is 0)
     first = (qi[:, 0::2] != zc[:, 0::2]) | (qi[:, 1::2] == zc[:, 1::2])

@@ -109,14 +109,14 @@ def test_sm90a_layout_catalog_candidates_and_reads():
 
 
 def test_lowbit_layout_catalog_candidates_and_reads():
-    """The ``_lowbit`` schedules: the decode tiles for 1-3-bit and 1:2-sparse weights, one kernel per
-    dtype and width (the additive zero folds every zero mode), offered by the profiler on a lowbit
-    weight only, and left to the gemv family by the heuristics."""
+    """The ``_lowbit`` schedules: the decode tiles for 1-3-bit weights, one kernel per dtype and width
+    (the additive zero folds every zero mode), offered by the profiler on a lowbit weight only, and
+    left to the gemv family by the heuristics; not 1:2-sparse (mma.sp's A fragments: gemv only)."""
     from mixed_gemm.kernels.base import Problem
     from mixed_gemm.kernels.sm80.catalog import SHAPES_LOWBIT
 
     cat = [c for c in sm80.FAMILY.catalog() if c.layout == "lowbit"]
-    assert len(cat) == len(SHAPES_LOWBIT) * 2 * 4 and {c.bits for c in cat} == {1, 2, 3, 7}
+    assert len(cat) == len(SHAPES_LOWBIT) * 2 * 3 and {c.bits for c in cat} == {1, 2, 3}
     assert {c.zero_mode for c in cat} == {"int"} and all(c.kernel_name.endswith("_lowbit") for c in cat)
     two = Problem(m=16, n=4096, k=4096, dtype="f16", bits=2, zero_mode="float", group_size=64, layout="lowbit")
     fam = sm80.FAMILY
@@ -130,9 +130,10 @@ def test_lowbit_layout_catalog_candidates_and_reads():
     cfg = Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_lowbit_kfused4", bits=3, zero_mode="float")
     assert cfg.layout == "lowbit" and cfg.kernel.zero_mode == "int" and fam.can_implement(cfg, two)[0] is False
     assert fam.can_implement(cfg, Problem(**{**two.__dict__, "bits": 3}))[0]
-    # 1:2-sparse 7 bits stores int4's bytes; 3 bits 3/8 of a byte per weight.
-    sparse = Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_lowbit", bits=7)
-    assert sparse.smem_bytes == Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_sm90a").smem_bytes
+    # 1:2-sparse 7 bits: not read here (its problem is gemv's and dequant_mm's); 3 bits 3/8 of a byte per weight.
+    with pytest.raises(ValueError, match="bits must be one of"):
+        Sm80Config.from_schedule("t16x64x128_w1x1x4_s4_lowbit", bits=7)
+    assert not fam.reads_weight(Problem(**{**two.__dict__, "bits": 7}))[0]
     assert cfg.smem_bytes == 4 * (16 * 128 * 2 + 128 * 64 * 3 // 8 + 2 * 4 * 64 * 2)
     with pytest.raises(ValueError, match="bits must be one of"):
         Sm80Config(bits=4, layout="lowbit")

@@ -1,6 +1,7 @@
 """1-, 2-, 3-bit and 1:2-sparse 7-bit weights on the GPU (the lowbit layout): every catalog gemv
-kernel and every sm80 ``_lowbit`` tile of those widths, and selection over M in {1, 3, 16, 64, 300}
-(gemv or the sm80 tiles up to 32 tokens, above the tiles or dequantize + cuBLAS as profiled) for every width x group
+kernel and every sm80 ``_lowbit`` tile of those widths (1-3 bits: 1:2-sparse runs mma.sp in gemv only),
+and selection over M in {1, 3, 16, 64, 300} (gemv or the sm80 tiles up to 32 tokens, above the tiles
+or dequantize + cuBLAS as profiled) for every width x group
 32/64/128 x fp16/bf16, element-wise against the float32 reference; HQQ float zeros; the dequantize
 kernel; the sparse pattern's exact zeros."""
 import pytest

@@ -186,7 +186,7 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
                                          for t, s, w, u, st in LOWBIT_DEFERRED_SHAPES]
         occupancy = [_shape(t, s, w, u, occupancy=3, deferred=ds) for t, s, w, u in LOWBIT_OCCUPANCY_SHAPES
                      for ds in ((False,) if bits == 7 else (False, True))]
-        return ([_shape(*shape) for shape in LOWBIT_SHAPES]
+        return ([_shape(*shape) for shape in LOWBIT_SHAPES if bits != 7 or shape[0] >= 8]  # sparse: no FMA
                 + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES] + deferred + occupancy)
     half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
     if layout == "sm80":

@@ -35,8 +35,8 @@ class GemvConfig:
     is not compiled in) or ``"sm80"`` (gemv_sm80.cuh, the one copy of Ampere/Ada: x is the A
     operand, the zero mode is compiled in; schedule suffix ``_sm80``) or ``"lowbit"`` (gemv.cuh, for
     1-, 2-, 3-bit and 1:2-sparse 7-bit weights: implied by ``bits``, no suffix); ``tokens`` (rows of x
-    served: 8, 16 or 32, n8 tiles of mma.sync; 1, 2 or 4: the CUDA-core FMA variant, sm90a layout
-    only, no padding of x to an n8 tile; 16 for sm80); ``strips`` per warp (16 rows for
+    served: 8, 16 or 32, n8 tiles of mma.sync (1:2-sparse: mma.sp); 1, 2 or 4: the CUDA-core FMA
+    variant, not for 1:2-sparse, no padding of x to an n8 tile; 16 for sm80); ``strips`` per warp (16 rows for
     sm90a, 64 columns for sm80); ``warps`` = (warps along N, warps splitting K inside a CTA);
     ``unroll`` (k16 atoms a warp loads before it converts any: its weight bytes in flight are
     unroll x strips x the atom's bytes); ``stage_x`` (``_xs``: each warp copies its step's slice
@@ -76,6 +76,8 @@ class GemvConfig:
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode, (4, 8) + LOWBIT_BITS) + [
             (self.tokens in TOKENS, f"tokens must be one of {TOKENS} (8/16/32: n8 tiles of mma.sync; 1/2/4: FMA)"),
             (self.layout != "sm80" or not self.fma, "the FMA variant (tokens 1, 2, 4) reads the sm90a or lowbit layout"),
+            (self.bits != 7 or not self.fma,
+             "1:2-sparse weights run on mma.sp (tokens 8, 16, 32), not the FMA variant (tokens 1, 2, 4)"),
             (self.layout in LAYOUTS, f"layout must be one of {LAYOUTS}"),
             ((self.layout == "lowbit") == (self.bits in LOWBIT_BITS),
              f"{LOWBIT_BITS}-bit weights are read from the lowbit layout, and only they"),

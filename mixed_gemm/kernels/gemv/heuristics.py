@@ -29,18 +29,22 @@ def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
     return max(1, min(want, steps // MIN_STEPS, MAX_SPLITS))
 
 
-# The lowbit layout (1-3 bits, 1:2-sparse 7 bits; its catalog.LOWBIT_SHAPES): up to 8 tokens. From 9
-# the sm80 family's `_lowbit` tiles take it: on the H100 they beat every gemv kernel at M 16 and 32
-# (11-48%), and this table's m16/m32 rows were 2.2x off the best there (bench/NOTES.md, session 22).
+# The lowbit layout (1-3 bits; its catalog.LOWBIT_SHAPES): up to 8 tokens. From 9 the sm80 family's
+# `_lowbit` tiles take it: on the H100 they beat every gemv kernel at M 16 and 32 (11-48%), and this
+# table's m16/m32 rows were 2.2x off the best there (bench/NOTES.md, session 22).
 LOWBIT_ROWS = ((8, "m8_s2_w4x2_u16"),)
 LOWBIT_MAX_M = LOWBIT_ROWS[-1][0]
+# 1:2-sparse 7 bits (mma.sp's fragments, which the sm80 tiles cannot read): gemv up to 32 tokens.
+SPARSE_ROWS = ((8, "m8_s2_w4x2_u16"), (16, "m16_s4_w2x2_u8_xs"), (32, "m32_s4_w2x2_u4_xs"))
 
 
 def heuristic_config(problem: Problem, sms: int) -> Optional[GemvConfig]:
     layouts = problem.layout.split("+")
     if problem.m > MAX_M:
         return None
-    if layouts == ["lowbit"]:
+    if layouts == ["lowbit"] and problem.bits == 7:
+        rows = SPARSE_ROWS
+    elif layouts == ["lowbit"]:
         if problem.m > LOWBIT_MAX_M:
             return None  # the sm80 family's _lowbit tiles
         rows = LOWBIT_ROWS

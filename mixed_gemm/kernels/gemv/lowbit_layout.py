@@ -6,12 +6,12 @@ tiles, each one ``mma.sync.m16n8k16`` A fragment, lane ``l = 4 n0 + k1`` owning 
 ``n0 + 8`` and columns ``2 k1``, ``2 k1 + 1``, ``+ 8``; its fragment register ``r = n1 + 2 k2``
 holds the pair ``k0 = 0, 1`` (``n = 16 nb + 8 n1 + n0``, ``k = 16 kb + 8 k2 + 2 k1 + k0``). What
 differs is how a lane's 8 values per atom are stored, so that any width keeps 32-bit loads that
-form one coalesced 128-byte request per warp and converts with a mask, an OR and a subtraction::
+form one coalesced 128-byte request per warp and converts with a mask, an OR and a subtraction
+(1:2-sparse: compressed A fragments of mma.sp.m16n8k32 instead)::
 
     b: int32 (blocks, N_pad/16, W, 32)      word c of lane l for block (kq, strip nb): b[kq, nb, c, l]
-                                            (1:2-sparse: (K16, N_pad/16, 32), W = 1)
 
-    1, 2, 3 bits: a block is 4 atoms along K (k64), W = bits words; pair p = 4 u + r (atom u):
+    a block is 4 atoms along K (k64), W = bits words (4 for 1:2-sparse); pair p = 4 u + r (atom u):
       2 bits, bit plane: word p // 8, bits 2 (p % 8) (k0 = 0) and 16 + 2 (p % 8) (k0 = 1)
           word 0:  | p7 | p6 | ... | p0 | p7 | p6 | ... | p0 |      <- q (2 bits each)
                     31           k0 = 1  16 15          k0 = 0  0
@@ -21,10 +21,16 @@ form one coalesced 128-byte request per warp and converts with a mask, an OR and
       code bit c in bit 15 (k0 = 0) / 31 (k0 = 1) of word c
           word c:  | b_c | p5c+4 | .. | p5c | b_c | p5c+4 | .. | p5c |    (b_c: bit c of pair 15)
                     31    30   k0 = 1    16 15    14   k0 = 0     0
-    1:2-sparse 7 bits: a block is 1 atom, W = 1 (int4's bytes): byte r of the word is register r's
-      pair along K: the kept element's code in bits 0-6, bit 7 set when it is the first (k0 = 0);
-      the other element is its group's zero code (exactly 0 in the canonical weight, zeroed by the
-      kernel after the scale).
+    1:2-sparse 7 bits, for mma.sp.m16n8k32 (the sparse tensor cores multiply the kept halves only):
+      a block is two k32 halves h (pairs 16 h .. 16 h + 15 of a row: k 32 h + 2 p16, + 1); per row
+      and pair one byte, the kept element's code in bits 0-6 (the other element is its group's zero
+      code: exactly 0). Lane l = 4 g + t holds the compressed A fragment of both mma's: word
+      c = 2 h + i, byte 2 n1 + j is row g + 8 n1, chunk t + 4 i (k 4 (t + 4 i) .. + 3), the kept
+      element of its pair j (p16 = 2 (t + 4 i) + j). Bit 7 of the bytes is the metadata: lane t
+      supplies mma (sparsity selector) t >> 1's metadata for rows g (bits 0-15) and g + 8 (16-31) at
+      k 16 (t & 1) .. + 15 of that half, one bit per pair of those 16 (b = 1 when the second element
+      is kept, bit 2 i' of the metadata word; pair i' = p16 - 8 (t & 1) + 8 n1); bit i' of a lane is
+      bit 7 of byte i' // 4 of word i' % 4, so one shift per word puts the bits in place.
 
 Codes are stored unsigned (the converters subtract ``2**(bits-1)`` with the magic number). ``N``
 is padded to a multiple of 16 and ``K`` to whole blocks (64 or 16) with code 0; ``scales`` and
@@ -64,13 +70,13 @@ def constant_checks(bits: int) -> List[Tuple[str, int]]:
 
 
 def block_atoms(bits: int) -> int:
-    """Atoms (of 16 k) per block along K: 4 for the bit planes, 1 for 1:2-sparse 7 bits."""
-    return 1 if bits == SPARSE_BITS else 4
+    """Atoms (of 16 k) per block along K: 4 (k64) for every width."""
+    return 4
 
 
 def words(bits: int) -> int:
     """32-bit words per lane per block."""
-    return 1 if bits == SPARSE_BITS else bits
+    return 4 if bits == SPARSE_BITS else bits
 
 
 def _check_bits(bits: int) -> None:
@@ -114,11 +120,20 @@ def _bit_slots(bits: int, n_pad: int, kp: int, device):
     return slots
 
 
-def _pair_bytes(n_pad: int, kp: int, device) -> torch.Tensor:
-    """For 1:2-sparse: the flat byte index of every pair ``(n, k/2)`` (its word, byte r = n1 + 2 k2)."""
-    nb, n1, n0, kb, k2, k1, _ = _coords(n_pad, kp, device)
-    word = (kb * (n_pad // 16) + nb) * 32 + 4 * n0 + k1
-    return (word * 4 + n1 + 2 * k2)[:, 0::2]
+def _pair_bytes(n_pad: int, kp: int, device):
+    """For 1:2-sparse: the flat byte index of every pair ``(n, k/2)``'s code, and of the byte whose
+    bit 7 holds its metadata bit (module doc), each ``(n_pad, kp/2)``."""
+    n = torch.arange(n_pad, device=device).view(-1, 1)
+    p = torch.arange(kp // 2, device=device).view(1, -1)  # pair index along K
+    nb, n1, g = n // 16, (n // 8) % 2, n % 8
+    kq, h, p16 = p // 32, (p // 16) % 2, p % 16
+    chunk, j = p16 // 2, p16 % 2
+    t, i = chunk % 4, chunk // 4
+    block = (kq * (n_pad // 16) + nb) * 4  # the block's first word row (c = 0)
+    code = ((block + 2 * h + i) * 32 + 4 * g + t) * 4 + 2 * n1 + j
+    supplier, bit = 4 * g + 2 * h + p16 // 8, p16 % 8 + 8 * n1  # its lane, and bit i' there
+    meta = ((block + bit % 4) * 32 + supplier) * 4 + bit // 4
+    return code, meta
 
 
 def _to_int32(words64: torch.Tensor) -> torch.Tensor:
@@ -126,8 +141,7 @@ def _to_int32(words64: torch.Tensor) -> torch.Tensor:
 
 
 def _b_shape(n_pad: int, kp: int, bits: int) -> Tuple[int, ...]:
-    blocks, strips = kp // (ATOM * block_atoms(bits)), n_pad // ATOM
-    return (blocks, strips, 32) if bits == SPARSE_BITS else (blocks, strips, words(bits), 32)
+    return kp // (ATOM * block_atoms(bits)), n_pad // ATOM, words(bits), 32
 
 
 def padded_k(k: int, bits: int) -> int:
@@ -171,14 +185,17 @@ def _expect_b(b: torch.Tensor, n_pad: int, kp: int, bits: int, n: int, k: int) -
 
 
 def pack_pairs(pairs: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """1:2-sparse pair bytes (format ``"sparse12"``'s ``qweight``, uint8 ``(N, K/2)``) -> int32
-    ``(K16, N_pad/16, 32)``: byte ``r`` of lane ``l``'s word is its fragment register ``r``'s pair."""
+    """1:2-sparse pair bytes (format ``"sparse12"``'s ``qweight``, uint8 ``(N, K/2)``: code in bits
+    0-6, bit 7 set when the first element is kept) -> int32 ``(blocks, N_pad/16, 4, 32)`` (module doc).
+    Padding pairs keep their first element with code 0 (a valid metadata nibble; x is 0 there)."""
     n_pad, kp = round_up(n, ATOM), padded_k(k, SPARSE_BITS)
-    padded = torch.zeros((n_pad, kp // 2), dtype=torch.uint8, device=pairs.device)
+    padded = torch.full((n_pad, kp // 2), 0x80, dtype=torch.uint8, device=pairs.device)
     padded[:n, : k // 2] = pairs
-    idx = _pair_bytes(n_pad, kp, pairs.device)
+    code, meta = _pair_bytes(n_pad, kp, pairs.device)
     out = torch.zeros(math.prod(_b_shape(n_pad, kp, SPARSE_BITS)) * 4, dtype=torch.uint8, device=pairs.device)
-    out[idx.reshape(-1)] = padded.reshape(-1)
+    out[code.reshape(-1)] = padded.reshape(-1) & 0x7F
+    second = (padded.reshape(-1) >> 7) ^ 1  # the metadata bit: 1 when the second element is kept
+    out[meta.reshape(-1)] |= second << 7
     return out.view(torch.int32).view(_b_shape(n_pad, kp, SPARSE_BITS)).contiguous()
 
 
@@ -186,9 +203,10 @@ def unpack_pairs(b: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Exact inverse of :func:`pack_pairs` -> uint8 ``(n, k/2)``."""
     n_pad, kp = round_up(n, ATOM), padded_k(k, SPARSE_BITS)
     _expect_b(b, n_pad, kp, SPARSE_BITS, n, k)
-    idx = _pair_bytes(n_pad, kp, b.device)
-    pairs = b.contiguous().view(torch.uint8).reshape(-1)[idx.reshape(-1)].view(n_pad, kp // 2)
-    return pairs[:n, : k // 2].contiguous()
+    code, meta = _pair_bytes(n_pad, kp, b.device)
+    flat = b.contiguous().view(torch.uint8).reshape(-1)
+    pairs = (flat[code.reshape(-1)] & 0x7F) | ((flat[meta.reshape(-1)] >> 7) ^ 1) << 7
+    return pairs.view(n_pad, kp // 2)[:n, : k // 2].contiguous()
 
 
 def _group(s: torch.Tensor, k: int) -> int:
@@ -216,8 +234,8 @@ def pack(q: torch.Tensor, s: torch.Tensor, z, bits: int, dtype: torch.dtype,
 
 
 def dims(b: torch.Tensor):
-    """``(N_pad, K16)`` of a packed ``b`` (a 1:2-sparse ``b`` is 3-D: one atom per block)."""
-    return b.shape[1] * ATOM, b.shape[0] * (1 if b.dim() == 3 else 4)
+    """``(N_pad, K16)`` of a packed ``b``."""
+    return b.shape[1] * ATOM, b.shape[0] * 4
 
 
 def unpack(b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, n: int, k: int,

@@ -28,7 +28,7 @@ SHAPES = (
 # kernels re-read x per warp and the wgmma tiles pay their TMA prologue on small shapes.
 SHAPES_SM90A = SHAPES[:7]
 WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in LAYOUT_BITS["sm80"] for zero in ZERO_MODES)
-# The same tiles on the lowbit layout (1-3 bits, 1:2-sparse 7 bits): batches of 9-32 tokens, where
+# The same tiles on the lowbit layout (1-3 bits; not 1:2-sparse: config.LAYOUT_BITS): batches of 9-32 tokens, where
 # the gemv kernels lose a third of their M=1 speedup (bench/NOTES.md, session 22).
 SHAPES_LOWBIT = SHAPES_SM90A
 # The atom layouts fold every zero mode into their additive zero: one kernel per dtype and width.

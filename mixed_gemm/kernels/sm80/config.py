@@ -15,8 +15,10 @@ from ..gemv import lowbit_layout
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_(sm90a|lowbit))?(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
 LAYOUTS = ("sm80", "sm90a", "lowbit")
-# The widths each layout holds (the lowbit layout: 1-3 bits and 1:2-sparse 7 bits).
-LAYOUT_BITS = {"sm80": (4, 8), "sm90a": (4, 8), "lowbit": lowbit_layout.BITS}
+# The widths each layout holds that these tiles read (the lowbit layout: 1-3 bits; its 1:2-sparse
+# 7 bits are mma.sp's compressed A fragments, which the weight-as-B tiles cannot take: the gemv
+# family serves them up to 32 tokens, dequantize + cuBLAS above).
+LAYOUT_BITS = {"sm80": (4, 8), "sm90a": (4, 8), "lowbit": lowbit_layout.BLOCK_BITS}
 SWIZZLES = (1, 2, 4, 8)
 
 
@@ -29,7 +31,7 @@ class Sm80Config:
     dequant.cuh), ``tile`` = threadblock (BM, BN, BK), ``warps`` = warp grid (M, N, K) inside it
     (K warps are summed through shared memory), ``stages`` (cp.async pipeline depth), ``layout``:
     the weight layout read, ``"sm80"``, ``"sm90a"`` (the Hopper one copy, schedule suffix
-    ``_sm90a``) or ``"lowbit"`` (1-3 bits and 1:2-sparse 7 bits, suffix ``_lowbit``); the atom
+    ``_sm90a``) or ``"lowbit"`` (1-3 bits, suffix ``_lowbit``); the atom
     layouts' zero is additive and always stored, so the zero mode is not compiled in there.
     Chosen at launch: ``split_k_mode`` / ``split_k`` (K slices, blockIdx.z; "serial" takes turns
     on a semaphore, "parallel" adds a reduce kernel, "fused" lets the last slice of each tile sum
@@ -85,7 +87,7 @@ class Sm80Config:
         s_bytes = (bk // 32) * bn * 2  # group sizes >= 32: at most BK/32 groups per k-tile
         zeros = self.kernel.zero_mode != "sym"  # the atom layouts always store their additive zero
         # Bits stored per weight: the lowbit layout's words per lane per block of atoms (kRowBytes in
-        # gemm_sm80.cuh), so 1:2-sparse 7 bits stores int4's bytes.
+        # gemm_sm80.cuh).
         stored = (4 * lowbit_layout.words(self.bits) // lowbit_layout.block_atoms(self.bits)
                   if self.layout == "lowbit" else self.bits)
         stage = bm * bk * 2 + bk * bn * stored // 8 + s_bytes + (s_bytes if zeros else 0)
