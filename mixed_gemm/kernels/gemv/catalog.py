@@ -118,6 +118,19 @@ LOWBIT_RING_SHAPES = (
 )
 
 
+# 1:2-sparse only (mma.sp, which the sm80 tiles cannot run: gemv serves it up to 32 tokens): rings
+# whose x stage more N-warps share, (tokens, strips, warps, unroll, stages). At 16 tokens x costs
+# a warp of the u8 `_xs` kernels 4x its weight bytes from L2; a K-slice row of 8 warps shares one
+# stage (bench/NOTES.md, session 25).
+SPARSE_RING_SHAPES = (
+    (16, 1, (8, 1), 8, 3),
+    (16, 2, (8, 1), 4, 3),
+    (16, 1, (8, 2), 4, 3),
+    (32, 1, (8, 1), 4, 3),
+    (32, 2, (8, 1), 4, 2),
+)
+
+
 # Compiled for more CTAs per SM than ptxas would give them (``_o<N>``: __launch_bounds__(threads, N),
 # the registers capped at 64K / (N x threads)): (tokens, strips, warps, unroll, stage x, N). More
 # warps per SM keep more weight loads in flight at M=1 on the 8B-sized shapes (bench/NOTES.md,
@@ -186,8 +199,10 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
                                          for t, s, w, u, st in LOWBIT_DEFERRED_SHAPES]
         occupancy = [_shape(t, s, w, u, occupancy=3, deferred=ds) for t, s, w, u in LOWBIT_OCCUPANCY_SHAPES
                      for ds in ((False,) if bits == 7 else (False, True))]
+        sparse = [_shape(t, s, w, u, stages=st) for t, s, w, u, st in SPARSE_RING_SHAPES] if bits == 7 else []
         return ([_shape(*shape) for shape in LOWBIT_SHAPES if bits != 7 or shape[0] >= 8]  # sparse: no FMA
-                + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES] + deferred + occupancy)
+                + [_shape(t, s, w, u, stages=st) for t, s, w, u, st in LOWBIT_RING_SHAPES] + deferred + occupancy
+                + sparse)
     half = (lambda u: u) if bits == 4 else (lambda u: max(1, u // 2))
     if layout == "sm80":
         return [_shape(t, s, w, half(u), xs) for t, s, w, u, xs in SM80_SHAPES]
