@@ -265,7 +265,7 @@ def test_one_copy_weight_reads_a_dequant_mm_entry_from_its_copy_and_skips_sm80_t
 @pytest.mark.parametrize("cc", [(9, 0), (8, 9)])
 def test_low_bit_weights_select_gemv_then_sm80_then_dequant_mm_on_every_gpu(monkeypatch, cc):
     """The lowbit layout: the sm90a family (4/8 bits, its own layout) passes with a reason, gemv takes
-    up to 8 tokens, the sm80 family's _lowbit tiles 9-32, dequantize + cuBLAS the rest; a profile of
+    up to 8 tokens (1:2-sparse: 32), the sm80 family's _lowbit tiles 9-32, dequantize + cuBLAS the rest; a profile of
     int4 entries (on the sm80 layout) is not borrowed."""
     monkeypatch.setattr(base, "compute_capability", lambda i: cc)
     monkeypatch.setattr(C, "device_profile", lambda device_index: Profile(entries=[_entry(16, "sm80:t16x64x128_w1x1x4_s4")],
@@ -274,7 +274,7 @@ def test_low_bit_weights_select_gemv_then_sm80_then_dequant_mm_on_every_gpu(monk
     for bits in (1, 2, 3, 7):
         for m in (1, 3, 16, 32, 33, 300):
             got = choose(_problem(m, bits=bits, group_size=64, layout="lowbit"), 0)
-            want = "gemv" if m <= 8 else "sm80" if m <= 32 else "dequant_mm"
+            want = "gemv" if m <= (32 if bits == 7 else 8) else "sm80" if m <= 32 else "dequant_mm"
             assert (got.family.name, got.source) == (want, "heuristic")
             assert got.config.layout == "lowbit"
 

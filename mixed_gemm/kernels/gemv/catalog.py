@@ -118,14 +118,10 @@ LOWBIT_RING_SHAPES = (
 )
 
 
-# 1:2-sparse only (mma.sp, which the sm80 tiles cannot run: gemv serves it up to 32 tokens): rings
-# whose x stage more N-warps share, (tokens, strips, warps, unroll, stages). At 16 tokens x costs
-# a warp of the u8 `_xs` kernels 4x its weight bytes from L2; a K-slice row of 8 warps shares one
-# stage (bench/NOTES.md, session 25).
+# 1:2-sparse only (mma.sp, which the sm80 tiles cannot run: gemv serves it up to 32 tokens): 32-token
+# rings whose x stage 8 N-warps share, (tokens, strips, warps, unroll, stages). They won 70B gate_up
+# at M=32 (175 -> 161 µs) and bf16 8B o; the same at 16 tokens never won (bench/NOTES.md, session 25).
 SPARSE_RING_SHAPES = (
-    (16, 1, (8, 1), 8, 3),
-    (16, 2, (8, 1), 4, 3),
-    (16, 1, (8, 2), 4, 3),
     (32, 1, (8, 1), 4, 3),
     (32, 2, (8, 1), 4, 2),
 )
