@@ -206,6 +206,39 @@ struct XStage {
   static __device__ __forceinline__ uint32_t pair(char const* xs, int row, int u, int t, int hi) {
     return *reinterpret_cast<uint32_t const*>(xs + row * kRowBytes + (u * 16 + 2 * t + 8 * hi) * 2);
   }
+
+  // Atoms u, u + 1's B fragments of one n8 tile in one ldmatrix.x4 instead of four 32-bit loads:
+  // matrix q is k 16 u + 8 q .. + 7 of the tile's 8 token rows, so lane (g, t) receives x[g][16 u +
+  // 8 q + 2t, + 1] as register q: b[0], b[1] are atom u's fragment, b[2], b[3] atom u + 1's. Lane l
+  // names row l & 7 of matrix l >> 3 (`row`: that token's staged row). Rows start on 16 bytes and lie
+  // an odd number of 16-byte chunks apart, so a matrix's 8 rows hit distinct bank quads.
+  static __device__ __forceinline__ void pairs_x4(char const* xs, int row, int u, int lane, uint32_t (&b)[4]) {
+    uint32_t const addr =
+        static_cast<uint32_t>(__cvta_generic_to_shared(xs + row * kRowBytes + (u * 16 + 8 * (lane >> 3)) * 2));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(addr)
+                 : "memory");
+  }
+
+  // A step's B fragments from the staged slice: xf[u][mt] for kTiles n8 tiles (ldmatrix.x4 per two
+  // atoms), `row_of(r)` the staged row of the tile's token row r.
+  template <int kUnroll_, int kTiles_, typename RowOf>
+  static __device__ __forceinline__ void fragments_x4(char const* xs, int lane, RowOf const& row_of,
+                                                      uint32_t (&xf)[kUnroll_][kTiles_][2]) {
+    static_assert(kUnroll_ % 2 == 0, "ldmatrix.x4 takes two atoms");
+#pragma unroll
+    for (int u = 0; u < kUnroll_; u += 2)
+#pragma unroll
+      for (int mt = 0; mt < kTiles_; ++mt) {
+        uint32_t b[4];
+        pairs_x4(xs, row_of(mt * 8 + (lane & 7)), u, lane, b);
+        xf[u][mt][0] = b[0];
+        xf[u][mt][1] = b[1];
+        xf[u + 1][mt][0] = b[2];
+        xf[u + 1][mt][1] = b[3];
+      }
+  }
 };
 
 // Every gemv kernel's run(): zeroed accumulators, the main loop, then the epilogue. The main loop's
@@ -381,13 +414,17 @@ struct Gemv {
       uint32_t xf[kUnroll][kXRows][2];
       if (kStageX) {
         XS::load(p, kb0, lane, xs);
+        if constexpr (!kFma && kUnroll % 2 == 0) {
+          XS::fragments_x4(xs, lane, [](int r) { return r; }, xf);  // rows past M: staged zeros
+        } else {
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+          for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-          for (int mt = 0; mt < kXRows; ++mt) {
-            xf[u][mt][0] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 0);
-            xf[u][mt][1] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 1);
-          }
+            for (int mt = 0; mt < kXRows; ++mt) {
+              xf[u][mt][0] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 0);
+              xf[u][mt][1] = XS::pair(xs, kFma ? mt : mt * 8 + g, u, t, 1);
+            }
+        }
       } else if ((kb0 + kUnroll) * 16 <= p.k) {  // the step inside K: one row check, immediate offsets
 #pragma unroll
         for (int mt = 0; mt < kXRows; ++mt) {

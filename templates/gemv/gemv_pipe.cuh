@@ -197,13 +197,17 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
       char const* const params = stage + kWBytes;
       char const* const xs = xring + (i % kStages) * xstage_bytes;
       uint32_t xf[kUnroll][kXRows][2];
+      if constexpr (!kFma && kUnroll % 2 == 0) {
+        XS::fragments_x4(xs, lane, [&](int r) { return min(r, rows - 1); }, xf);  // only rows < M are staged
+      } else {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+        for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-        for (int mt = 0; mt < kXRows; ++mt) {
-          xf[u][mt][0] = XS::pair(xs, xrow[mt], u, t, 0);
-          xf[u][mt][1] = XS::pair(xs, xrow[mt], u, t, 1);
-        }
+          for (int mt = 0; mt < kXRows; ++mt) {
+            xf[u][mt][0] = XS::pair(xs, xrow[mt], u, t, 0);
+            xf[u][mt][1] = XS::pair(xs, xrow[mt], u, t, 1);
+          }
+      }
       if constexpr (kDeferred) {
         // The staged group's scale and zero of strip j, row g + 8 h.
         auto staged = [&](int u, int j, int h, float& sc, float& zc) {
