@@ -86,10 +86,9 @@ class Sm80Config:
         wm, wn, wk = self.warps
         s_bytes = (bk // 32) * bn * 2  # group sizes >= 32: at most BK/32 groups per k-tile
         zeros = self.kernel.zero_mode != "sym"  # the atom layouts always store their additive zero
-        # Bits stored per weight: the lowbit layout's words per lane per block of atoms (kRowBytes in
-        # gemm_sm80.cuh).
-        stored = (4 * lowbit_layout.words(self.bits) // lowbit_layout.block_atoms(self.bits)
-                  if self.layout == "lowbit" else self.bits)
+        # Every layout these tiles read stores `bits` bits per weight (the lowbit layout's 1-3-bit
+        # blocks: `bits` words per lane per 4 atoms, kRowBytes in gemm_sm80.cuh).
+        stored = self.bits
         stage = bm * bk * 2 + bk * bn * stored // 8 + s_bytes + (s_bytes if zeros else 0)
         acc_per_thread = (bm // wm // 16) * (bn // wn // 8) * 4
         reduce = (wk - 1) * wm * wn * 32 * acc_per_thread * 4
