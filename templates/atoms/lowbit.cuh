@@ -17,7 +17,9 @@ namespace mixed_gemm {
 
 // Every policy: kAtoms (atoms per block along K), kWords (32-bit words per lane per block),
 // kLaneStride (words between lanes' first words: a block of one strip is 32 kWords words),
-// load_at(src, w) from the lane's first word, convert(w, u, a) and finish(w, u, a) (after atom_scale).
+// load_at(src, w) from the lane's first word; the dense ones convert(w, u, a) (atom u's A fragment);
+// the 1:2-sparse one (kSparse) convert_sp(w, h, a) (mma.sp h's compressed A fragment) and meta(w)
+// (the metadata word the lane supplies).
 template <typename W>
 __device__ __forceinline__ uint32_t const* block_words(uint32_t const* b, int blk, int nb, int strips, int lane) {
   return b + ((size_t)blk * strips + nb) * (32 * W::kWords) + lane * W::kLaneStride;
@@ -41,7 +43,6 @@ struct Sm90aAtoms {
   static __device__ __forceinline__ void convert(uint32_t const (&w)[kWords], int, uint32_t (&a)[4]) {
     AtomConvert<Element, kBits>::run(w, a);
   }
-  static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
 };
 template <typename Element>
 struct WeightAtoms<Element, 4> : Sm90aAtoms<Element, 4> {};
@@ -165,7 +166,6 @@ struct PlaneAtoms {
       a[r] = P::fma(f, C::inv_pow2(e), C::neg_int((1u << (C::kMantissa - e)) + (1u << (kBits - 1))));
     }
   }
-  static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
 
   // `_ds` raw codes (RawSums): e(p) = kBits r, but bf16 2 bits puts registers 2 and 3 at bits 2 and 4
   // (bits 4 and 6 would leave the 7-bit mantissa). The shifts: fp16 2 bits >> 8 for a word's odd
@@ -240,7 +240,6 @@ struct Field3Atoms {
       }
     }
   }
-  static __device__ __forceinline__ void finish(uint32_t const (&)[kWords], int, uint32_t (&)[4]) {}
 
   // `_ds` raw codes (RawSums): e(p) = 3 (p & 1), each field moved to bit 0 or 3 by a signed shift
   // (< 0: left; couples (4, 5) and (14, 15) cross words). Pair 15's code lies at bit 3, so its three

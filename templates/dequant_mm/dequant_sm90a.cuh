@@ -49,32 +49,30 @@ struct DequantSm90aKernel {
   // Each lane writes its chunks whole, the dropped elements as zeros: 8 bytes per row and chunk.
   static __device__ __forceinline__ void sparse_block(DequantSm90aArgs const& p, uint32_t const (&w)[W::kWords], int nb,
                                                       int blk, int lane) {
-    if constexpr (kBits == 7) {
-      int const g = lane >> 2, t = lane & 3;
-      uint32_t const meta = W::meta(w);
+    int const g = lane >> 2, t = lane & 3;
+    uint32_t const meta = W::meta(w);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int const kb = blk * W::kAtoms + 2 * h;
-        int const gi = min((kb * 16) >> p.group_shift, p.num_groups - 1);  // a group spans the half (>= 32)
-        size_t const pi = (size_t)gi * (16 * p.strips) + 16 * nb + g;
-        raw const* sp = static_cast<raw const*>(p.scales) + pi;
-        raw const* zp = static_cast<raw const*>(p.zeros) + pi;
-        uint32_t const s[2] = {P::splat(sp[0]), P::splat(sp[8])}, z[2] = {P::splat(zp[0]), P::splat(zp[8])};
-        uint32_t a[4];
-        W::convert_sp(w, h, a);
-        atom_scale<Element>(a, s, z);
+    for (int h = 0; h < 2; ++h) {
+      int const kb = blk * W::kAtoms + 2 * h;
+      int const gi = min((kb * 16) >> p.group_shift, p.num_groups - 1);  // a group spans the half (>= 32)
+      size_t const pi = (size_t)gi * (16 * p.strips) + 16 * nb + g;
+      raw const* sp = static_cast<raw const*>(p.scales) + pi;
+      raw const* zp = static_cast<raw const*>(p.zeros) + pi;
+      uint32_t const s[2] = {P::splat(sp[0]), P::splat(sp[8])}, z[2] = {P::splat(zp[0]), P::splat(zp[8])};
+      uint32_t a[4];
+      W::convert_sp(w, h, a);
+      atom_scale<Element>(a, s, z);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          uint32_t const m = __shfl_sync(0xffffffffu, meta, 4 * g + 2 * h + i);
+      for (int i = 0; i < 2; ++i) {
+        uint32_t const m = __shfl_sync(0xffffffffu, meta, 4 * g + 2 * h + i);
 #pragma unroll
-          for (int n1 = 0; n1 < 2; ++n1) {
-            uint32_t const nibble = (m >> (16 * n1 + 4 * t)) & 0xfu, v = a[2 * i + n1];
-            uint32_t const lo = v & 0xffffu, hi = v >> 16;  // the kept elements at indices 0-1 and 2-3
-            uint2 const out = make_uint2(nibble & 1u ? lo << 16 : lo, nibble & 4u ? hi << 16 : hi);
-            int const row = 16 * nb + g + 8 * n1, col = 64 * blk + 32 * h + 4 * (t + 4 * i);
-            if (row < p.n && col < p.k)  // K % 8 == 0: a chunk is wholly in or out
-              *reinterpret_cast<uint2*>(static_cast<raw*>(p.out) + (size_t)row * p.ldo + col) = out;
-          }
+        for (int n1 = 0; n1 < 2; ++n1) {
+          uint32_t const nibble = (m >> (16 * n1 + 4 * t)) & 0xfu, v = a[2 * i + n1];
+          uint32_t const lo = v & 0xffffu, hi = v >> 16;  // the kept elements at indices 0-1 and 2-3
+          uint2 const out = make_uint2(nibble & 1u ? lo << 16 : lo, nibble & 4u ? hi << 16 : hi);
+          int const row = 16 * nb + g + 8 * n1, col = 64 * blk + 32 * h + 4 * (t + 4 * i);
+          if (row < p.n && col < p.k)  // K % 8 == 0: a chunk is wholly in or out
+            *reinterpret_cast<uint2*>(static_cast<raw*>(p.out) + (size_t)row * p.ldo + col) = out;
         }
       }
     }
@@ -91,7 +89,6 @@ struct DequantSm90aKernel {
     raw const* zp = static_cast<raw const*>(p.zeros) + pi;
     uint32_t const s[2] = {P::splat(sp[0]), P::splat(sp[8])}, z[2] = {P::splat(zp[0]), P::splat(zp[8])};
     atom_scale<Element>(a, s, z);
-    W::finish(w, u, a);
     // Lane (g, t) stores row g + 8 (t >> 1), k 8 (t & 1) .. + 7: register r = (t & 1) * 2 + (t >> 1)
     // of the four lanes 4g .. 4g + 3 (pair j of the vector comes from lane 4g + j).
     int const r = (t & 1) * 2 + (t >> 1);

@@ -594,20 +594,18 @@ struct Gemv {
   static __device__ __forceinline__ void sparse_math(uint32_t const (&w)[W::kWords], int u, uint32_t const (&s)[2],
                                                      uint32_t const (&z)[2], uint32_t const (&xa)[kXRows][2],
                                                      uint32_t const (&xb)[kXRows][2], float (&acc)[kXRows][kPer]) {
-    if constexpr (kSparse) {
-      int const h = (u % W::kAtoms) / 2;
-      uint32_t a[4];
-      W::convert_sp(w, h, a);
-      atom_scale<Element>(a, s, z);
-      uint32_t const e = W::meta(w);
+    int const h = (u % W::kAtoms) / 2;
+    uint32_t a[4];
+    W::convert_sp(w, h, a);
+    atom_scale<Element>(a, s, z);
+    uint32_t const e = W::meta(w);
 #pragma unroll
-      for (int mt = 0; mt < kTiles; ++mt) {
-        uint32_t const b[4] = {xa[mt][0], xa[mt][1], xb[mt][0], xb[mt][1]};
-        if (h == 0) {
-          GemvMath<Element>::template mma_sp<0>(acc[mt], a, b, e);
-        } else {
-          GemvMath<Element>::template mma_sp<1>(acc[mt], a, b, e);
-        }
+    for (int mt = 0; mt < kTiles; ++mt) {
+      uint32_t const b[4] = {xa[mt][0], xa[mt][1], xb[mt][0], xb[mt][1]};
+      if (h == 0) {
+        GemvMath<Element>::template mma_sp<0>(acc[mt], a, b, e);
+      } else {
+        GemvMath<Element>::template mma_sp<1>(acc[mt], a, b, e);
       }
     }
   }
@@ -620,7 +618,6 @@ struct Gemv {
     uint32_t a[4];
     W::convert(w, u % W::kAtoms, a);
     atom_scale<Element>(a, s, z);
-    W::finish(w, u % W::kAtoms, a);
     if constexpr (kFma) {
       fma_atom(a, xf, acc);
     } else {

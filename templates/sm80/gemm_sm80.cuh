@@ -500,7 +500,6 @@ struct MixedGemmSm80 {
         uint32_t const si[2] = {splat_bits(s[a][2 * i]), splat_bits(s[a][2 * i + 1])};
         uint32_t const zi[2] = {splat_bits(z[a][2 * i]), splat_bits(z[a][2 * i + 1])};
         atom_scale<Element>(q, si, zi);
-        W::finish(words, u, q);
         // A-fragment registers 0, 2 (rows g) are column g's B fragment, 1, 3 (rows g + 8) column g + 8's.
         bfrag[2 * i][0] = q[0];
         bfrag[2 * i][1] = q[2];
