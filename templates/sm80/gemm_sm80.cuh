@@ -481,12 +481,19 @@ struct MixedGemmSm80 {
   }
 
   // One k16 step: atom u of each strip's block (u is a constant after unrolling).
-  static __device__ __forceinline__ void mma_k16_frag(char const* stage, int kk, int u, int warp_m, int lane,
-                                                      uint32_t const (&w)[kAtomsN][kStripWords],
+  // kOwnWords (16-row tiles on blocks of one atom: 4 and 8 bits): the step loads its words itself,
+  // after A's fragments. Loaded before them (the general order), ptxas kept more in flight: the
+  // 8-warp fp16 int4 tile went from 80 to 90 registers, 3 -> 2 CTAs per SM, M=16 11-16% slower
+  // (bench/NOTES.md, session 26). The 32-row tiles keep the general order (bf16 int4: 128 against
+  // 136 registers).
+  template <bool kOwnWords>
+  static __device__ __forceinline__ void mma_k16_frag(char const* stage, int kk, int u, int warp_m, int warp_n, int lane,
+                                                      uint32_t (&w)[kAtomsN][kStripWords],
                                                       uint32_t const (&s)[kAtomsN][8], uint32_t const (&z)[kAtomsN][8],
                                                       float (&acc)[kMmaM][kTilesN][4]) {
     cutlass::Array<unsigned, 4> a_frag[kMmaM];
     load_a(stage, kk, warp_m, lane, a_frag);
+    if constexpr (kOwnWords) load_words(stage, kk, warp_n, lane, w);
     CUTLASS_PRAGMA_UNROLL
     for (int a = 0; a < kAtomsN; ++a) {
       uint32_t bfrag[8][2];
@@ -525,8 +532,12 @@ struct MixedGemmSm80 {
       // A new group row starts here (uniform across the warp: no divergence).
       if (j == 0 || ((kk * 16) >> p.group_shift) != (((kk - 1) * 16) >> p.group_shift))
         load_params90(stage, kk, p.group_shift, warp_n, lane, s, z);
-      if (j == 0 || u == 0) load_words(stage, kk / kBlockK16, warp_n, lane, w);
-      mma_k16_frag(stage, kk, u, warp_m, lane, w, s, z, acc);
+      if constexpr (kBlockK16 == 1 && kMmaM == 1) {
+        mma_k16_frag<true>(stage, kk, u, warp_m, warp_n, lane, w, s, z, acc);
+      } else {
+        if (j == 0 || u == 0) load_words(stage, kk / kBlockK16, warp_n, lane, w);
+        mma_k16_frag<false>(stage, kk, u, warp_m, warp_n, lane, w, s, z, acc);
+      }
     }
   }
 
