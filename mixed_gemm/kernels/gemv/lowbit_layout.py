@@ -33,7 +33,7 @@ form one coalesced 128-byte request per warp and converts with a mask, an OR and
       bit 7 of byte i' // 4 of word i' % 4, so one shift per word puts the bits in place.
 
 Codes are stored unsigned (the converters subtract ``2**(bits-1)`` with the magic number). ``N``
-is padded to a multiple of 16 and ``K`` to whole blocks (64 or 16) with code 0; ``scales`` and
+is padded to a multiple of 16 and ``K`` to whole blocks (64) with code 0; ``scales`` and
 ``zeros`` are ``(G, N_pad)`` in the activation dtype with the additive ``z'`` of ``w = q' s + z'``,
 ``q' = q - 2**(bits-1)``, exactly as the sm90a layout holds them (every zero mode folds into
 ``z'``; HQQ's float zeros included). It is the one copy of these widths on every GPU: the gemv
