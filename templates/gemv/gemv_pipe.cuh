@@ -3,7 +3,7 @@
 //
 // Why. gemv.cuh's warp issues a step's loads, waits for all of them, then converts: while it
 // converts it has no bytes in flight, and the registers holding a whole step's words keep 3-4 warps
-// per scheduler. ncu on the H100 (bench/NOTES.md, session 12): 2-bit 57344x8192 at M=1 issued an
+// per scheduler. ncu on the H100 (docs/notes/gemv.md): 2-bit 57344x8192 at M=1 issued an
 // instruction every 2 cycles per scheduler with 0.78 eligible warps, DRAM at 46% (1.54 TB/s), 123
 // registers (25% occupancy). Here step i + S - 1 is copied (cp.async, 16-byte chunks, no registers)
 // before step i is converted, so every warp keeps S - 1 steps in flight while it computes, and the

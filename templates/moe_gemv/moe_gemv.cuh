@@ -1,4 +1,4 @@
-// Grouped decode GEMMs of a mixture-of-experts layer (issue #24, docs/moe-plan.md section 5.1):
+// Grouped decode GEMMs of a mixture-of-experts layer (docs/notes/moe.md):
 // every (token t, slot j) pair p = t * top_k + j of a top-k router multiplies one row of
 // activations by the weight of its expert e = topk_ids[t, j], read from a stack of sm90a layout
 // weights (expert e at a fixed element stride). Two launches per layer, no host sync, in one of two

@@ -172,7 +172,7 @@ struct MixedGemmSm80 {
   // then a pointer advanced by the k-tile plus a fixed stride per pass, predicated by row / strip
   // bits fixed per CTA; only a tile reaching K's end checks k. Recomputed per k-tile (load_stage's
   // general form), the 64-bit addressing and zero-fill predicates were a third of the 16-token
-  // main loop's instructions (bench/NOTES.md, session 16). Valid when a pass of the CTA covers
+  // main loop's instructions (docs/notes/sm80.md). Valid when a pass of the CTA covers
   // whole A rows, and the A swizzle's row & 7 is the same in every pass; B is planned too when a
   // pass covers whole block rows (3-bit rows of 96 chunks are not: they take load_b_rows).
   static constexpr int kRowChunksA = BK / 8;
@@ -484,7 +484,7 @@ struct MixedGemmSm80 {
   // kOwnWords (16-row tiles on blocks of one atom: 4 and 8 bits): the step loads its words itself,
   // after A's fragments. Loaded before them (the general order), ptxas kept more in flight: the
   // 8-warp fp16 int4 tile went from 80 to 90 registers, 3 -> 2 CTAs per SM, M=16 11-16% slower
-  // (bench/NOTES.md, session 26). The 32-row tiles keep the general order (bf16 int4: 128 against
+  // (docs/notes/sm80.md). The 32-row tiles keep the general order (bf16 int4: 128 against
   // 136 registers).
   template <bool kOwnWords>
   static __device__ __forceinline__ void mma_k16_frag(char const* stage, int kk, int u, int warp_m, int warp_n, int lane,
