@@ -55,12 +55,12 @@ def _matmul_tasks():
 def _moe_tasks(e=8, h=512, inter=256, top_k=2, group=128):
     gen = torch.Generator().manual_seed(seed_of("threads", "moe"))
     stacks, dense = [], []
-    for n, k in ((2 * inter, h), (h, inter)):
+    for stack, (n, k) in enumerate(((2 * inter, h), (h, inter))):
         q = torch.randint(0, 16, (e, n, k), generator=gen, dtype=torch.uint8)
         s = ((torch.rand(e, n, k // group, generator=gen) + 0.5) * (2.0 / (16 * k**0.5))).half()
         z = torch.randint(0, 16, (e, n, k // group), generator=gen).half()
         stacks.append(mg.prepack_experts(q.cuda(), s.cuda(), z.cuda(), group_size=group, dtype=torch.float16,
-                                         gate_up=n == 2 * inter))
+                                         gate_up=stack == 0))
         dense.append(torch.stack([mg.reference.dequantize(q[i], s[i], z[i], group_size=group, bits=4)
                                   for i in range(e)]).cuda())
     tasks = []

@@ -109,8 +109,8 @@ def test_captured_decode_step_replays_identically():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
-    allocated = torch.cuda.memory_allocated()
     mismatches = torch.zeros((), dtype=torch.int32, device="cuda")
+    allocated = torch.cuda.memory_allocated()
     for i in range(REPLAYS):
         static_x.copy_(tokens[i % 2])
         out.fill_(float("nan"))  # a replay that wrote nothing would leave NaN
