@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Pack the kernel cache entries of every catalog kernel (built for the current sources) into kcache/:
-# rest.txz (every fatbin) and kcache90.txz.part-* (sm90a libraries, mostly the same static cudart:
-# xz over the tar dedupes them), each under the device tool's 16 MB file limit. Entries of stale
-# sources are left out. Usage: MIXED_GEMM_CACHE_DIR=/path/to/cache bash bench/pack_kcache.sh
+# Packs the kernel-cache entries of every catalog kernel, as built for the current sources, into
+# kcache/ for the GPU machine (bench/device/env.sh unpacks them there): rest.txz (every fatbin) and
+# kcache90.txz.part-* (the sm90a libraries, mostly the same static cudart, which xz over one tar
+# dedupes), in parts under the 16 MB a device call may carry per file. Entries of stale sources are
+# left out; kernels not yet built are built first (nvcc here, no GPU needed).
+#
+#   MIXED_GEMM_CACHE_DIR=/path/to/cache [PYTHON=python3] bash bench/device/pack_kcache.sh
 set -euo pipefail
+cd "$(dirname "$0")/../.."
 cache=${MIXED_GEMM_CACHE_DIR:?set MIXED_GEMM_CACHE_DIR}
-py=${PYTHON:-.venv/bin/python}
+py=${PYTHON:-python3}
+mkdir -p kcache
 $py -m mixed_gemm.cli build --all --filter mg_ --jobs 2 | awk 'NF == 2 {print $2}' | xargs -n1 dirname | xargs -n1 basename \
   | sort -u > /tmp/kcache.entries
 rm -f kcache/kcache.tgz.part-* kcache/kcache90.txz.part-* kcache/rest.txz
