@@ -109,16 +109,17 @@ def pack_bitstream(values: torch.Tensor, bits: int) -> torch.Tensor:
     *lead, m = values.shape
     if m * bits % 32:
         raise ValueError(f"values: {m} values of {bits} bits do not fill whole 32-bit words")
-    v = values.to(torch.int64)
+    v = values
     if m % 32:  # pad to whole blocks of 32 values; the padding's words are dropped below
         v = torch.cat([v, v.new_zeros(*lead, 32 - m % 32)], dim=-1)
     v = v.reshape(*lead, -1, 32)
     words = torch.zeros(*v.shape[:-1], bits + 1, dtype=torch.int64, device=values.device)
     for i in range(32):  # each value's low part, and what spills into the next word
         word, shift = divmod(i * bits, 32)
-        words[..., word] |= (v[..., i] << shift) & 0xFFFFFFFF
+        vi = v[..., i].to(torch.int64)  # one value of every block at a time: a 70B weight is 470M values
+        words[..., word] |= (vi << shift) & 0xFFFFFFFF
         if shift + bits > 32:
-            words[..., word + 1] |= v[..., i] >> (32 - shift)
+            words[..., word + 1] |= vi >> (32 - shift)
     words = words[..., :bits].reshape(*lead, -1)[..., : m * bits // 32]
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).contiguous()  # as int32
 
