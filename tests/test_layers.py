@@ -24,7 +24,7 @@ RANKS = {
     "ops": 7,
     "profiler": 8, "benchmark": 8,
     "nn": 9, "integrations": 9,
-    "cli": 10, "cli_catalog": 10, "cli_e2e": 10,
+    "cli": 10,
     "": 11,  # mixed_gemm/__init__.py: the package root
 }
 

@@ -2,7 +2,7 @@
 import dataclasses
 import pytest
 
-from mixed_gemm.cli_catalog import catalog
+from mixed_gemm.cli.build import catalog
 from mixed_gemm.kernels import Problem, base, family_of, parse_schedule
 from mixed_gemm.profiler.candidates import candidate_schedules
 from mixed_gemm.profiler.problems import DEFAULT_MS, MODELS, parse_ints, parse_shapes, resolve

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mixed_gemm.cli_catalog import catalog
+from mixed_gemm.cli.build import catalog
 from mixed_gemm.kernels import Problem, base, parse_schedule
 from mixed_gemm.select import PROFILE_ENV, SCHEDULE_ENV, Profile, choose, gpu_slug
 from mixed_gemm.select import selection as C

@@ -1,5 +1,4 @@
-"""``mixed-gemm e2e``: the end-to-end decode benchmark of a transformers model (fp16 vs int4).
-A command of its own because it sits above the integrations layer (it builds transformers models)."""
+"""``mixed-gemm e2e``: the end-to-end decode benchmark of a transformers model (fp16 vs int4)."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +9,8 @@ import json
 def run_e2e(args: argparse.Namespace) -> int:
     import sys
 
-    from .profiler.timing import gpu_missing
-    from .integrations import e2e
+    from ..profiler.timing import gpu_missing
+    from ..integrations import e2e
 
     preset = args.model or "llama3-8b"
     if preset not in e2e.PRESETS:
@@ -56,7 +55,7 @@ def run_e2e(args: argparse.Namespace) -> int:
 
 
 def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from .profiler.problems import MODELS
+    from ..profiler.problems import MODELS
 
     parser = subparsers.add_parser(
         "e2e", help="end to end: a transformers model of a preset's shapes, random weights, fp16 vs mixed_gemm int4",
