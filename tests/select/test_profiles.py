@@ -286,7 +286,7 @@ def _grouped(tokens, schedule, stage="w13", n=28672, k=4096):
 
 def test_grouped_entries_round_trip_lookup_and_serve_the_plan(tmp_path):
     from mixed_gemm.kernels import MoeProblem, family
-    from mixed_gemm.ops.experts import _profiled
+    from mixed_gemm.ops.moe_grouped import _profiled
 
     p = Profile({"name": "NVIDIA H100 80GB HBM3"}, entries=[_entry(1, "a")])
     p.add_grouped(_grouped(1, "moe_gemv:w13_s2_w4x1_u8_split2"))

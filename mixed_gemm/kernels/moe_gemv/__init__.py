@@ -12,7 +12,7 @@ sm90a-layout experts (``ops.experts.PackedExperts``), in one of two schedules:
   (gemv's mma path on gathered rows): the floor whenever an expert has at most ``tokens`` pairs.
 
 A grouped family: it is registered in ``kernels.GROUPED_FAMILIES``, not ``FAMILIES``, so dense
-selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.experts.moe``
+selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.moe_grouped``
 chooses among the grouped families.
 """
 from __future__ import annotations
