@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 # Llama-architecture stand-ins for the presets (Qwen2.5's q/k/v biases are left out: shapes only),
-# and transformers' own Qwen3-MoE for the mixture of experts (issue #24: run it with a few --layers;
+# and transformers' own Qwen3-MoE for the mixture of experts (run it with a few --layers;
 # its 48 layers of 128 experts are 58 GB in fp16).
 PRESETS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
@@ -217,7 +217,7 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
     other one); medians. ``compare`` adds the tinygemm peer."""
     # Every model's forward (and each batch's graph) compiles the same transformers code objects: at
     # Dynamo's default of 8 entries per code object the model compiled last falls back to eager
-    # (in session 18 the peer's compiled generate fell to 25 tok/s that way).
+    # (the peer's compiled generate fell to 25 tok/s that way: docs/notes/end-to-end.md).
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
     fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head, residual=residual)

@@ -8,7 +8,7 @@ from mixed_gemm.profiler.candidates import candidate_schedules
 from mixed_gemm.profiler.problems import DEFAULT_MS, MODELS, parse_ints, parse_shapes, resolve
 
 
-def test_presets_cover_the_issue_models():
+def test_presets_cover_the_target_models():
     fused = {"llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b"}
     assert set(MODELS) == fused | {f"{m}-unfused" for m in fused} | {"llama3-70b-tp2"}
     # a TP=2 rank: column-parallel q|k|v, gate|up halve N; row-parallel o, down halve K

@@ -212,7 +212,7 @@ def test_borrowed_entry_is_refitted_to_the_shape(h100, monkeypatch):
 
 
 def test_borrowed_decode_split_keeps_the_measured_cta_count(h100, monkeypatch):
-    """Held-out sweep (bench/NOTES.md, session 19): a gemv entry split 8 on 4096 rows (256 CTAs)
+    """Held-out sweep (docs/notes/selection.md): a gemv entry split 8 on 4096 rows (256 CTAs)
     serves 5120 rows in 6 slices (240), not 8 (320: 22.1 vs 16.9 µs); the sm80 thin tile keeps its
     factor there (the same move made it slower)."""
     prof = Profile(entries=[_entry(1, "gemv:m8_s2_w4x2_u8_ds_split8", n=4096, k=14336),

@@ -1,4 +1,4 @@
-"""The ``moe_sm90a`` family: the many-token side of a mixture-of-experts layer on Hopper (issue #24):
+"""The ``moe_sm90a`` family: the many-token side of a mixture-of-experts layer on Hopper:
 CUTLASS 3.x's ptr-array (grouped) wgmma mixed-input GEMM, one group per expert, reading the stacked
 sm90a-layout experts (``ops.experts.PackedExperts``: each expert exactly the dense sm90a family's
 weight) once per tile of the rows routed to it (templates/moe_sm90a/).
