@@ -60,7 +60,7 @@ def random_routing(tokens: int, shape: MoeShape, gen: torch.Generator, device="c
 
 def dense_loop(x, w13, w2, weights, ids):
     """The fp16/bf16 layer as transformers' eager loop does it: one GEMM pair per routed expert."""
-    from ..ops.experts import per_expert
+    from ..ops.moe_per_expert import per_expert
 
     inter = w2.shape[2]
 

@@ -239,7 +239,7 @@ def build_spec(spec: BuildSpec) -> Path:
 
 
 # Peak memory of one kernel library's build: its device pass (cicc, 5.1 GB for an sm90a GEMM) and
-# host pass (1.9 GB) run at the same time (measured on the H100 machine, bench/NOTES.md).
+# host pass (1.9 GB) run at the same time (measured on the H100 machine, docs/notes/build.md).
 LIBRARY_BUILD_BYTES = 7 * 2**30
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..nn import QuantLinear
-from .transformers import _set_submodule, _set_tensor, empty_model, finish_loading
+from .loading import empty_model, finish_loading, set_submodule, set_tensor
 
 WEIGHTS = "qmodel.pt"
 
@@ -60,12 +60,12 @@ def load_hqq(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda") ->
         if "W_q" in state:
             if not isinstance(model.get_submodule(name), nn.Linear):
                 raise ValueError(f"{WEIGHTS}: {name} holds HQQ weights but is a {type(model.get_submodule(name))}")
-            _set_submodule(model, name, _layer(name, state, kdtype, device))
+            set_submodule(model, name, _layer(name, state, kdtype, device))
             continue
         for leaf, t in state.items():
             if torch.is_tensor(t):
                 t = t.to(device)
-                _set_tensor(model, f"{name}.{leaf}" if name else leaf, t.to(dtype) if t.is_floating_point() else t)
+                set_tensor(model, f"{name}.{leaf}" if name else leaf, t.to(dtype) if t.is_floating_point() else t)
     finish_loading(model, getattr(config, "tie_word_embeddings", False), device, WEIGHTS)
     return model.eval()
 

@@ -34,8 +34,8 @@ from torch import nn
 from ..nn import QuantLinear
 from ..nn.parallel import check_tp_rank
 from .shard import checkpoint_dims, check_shardable, shard_linear
-from .transformers import (_quantized_names, _set_submodule, _set_tensor, _shards, empty_model, finish_loading,
-                           parse_quant_config)
+from .loading import empty_model, finish_loading, quantized_names, set_submodule, set_tensor, shard_files
+from .transformers import parse_quant_config
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
@@ -104,7 +104,7 @@ def shard_projections(model: nn.Module, tensors: Callable[[str], Dict[str, Any]]
         else:
             new = shard_linear(parts["qweight"], parts["scales"], zeros, parts.get("bias"), style=style,
                                tp_rank=tp_rank, tp_size=tp_size, sliced=sliced, group=group, **kw)
-        _set_submodule(model, name, new)
+        set_submodule(model, name, new)
     return model
 
 
@@ -145,8 +145,8 @@ def load_quantized_tp(model_dir, *, tp_rank: Optional[int] = None, tp_size: Opti
     spec = parse_quant_config(qc)
     check_tp_config(config, tp_size)
     del config.quantization_config  # transformers must not try to quantize the empty model itself
-    shards = _shards(model_dir)
-    qnames = sorted(set(_quantized_names(shards)))
+    shards = shard_files(model_dir)
+    qnames = sorted(set(quantized_names(shards)))
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(safe_open(str(p), framework="pt", device="cpu")) for p in shards]
         handles = {key: f.get_slice(key) for f in files for key in f.keys()}
@@ -160,7 +160,7 @@ def load_quantized_tp(model_dir, *, tp_rank: Optional[int] = None, tp_size: Opti
         for key, h in handles.items():  # replicated tensors: read whole, once
             if key not in owned:
                 t = h[:].to(device)
-                _set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
+                set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
 
         def tensors(name):
             return {leaf: handles[f"{name}.{leaf}"] for leaf in LEAVES if f"{name}.{leaf}" in handles}

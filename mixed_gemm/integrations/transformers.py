@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..formats import make_g_idx, pack
 from ..nn import QuantExperts, QuantLinear, is_experts
+from .loading import empty_model, finish_loading, quantized_names, set_submodule, set_tensor, shard_files
 from .moe_checkpoint import ExpertCollector, expert_name, expert_tensors
 from .fuse import fuse_projections  # noqa: F401  (re-exported: quantize/load, then fuse for inference)
 
@@ -92,11 +93,6 @@ def parse_quant_config(qc: dict) -> dict:
 
 
 # ------------------------------------------------------------------ module surgery
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
-
-
 def _skipped(name: str, skip: Iterable[str]) -> bool:
     return any(name == s or name.endswith("." + s) or name.startswith(s + ".") or ("." + s + ".") in name
                for s in skip)
@@ -135,7 +131,7 @@ def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, sy
     for name in tqdm(names, desc="quantize", unit="layer", disable=not progress):
         mod = model.get_submodule(name)
         kind = QuantExperts.from_experts if is_experts(mod) else QuantLinear.from_linear
-        _set_submodule(model, name, kind(mod, bits=bits, group_size=group_size, symmetric=symmetric, layout=layout))
+        set_submodule(model, name, kind(mod, bits=bits, group_size=group_size, symmetric=symmetric, layout=layout))
     if lm_head is not None:
         head = getattr(model, "lm_head", None)
         if not isinstance(head, nn.Linear):
@@ -224,82 +220,6 @@ def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
 
 
 # ------------------------------------------------------------------ loading
-def _shards(model_dir: Path):
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        return [model_dir / f for f in dict.fromkeys(json.loads(index.read_text())["weight_map"].values())]
-    single = model_dir / "model.safetensors"
-    if single.exists():
-        return [single]
-    raise FileNotFoundError(f"model_dir: no model.safetensors or model.safetensors.index.json in {model_dir}")
-
-
-def _quantized_names(shards) -> List[str]:
-    """Modules with a ``.qweight`` in any shard (reads the headers only)."""
-    from safetensors import safe_open
-
-    names = []
-    for path in shards:
-        with safe_open(str(path), framework="pt") as f:
-            names += [key[: -len(".qweight")] for key in f.keys() if key.endswith(".qweight")]
-    return names
-
-
-def empty_model(config, dtype: torch.dtype):
-    """The model of ``config`` on the meta device: no memory for weights."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return model.to(dtype)
-
-
-def _set_tensor(model: nn.Module, key: str, value: torch.Tensor) -> None:
-    owner_name, _, leaf = key.rpartition(".")
-    owner = model.get_submodule(owner_name) if owner_name else model
-    if leaf in owner._parameters:
-        owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
-    elif leaf in owner._buffers:
-        owner._buffers[leaf] = value
-    else:
-        raise KeyError(f"checkpoint tensor {key!r} has no place in the model")
-
-
-def materialize(model: nn.Module, device) -> None:
-    """Give parameters/buffers still on the meta device real (uninitialized) memory, and rebuild
-    non-persistent buffers (rotary ``inv_freq``) by constructing their module again on ``device``."""
-    for name, mod in model.named_modules():
-        for leaf, p in list(mod._parameters.items()):
-            if p is not None and p.is_meta:
-                mod._parameters[leaf] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=False)
-        transient = [b for b in mod._buffers if b in mod._non_persistent_buffers_set and mod._buffers[b] is not None
-                     and mod._buffers[b].is_meta]
-        if transient:
-            if not hasattr(mod, "config"):
-                raise RuntimeError(f"{name}: cannot rebuild non-persistent buffers {transient} (no config)")
-            with torch.device(device):
-                fresh = type(mod)(mod.config)
-            for b in transient:
-                mod._buffers[b] = fresh._buffers[b]
-            for attr, val in vars(fresh).items():  # e.g. attention_scaling
-                if not attr.startswith("_") and not isinstance(val, (torch.Tensor, nn.Module)):
-                    setattr(mod, attr, val)
-        for leaf, t in list(mod._buffers.items()):
-            if t is not None and t.is_meta:
-                mod._buffers[leaf] = torch.empty_like(t, device=device)
-
-
-def finish_loading(model: nn.Module, tie: bool, device, source: str) -> None:
-    """After a loader set every tensor it has: tie the embeddings (``tie``), refuse a model with
-    tensors still on the meta device (naming them and ``source``), materialize the rest."""
-    if tie:
-        model.tie_weights()
-    missing = [k for k, v in model.state_dict().items() if v.is_meta]
-    if missing:
-        raise ValueError(f"{source}: no tensors for {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    materialize(model, device)
-
-
 def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda", progress: bool = True):
     """Build the model of ``model_dir/config.json`` without allocating its fp16 weights, replace every
     quantized ``nn.Linear`` by a :class:`QuantLinear`, stream the safetensors shards one by one,
@@ -320,11 +240,11 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
         raise ValueError(f"{model_dir}/config.json: has no quantization_config (not an AWQ/GPTQ checkpoint)")
     spec = parse_quant_config(qc)
     del config.quantization_config  # transformers must not try to quantize the empty model itself
-    shards = _shards(model_dir)
+    shards = shard_files(model_dir)
     model = empty_model(config, dtype)
     # Quantized layers keep 16-bit scales; a float32 model (CPU reference runs) uses float16 ones.
     kdtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
-    qnames = set(_quantized_names(shards))
+    qnames = set(quantized_names(shards))
     collectors: Dict[str, ExpertCollector] = {}  # experts module path -> its per-expert layers so far
     expert_of: Dict[str, tuple] = {}  # checkpoint layer name -> (experts path, expert, role)
     for name in sorted(qnames):
@@ -337,7 +257,7 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
         lin = model.get_submodule(name)
         if not isinstance(lin, nn.Linear):
             raise ValueError(f"checkpoint: {name}.qweight belongs to a {type(lin).__name__}, not an nn.Linear")
-        _set_submodule(model, name, QuantLinear(lin.in_features, lin.out_features, bits=spec["bits"],
+        set_submodule(model, name, QuantLinear(lin.in_features, lin.out_features, bits=spec["bits"],
                                                 group_size=spec["group_size"], bias=lin.bias is not None,
                                                 zero_mode="sym" if spec["symmetric"] else "int",
                                                 act_order=spec["act_order"], format=spec["format"],
@@ -353,7 +273,7 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
                     pending.setdefault(owner, {})[leaf] = f.get_tensor(key)
                 else:
                     t = f.get_tensor(key)
-                    _set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
+                    set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
                     loaded.add(key)
         for owner in [o for o, parts in pending.items() if "qweight" in parts and "scales" in parts
                       and ("qzeros" in parts or spec["symmetric"])]:
@@ -363,13 +283,13 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
                 collectors[path].add(e, role, parts, owner)
                 bar.update()
                 if collectors[path].complete():
-                    _set_submodule(model, path, collectors.pop(path).build())
+                    set_submodule(model, path, collectors.pop(path).build())
                 continue
             new = QuantLinear.from_checkpoint(
                 parts["qweight"], parts["scales"].to(kdtype), None if spec["symmetric"] else parts["qzeros"],
                 parts.get("bias"), format=spec["format"], bits=spec["bits"], group_size=spec["group_size"],
                 g_idx=parts.get("g_idx") if spec["act_order"] else None, dtype=kdtype)
-            _set_submodule(model, owner, new)
+            set_submodule(model, owner, new)
             bar.update()
     bar.close()
     if pending:

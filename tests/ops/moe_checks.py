@@ -4,7 +4,7 @@ replays. Each takes the two configs (gate|up, down) of the family under test."""
 import torch
 
 import mixed_gemm as mg
-from mixed_gemm.ops.experts import _problems, moe_grouped
+from mixed_gemm.ops.moe_grouped import _problems, moe_grouped
 from test_moe_gemv_gpu import Experts, layer, ref_h, ref_y, routing, run_stages
 from tolerance import assert_elementwise
 from weights import seed_of

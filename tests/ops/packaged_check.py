@@ -96,7 +96,7 @@ MOE_TOKENS = (1, 16, 256, 4096)
 
 def moe_layers(gen) -> int:
     """mg.moe from the package (JIT off) against mg.reference.moe, fp16 int4 g128 with zeros."""
-    from mixed_gemm.ops.experts import grouped_plan
+    from mixed_gemm.ops.moe_grouped import grouped_plan
 
     checked = 0
     for e, top_k, h, inter in MOE_PRESETS:

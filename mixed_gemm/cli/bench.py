@@ -5,7 +5,7 @@ import argparse
 import datetime
 import json
 
-from ..profiler.cli import _common, prepare
+from .profile import _common, prepare
 
 
 def run_bench_moe(args: argparse.Namespace) -> int:
@@ -14,7 +14,7 @@ def run_bench_moe(args: argparse.Namespace) -> int:
 
     from ..profiler.problems import parse_ints
     from ..profiler.timing import gpu_missing
-    from .moe import MOE_MODELS, TABLE_HEAD, bench_moe
+    from ..benchmark.moe import MOE_MODELS, TABLE_HEAD, bench_moe
 
     names = [m for m in args.moe.split(",") if m]
     bad = [m for m in names if m not in MOE_MODELS]
@@ -46,7 +46,7 @@ def run_bench_moe(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({"title": title, "rows": rows}, f, indent=1)
     if args.out:
-        from .moe import table_line
+        from ..benchmark.moe import table_line
 
         with open(args.out, "w") as f:
             f.write("\n".join([f"# {title}", ""] + TABLE_HEAD + [table_line(r) for r in rows]) + "\n")
@@ -64,8 +64,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from ..profiler.timing import copy_bandwidth
     from ..select import gpu_slug
-    from . import report
-    from .measure import WeightKind, bench_problem, eager_overhead, host_cost
+    from ..benchmark import report
+    from ..benchmark.measure import WeightKind, bench_problem, eager_overhead, host_cost
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     bw = copy_bandwidth()

@@ -1,11 +1,13 @@
-"""``mixed-gemm profile``: sweep kernel schedules for shapes and M buckets; write the GPU's profile."""
+"""``mixed-gemm profile``: sweep kernel schedules for shapes and M buckets; write the GPU's profile.
+``mixed-gemm profile-moe``: the same for the grouped (MoE) kernels. The problem arguments
+(``_common``, ``prepare``) are shared with ``mixed-gemm bench``."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from .problems import DEFAULT_MS, MODELS, parse_ints
+from ..profiler.problems import DEFAULT_MS, MODELS, parse_ints
 
 
 WIDTHS = (1, 2, 3, 4, 7, 8)
@@ -36,7 +38,7 @@ def _common(parser: argparse.ArgumentParser, ms_default: str, bits_list: bool = 
 
 
 def problems_from(args, default_models: str):
-    from .problems import parse_ints, resolve
+    from ..profiler.problems import parse_ints, resolve
 
     problems = resolve(args.model or ("" if args.shapes else default_models), args.shapes)
     return problems, parse_ints(args.ms, "--ms")
@@ -45,7 +47,7 @@ def problems_from(args, default_models: str):
 def prepare(args, command: str):
     """Parse the problem arguments and check for a GPU: ``(problems, ms)``, or an exit code after
     printing why (2: bad arguments, 1: no GPU)."""
-    from .timing import gpu_missing
+    from ..profiler.timing import gpu_missing
 
     try:
         problems, ms = problems_from(args, "llama3-8b,llama3-70b")
@@ -64,7 +66,7 @@ def run_profile(args: argparse.Namespace) -> int:
     if isinstance(ready, int):
         return ready
     problems, ms = ready
-    from .sweep import SweepSpec, run_sweep
+    from ..profiler.sweep import SweepSpec, run_sweep
 
     spec = SweepSpec(problems=problems, ms=ms, dtype=args.dtype, bits=args.bits, group_size=args.group_size,
                      zero_mode=args.zero_mode, schedules=args.schedules.split(",") if args.schedules else None,
@@ -98,7 +100,7 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 
 def run_profile_moe(args: argparse.Namespace) -> int:
-    from .timing import gpu_missing
+    from ..profiler.timing import gpu_missing
 
     why = gpu_missing()
     if why:
@@ -107,7 +109,7 @@ def run_profile_moe(args: argparse.Namespace) -> int:
     import torch
 
     from ..benchmark.moe import MOE_MODELS
-    from .moe_sweep import run
+    from ..profiler.moe_sweep import run
 
     models = [m for m in args.model.split(",") if m]
     unknown = [m for m in models if m not in MOE_MODELS]

@@ -1,5 +1,4 @@
-"""``mixed-gemm e2e``: the end-to-end decode benchmark of a transformers model (fp16 vs int4).
-A command of its own because it sits above the integrations layer (it builds transformers models)."""
+"""``mixed-gemm e2e``: the end-to-end decode benchmark of a transformers model (fp16 vs int4)."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +9,8 @@ import json
 def run_e2e(args: argparse.Namespace) -> int:
     import sys
 
-    from .profiler.timing import gpu_missing
-    from .integrations import e2e
+    from ..profiler.timing import gpu_missing
+    from ..integrations import e2e
 
     preset = args.model or "llama3-8b"
     if preset not in e2e.PRESETS:
@@ -38,11 +37,12 @@ def run_e2e(args: argparse.Namespace) -> int:
     title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
              f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused' + ('' if args.no_residual else ', residual epilogues') + ')'}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
              f"alternating; {e2e.PROMPT}-token prompt, {e2e.NEW_TOKENS} new tokens")
-    print(f"# {title}", flush=True)
+    # The table prints once: run logs its head and each row as it is measured, the memory table follows.
+    print(f"# {title}\n", flush=True)
     result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled, fuse=not args.no_fuse,
                      compare=args.compare, lm_head=args.lm_head, residual=not args.no_residual, log=lambda line: print(line, flush=True))
+    print("\n" + "\n".join(e2e.memory_table(result)) + "\n")
     text = "\n".join([f"# {title}", ""] + e2e.table(result, compiled)) + "\n"
-    print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
@@ -56,7 +56,7 @@ def run_e2e(args: argparse.Namespace) -> int:
 
 
 def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from .profiler.problems import MODELS
+    from ..profiler.problems import MODELS
 
     parser = subparsers.add_parser(
         "e2e", help="end to end: a transformers model of a preset's shapes, random weights, fp16 vs mixed_gemm int4",

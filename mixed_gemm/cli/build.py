@@ -1,5 +1,6 @@
-"""``mixed-gemm build`` (precompile what selection can pick on the GPU, or with --all every catalog) and
-``mixed-gemm generate`` (re-render ``generated/`` from the templates)."""
+"""``mixed-gemm build`` (precompile what selection can pick on the GPU, or with --all every catalog;
+with --package, a kernel wheel for an arch) and ``mixed-gemm generate`` (re-render ``generated/``
+from the templates)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ from pathlib import Path
 def catalog(name_filter: str = "", families=None):
     """``(family, config)`` of every family's catalog (or of ``families``), in registry order: the dense
     families', then the grouped (MoE) families' (``kernels.ALL_FAMILIES``)."""
-    from .kernels import ALL_FAMILIES
+    from ..kernels import ALL_FAMILIES
 
     return [(fam, c) for fam in (ALL_FAMILIES if families is None else families) for c in fam.catalog()
             if name_filter in c.kernel_name]
@@ -23,8 +24,8 @@ def build_items(name_filter: str, all_families: bool):
     package for it holds), so no call waits for nvcc; the profiler compiles its other candidates
     as it times them. Without a GPU (a cache built for deployment elsewhere), or with ``--all``:
     every family's whole catalog."""
-    from .kernels import base
-    from .select.coverage import selectable_on
+    from ..kernels import base
+    from ..select.coverage import selectable_on
 
     if all_families or base.compute_capability(0) is None:
         return catalog(name_filter)
@@ -38,8 +39,8 @@ def generated_sources():
 
 def _build(items, args):
     """Build (or find) every ``(family, config)`` of ``items``; ``[(name, key, path)]``."""
-    from .compile import blocking, build_many
-    from .compile.cache import locate
+    from ..compile import blocking, build_many
+    from ..compile.cache import locate
 
     specs = [fam.build_spec(c) for fam, c in items]
     sources = [spec.source() for spec in specs]
@@ -69,9 +70,9 @@ def run_package(args: argparse.Namespace) -> int:
     """Build the kernels ``matmul`` can select on ``--arch`` and write them as a wheel."""
     from collections import Counter
 
-    from .compile import BuildError, toolchain
-    from .compile.wheel import PackagedKernel, write_package
-    from .select.coverage import ARCHES, selectable
+    from ..compile import BuildError, toolchain
+    from ..compile.wheel import PackagedKernel, write_package
+    from ..select.coverage import ARCHES, selectable
 
     if args.arch is None:
         raise SystemExit(f"mixed-gemm build --package: name the GPU arch with --arch ({', '.join(ARCHES)})")
@@ -90,7 +91,7 @@ def run_package(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from .codegen import write_generated
+    from ..codegen import write_generated
 
     written = write_generated(Path(args.dir), generated_sources())
     print(f"{len(written)} file(s) rewritten in {args.dir}")

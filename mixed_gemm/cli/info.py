@@ -1,35 +1,17 @@
-"""The ``mixed-gemm`` command line.
-
-Subcommands are registered in ``_COMMANDS`` as ``name -> "module:function"``. The function is
-called as ``function(subparsers)``; it adds its parser with ``subparsers.add_parser(name, ...)`` and
-sets ``func=handler`` via ``set_defaults``, where ``handler(args) -> int`` returns the exit code.
-Keep heavy imports inside handlers: every registered module is imported to build ``--help``.
-"""
+"""``mixed-gemm info``: versions and paths of everything a kernel build and launch depends on."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import platform
 import sys
-from typing import Callable, Sequence
+from typing import Callable
 
-from ._versions import cutlass as _cutlass
-from ._versions import driver as _driver_version
-from ._versions import nvcc as _nvcc
-from ._versions import torch_cuda as _torch_cuda
-from ._versions import torch_version as _torch_version
-from .compile.errors import BuildError
-from .version import __version__
-
-_COMMANDS: dict[str, str] = {
-    "info": f"{__name__}:add_info_parser",
-    "build": "mixed_gemm.cli_catalog:add_build_parser",
-    "generate": "mixed_gemm.cli_catalog:add_generate_parser",
-    "profile": "mixed_gemm.profiler.cli:add_profile_parser",
-    "profile-moe": "mixed_gemm.profiler.cli:add_profile_moe_parser",
-    "bench": "mixed_gemm.benchmark.cli:add_bench_parser",
-    "e2e": "mixed_gemm.cli_e2e:add_e2e_parser",
-}
+from .._versions import cutlass as _cutlass
+from .._versions import driver as _driver_version
+from .._versions import nvcc as _nvcc
+from .._versions import torch_cuda as _torch_cuda
+from .._versions import torch_version as _torch_version
+from ..version import __version__
 
 
 def _probe(fn: Callable[[], str]) -> str:
@@ -61,7 +43,7 @@ def _families() -> list[str]:
     reason when not)."""
     import torch
 
-    from .kernels import ALL_FAMILIES as FAMILIES
+    from ..kernels import ALL_FAMILIES as FAMILIES
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     lines = []
@@ -77,7 +59,7 @@ def _families() -> list[str]:
 
 def _path_of(name: str) -> Callable[[], str]:
     def probe() -> str:
-        from . import _paths
+        from .. import _paths
 
         return str(getattr(_paths, name)())
 
@@ -85,14 +67,14 @@ def _path_of(name: str) -> Callable[[], str]:
 
 
 def _kernel_packages() -> list[str]:
-    from .compile import packages
+    from ..compile import packages
 
     return packages.summary() or ["none installed (mixed-gemm build --package DIR --arch ARCH makes one)"]
 
 
 def _compiling() -> str:
     """Whether a kernel missing from the packages and the cache could be compiled here, and when."""
-    from .compile import JIT_ENV, jit_mode, toolchain
+    from ..compile import JIT_ENV, jit_mode, toolchain
 
     tools, missing = toolchain()
     mode = jit_mode()
@@ -108,7 +90,7 @@ def run_info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     rows: list[tuple[str, str | list[str]]] = [
-        ("mixed_gemm", f"{__version__} ({Path(__file__).resolve().parent})"),
+        ("mixed_gemm", f"{__version__} ({Path(__file__).resolve().parents[1]})"),
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("torch", _probe(_torch_version)),
         ("CUDA runtime (torch)", _probe(_torch_cuda)),
@@ -150,34 +132,3 @@ def add_info_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     )
     parser.set_defaults(func=run_info)
     return parser
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mixed-gemm", description="CUTLASS mixed-input GEMM kernels: build, inspect, profile."
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for spec in _COMMANDS.values():
-        module_name, _, func_name = spec.partition(":")
-        getattr(importlib.import_module(module_name), func_name)(subparsers)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mixed-gemm`` script; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    from .compile import blocking
-
-    try:
-        # Commands that build, profile or time kernels want the kernel selection picked, compiled
-        # on the spot if need be, never a stand-in (MIXED_GEMM_JIT=off still forbids compiling).
-        with blocking():
-            return int(args.func(args) or 0)
-    except BuildError as exc:
-        print(f"mixed-gemm {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
