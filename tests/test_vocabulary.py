@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 # boundaries, so that names like ``h100-<round>17.csv`` or ``x_<round>18_a.sh`` are caught too.
 MARKERS = (
     (re.compile(r"(?<![a-z])ses" r"sions?(?![a-z])", re.IGNORECASE), "a work round"),
-    (re.compile(r"(?<![a-z])issue[ _-]?#?\d+|\(#\d+\)", re.IGNORECASE), "an issue number"),
+    # an issue number after "issue" and a "#" or a "_"/"-", or in parentheses; not the verb "issue".
+    (re.compile(r"(?<![a-z])issues?(?:[ _-]?#|[_-])\d+|\(#\d+\)", re.IGNORECASE), "an issue number"),
     (re.compile(r"(?<![a-z])turn[ _-]?\d+", re.IGNORECASE), "a numbered turn"),
 )
 BINARY_SUFFIXES = (".gz", ".png", ".jpg", ".jpeg", ".gif", ".pdf", ".whl", ".zip", ".tar", ".so", ".o",
