@@ -5,6 +5,7 @@ import argparse
 import datetime
 import json
 
+from ..benchmark.limits import DEFAULT_MS
 from .profile import _common, prepare
 
 
@@ -88,9 +89,7 @@ def run_bench(args: argparse.Namespace) -> int:
         by_bits[bits] = new_rows
         rows += new_rows
         tail = report.summary(new_rows, ms, args.compare)
-        errors = {r[key] for r in new_rows for key in ("tinygemm_error", "gemlite_error") if key in r}
-        if errors:
-            tail.append("unavailable or failed: " + "; ".join(sorted(errors)))
+        tail += report.notes(new_rows)
         print("\n" + "\n".join(tail) + "\n", flush=True)
         texts += [f"# {title}", ""] + report.table(new_rows, args.compare) + [""] + tail + [""]
     kind = WeightKind(args.dtype, args.bits[0], args.group_size, "sym" if args.symmetric else "int")
@@ -123,13 +122,17 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser = subparsers.add_parser(
         "bench", help="time mg.matmul against torch fp16 (and tinygemm) on model shapes; print a table, save a plot",
         description="For each shape and M: mg.matmul with the configuration selection picks, torch's "
-                    "dense matmul in the same dtype, and with --compare PyTorch's tinygemm "
-                    "(torch._weight_int4pack_mm, bf16). CUDA-graph replay on a cold L2. Prints µs, speedup "
-                    "over torch and the share of the int4 memory floor; saves a PNG of speedup against M.")
-    _common(parser, "1,16,64,256,4096", bits_list=True)
+                    "dense matmul in the same dtype, and with --compare the peers: PyTorch's tinygemm "
+                    "(torch._weight_int4pack_mm, bf16), gemlite and humming-kernels where installed (a peer "
+                    "that is missing or cannot run the weight is skipped with a note). CUDA-graph replay on a "
+                    "cold L2. Prints per shape and M the µs, the speedup over torch, the limit (fp16 time over "
+                    "max(weight bytes at 3.0 TB/s, FLOPs at 740 TFLOP/s)), the share of that limit reached and "
+                    "the weight-byte floor share; saves a PNG of speedup against M.")
+    _common(parser, DEFAULT_MS, bits_list=True)
     parser.add_argument("--symmetric", action="store_true", help="weights without zero points")
     parser.add_argument("--compare", action="store_true",
-                        help="add PyTorch's tinygemm (int4, bf16) and gemlite (2/4/8 bits, where installed)")
+                        help="add the peers: PyTorch's tinygemm (int4, bf16), gemlite (2/4/8 bits) and humming-kernels "
+                             "(int4/int8, group-wise zeros), where installed")
     parser.add_argument("--plot", default="", help="PNG path (default: mixed_gemm_bench_<gpu>.png)")
     parser.add_argument("--out", default="", help="also write the tables (markdown) here")
     parser.add_argument("--json", default="", help="also write every measurement (JSON) here")
