@@ -90,10 +90,13 @@ for step in "$@"; do
         --ms "${BENCH_MS:-1,16}" --out "$OUT/bench-bits.md" --json "$OUT/bench-bits.json" --plot "$OUT/bench-bits.png" \
         > "$OUT/bench-bits.log" 2>&1
       echo "rc $?"; grep -A8 "^| bits |" "$OUT/bench-bits.md" ;;
-    bench-moe)  # one MoE layer per preset: mg.moe against the best fp16 path and the int4 floor
+    bench-moe)  # one MoE layer per preset: mg.moe against the best fp16 path, ideal fp16, the int4 floor (MOE_ARGS: humming, stages)
+      # shellcheck disable=SC2086  # MOE_ARGS is a list of options
       with_pkg timeout "${BENCH_TIMEOUT:-400}" $MG bench --moe "${MOE_MODELS:-mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite}" \
-        --tokens "${MOE_TOKENS:-1,4,16,64,256,4096}" --out "$OUT/bench-moe.md" --json "$OUT/bench-moe.json" 2>&1 \
-        | grep -vE "$QUIET" | tail -24 ;;
+        --tokens "${MOE_TOKENS:-1,4,16,64,256,4096}" ${MOE_ARGS---compare --breakdown} --out "$OUT/bench-moe.md" \
+        --json "$OUT/bench-moe.json" 2>&1 | grep -vE "$QUIET" | tail -"${MOE_TAIL:-90}" ;;
+    build-moe)  # the grouped kernels bench-moe can pick (f16 int4: moe_gemv and moe_sm90a), so none compiles while it times
+      $MG build --all --filter mg_moe_f16_u4 --quiet && $MG build --all --filter mg_moe_sm90a_f16_u4 --quiet ;;
     e2e)  # mixed-gemm e2e: E2E_MODEL, E2E_LAYERS, E2E_BATCHES (default 1: one batch per call keeps 32 layers under 10 minutes), E2E_ARGS
       tag=e2e-${E2E_MODEL:-llama3-8b}-b${E2E_BATCHES:-1}; tag=${tag//,/-}
       # shellcheck disable=SC2086

@@ -10,12 +10,13 @@ from .profile import _common, prepare
 
 
 def run_bench_moe(args: argparse.Namespace) -> int:
-    """``--moe``: the MoE layer table (:mod:`.moe`)."""
+    """``--moe``: the MoE layer table (:mod:`..benchmark.moe`), with ``--compare`` humming-kernels'
+    MoE path beside, with ``--breakdown`` mg.moe's time per stage (:mod:`..benchmark.moe_breakdown`)."""
     import sys
 
     from ..profiler.problems import parse_ints
     from ..profiler.timing import gpu_missing
-    from ..benchmark.moe import MOE_MODELS, TABLE_HEAD, bench_moe
+    from ..benchmark.moe import MOE_MODELS
 
     names = [m for m in args.moe.split(",") if m]
     bad = [m for m in names if m not in MOE_MODELS]
@@ -34,23 +35,41 @@ def run_bench_moe(args: argparse.Namespace) -> int:
         return 1
     import torch
 
+    from ..benchmark import moe as bench
+    from ..benchmark.moe_breakdown import breakdown, table
     from ..profiler.timing import copy_bandwidth
 
     dtype = torch.float16 if args.dtype == "f16" else torch.bfloat16
-    bw = copy_bandwidth()
-    title = (f"MoE layer, mg.moe (int4 g{args.group_size}) vs the best {args.dtype} path — "
-             f"{torch.cuda.get_device_name()}, {datetime.date.today()}, copy bandwidth {bw / 1e12:.2f} TB/s, "
-             "random routing, cold L2, CUDA graphs where capturable (g) else eager (e), median")
-    print(f"# {title}\n\n" + "\n".join(TABLE_HEAD), flush=True)
-    rows = [r for name in names for r in bench_moe(name, tokens, dtype, bw, group_size=args.group_size)]
+    title = (f"MoE layer, mg.moe (int4 g{args.group_size}) vs the best {args.dtype} path"
+             f"{' and humming-kernels (int4, the same codes)' if args.compare else ''} — {torch.cuda.get_device_name()}, "
+             f"{datetime.date.today()}, this run's copy rate {copy_bandwidth() / 1e12:.2f} TB/s; random routing, cold L2, "
+             "CUDA graphs where capturable (g) else eager (e), median; ideal fp16 = max(touched experts' fp16 bytes at "
+             "3.0 TB/s, FLOPs at 740 TFLOP/s), int4 floor = touched experts' codes + scales + zeros at 3.0 TB/s; "
+             "speedup and vs X = the other time over mg's (above 1: mg faster), of int4 floor = floor over mg's time")
+    head = bench.table_head(args.compare)
+    print(f"# {title}\n\n" + "\n".join(head), flush=True)
+    rows, stages = [], []
+    for name in names:
+        layer = bench.build_layer(name, dtype, group_size=args.group_size)
+        rows += bench.bench_moe(layer, tokens, compare=args.compare, log=lambda line: print(line, flush=True))
+        if args.breakdown:
+            stages += breakdown(layer, tokens)
+        del layer
+        torch.cuda.empty_cache()
+    tail = bench.notes(rows)
+    lines = [f"# {title}", ""] + head + [bench.table_line(r, args.compare) for r in rows]
+    lines += [""] + tail if tail else []
+    if tail:
+        print("\n" + "\n".join(tail), flush=True)
+    if stages:
+        lines += [""] + table(stages)
+        print("\n" + "\n".join(table(stages)), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"title": title, "rows": rows}, f, indent=1)
+            json.dump({"title": title, "rows": rows, "breakdown": stages}, f, indent=1)
     if args.out:
-        from ..benchmark.moe import table_line
-
         with open(args.out, "w") as f:
-            f.write("\n".join([f"# {title}", ""] + TABLE_HEAD + [table_line(r) for r in rows]) + "\n")
+            f.write("\n".join(lines) + "\n")
     return 0
 
 
@@ -138,7 +157,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--json", default="", help="also write every measurement (JSON) here")
     parser.add_argument("--moe", default="", metavar="PRESETS",
                         help="instead: one mixture-of-experts layer per preset (mixtral-8x7b, qwen3-30b-a3b, "
-                             "deepseek-v2-lite), mg.moe on int4 experts vs the best fp16/bf16 path and the int4 floor")
+                             "deepseek-v2-lite), mg.moe on int4 experts vs the best fp16/bf16 path, the ideal fp16 "
+                             "time and the int4 floor of the experts the routing touches; --compare adds "
+                             "humming-kernels' MoE path")
     parser.add_argument("--tokens", default="1,4,16,64,256,4096", help="with --moe: token counts (default: %(default)s)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="with --moe: also mg.moe's time per stage (routing sort, routing bookkeeping, gathers, "
+                             "the two grouped GEMMs, SiLU*up, the top-k combine), one table per preset")
     parser.set_defaults(func=run_bench)
     return parser

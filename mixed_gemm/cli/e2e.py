@@ -20,8 +20,10 @@ def run_e2e(args: argparse.Namespace) -> int:
         print(f"mixed-gemm e2e: error: --compare: the tinygemm peer replaces nn.Linear layers only; {preset}'s "
               "experts would stay fp16 (no MoE peer yet)", file=sys.stderr)
         return 2
+    from ..integrations import e2e_moe
+
     try:
-        batches = [int(b) for b in args.batches.split(",")]
+        batches = [int(b) for b in (args.batches or e2e_moe.default_batches(preset)).split(",")]
         assert batches and all(b > 0 for b in batches)
     except (ValueError, AssertionError):
         print(f"mixed-gemm e2e: error: --batches must be positive integers, got {args.batches!r}",
@@ -33,6 +35,10 @@ def run_e2e(args: argparse.Namespace) -> int:
         return 1
     import torch
 
+    if e2e.is_moe(preset):
+        in_turn, fp16_bytes = e2e_moe.one_at_a_time(preset, args.layers, torch.cuda.get_device_properties(0).total_memory)
+        if in_turn:
+            return _run_in_turn(args, preset, batches, fp16_bytes)
     compiled = not args.no_compiled
     title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
              f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused' + ('' if args.no_residual else ', residual epilogues') + ')'}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
@@ -55,6 +61,44 @@ def run_e2e(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_in_turn(args: argparse.Namespace, preset: str, batches, fp16_bytes: int) -> int:
+    """A mixture-of-experts preset too large for fp16 and int4 at once: :mod:`..integrations.e2e_moe`
+    (compiled figures only; the table prints once, after both models)."""
+    import sys
+
+    import torch
+
+    from ..integrations import e2e, e2e_moe
+
+    if args.no_compiled:
+        print(f"mixed-gemm e2e: error: --no-compiled: {preset} at these layers is measured one model at a time, "
+              "compiled only", file=sys.stderr)
+        return 2
+    layers = args.layers or e2e.PRESETS[preset]["num_hidden_layers"]
+    gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    title = (f"{preset} ({layers} layers, random weights), fp16 then mixed_gemm int4 g128"
+             f"{'' if args.no_fuse else ' (q|k|v, gate|up fused' + ('' if args.no_residual else ', residual epilogues') + ')'}"
+             f"{f', lm_head {args.lm_head}' if args.lm_head else ''}, measured one after another, freed between: "
+             f"{fp16_bytes / 1e9:.0f} GB of fp16 weights and an int4 copy do not fit the {gpu_gb:.0f} GB GPU together "
+             f"— {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps} per model; compiled "
+             f"step = Inductor, then one CUDA graph; compiled generate with a static cache, {e2e.PROMPT}-token prompt, "
+             f"{e2e.NEW_TOKENS} new tokens")
+    print(f"# {title}\n", flush=True)
+    result = e2e_moe.run(preset, args.layers, batches, reps=args.reps, fuse=not args.no_fuse, lm_head=args.lm_head,
+                         residual=not args.no_residual, log=lambda line: print(line, file=sys.stderr, flush=True))
+    lines = e2e_moe.table(result)
+    print("\n" + "\n".join(lines) + "\n", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join([f"# {title}", ""] + lines) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(result, title=title), f, indent=1)
+    if args.plot:
+        print("plot: not drawn for a one-model-at-a-time run (the table has its figures)")
+    return 0
+
+
 def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from ..profiler.problems import MODELS
 
@@ -67,9 +111,11 @@ def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                     "and repeat (median).")
     parser.add_argument("--model", default="llama3-8b",
                         help="preset: " + ", ".join(m for m in MODELS if not m.endswith("-unfused"))
-                        + ", qwen3-30b-a3b (transformers' Qwen3-MoE: give a few --layers)")
+                        + ", qwen3-30b-a3b (transformers' Qwen3-MoE; at its 48 layers fp16 and int4 are measured "
+                          "one after another, compiled figures only)")
     parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: the preset's)")
-    parser.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes (default: %(default)s)")
+    parser.add_argument("--batches", default=None,
+                        help="comma-separated batch sizes (default: 1,16,64; 1,16 for qwen3-30b-a3b)")
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions, median (default: %(default)s)")
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled (static cache) generate runs")
     parser.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate int4 launches")

@@ -16,8 +16,8 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 # Llama-architecture stand-ins for the presets (Qwen2.5's q/k/v biases are left out: shapes only),
-# and transformers' own Qwen3-MoE for the mixture of experts (run it with a few --layers;
-# its 48 layers of 128 experts are 58 GB in fp16).
+# and transformers' own Qwen3-MoE for the mixture of experts (its 48 layers of 128 experts are
+# 61 GB in fp16: beside an int4 copy they exceed an 80 GB GPU, so e2e_moe measures them in turn).
 PRESETS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                       num_hidden_layers=32, vocab_size=128256),
@@ -42,14 +42,16 @@ PROMPT, NEW_TOKENS, TTFT_PROMPT = 16, 48, 512
 
 def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = True, lm_head=None,
                  residual: bool = True):
-    """(fp16 model, int4 model): random weights made on the GPU, the int4 one by quantize_model
-    (and fuse_projections: one launch for q|k|v and one for gate|up; ``residual``: the skip
-    connections in the o_proj/down_proj epilogues too; ``lm_head``: quantize the output head too,
-    ``"int8"`` or ``"int4"``)."""
-    import transformers
+    """(fp16 model, int4 model): random weights made on the GPU (:func:`build_fp16`), the int4 one
+    a quantized deep copy (:func:`quantize_in_place`)."""
+    fp16 = build_fp16(preset, layers)
+    return fp16, quantize_in_place(copy.deepcopy(fp16), group_size, fuse, lm_head, residual)
 
-    from .fuse import fuse_projections
-    from .transformers import quantize_model
+
+def build_fp16(preset: str, layers: int):
+    """The preset's transformers model (``layers`` decoder layers, 0: the preset's) with random
+    weights made on the GPU, fp16, seeded."""
+    import transformers
 
     fields = dict(PRESETS[preset], max_position_embeddings=4096, tie_word_embeddings=False)
     config_class, model_class = (getattr(transformers, name) for name in ARCHS[fields.pop("arch", "llama")])
@@ -66,12 +68,21 @@ def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = T
         torch.set_default_dtype(default)
     gen = fp16.generation_config
     gen.eos_token_id, gen.pad_token_id = None, 0  # random weights: never stop early
-    int4 = copy.deepcopy(fp16)
-    quantize_model(int4, bits=4, group_size=group_size, progress=False, lm_head=lm_head)
+    return fp16
+
+
+def quantize_in_place(model, group_size: int = 128, fuse: bool = True, lm_head=None, residual: bool = True):
+    """``model`` made the int4 twin by quantize_model (and fuse_projections: one launch for q|k|v
+    and one for gate|up; ``residual``: the skip connections in the o_proj/down_proj epilogues too;
+    ``lm_head``: quantize the output head too, ``"int8"`` or ``"int4"``)."""
+    from .fuse import fuse_projections
+    from .transformers import quantize_model
+
+    quantize_model(model, bits=4, group_size=group_size, progress=False, lm_head=lm_head)
     if fuse:
-        fuse_projections(int4, residual=residual)
+        fuse_projections(model, residual=residual)
     torch.cuda.empty_cache()
-    return fp16, int4
+    return model
 
 
 PEER = "tinygemm"
