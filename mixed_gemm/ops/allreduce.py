@@ -126,19 +126,27 @@ def _peer_verdict(device: torch.device, infos: List[dict], rank: int) -> Tuple[b
     return True, ""
 
 
-def _rendezvous(buf: torch.Tensor, name: str):
+def _rendezvous(buf: torch.Tensor, name: str, rank: int):
+    """``(handle, bases, offset)``: the handle of ``buf`` over the group named ``name``, every
+    rank's address of the symmetric block, and ``buf``'s offset in this rank's block."""
     import torch.distributed._symmetric_memory as symm_mem
 
     try:
-        return symm_mem.rendezvous(buf, name)
-    except Exception:  # noqa: BLE001 - torch releases that still need the group registered first
+        handle = symm_mem.rendezvous(buf, name)
+    except RuntimeError:  # older torch: the group must be registered first (a deterministic, early failure)
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
         if enable is None:
             raise
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # deprecated where it is no longer needed
             warnings.simplefilter("ignore", FutureWarning)
             enable(name)
-        return symm_mem.rendezvous(buf, name)
+        handle = symm_mem.rendezvous(buf, name)
+    bases = [int(p) for p in handle.buffer_ptrs]
+    offset = buf.data_ptr() - bases[rank]
+    size = getattr(handle, "buffer_size", None)
+    if offset < 0 or (size is not None and offset + buf.numel() > size):
+        raise RuntimeError(f"the tensor lies outside its symmetric block (offset {offset}, block {size} bytes)")
+    return handle, bases, offset
 
 
 class Communicator:
@@ -158,7 +166,6 @@ class Communicator:
         self.usable, self.reason = False, ""
         self.buffer, self.handle, self.peers = None, None, []
         self._kernels: Dict[str, dict] = {}  # dtype -> algo -> (launcher, args, argv)
-        self._lock = threading.Lock()
         if self.device.type != "cuda":
             self.reason = f"{self.device} is not a CUDA device"
             return
@@ -184,21 +191,23 @@ class Communicator:
 
             nbytes = buffer_bytes(self.world_size, self.slot_bytes)
             buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
-            handle = _rendezvous(buf, self.name)
-            peers = [int(p) for p in handle.buffer_ptrs]
-            if len(peers) != self.world_size or peers[self.rank] != buf.data_ptr() or any(p % 256 for p in peers):
-                raise RuntimeError(f"unexpected buffer addresses {[hex(p) for p in peers]}")
+            handle, bases, offset = _rendezvous(buf, self.name, self.rank)
+            if len(bases) != self.world_size or (bases[self.rank] + offset) % 16:
+                raise RuntimeError(f"unexpected buffer addresses {[hex(p) for p in bases]} + {offset}")
             buf[:DATA_OFFSET].zero_()  # flags and call counters; no peer signals before the gather below
             torch.cuda.synchronize(self.device)
-            mine = (True, "")
+            mine = (True, "", offset)
         except Exception as e:  # noqa: BLE001 - any failure: NCCL serves, on every rank alike
-            buf, handle, peers, mine = None, None, [], (False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            buf, handle, bases, mine = None, None, [], (False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", 0)
         results = _gather(mine, self.group)
-        bad = [(r, w) for r, (o, w) in enumerate(results) if not o]
+        bad = [(r, w) for r, (o, w, _) in enumerate(results) if not o]
+        if not bad and len({off for _, _, off in results}) > 1:  # symmetric allocations: one offset for all
+            bad = [(r, f"offset {off} in its block") for r, (_, _, off) in enumerate(results)]
         if bad:
             self.reason = "symmetric memory: " + "; ".join(f"rank {r}: {w}" for r, w in bad)
             return
-        self.buffer, self.handle, self.peers, self.usable = buf, handle, peers, True
+        self.buffer, self.handle, self.usable = buf, handle, True
+        self.peers = [b + offset for b in bases]  # each rank's buffer, as this rank addresses it
 
     # ---- kernels ----
     def prepare(self, dtype: torch.dtype) -> bool:

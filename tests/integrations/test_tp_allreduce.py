@@ -207,3 +207,59 @@ def test_unfused_residual_rms_norm_is_transformers(dtype):
     assert torch.equal(h, res + x)
     assert torch.equal(out, norm(res + x).detach())
     assert transformers  # imported for its norm
+
+
+# ------------------------------------------------------------------ launch glue (no GPU: a recording launcher)
+class _Recorder:
+    """Stands in for a loaded kernel: records each launch's argument block."""
+
+    def __init__(self, algo, calls):
+        from mixed_gemm.kernels.allreduce.abi import AllReduceArgs
+
+        self.config = AllReduceConfig(algo, "f16", 2)
+        self.fn = type("Fn", (), {"lock": __import__("threading").Lock()})()
+        self.args, self.calls = AllReduceArgs(), calls
+
+    def launch(self, argv, stream):
+        a = self.args
+        self.calls.append(dict(algo=self.config.algo, in_=a.in_, out=a.out, numel=a.numel, rows=a.rows, cols=a.cols,
+                               blocks=a.active_blocks, residual=a.residual, weight=a.weight, eps=a.eps))
+
+
+def _fake_comm(monkeypatch, calls):
+    """A communicator of two ranks on the CPU whose kernels record their launches."""
+    comm = ar.Communicator.__new__(ar.Communicator)
+    comm.usable, comm.reason, comm.world_size, comm.slot_bytes = True, "", 2, SLOT
+    comm.device, comm.group = torch.device("cpu"), None
+    launchers = [_Recorder(a, calls) for a in ("one_shot", "two_shot", "rms_norm")]
+    comm._kernels = {"f16": {ln.config.algo: (ln, ln.args, 0) for ln in launchers}}
+    monkeypatch.setattr(ar, "current_stream", lambda index: 0)
+    monkeypatch.setattr(comm, "algorithm", lambda x, mode="auto": choose(x.numel() * x.element_size(), 2, mode, SLOT))
+    monkeypatch.setattr(comm, "_ready", lambda dtype: comm._kernels.get(ar._NAMES.get(dtype)))
+    return comm
+
+
+def test_calls_fill_the_argument_block(monkeypatch):
+    calls = []
+    comm = _fake_comm(monkeypatch, calls)
+    x = torch.randn(16, 8192).half()
+    assert comm.all_reduce_(x) is x
+    assert calls[-1] == dict(algo="one_shot", in_=x.data_ptr(), out=x.data_ptr(), numel=x.numel(), rows=1, cols=0,
+                             blocks=32, residual=None, weight=None, eps=0.0)
+    y = comm.all_reduce(x, "two_shot")
+    assert calls[-1]["algo"] == "two_shot" and calls[-1]["out"] == y.data_ptr() and calls[-1]["in_"] == x.data_ptr()
+    view = torch.randn(8193).half()[1:]  # 2 bytes off 16-byte alignment: summed through an aligned copy
+    comm.all_reduce_(view)
+    assert calls[-1]["in_"] != view.data_ptr() and calls[-1]["in_"] % 16 == 0 and calls[-1]["numel"] == 8192
+    n = len(calls)
+    comm.all_reduce_(torch.empty(0, dtype=torch.float16))
+    assert len(calls) == n  # nothing to sum: no launch (on every rank alike)
+    res, w = torch.randn(16, 8192).half(), torch.randn(8192).half()
+    assert not comm._fused_applies(x, res, w, 8192, "nccl") and not comm._fused_applies(x, res, w, 8192, "two_shot")
+    assert not comm._fused_applies(x, res, w.float(), 8192, "auto")
+    assert not comm._fused_applies(x.float(), res.float(), w.float(), 8192, "auto")  # no f32 kernels loaded here
+    out, h = comm.all_reduce_residual_rms_norm(x, res, w, 1e-5)
+    c = calls[-1]
+    assert (c["algo"], c["rows"], c["cols"], c["blocks"], c["residual"], c["weight"]) == \
+        ("rms_norm", 16, 8192, 16, res.data_ptr(), w.data_ptr())
+    assert abs(c["eps"] - 1e-5) < 1e-12 and c["out"] == out.data_ptr()
