@@ -21,9 +21,12 @@ What it measures (rank 0 prints one table; every timing is a CUDA graph's replay
    sums, right bytes), divided by the layers; ``--breakdown`` adds GPU time by kernel class
    (profiler, eager launches).
 
-Sets ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (no NVLink multicast) unless
-already set. Every rank stops itself after ``--time-limit`` seconds. Exit status 1 on a failed
-check. Run from the repository root (or with mixed_gemm installed).
+Sets ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (no NVLink multicast) and
+``MIXED_GEMM_JIT=block`` unless already set: a first run compiles the GEMM kernels of every shape
+and batch (minutes for batch 64's sm90a kernels), later runs find them in the kernel cache.
+``MIXED_GEMM_ALLREDUCE`` is left alone: the modes above choose per layer. Every rank stops itself
+after ``--time-limit`` seconds. Exit status 1 on a failed check. Run from the repository root (or
+with mixed_gemm installed).
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ from pathlib import Path
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # before NCCL initializes
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+# Time (and compare) the kernels selection picks, compiled before first use, never a stand-in that
+# runs while they build in the background and switches mid-run.
+os.environ.setdefault("MIXED_GEMM_JIT", "block")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
@@ -325,6 +331,8 @@ def micro(args, cfg, device):
     h = cfg["hidden_size"]
     comm = prepare_all_reduce(device=device, dtypes=(torch.float16,))
     rows = [("all-reduce setup", "", repr(comm), "")]
+    if comm is None:  # MIXED_GEMM_ALLREDUCE=nccl: nothing of ours to time
+        return rows
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
