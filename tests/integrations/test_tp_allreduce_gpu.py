@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < WO
 
 ELEMENT_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
 # 1 element .. 2 MB: tails shorter than a 16-byte vector, one vector, blocks' edges, decode sizes.
-NUMELS = [1, 3, 7, 8, 9, 15, 17, 1000, 4095, 4096, 8192, 8200, 65536, 64 * 8192, 3 * 64 * 8192 // 2]
+NUMELS = [1, 3, 7, 8, 9, 15, 17, 1000, 4095, 4096, 8192, 8200, 65536, 64 * 8192, 3 * 64 * 8192 // 2, 1 << 20]
 
 
 def _worker(rank, fn, rendezvous, args):
