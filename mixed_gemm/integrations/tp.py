@@ -1,6 +1,8 @@
 """Tensor-parallel quantized models: every rank builds the model on the meta device, reads only its
 slices of the quantized projections from the safetensors shards, prepacks them on its GPU, and the
-row-parallel layers all-reduce through ``torch.distributed`` (NCCL; gloo on the CPU).
+row-parallel layers all-reduce: our one-shot kernels over peer-mapped buffers for decode-sized
+messages between NVLink/P2P-connected GPUs of one node, NCCL otherwise (gloo on the CPU; see
+:mod:`mixed_gemm.ops.allreduce`, ``MIXED_GEMM_ALLREDUCE=nccl`` for NCCL throughout).
 
 The plan is servers' (vLLM, SGLang, Megatron) for Llama-, Mistral- and Qwen2-family decoders:
 ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` column-parallel (attention heads and
@@ -12,8 +14,10 @@ gate_r|up_r). The attention modules keep the config's head counts and infer loca
 projections' widths (transformers reshapes to ``(-1, head_dim)``); a static KV cache sized from the
 config is therefore not supported under TP (the dynamic cache and ``use_cache=False`` are).
 
-Usage, one process per GPU (``torchrun --nproc-per-node 2 script.py``)::
+Usage, one process per GPU (``torchrun --nproc-per-node 2 script.py``; importing
+:mod:`mixed_gemm.nn.parallel` first sets ``NCCL_NVLS_ENABLE=0``: no NVLink multicast)::
 
+    import mixed_gemm.integrations.tp                                     # before NCCL starts
     torch.distributed.init_process_group("nccl")
     rank = torch.distributed.get_rank()
     torch.cuda.set_device(rank)
@@ -32,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..nn import QuantLinear
-from ..nn.parallel import check_tp_rank
+from ..nn.parallel import check_tp_rank, prepare_all_reduce
 from .shard import checkpoint_dims, check_shardable, shard_linear
 from .loading import empty_model, finish_loading, quantized_names, set_submodule, set_tensor, shard_files
 from .transformers import parse_quant_config
@@ -132,7 +136,8 @@ def load_quantized_tp(model_dir, *, tp_rank: Optional[int] = None, tp_size: Opti
     for this rank are read from the safetensors shards (never a whole projection, except the
     replicated scales of act-order row-parallel layers) and prepacked on ``device``; the other
     tensors are read whole (replicated). ``tp_rank``/``tp_size`` default to ``group``'s (the
-    default process group's) rank and size. All rules are checked on the headers first."""
+    default process group's) rank and size. All rules are checked on the headers first. On CUDA
+    the all-reduce's buffers and kernels are set up here (every rank calls this together)."""
     from safetensors import safe_open
     from transformers import AutoConfig
 
@@ -169,4 +174,6 @@ def load_quantized_tp(model_dir, *, tp_rank: Optional[int] = None, tp_size: Opti
                           dtype=dtype, device=device, progress=progress)
     finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
     model.config.quantization_config = qc
+    if tp_size > 1 and torch.device(device).type == "cuda":
+        prepare_all_reduce(group, device, dtypes=(dtype,))  # collective, here rather than in a forward
     return model.eval()
