@@ -6,6 +6,7 @@ import datetime
 import json
 
 from ..benchmark.limits import DEFAULT_MS
+from ._args import fail, positive_ints
 from .profile import _common, prepare
 
 
@@ -13,21 +14,13 @@ def run_bench_moe(args: argparse.Namespace) -> int:
     """``--moe``: the MoE layer table (:mod:`.moe`)."""
     import sys
 
-    from ..profiler.problems import parse_ints
     from ..profiler.timing import gpu_missing
     from ..benchmark.moe import MOE_MODELS, TABLE_HEAD, bench_moe
 
     names = [m for m in args.moe.split(",") if m]
-    bad = [m for m in names if m not in MOE_MODELS]
-    try:
-        tokens = parse_ints(args.tokens, "--tokens")
-    except ValueError as exc:
-        print(f"mixed-gemm bench: error: {exc}", file=sys.stderr)
-        return 2
-    if bad or not names:
-        print(f"mixed-gemm bench: error: --moe takes comma-separated presets from {', '.join(MOE_MODELS)}, "
-              f"got {args.moe!r}", file=sys.stderr)
-        return 2
+    tokens = args.tokens
+    if any(m not in MOE_MODELS for m in names) or not names:
+        return fail("bench", f"--moe takes comma-separated presets from {', '.join(MOE_MODELS)}, got {args.moe!r}")
     why = gpu_missing()
     if why:
         print(f"mixed-gemm bench: {why}", file=sys.stderr)
@@ -139,6 +132,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--moe", default="", metavar="PRESETS",
                         help="instead: one mixture-of-experts layer per preset (mixtral-8x7b, qwen3-30b-a3b, "
                              "deepseek-v2-lite), mg.moe on int4 experts vs the best fp16/bf16 path and the int4 floor")
-    parser.add_argument("--tokens", default="1,4,16,64,256,4096", help="with --moe: token counts (default: %(default)s)")
+    parser.add_argument("--tokens", default="1,4,16,64,256,4096", type=positive_ints,
+                        help="with --moe: comma-separated token counts (default: %(default)s)")
     parser.set_defaults(func=run_bench)
     return parser
