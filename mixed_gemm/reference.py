@@ -173,11 +173,13 @@ def moe(
             (dequantized, e.g. with :func:`dequantize` per expert).
         w2: float ``(E, H, I)``: each expert's down projection.
         topk_weights: float ``(T, k)``: the router's weight of each chosen expert.
-        topk_ids: integer ``(T, k)``: the chosen experts, in ``[0, E)``.
+        topk_ids: integer ``(T, k)``: the chosen experts, in ``[0, E)``, or ``-1`` for a pair that
+            contributes nothing (expert parallelism: an expert that lives on another rank); its
+            weight is never read.
 
     Returns:
         float32 ``(T, H)``: ``sum_j topk_weights[t, j] * w2[e] @ (silu(gate_e x_t) * (up_e x_t))``
-        with ``e = topk_ids[t, j]``.
+        with ``e = topk_ids[t, j]``, over the slots with ``e != -1``.
     """
     _tensor("x", x, 2, "float")
     _tensor("w13", w13, 3, "float")
@@ -197,7 +199,8 @@ def moe(
         _check(other.device == x.device, f"{name}: expected device {x.device} (same as x), got {other.device}")
     if topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
-        _check(0 <= lo and hi < e, f"topk_ids: expert ids must lie in [0, {e}) (E), got {lo if lo < 0 else hi}")
+        _check(-1 <= lo and hi < e, f"topk_ids: expert ids must lie in [0, {e}) (E) or be -1 (a pair that "
+                                    f"contributes nothing), got {lo if lo < -1 else hi}")
     xf = x.float()
     out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
     for expert in range(e):

@@ -103,7 +103,8 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("argv", [["profile", "--shapes", "256:256", "--ms", "1"],
-                                  ["bench", "--shapes", "256:256", "--ms", "1"], ["e2e", "--layers", "2"]])
+                                  ["bench", "--shapes", "256:256", "--ms", "1"], ["e2e", "--layers", "2"],
+                                  ["profile-moe", "--tokens", "1"], ["bench", "--moe", "mixtral-8x7b"]])
 def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
     from mixed_gemm.profiler import timing
 
@@ -113,14 +114,15 @@ def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["bench", "--model", "gpt5"], "unknown preset 'gpt5'"),
-    (["profile", "--shapes", "4096"], "N:K pairs"),
-    (["profile", "--ms", "1,x"], "--ms"),
-    (["e2e", "--model", "gpt5"], "--model must be one of llama3-8b"),
-    (["e2e", "--batches", "1,0"], "--batches must be positive integers"),
+    (["bench", "--model", "gpt5"], "mixed-gemm bench: error: --model: expected comma-separated presets from llama3-8b"),
+    (["profile", "--shapes", "4096"], "mixed-gemm profile: error: --shapes: expected N:K pairs"),
+    (["profile", "--ms", "1,x"], "mixed-gemm profile: error: --ms: expected comma-separated positive integers"),
+    (["e2e", "--model", "gpt5"], "mixed-gemm e2e: error: --model: expected one preset of llama3-8b"),
+    (["e2e", "--batches", "1,0"], "mixed-gemm e2e: error: --batches: expected comma-separated positive integers"),
     (["e2e", "--model", "qwen3-30b-a3b", "--compare"], "no MoE peer yet"),
 ])
 def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
+    """(Every subcommand's argument rules: tests/test_bad_input_moe_cli.py.)"""
     assert cli.main(argv) == 2
     assert msg in capsys.readouterr().err
 

@@ -200,11 +200,17 @@ def test_moe_edge_cases(gen):
     dense = ref.moe(x, w13[2:3], w2[2:3], weights, torch.zeros_like(ids))
     torch.testing.assert_close(ref.moe(x, w13, w2, weights, one), dense)
     assert ref.moe(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, x.shape[1])  # no tokens
+    # -1 (an expert on another rank): the pair adds nothing, its weight is never read
+    away = torch.zeros_like(ids, dtype=torch.bool)
+    away[0], away[2, 1] = True, True
+    got = ref.moe(x, w13, w2, weights.masked_fill(away, float("nan")), ids.masked_fill(away, -1))
+    torch.testing.assert_close(got, ref.moe(x, w13, w2, weights.masked_fill(away, 0), ids), rtol=1e-5, atol=1e-6)
+    assert (got[0] == 0).all()
 
 
 @pytest.mark.parametrize("change, exc, msg", [
-    (dict(ids=torch.tensor([[0, 4]] * 5)), ValueError, r"topk_ids: expert ids must lie in \[0, 4\) \(E\), got 4"),
-    (dict(ids=torch.tensor([[0, -1]] * 5)), ValueError, "got -1"),
+    (dict(ids=torch.tensor([[0, 4]] * 5)), ValueError, r"topk_ids: expert ids must lie in \[0, 4\) \(E\) or be -1 .*got 4"),
+    (dict(ids=torch.tensor([[0, -2]] * 5)), ValueError, "got -2"),
     (dict(w2=torch.zeros(4, 16, 9)), ValueError, r"w2: expected shape \(4, 16, 8\) \(E, H, I\)"),
     (dict(w13=torch.zeros(4, 15, 16)), ValueError, "w13: expected .E, 2I, H. with an even"),
     (dict(w13=torch.zeros(4, 16, 17)), ValueError, r"w13: expected shape \(E, 2I, 16\)"),

@@ -4,6 +4,7 @@ Subcommands are registered in ``_COMMANDS`` as ``name -> "module:function"``. Th
 called as ``function(subparsers)``; it adds its parser with ``subparsers.add_parser(name, ...)`` and
 sets ``func=handler`` via ``set_defaults``, where ``handler(args) -> int`` returns the exit code.
 Keep heavy imports inside handlers: every registered module is imported to build ``--help``.
+Arguments are checked as they are parsed (:mod:`._args`: their types, one-line errors, exit code 2).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Sequence
 
 from ..compile.errors import BuildError
 from ..version import __version__
+from ._args import BadArguments, CommandParser
 
 _COMMANDS: dict[str, str] = {
     "info": f"{__name__}.info:add_info_parser",
@@ -31,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mixed-gemm", description="CUTLASS mixed-input GEMM kernels: build, inspect, profile."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=CommandParser)
     for spec in _COMMANDS.values():
         module_name, _, func_name = spec.partition(":")
         getattr(importlib.import_module(module_name), func_name)(subparsers)
@@ -39,8 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mixed-gemm`` script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``mixed-gemm`` script; returns the exit code (2: a subcommand's bad
+    argument, its one line printed; a usage error of the command itself exits with 2)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except BadArguments:
+        return 2
     from ..compile import blocking
 
     try:

@@ -6,6 +6,7 @@ import datetime
 import json
 
 from ..benchmark.limits import DEFAULT_MS
+from ._args import fail, positive_ints
 from .profile import _common, prepare
 
 
@@ -14,21 +15,13 @@ def run_bench_moe(args: argparse.Namespace) -> int:
     MoE path beside, with ``--breakdown`` mg.moe's time per stage (:mod:`..benchmark.moe_breakdown`)."""
     import sys
 
-    from ..profiler.problems import parse_ints
     from ..profiler.timing import gpu_missing
     from ..benchmark.moe import MOE_MODELS
 
     names = [m for m in args.moe.split(",") if m]
-    bad = [m for m in names if m not in MOE_MODELS]
-    try:
-        tokens = parse_ints(args.tokens, "--tokens")
-    except ValueError as exc:
-        print(f"mixed-gemm bench: error: {exc}", file=sys.stderr)
-        return 2
-    if bad or not names:
-        print(f"mixed-gemm bench: error: --moe takes comma-separated presets from {', '.join(MOE_MODELS)}, "
-              f"got {args.moe!r}", file=sys.stderr)
-        return 2
+    tokens = args.tokens
+    if any(m not in MOE_MODELS for m in names) or not names:
+        return fail("bench", f"--moe takes comma-separated presets from {', '.join(MOE_MODELS)}, got {args.moe!r}")
     why = gpu_missing()
     if why:
         print(f"mixed-gemm bench: {why}", file=sys.stderr)
@@ -160,7 +153,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                              "deepseek-v2-lite), mg.moe on int4 experts vs the best fp16/bf16 path, the ideal fp16 "
                              "time and the int4 floor of the experts the routing touches; --compare adds "
                              "humming-kernels' MoE path")
-    parser.add_argument("--tokens", default="1,4,16,64,256,4096", help="with --moe: token counts (default: %(default)s)")
+    parser.add_argument("--tokens", default="1,4,16,64,256,4096", type=positive_ints,
+                        help="with --moe: comma-separated token counts (default: %(default)s)")
     parser.add_argument("--breakdown", action="store_true",
                         help="with --moe: also mg.moe's time per stage (routing sort, routing bookkeeping, gathers, "
                              "the two grouped GEMMs, SiLU*up, the top-k combine), one table per preset")

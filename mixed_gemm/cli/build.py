@@ -7,6 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
+from ._args import fail, positive_int
+
 
 def catalog(name_filter: str = "", families=None):
     """``(family, config)`` of every family's catalog (or of ``families``), in registry order: the dense
@@ -55,8 +57,8 @@ def run_build(args: argparse.Namespace) -> int:
     if args.package is not None:
         return run_package(args)
     if args.arch is not None:
-        raise SystemExit("mixed-gemm build: --arch goes with --package (the families to build otherwise "
-                         "follow the visible GPU, or --all)")
+        return fail("build", "--arch goes with --package (the families to build otherwise follow the visible GPU, "
+                             "or --all)")
     start = time.perf_counter()
     built = _build(build_items(args.filter, args.all), args)
     for name, _, p in built:
@@ -74,8 +76,8 @@ def run_package(args: argparse.Namespace) -> int:
     from ..compile.wheel import PackagedKernel, write_package
     from ..select.coverage import ARCHES, selectable
 
-    if args.arch is None:
-        raise SystemExit(f"mixed-gemm build --package: name the GPU arch with --arch ({', '.join(ARCHES)})")
+    if args.arch not in ARCHES:
+        return fail("build", f"--arch: --package needs the GPU arch, one of {', '.join(ARCHES)}, got {args.arch!r}")
     tools, missing = toolchain()
     if tools is None:
         raise BuildError(f"a kernel package is built with nvcc and the CUTLASS headers: {missing}")
@@ -101,7 +103,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def add_build_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("build", help="compile the kernels matmul can select on the visible GPU into the cache")
     p.add_argument("--filter", default="", help="only configs whose name contains this text")
-    p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+    p.add_argument("--jobs", type=positive_int, default=None, help="parallel nvcc processes (default: CPU count)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-kernel lines")
     p.add_argument("--all", action="store_true",
                    help="every family's whole catalog (what the profiler times), also kernels the visible GPU "

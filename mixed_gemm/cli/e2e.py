@@ -5,6 +5,15 @@ import argparse
 import datetime
 import json
 
+from . import _args
+from ._args import fail
+
+
+def _presets():
+    from ..integrations.e2e import PRESETS
+
+    return PRESETS
+
 
 def run_e2e(args: argparse.Namespace) -> int:
     import sys
@@ -12,23 +21,14 @@ def run_e2e(args: argparse.Namespace) -> int:
     from ..profiler.timing import gpu_missing
     from ..integrations import e2e
 
-    preset = args.model or "llama3-8b"
-    if preset not in e2e.PRESETS:
-        print(f"mixed-gemm e2e: error: --model must be one of {', '.join(e2e.PRESETS)}", file=sys.stderr)
-        return 2
+    preset, batches = args.model, args.batches
     if args.compare and e2e.is_moe(preset):
-        print(f"mixed-gemm e2e: error: --compare: the tinygemm peer replaces nn.Linear layers only; {preset}'s "
-              "experts would stay fp16 (no MoE peer yet)", file=sys.stderr)
-        return 2
+        return fail("e2e", f"--compare: the tinygemm peer replaces nn.Linear layers only; {preset}'s experts would "
+                           "stay fp16 (no MoE peer yet)")
     from ..integrations import e2e_moe
 
-    try:
-        batches = [int(b) for b in (args.batches or e2e_moe.default_batches(preset)).split(",")]
-        assert batches and all(b > 0 for b in batches)
-    except (ValueError, AssertionError):
-        print(f"mixed-gemm e2e: error: --batches must be positive integers, got {args.batches!r}",
-              file=sys.stderr)
-        return 2
+    if batches is None:
+        batches = _args.positive_ints(e2e_moe.default_batches(preset))
     why = gpu_missing()
     if why:
         print(f"mixed-gemm e2e: {why}", file=sys.stderr)
@@ -109,14 +109,16 @@ def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                     "decode step in a CUDA graph, generate tokens/s eager and compiled (static cache, CUDA-graph "
                     "trees), time to first token for a 512-token prompt and memory; fp16 and int4 runs alternate "
                     "and repeat (median).")
-    parser.add_argument("--model", default="llama3-8b",
+    parser.add_argument("--model", default="llama3-8b", type=_args.presets(_presets, many=False),
                         help="preset: " + ", ".join(m for m in MODELS if not m.endswith("-unfused"))
                         + ", qwen3-30b-a3b (transformers' Qwen3-MoE; at its 48 layers fp16 and int4 are measured "
                           "one after another, compiled figures only)")
-    parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: the preset's)")
-    parser.add_argument("--batches", default=None,
+    parser.add_argument("--layers", type=_args.non_negative_int, default=0,
+                        help="decoder layers (default, 0: the preset's)")
+    parser.add_argument("--batches", default=None, type=_args.positive_ints,
                         help="comma-separated batch sizes (default: 1,16,64; 1,16 for qwen3-30b-a3b)")
-    parser.add_argument("--reps", type=int, default=3, help="alternating repetitions, median (default: %(default)s)")
+    parser.add_argument("--reps", type=_args.positive_int, default=3,
+                        help="alternating repetitions, median (default: %(default)s)")
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled (static cache) generate runs")
     parser.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate int4 launches")
     parser.add_argument("--no-residual", action="store_true",

@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..profiler.problems import DEFAULT_MS, MODELS, parse_ints
+from ..profiler.problems import DEFAULT_MS, MODELS
+from . import _args
 
 
 WIDTHS = (1, 2, 3, 4, 7, 8)
@@ -24,9 +25,12 @@ def _widths(text: str):
 
 
 def _common(parser: argparse.ArgumentParser, ms_default: str, bits_list: bool = False) -> None:
-    parser.add_argument("--model", default="", help=f"comma-separated presets: {', '.join(MODELS)}")
-    parser.add_argument("--shapes", default="", help="comma-separated N:K pairs, e.g. 4096:4096,28672:4096")
-    parser.add_argument("--ms", default=ms_default, help="comma-separated M values (default: %(default)s)")
+    parser.add_argument("--model", default="", type=_args.presets(lambda: MODELS),
+                        help=f"comma-separated presets: {', '.join(MODELS)}")
+    parser.add_argument("--shapes", default="", type=_args.shapes,
+                        help="comma-separated N:K pairs, e.g. 4096:4096,28672:4096")
+    parser.add_argument("--ms", default=ms_default, type=_args.positive_ints,
+                        help="comma-separated M values (default: %(default)s)")
     parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
     if bits_list:
         parser.add_argument("--bits", type=_widths, default=[4],
@@ -34,14 +38,15 @@ def _common(parser: argparse.ArgumentParser, ms_default: str, bits_list: bool = 
     else:
         parser.add_argument("--bits", type=int, choices=list(WIDTHS), default=4,
                             help="weight width (7: 1:2-sparse; 1-3 and 7 read the lowbit layout)")
-    parser.add_argument("--group-size", type=int, default=128, help="-1 for per-channel (default: %(default)s)")
+    parser.add_argument("--group-size", type=_args.group_size, default=128,
+                        help="-1 for per-channel, else a power of two >= 32 (default: %(default)s)")
 
 
 def problems_from(args, default_models: str):
-    from ..profiler.problems import parse_ints, resolve
+    from ..profiler.problems import resolve
 
     problems = resolve(args.model or ("" if args.shapes else default_models), args.shapes)
-    return problems, parse_ints(args.ms, "--ms")
+    return problems, args.ms
 
 
 def prepare(args, command: str):
@@ -93,7 +98,7 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser.add_argument("--keep-faster", action="store_true",
                         help="merging: keep an existing entry measured faster than the new winner (for --schedules sweeps)")
     parser.add_argument("--fresh", action="store_true", help="discard a partial sweep instead of resuming it")
-    parser.add_argument("--replays", type=int, default=7, help="graph replays per measurement (median)")
+    parser.add_argument("--replays", type=_args.positive_int, default=7, help="graph replays per measurement (median)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_profile)
     return parser
@@ -105,26 +110,22 @@ def run_profile_moe(args: argparse.Namespace) -> int:
     why = gpu_missing()
     if why:
         print(f"mixed-gemm profile-moe: {why}", file=sys.stderr)
-        return 2
+        return 1
     import torch
 
-    from ..benchmark.moe import MOE_MODELS
     from ..profiler.moe_sweep import run
 
     models = [m for m in args.model.split(",") if m]
-    unknown = [m for m in models if m not in MOE_MODELS]
-    if unknown:
-        print(f"mixed-gemm profile-moe: --model: unknown preset {unknown[0]!r} (one of {', '.join(MOE_MODELS)})",
-              file=sys.stderr)
-        return 2
-    try:
-        tokens = parse_ints(args.tokens, "--tokens")
-    except ValueError as exc:
-        print(f"mixed-gemm profile-moe: {exc}", file=sys.stderr)
-        return 2
-    path = run(models, tokens, torch.float16 if args.dtype == "f16" else torch.bfloat16, args.out or None, args.replays)
+    path = run(models, args.tokens, torch.float16 if args.dtype == "f16" else torch.bfloat16, args.out or None,
+               args.replays)
     print(f"wrote {path} (grouped entries merged)")
     return 0
+
+
+def _moe_presets():
+    from ..benchmark.moe import MOE_MODELS
+
+    return MOE_MODELS
 
 
 def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -134,10 +135,12 @@ def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.A
                     "preset's gate|up and down projections at each token count, on int4 g128 experts with "
                     "random routing; keep those whose output matches the heuristic schedule's; merge the "
                     "winners into <gpu>.json's grouped entries (read by mixed_gemm.moe).")
-    parser.add_argument("--model", default="mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite", help="MoE presets")
-    parser.add_argument("--tokens", default="1,2,4,8,16,32,64", help="comma-separated token counts")
+    parser.add_argument("--model", default="mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite",
+                        type=_args.presets(_moe_presets), help="comma-separated MoE presets (default: %(default)s)")
+    parser.add_argument("--tokens", default="1,2,4,8,16,32,64", type=_args.positive_ints,
+                        help="comma-separated token counts (default: %(default)s)")
     parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
     parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
-    parser.add_argument("--replays", type=int, default=7, help="graph replays per measurement (median)")
+    parser.add_argument("--replays", type=_args.positive_int, default=7, help="graph replays per measurement (median)")
     parser.set_defaults(func=run_profile_moe)
     return parser

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..formats import quantize
-from ..ops.experts import PackedExperts, prepack_experts
+from ..ops.experts import PackedExperts, check_moe_inputs, prepack_experts, routing_stats
 from ..ops.moe import moe
 from ..ops.library import moe_packed_op
 
@@ -31,6 +31,7 @@ class QuantExperts(nn.Module):
 
     def __init__(self, w13: PackedExperts, w2: PackedExperts, group_size: Optional[int] = None):
         super().__init__()
+        _check_experts(w13, w2, group_size)
         self.num_experts, self.hidden_size, self.intermediate_size = w13.num_experts, w13.k, w2.k
         # the nominal group (-1: per channel), as quantized or as the checkpoint says; an expert
         # whose K is no larger holds one group
@@ -94,6 +95,10 @@ class QuantExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        """``(T, H)``: :func:`mixed_gemm.moe`'s layer (its routing convention: an index of ``-1``
+        contributes nothing). Bad arguments raise ``ValueError``/``TypeError`` naming them before
+        anything runs (metadata only on a GPU; on the CPU also the routing's values, as ``moe``)."""
+        self._check_forward(hidden_states, top_k_index, top_k_weights)
         if hidden_states.is_cuda:
             w13, w2 = self.packed()
             if torch.compiler.is_compiling():  # traced: the registered op (fake implementation for shapes)
@@ -101,14 +106,66 @@ class QuantExperts(nn.Module):
             return moe(hidden_states, w13, w2, top_k_weights, top_k_index)
         from ..reference import moe as reference_moe
 
+        if top_k_index.numel():
+            routing_stats(top_k_weights, top_k_index, self.num_experts, ("top_k_weights", "top_k_index"))
         w13, w2 = self.dense_weights()
         return reference_moe(hidden_states.float(), w13, w2, top_k_weights.float(),
                              top_k_index).to(hidden_states.dtype)
+
+    def _check_forward(self, hidden_states, top_k_index, top_k_weights) -> None:
+        for name, t in (("hidden_states", hidden_states), ("top_k_index", top_k_index),
+                        ("top_k_weights", top_k_weights)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if not hidden_states.is_floating_point():
+            raise TypeError(f"hidden_states: expected floating point, got {hidden_states.dtype}")
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
+            raise ValueError(f"hidden_states: expected (T, H={self.hidden_size}), got {tuple(hidden_states.shape)}")
+        tokens = hidden_states.shape[0]
+        if top_k_index.dim() != 2 or top_k_index.shape[0] != tokens or top_k_weights.shape != top_k_index.shape:
+            raise ValueError(f"top_k_index, top_k_weights: expected equal (T={tokens}, top_k) shapes, got "
+                             f"{tuple(top_k_index.shape)} and {tuple(top_k_weights.shape)}")
+        if top_k_index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"top_k_index: expected int32 or int64 expert ids, got {top_k_index.dtype}")
+        if not top_k_weights.is_floating_point():
+            raise TypeError(f"top_k_weights: expected floating point, got {top_k_weights.dtype}")
+        device = self.w13_b.device
+        for name, t in (("hidden_states", hidden_states), ("top_k_index", top_k_index),
+                        ("top_k_weights", top_k_weights)):
+            if t.device != device:
+                raise ValueError(f"{name}: expected the experts' device {device}, got {t.device}")
+        if hidden_states.is_cuda and hidden_states.dtype != self.w13_scales.dtype:
+            raise TypeError(f"hidden_states: dtype must equal the experts' ({self.w13_scales.dtype}) on a GPU, got "
+                            f"{hidden_states.dtype}")
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}, bits={self.bits}, group_size={self.group_size}, "
                 f"zero_mode={self.zero_mode}, layout={self._meta['w13']['layout']}")
+
+
+def _check_experts(w13, w2, group_size) -> None:
+    """QuantExperts' constructor rules: moe's (a gate|up stack and a down stack of one kind, shapes,
+    dtype and device that match, checked with an input of ``H`` columns) and contiguous stacks
+    (the grouped kernels' layout; ``.to()`` and loading keep it)."""
+    if not isinstance(w13, PackedExperts) or not isinstance(w2, PackedExperts):
+        raise TypeError(f"w13, w2: expected PackedExperts (mixed_gemm.prepack_experts), got "
+                        f"{type(w13).__name__} and {type(w2).__name__}")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)):
+        raise TypeError(f"group_size: expected None or an int (-1 or positive), got {type(group_size).__name__}")
+    if group_size is not None and not (group_size == -1 or group_size > 0):
+        raise ValueError(f"group_size: expected None, -1 or a positive int, got {group_size!r}")
+    if isinstance(w2.b, torch.Tensor) and isinstance(w13.b, torch.Tensor) and w2.device != w13.device:
+        raise ValueError(f"w2: expected w13's device ({w13.device}), got {w2.device}")
+    probe = torch.empty((0, w13.k), dtype=w13.dtype, device=w13.device)
+    ids = torch.empty((0, 1), dtype=torch.long, device=w13.device)
+    check_moe_inputs(probe, w13, w2, ids.float(), ids)
+    for name, w in (("w13", w13), ("w2", w2)):
+        for f in _FIELDS:
+            t = getattr(w, f)
+            if t is not None and not t.is_contiguous():
+                raise ValueError(f"{name}.{f}: expected a contiguous stack (prepack_experts' tensors), got strides "
+                                 f"{t.stride()}")
 
 
 def is_experts(module: nn.Module) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .experts import PackedExperts, check_moe_inputs, split_gate_up
+from .experts import PackedExperts, check_moe_inputs, routing_stats, split_gate_up
 from .matmul import matmul
 from .moe_grouped import GroupedPlan, grouped_plan, run_grouped
 from .moe_per_expert import per_expert
@@ -41,13 +41,22 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
     ``y[t] = sum_j topk_weights[t, j] * W2[e] @ (silu(gate_e x_t) * up_e x_t)`` with
     ``e = topk_ids[t, j]`` and ``gate_e``/``up_e`` the two halves of ``W13[e]``.
 
-    ``x`` ``(T, H)`` float16/bfloat16 (the experts' dtype), ``w13`` ``(E, 2I, H)`` and ``w2``
-    ``(E, H, I)`` :class:`PackedExperts`, ``topk_weights`` float ``(T, k)``, ``topk_ids`` int
-    ``(T, k)`` in ``[0, E)``. Returns ``(T, H)`` in ``x``'s dtype (module docstring: which path runs
-    and where it rounds). Expert ids out of range raise ``ValueError`` on the CPU and on the
-    per-expert path; the grouped path does not check them (that would read the routing on the
-    host): a pair whose id lies outside ``[0, E)`` contributes nothing there, never reading out of
-    bounds."""
+    ``x`` ``(T, H)`` float16/bfloat16 (the experts' dtype; any strides), ``w13`` ``(E, 2I, H)`` and
+    ``w2`` ``(E, H, I)`` :class:`PackedExperts` of one kind (bits, zero mode, layout),
+    ``topk_weights`` float ``(T, k)``, ``topk_ids`` int32/int64 ``(T, k)``. Returns ``(T, H)`` in
+    ``x``'s dtype (module docstring: which path runs and where it rounds).
+
+    Routing ids (the same on every path): an id in ``[0, E)`` routes the pair to that expert; ``-1``
+    marks a pair that contributes nothing (expert parallelism: servers mark so the pairs whose
+    expert lives on another rank), its weight never read, so a token whose slots are all ``-1``
+    gets a zero row. Any other id (``>= E`` or ``< -1``) is a bug in the caller: where the routing is
+    read on the host (the CPU, the per-expert path) it raises ``ValueError`` naming ``topk_ids``, as
+    does a NaN or infinite weight of a routed pair; the grouped path reads nothing on the host (no
+    sync, capturable), so there such a pair, like a ``-1`` one, contributes nothing (never read out
+    of bounds), and weights are not checked.
+
+    Every other rule (types, dtypes, shapes, devices: :func:`~.experts.check_moe_inputs`) is checked
+    on every path before anything launches, from metadata only."""
     check_moe_inputs(x, w13, w2, topk_weights, topk_ids)
     if not topk_ids.numel():  # no tokens (or top_k = 0): nothing to route
         return torch.zeros_like(x)
@@ -63,14 +72,7 @@ def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: to
             raise RuntimeError("mixed_gemm.moe: the per-expert path runs one GEMM pair per routed expert and reads the "
                                "routing on the host, which a CUDA graph cannot capture; the grouped kernels, which can, "
                                f"cannot run these experts: {why}")
-    e_count = w13.num_experts
-    flat = topk_ids.reshape(-1)
-    # One host read: the ids' range and each expert's pair count (ids clamped for the count only).
-    stats = torch.cat([flat.min().view(1), flat.max().view(1),
-                       torch.bincount(flat.clamp(0, e_count - 1), minlength=e_count)]).tolist()
-    lo, hi, counts = stats[0], stats[1], stats[2:]
-    if lo < 0 or hi >= e_count:
-        raise ValueError(f"topk_ids: expert ids must lie in [0, {e_count}) (E), got {lo if lo < 0 else hi}")
+    counts = routing_stats(topk_weights, topk_ids, w13.num_experts)  # one host read; raises on bad routing
     if x.device.type != "cuda":
         from ..reference import moe as reference_moe
 

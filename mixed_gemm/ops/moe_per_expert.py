@@ -7,9 +7,12 @@ import torch
 def per_expert(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, counts, expert) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * expert(e, x rows routed to e)`` accumulated in float32, one
     ``expert(e, rows)`` call per expert with pairs (``counts[e]`` of them, read on the host): the
-    per-expert loop of transformers' eager experts, for ``moe`` on a GPU and the dense baseline."""
+    per-expert loop of transformers' eager experts, for ``moe`` on a GPU and the dense baseline.
+    Pairs whose id is ``-1`` (an expert on another rank) contribute nothing: they sort after every
+    expert's and no call reaches them."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    order = torch.argsort(topk_ids.reshape(-1), stable=True)
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat.masked_fill(flat < 0, len(counts)), stable=True)
     start = 0
     for e, c in enumerate(counts):
         if c == 0:

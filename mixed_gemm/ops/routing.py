@@ -16,9 +16,11 @@ Layout contract (``T`` tokens, ``k`` slots per token, ``E`` experts, ``B = block
   ``-1`` for blocks past the used ones (a kernel skips them).
 - ``used`` int32 ``(1,)``: the number of used rows of ``sorted_ids`` (a multiple of ``B``).
 
-An expert with no pairs gets no block. Ids outside ``[0, E)`` raise ``ValueError`` for CPU tensors;
+An expert with no pairs gets no block. A pair whose id is ``-1`` (expert parallelism: its expert
+lives on another rank; ``mixed_gemm.moe``'s convention) is routed to no expert: it is in no block,
+its row is never computed. Any other id outside ``[0, E)`` raises ``ValueError`` for CPU tensors;
 on a GPU that check would cost a host sync, so it runs only with ``check=True`` (debugging);
-otherwise such a pair is routed to no expert (its rows are never computed).
+otherwise such a pair is routed to no expert, like ``-1``.
 """
 from __future__ import annotations
 
@@ -53,12 +55,12 @@ def align_tokens(topk_ids: torch.Tensor, num_experts: int, block: int, *, check:
     ids = topk_ids.reshape(-1).long()
     pairs = ids.numel()
     if (topk_ids.device.type == "cpu" or check) and pairs:
-        bad = (ids < 0) | (ids >= num_experts)
+        bad = (ids < -1) | (ids >= num_experts)
         if bool(bad.any()):
-            raise ValueError(f"topk_ids: expert ids must lie in [0, {num_experts}) (num_experts), "
-                             f"got {int(ids[bad][0])}")
+            raise ValueError(f"topk_ids: expert ids must lie in [0, {num_experts}) (num_experts) or be -1 (a pair "
+                             f"routed to no expert), got {int(ids[bad][0])}")
     device = ids.device
-    # Out-of-range ids (unchecked on the GPU) sort after every expert and land in no block.
+    # -1 and (unchecked on the GPU) out-of-range ids sort after every expert and land in no block.
     key = torch.where((ids >= 0) & (ids < num_experts), ids, torch.full_like(ids, num_experts))
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device).scatter_add_(
         0, key, torch.ones_like(key))[:num_experts]

@@ -99,6 +99,22 @@ def test_state_dict_round_trip_and_repr():
     assert "num_experts=4" in repr(experts) and "group_size=32" in repr(experts)
 
 
+def test_minus_one_contributes_nothing():
+    """transformers' experts take the same routing convention as mg.moe: an index of -1 (an expert
+    on another rank) adds nothing and its weight is never read (NaN here); a token of only -1 slots
+    gets a zero row. Against the same module with those pairs sent to expert 0 at weight 0."""
+    experts = quantize_model(tiny("mixtral"), bits=4, group_size=32, progress=False).model.layers[0].mlp.experts
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(6, 64, generator=gen)
+    ids, weights = torch.randint(0, 4, (6, 2), generator=gen), torch.rand(6, 2, generator=gen)
+    ids[1], ids[3, 0] = -1, -1
+    away = ids == -1
+    got = experts(x, ids, weights.masked_fill(away, float("nan")))
+    want = experts(x, ids.masked_fill(away, 0), weights.masked_fill(away, 0))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert (got[1] == 0).all() and not got.isnan().any()
+
+
 def test_only_silu_experts():
     experts = tiny("mixtral").model.layers[0].mlp.experts
     experts.act_fn = nn.GELU()

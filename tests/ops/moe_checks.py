@@ -1,6 +1,7 @@
 """Checks shared by the grouped tile families' GPU tests (moe_sm90a, moe_sm80): one layer of a sweep
-case, ids out of range, no tokens and one token, and CUDA-graph capture with new routing between
-replays. Each takes the two configs (gate|up, down) of the family under test."""
+case, ids out of range (and a whole batch of -1, expert parallelism's mark), no tokens and one
+token, and CUDA-graph capture with new routing between replays (-1 pairs among them). Each takes
+the two configs (gate|up, down) of the family under test."""
 import torch
 
 import mixed_gemm as mg
@@ -57,6 +58,12 @@ def check_ids_out_of_range(cfgs, w13, w2, tag, ids_dtype=torch.int64):
     assert_elementwise(yk, ref_y(hk, w2.kernel, kept_ids, kept_weights), 128)
     ref = mg.reference.moe(x.float(), w13.dense, w2.dense, kept_weights, kept_ids)
     assert_elementwise(yk, ref, 128, chained=3)
+    # Expert parallelism: a whole batch of -1 (every expert on another rank), NaN weights never read.
+    away = torch.full_like(bad, -1)
+    nan = torch.full_like(weights, float("nan"))
+    hk, yk = run_stages(*cfgs, x, w13.packed, w2.packed, nan, away)
+    assert (hk == 0).all() and (yk == 0).all()
+    assert (moe_grouped(x, w13.packed, w2.packed, nan, away, configs=cfgs) == 0).all()
 
 
 def check_no_tokens_and_one_token(cfgs, w13, w2, tag):
@@ -71,9 +78,19 @@ def check_no_tokens_and_one_token(cfgs, w13, w2, tag):
     assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), 128, chained=3)
 
 
+def _minus_one(weights, ids, seed, share):
+    """About ``share`` of the pairs, and every slot of token 1, marked -1 (an expert on another
+    rank) with NaN weights (never read); ``share=1``: the whole batch."""
+    away = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed)).cuda() < share
+    away[1] = True
+    return weights.masked_fill(away, float("nan")), ids.masked_fill(away, -1)
+
+
 def check_graph_capture(cfgs, tag, e=16, seed=9):
     """Captured once, replayed with new routing and new x written into the captured inputs: the
-    per-expert row counts change every replay and nothing is read on the host."""
+    per-expert row counts change every replay and nothing is read on the host. Replays 4 and 5
+    mark pairs -1 (a third of them, then all): they add nothing, against the reference with their
+    weights zeroed."""
     w13, w2 = layer(e=e, seed=seed)
     t, top_k = 96, 2
     x = torch.randn(t, 256, device="cuda").half()
@@ -84,13 +101,17 @@ def check_graph_capture(cfgs, tag, e=16, seed=9):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)
-    for i in range(1, 4):
+    for i in range(1, 6):
         w_new, ids_new = routing(t, top_k, e, seed_of(tag, i), one_expert=5 if i == 2 else None)
+        if i >= 4:
+            w_new, ids_new = _minus_one(w_new, ids_new, seed_of(tag, i, "ep"), 0.35 if i == 4 else 1.0)
         x.copy_(torch.randn(t, 256, generator=torch.Generator().manual_seed(i)).half().cuda())
         weights.copy_(w_new)
         ids.copy_(ids_new)
         y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
+        away = ids == -1
+        ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights.masked_fill(away, 0), ids.masked_fill(away, 0))
         assert_elementwise(y, ref, 128, chained=3)
+        assert (y[away.all(1)] == 0).all()

@@ -1,6 +1,7 @@
 """Routing alignment (mixed_gemm.ops.routing) against a Python loop: every pair once, in its
 expert's padded run, in token order; empty experts, one expert taking every pair, no tokens; the
-argument rules; no host sync (it captures into a CUDA graph where a GPU is present)."""
+argument rules; ids of -1 (an expert on another rank) in no block; no host sync (it captures into a
+CUDA graph where a GPU is present)."""
 from __future__ import annotations
 
 import pytest
@@ -51,9 +52,20 @@ def test_edge_cases():
     check(torch.arange(16).reshape(8, 2) % 5, 5, 3)
 
 
+def test_minus_one_is_routed_to_no_expert():
+    """-1 marks a pair whose expert lives on another rank: in no block, never a row (the loop skips
+    it too); a whole batch of -1 uses no block."""
+    ids = torch.tensor([[2, -1], [-1, -1], [0, 2], [-1, 1]])
+    check(ids, 4, 2)
+    r = align_tokens(ids, 4, 2)
+    assert not set(r.sorted_ids[: r.used.item()].tolist()) & {1, 2, 3, 6}
+    check(torch.full((6, 2), -1), 4, 8)
+    assert align_tokens(torch.full((6, 2), -1), 4, 8).used.item() == 0
+
+
 @pytest.mark.parametrize("args, exc, msg", [
     ((torch.tensor([[0, 9]]), 8, 16), ValueError, r"topk_ids: expert ids must lie in \[0, 8\)"),
-    ((torch.tensor([[-1, 0]]), 8, 16), ValueError, "got -1"),
+    ((torch.tensor([[-2, 0]]), 8, 16), ValueError, r"\[0, 8\) \(num_experts\) or be -1 .* got -2"),
     ((torch.tensor([0, 1]), 8, 16), ValueError, "topk_ids: expected an integer .tokens, top_k. tensor"),
     ((torch.rand(2, 2), 8, 16), ValueError, "topk_ids: expected an integer"),
     (([[0]], 8, 16), TypeError, "topk_ids: expected a torch.Tensor"),
@@ -82,3 +94,9 @@ def test_gpu_matches_and_captures_into_a_graph():
     graph.replay()
     again = align_tokens(static.cpu(), 128, 16)
     assert torch.equal(captured.sorted_ids.cpu(), again.sorted_ids) and torch.equal(captured.used.cpu(), again.used)
+    # -1 (another rank's expert) in the replayed routing: in no block, as on the CPU
+    static[::3, 1:4] = -1
+    graph.replay()
+    again = align_tokens(static.cpu(), 128, 16)
+    assert torch.equal(captured.sorted_ids.cpu(), again.sorted_ids) and torch.equal(captured.used.cpu(), again.used)
+    assert torch.equal(captured.block_experts.cpu(), again.block_experts)
