@@ -5,7 +5,7 @@ Canonical form: ``q`` uint8 ``(N, K)``, ``s`` ``(N, K // G)`` float, ``z`` like 
 """
 from __future__ import annotations
 
-from ._checks import BITS, FORMATS, check_finite
+from ._checks import BITS, FORMATS, check_finite, check_g_idx
 from .checkpoint import AWQ_ORDER, check_format_args, pack, resolve_zero_mode, unpack
 from .groups import expand_groups, make_g_idx
 from .quantize import quantize
@@ -18,6 +18,7 @@ __all__ = [
     "BITS",
     "check_finite",
     "check_format_args",
+    "check_g_idx",
     "FORMATS",
     "expand_groups",
     "make_g_idx",

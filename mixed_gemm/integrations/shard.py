@@ -46,7 +46,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..formats import check_format_args, unpack
+from ..formats import check_format_args, check_g_idx, unpack
 from ..nn.parallel import ColumnParallelQuantLinear, RowParallelQuantLinear, check_tp_rank
 from ..nn.quant_linear import QuantLinear
 from ..ops import PackedWeight, prepack
@@ -252,6 +252,7 @@ def rank_shard(qweight, scales, zeros=None, *, style: str, tp_rank: int, tp_size
             raise ValueError(f"zero_mode: an act-order row-parallel shard is padded with zero weights (the zero "
                              f"code), which needs integer zero points; got zero_mode={zero_mode!r}")
         q, s, z = _act_order_canonical(qweight, scales, zeros, format, bits)
+        check_g_idx(g_idx, q.shape[1], s.shape[1], q.device)  # (regroup counts members per group)
         q, s, z, g2, index = regroup(q, s, z, g_idx, group_size=group_size, bits=bits)
         return Shard(q, s, z, format="plain", group_size=g2, input_index=index, **common)
     return Shard(qweight, scales, zeros, format=format, group_size=group_size, g_idx=g_idx, zero_mode=zero_mode,
