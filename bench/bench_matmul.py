@@ -1,4 +1,5 @@
-"""Kernel studies behind bench/NOTES.md (the speed table itself is `mixed-gemm bench`).
+"""Kernel studies: dequantize bandwidth and split-K at decode (the speed tables are `mixed-gemm bench`;
+docs/benchmarks.md).
 
 Same method as `mixed-gemm bench` (mixed_gemm.profiler.timing): cold L2 through rotating weight
 copies, CUDA-graph replay, CUDA events, median of replays.

@@ -1,4 +1,4 @@
-"""Skip connections in the o_proj/down_proj epilogues (issue #25 item 3): measured end to end.
+"""Skip connections in the o_proj/down_proj epilogues, measured end to end.
 
 The Llama-3-8B-shaped model of ``mixed-gemm e2e`` (random weights, int4 g128, fused projections,
 int4 lm_head) twice: as ``e2e`` builds it, and a copy with ``fuse_residual`` (two add kernels per

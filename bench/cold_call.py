@@ -1,8 +1,11 @@
 """The first ``matmul`` on an empty kernel cache, for a problem whose chosen kernel is an unbuilt
-sm90a library (int4 g128 fp16, N = K = 4096, M = 64 on the H100): before (``MIXED_GEMM_JIT=block``,
-what every call did until now), after (``async``: a stand-in runs, the chosen kernel compiles in
-the background) and with a kernel package installed. Each scenario runs in a fresh process with an
-empty cache. Usage: python bench/cold_call.py [--wheel WHEEL] [--out FILE.md]"""
+sm90a library (int4 g128 fp16, N = K = 4096, M = 64 on the H100), three ways: ``MIXED_GEMM_JIT=block``
+(the call compiles its kernel), ``async`` (a stand-in runs, the chosen kernel compiles in the
+background) and with a kernel package installed. Each scenario runs in a fresh process with an
+empty cache; the table gives the first call's time and when the chosen kernel runs.
+
+    python bench/cold_call.py [--wheel WHEEL] [--out FILE.md]
+"""
 from __future__ import annotations
 
 import argparse

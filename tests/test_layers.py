@@ -1,8 +1,9 @@
 """Layers import one way: formats -> codegen -> compile -> runtime -> kernels -> select -> ops ->
-profiler/benchmark -> nn/integrations -> command line; nothing imports the package root from below.
+profiler/benchmark -> nn/integrations -> command line; nothing imports the package root from below;
+no two modules import each other, directly or around a circle.
 
 Walks every module's imports (static, with ast: lazy imports inside functions count too) and fails
-on any import of a higher layer."""
+on any import of a higher layer and on any import cycle."""
 from __future__ import annotations
 
 import ast
@@ -24,7 +25,7 @@ RANKS = {
     "ops": 7,
     "profiler": 8, "benchmark": 8,
     "nn": 9, "integrations": 9,
-    "cli": 10, "cli_catalog": 10, "cli_e2e": 10,
+    "cli": 10,
     "": 11,  # mixed_gemm/__init__.py: the package root
 }
 
@@ -93,3 +94,70 @@ def test_the_check_catches_an_upward_import(tmp_path):
     found = [(line, t) for line, t in _imports(probe, "mixed_gemm.kernels.probe")]
     assert found == [(1, "mixed_gemm"), (2, "mixed_gemm.ops.matmul"), (3, "mixed_gemm.runtime"), (5, "mixed_gemm.nn")]
     assert [RANKS[_layer(t)] > RANKS["kernels"] for _, t in found] == [True, True, False, True]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One import circle ``[a, b, ..., a]`` per strongly connected group of ``graph`` (module ->
+    modules it imports), found with Tarjan's algorithm; a module importing itself counts."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while not group or v not in group:
+                group.add(stack.pop())
+            if len(group) > 1 or v in graph.get(v, ()):
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+
+    def circle(group: set[str]) -> list[str]:
+        # Shortest way back to the group's first module, breadth first inside the group.
+        start = min(group)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            v = queue.pop(0)
+            for w in sorted(graph.get(v, ())):
+                if w == start:
+                    return paths[v] + [start]
+                if w in group and w not in paths:
+                    paths[w] = paths[v] + [w]
+                    queue.append(w)
+        raise AssertionError(f"no circle through {start} in {sorted(group)}")
+
+    return sorted(circle(g) for g in groups)
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module name -> the modules among ``modules`` it imports."""
+    return {name: {t for _, t in _imports(path, name) if t in modules} for name, path in modules.items()}
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_import_graph({_module_name(p): p for p in MODULES}))
+    assert not cycles, "import cycles (make the imports go one way): " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_check_catches_a_cycle(tmp_path):
+    graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set(), "e": {"e"}, "f": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    # A lazy import inside a function closes a circle too.
+    (tmp_path / "one.py").write_text("import mixed_gemm.probe.two\n")
+    (tmp_path / "two.py").write_text("def f():\n    import mixed_gemm.probe.one\n")
+    graph = _import_graph({f"mixed_gemm.probe.{n}": tmp_path / f"{n}.py" for n in ("one", "two")})
+    assert _cycles(graph) == [["mixed_gemm.probe.one", "mixed_gemm.probe.two", "mixed_gemm.probe.one"]]

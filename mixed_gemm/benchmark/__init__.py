@@ -1,1 +1,1 @@
-"""``mixed-gemm bench``: mg.matmul against torch fp16 (and tinygemm) on model shapes."""
+"""``mixed-gemm bench``: mg.matmul against torch fp16 (and, with ``--compare``, tinygemm, gemlite and humming-kernels) on model shapes."""

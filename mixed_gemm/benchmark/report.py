@@ -10,39 +10,60 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+PEERS = ("tinygemm", "gemlite", "humming")  # the order of peers.PEERS: the columns of --compare
+
+
 def table(rows: List[Dict], compare: bool) -> List[str]:
-    head = "| shape | N | K | M | mg µs | fp16 µs | speedup | floor share (its bytes) | TFLOP/s | schedule |"
-    sep = "|---|---|---|---|---|---|---|---|---|---|"
+    """Per shape and M: mg's time and schedule, fp16's, the speedup, the shape's limit and the share
+    of it reached, the weight's floor share (see :mod:`.limits`); with ``compare``, each peer's time
+    and speedup (``-`` where it did not run: the footer's notes say why)."""
+    head = ("| shape | N | K | M | mg µs | fp16 µs | speedup | limit | of limit | floor share (weights at 3.0 TB/s) "
+            "| TFLOP/s | schedule |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|"
     if compare:
-        head += " tinygemm µs | tinygemm speedup | gemlite µs | gemlite speedup |"
-        sep += "---|---|---|---|"
+        head += "".join(f" {who} µs | {who} speedup |" for who in PEERS)
+        sep += "---|---|" * len(PEERS)
     lines = [head, sep]
     for r in rows:
         line = (f"| {r['label']} | {r['n']} | {r['k']} | {r['m']} | {r['us']:.1f} | {r['fp16_us']:.1f} | "
-                f"{r['speedup']:.2f}x | {100 * r['floor_share']:.0f}% | {r['tflops']:.1f} | {r['schedule']} |")
+                f"{r['speedup']:.2f}x | {r['limit']:.2f}x | {100 * r['of_limit']:.0f}% | {100 * r['floor_share']:.0f}% | "
+                f"{r['tflops']:.1f} | {r['schedule']} |")
         if compare:
-            for who in ("tinygemm", "gemlite"):
+            for who in PEERS:
                 line += (f" {r[who + '_us']:.1f} | {r[who + '_speedup']:.2f}x |" if who + "_us" in r else " - | - |")
         lines.append(line)
     return lines
 
 
 def summary(rows: List[Dict], ms: Sequence[int], compare: bool) -> List[str]:
-    head = "| M | mg geomean speedup over fp16 | min floor share |"
-    sep = "|---|---|---|"
+    """Per M over the shapes: geomean speedup, geomean limit, the share of it reached, the least
+    floor share; with ``compare``, each peer's geomean speedup where it ran."""
+    head = "| M | mg geomean speedup over fp16 | geomean limit | of limit | min floor share |"
+    sep = "|---|---|---|---|---|"
     if compare:
-        head += " tinygemm geomean speedup | gemlite geomean speedup |"
-        sep += "---|---|"
+        head += "".join(f" {who} geomean speedup |" for who in PEERS)
+        sep += "---|" * len(PEERS)
     lines = [head, sep]
     for m in ms:
         rs = [r for r in rows if r["m"] == m]
-        line = f"| {m} | {geomean([r['speedup'] for r in rs]):.2f}x | {100 * min(r['floor_share'] for r in rs):.0f}% |"
+        if not rs:
+            continue
+        speedup, limit = geomean([r["speedup"] for r in rs]), geomean([r["limit"] for r in rs])
+        line = (f"| {m} | {speedup:.2f}x | {limit:.2f}x | {100 * speedup / limit:.0f}% | "
+                f"{100 * min(r['floor_share'] for r in rs):.0f}% |")
         if compare:
-            for who in ("tinygemm", "gemlite"):
+            for who in PEERS:
                 got = [r[who + "_speedup"] for r in rs if who + "_speedup" in r]
                 line += f" {geomean(got):.2f}x |" if got else " - |"
         lines.append(line)
     return lines
+
+
+def notes(rows: List[Dict]) -> List[str]:
+    """The footer: why a peer has no numbers (not installed, no kernel for this weight, failed) or
+    disagreed with mg; one line, or none."""
+    found = sorted({r[key] for r in rows for key in r if key.endswith("_error")})
+    return ["unavailable or failed: " + "; ".join(found)] if found else []
 
 
 def by_width(by_bits: Dict[int, List[Dict]], ms: Sequence[int], compare: bool) -> List[str]:
@@ -75,12 +96,11 @@ def plot(rows: List[Dict], ms: Sequence[int], path: str, title: str, compare: bo
     for label in dict.fromkeys(r["label"] for r in rows):
         rs = [r for r in rows if r["label"] == label]
         ax.plot([r["m"] for r in rs], [r["speedup"] for r in rs], marker="o", label=f"{label} ({rs[0]['n']}x{rs[0]['k']})")
-    if compare:
-        tg = [(m, geomean([r["tinygemm_speedup"] for r in rows if r["m"] == m and "tinygemm_speedup" in r]))
-              for m in ms]
-        tg = [(m, v) for m, v in tg if not math.isnan(v)]
-        if tg:
-            ax.plot(*zip(*tg), color="black", linestyle="--", marker="x", label="tinygemm (geomean)")
+    for who, style in zip(PEERS if compare else (), ("--", ":", "-.")):
+        got = [(m, geomean([r[who + "_speedup"] for r in rows if r["m"] == m and who + "_speedup" in r])) for m in ms]
+        got = [(m, v) for m, v in got if not math.isnan(v)]
+        if got:
+            ax.plot(*zip(*got), color="black", linestyle=style, marker="x", label=f"{who} (geomean)")
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens)")

@@ -3,7 +3,8 @@
 An entry is ``cache_dir()/<name>-<key[:16]>/`` with ``<name>.cu``, the binary (``<name>.fatbin``
 or ``<name>.so``) and ``meta.json``. ``meta.json`` is written last and records the binary's sha256, so an entry is
 either complete and verified or rebuilt: a crash, a full disk or a concurrent writer can leave
-junk behind but never a hit on it (which is also why no fsync is needed).
+junk behind but never a hit on it (which is also why no fsync is needed). The next build of the
+entry removes that junk (temporary files, a kernel library's split folder).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -114,9 +116,21 @@ def _read_valid(entry: Path, binary: Path, name: str, key: str, tools: Optional[
     )
 
 
+def _remove_leftovers(entry: Path) -> None:
+    """Delete what killed builds of ``entry`` left in it: :func:`_tmp_path` files and
+    :func:`~.nvcc.compile_shared`'s ``.split-*`` folders. Only with the entry's lock held: every
+    writer of an entry holds it, so none of these belongs to a build still running."""
+    for path in entry.iterdir():
+        if path.name.startswith(".split-") and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.name.startswith(".") and path.name.endswith(".tmp"):
+            path.unlink(missing_ok=True)
+
+
 def _build_entry(entry: Path, binary: Path, name: str, key: str, source: str, flags: list[str],
                  tools: dict) -> Path:
     entry.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(entry)
     meta_path = entry / "meta.json"
     # Drop the old meta first: from here until the new one lands the entry must read as invalid.
     meta_path.unlink(missing_ok=True)
@@ -225,7 +239,7 @@ def build_spec(spec: BuildSpec) -> Path:
 
 
 # Peak memory of one kernel library's build: its device pass (cicc, 5.1 GB for an sm90a GEMM) and
-# host pass (1.9 GB) run at the same time (measured on the H100 machine, bench/NOTES.md).
+# host pass (1.9 GB) run at the same time (measured on the H100 machine, docs/notes/build.md).
 LIBRARY_BUILD_BYTES = 7 * 2**30
 
 

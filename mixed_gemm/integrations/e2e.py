@@ -16,8 +16,8 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 # Llama-architecture stand-ins for the presets (Qwen2.5's q/k/v biases are left out: shapes only),
-# and transformers' own Qwen3-MoE for the mixture of experts (issue #24: run it with a few --layers;
-# its 48 layers of 128 experts are 58 GB in fp16).
+# and transformers' own Qwen3-MoE for the mixture of experts (its 48 layers of 128 experts are
+# 61 GB in fp16: beside an int4 copy they exceed an 80 GB GPU, so e2e_moe measures them in turn).
 PRESETS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                       num_hidden_layers=32, vocab_size=128256),
@@ -42,14 +42,16 @@ PROMPT, NEW_TOKENS, TTFT_PROMPT = 16, 48, 512
 
 def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = True, lm_head=None,
                  residual: bool = True):
-    """(fp16 model, int4 model): random weights made on the GPU, the int4 one by quantize_model
-    (and fuse_projections: one launch for q|k|v and one for gate|up; ``residual``: the skip
-    connections in the o_proj/down_proj epilogues too; ``lm_head``: quantize the output head too,
-    ``"int8"`` or ``"int4"``)."""
-    import transformers
+    """(fp16 model, int4 model): random weights made on the GPU (:func:`build_fp16`), the int4 one
+    a quantized deep copy (:func:`quantize_in_place`)."""
+    fp16 = build_fp16(preset, layers)
+    return fp16, quantize_in_place(copy.deepcopy(fp16), group_size, fuse, lm_head, residual)
 
-    from .fuse import fuse_projections
-    from .transformers import quantize_model
+
+def build_fp16(preset: str, layers: int):
+    """The preset's transformers model (``layers`` decoder layers, 0: the preset's) with random
+    weights made on the GPU, fp16, seeded."""
+    import transformers
 
     fields = dict(PRESETS[preset], max_position_embeddings=4096, tie_word_embeddings=False)
     config_class, model_class = (getattr(transformers, name) for name in ARCHS[fields.pop("arch", "llama")])
@@ -66,12 +68,21 @@ def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = T
         torch.set_default_dtype(default)
     gen = fp16.generation_config
     gen.eos_token_id, gen.pad_token_id = None, 0  # random weights: never stop early
-    int4 = copy.deepcopy(fp16)
-    quantize_model(int4, bits=4, group_size=group_size, progress=False, lm_head=lm_head)
+    return fp16
+
+
+def quantize_in_place(model, group_size: int = 128, fuse: bool = True, lm_head=None, residual: bool = True):
+    """``model`` made the int4 twin by quantize_model (and fuse_projections: one launch for q|k|v
+    and one for gate|up; ``residual``: the skip connections in the o_proj/down_proj epilogues too;
+    ``lm_head``: quantize the output head too, ``"int8"`` or ``"int4"``)."""
+    from .fuse import fuse_projections
+    from .transformers import quantize_model
+
+    quantize_model(model, bits=4, group_size=group_size, progress=False, lm_head=lm_head)
     if fuse:
-        fuse_projections(int4, residual=residual)
+        fuse_projections(model, residual=residual)
     torch.cuda.empty_cache()
-    return fp16, int4
+    return model
 
 
 PEER = "tinygemm"
@@ -217,7 +228,7 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
     other one); medians. ``compare`` adds the tinygemm peer."""
     # Every model's forward (and each batch's graph) compiles the same transformers code objects: at
     # Dynamo's default of 8 entries per code object the model compiled last falls back to eager
-    # (in session 18 the peer's compiled generate fell to 25 tok/s that way).
+    # (the peer's compiled generate fell to 25 tok/s that way: docs/notes/end-to-end.md).
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
     fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head, residual=residual)
@@ -236,6 +247,9 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
                 warm[(name, b)] = generate_tps(model, b, True)
                 compiled_step_ms(model, b)
         ttft_ms(model)
+    # The table streams: its head (which knows by now whose decode step runs eager), then a row per batch.
+    for line in table_head(dict(result, step_eager=[n for n, m in models.items() if id(m) in STEP_EAGER]), compiled):
+        log(line)
     for b in batches:
         samples: Dict[str, List[Dict]] = {k: [] for k in models}
         for rep in range(reps):
@@ -305,10 +319,12 @@ def _row_line(r: Dict, compiled: bool) -> str:
     return line
 
 
-def table(result: Dict, compiled: bool) -> List[str]:
-    """The markdown table of :func:`run`'s result: per batch, each model's figure and its ratio to
-    fp16 (the peer's columns beside mixed_gemm's when it ran), then weights, peak memory and TTFT."""
+def table_head(result: Dict, compiled: bool) -> List[str]:
+    """The header and separator lines of :func:`table` (what :func:`run` logs before its first row).
+    A result without rows yet is a live run's: every column of ``compiled``; a saved result shows
+    the columns its rows have."""
     peer = PEER in result["weight_bytes"]
+    rows = result["rows"]
     tg = f" {PEER} (bf16 int4)"
     eager = result.get("step_eager", [])
     how = lambda name: "eager" if name in eager else "graph"  # noqa: E731
@@ -318,7 +334,7 @@ def table(result: Dict, compiled: bool) -> List[str]:
     head += " fp16 eager tok/s | int4 eager tok/s | ratio |"
     if peer:
         head += f"{tg} eager tok/s | ratio |"
-    if compiled and result["rows"] and "compiled_step_speedup" in result["rows"][0]:
+    if compiled and (not rows or "compiled_step_speedup" in rows[0]):
         head += " fp16 compiled step ms (graph) | int4 compiled step ms (graph) | speedup |"
         if peer:
             head += f"{tg} compiled step ms | speedup |"
@@ -326,12 +342,15 @@ def table(result: Dict, compiled: bool) -> List[str]:
         head += " fp16 compiled tok/s | int4 compiled tok/s | ratio |"
         if peer:
             head += f"{tg} compiled tok/s | ratio |"
-        if result["rows"] and "decode_ratio" in result["rows"][0]:
+        if not rows or "decode_ratio" in rows[0]:
             head += " fp16 compiled decode tok/s (prefill off) | int4 | ratio |"
             if peer:
                 head += f"{tg} | ratio |"
-    sep = "|" + "---|" * (head.count("|") - 1)
-    lines = [head, sep] + [_row_line(r, compiled) for r in result["rows"]]
+    return [head, "|" + "---|" * (head.count("|") - 1)]
+
+
+def memory_table(result: Dict) -> List[str]:
+    """Per model: weights, peak memory and time to first token (the lines after :func:`table`'s blank one)."""
     gib = 2.0**30
     names = list(result["weight_bytes"])
     label = {"fp16": "fp16", "mixed_gemm": "mixed_gemm int4", PEER: f"{PEER} int4 (bf16)"}
@@ -339,12 +358,18 @@ def table(result: Dict, compiled: bool) -> List[str]:
     def cells(fn) -> str:
         return " | ".join(fn(n) for n in names)
 
-    lines += ["", "| | " + cells(lambda n: label[n]) + " |", "|---|" + "---|" * len(names),
-              "| weights + buffers | " + cells(lambda n: f"{result['weight_bytes'][n] / gib:.2f} GiB") + " |",
-              "| peak memory (TTFT run) | " + cells(lambda n: f"{result['peak_bytes'][n] / gib:.2f} GiB") + " |",
-              f"| time to first token, {TTFT_PROMPT}-token prompt | "
-              + cells(lambda n: f"{result['ttft_ms'][n]:.1f} ms") + " |"]
-    return lines
+    return ["| | " + cells(lambda n: label[n]) + " |", "|---|" + "---|" * len(names),
+            "| weights + buffers | " + cells(lambda n: f"{result['weight_bytes'][n] / gib:.2f} GiB") + " |",
+            "| peak memory (TTFT run) | " + cells(lambda n: f"{result['peak_bytes'][n] / gib:.2f} GiB") + " |",
+            f"| time to first token, {TTFT_PROMPT}-token prompt | "
+            + cells(lambda n: f"{result['ttft_ms'][n]:.1f} ms") + " |"]
+
+
+def table(result: Dict, compiled: bool) -> List[str]:
+    """The markdown table of :func:`run`'s result: per batch, each model's figure and its ratio to
+    fp16 (the peer's columns beside mixed_gemm's when it ran), then weights, peak memory and TTFT."""
+    return (table_head(result, compiled) + [_row_line(r, compiled) for r in result["rows"]] + [""]
+            + memory_table(result))
 
 
 def plot(result: Dict, path: str, title: str, compiled: bool):

@@ -10,7 +10,7 @@ Mistral- and Qwen2-family blocks fused into one prepacked weight each (outputs s
   another input than q's computes the fused matmul itself instead of handing back stale data.
   Hand-overs go through a :class:`Slot` made at fusion: assigning a module attribute runs
   ``nn.Module.__setattr__``, whose checks cost more host time per eager decode step than the adds
-  the residual fusion saves (bench/NOTES.md, session 18); a plain object's attribute is a store
+  the residual fusion saves (docs/notes/end-to-end.md); a plain object's attribute is a store
   (and Dynamo traces it, where it does not trace a list's item assignment).
 
 Fusing needs the projections to share bits, group size, zero mode, dtype and layout, and no
@@ -78,7 +78,7 @@ class FusedGateUpMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up in one matmul; with ``gated=True``, SiLU
     and no bias (Llama, Mistral, Qwen2), SiLU·mul runs in that matmul's epilogue
     (``QuantLinear.silu_mul``). Off by default: on the H100 it is slower than the tuned gemv plus
-    SiLU·mul today (the 8B decode step 1.78x -> 1.70x over fp16; bench/NOTES.md)."""
+    SiLU·mul today (the 8B decode step 1.78x -> 1.70x over fp16; docs/notes/end-to-end.md)."""
 
     def __init__(self, gate_up: QuantLinear, down_proj: nn.Module, act_fn, intermediate: int, gated: bool = False):
         super().__init__()

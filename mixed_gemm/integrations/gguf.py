@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..nn import QuantLinear
-from .transformers import _set_submodule, _set_tensor, empty_model, finish_loading
+from .loading import empty_model, finish_loading, set_submodule, set_tensor
 
 Q4_1_BLOCK, Q4_1_BYTES = 32, 20
 _LAYER = {
@@ -87,13 +87,13 @@ def load_gguf_llama(path, *, dtype: torch.dtype = torch.float32, device="cpu", p
                 q, d, m = q[rows], d[rows], m[rows]
             layer = QuantLinear.from_checkpoint(q.to(device), d.to(device), m.to(device), format="plain", bits=4,
                                                 group_size=Q4_1_BLOCK, zero_mode="offset", dtype=kdtype)
-            _set_submodule(model, name.rpartition(".")[0], layer)
+            set_submodule(model, name.rpartition(".")[0], layer)
         else:
             w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
             w = w.reshape(tuple(int(v) for v in reversed(t.shape)) if w.dim() > 1 else w.shape)
             if kind in heads:
                 w = w[unpermute_rows(w.shape[0], heads[kind])]
-            _set_tensor(model, name, w.to(device=device, dtype=dtype))
+            set_tensor(model, name, w.to(device=device, dtype=dtype))
     tie = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in {hf_name(t.name) for t in reader.tensors}
     finish_loading(model, tie, device, path.name)
     return model.eval()

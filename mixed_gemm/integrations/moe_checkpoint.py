@@ -1,4 +1,4 @@
-"""Mixture-of-experts layers in AWQ/GPTQ checkpoints (issue #24).
+"""Mixture-of-experts layers in AWQ/GPTQ checkpoints.
 
 AutoAWQ and GPTQ quantize each expert's linear layers on their own, so a checkpoint holds per-expert
 modules: ``<block>.experts.<e>.{gate_proj, up_proj, down_proj}`` (Qwen2/3-MoE, DeepSeek-V2) or

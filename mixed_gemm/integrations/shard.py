@@ -311,21 +311,23 @@ def shard_checkpoint(qweight, scales, zeros=None, *, style: str, tp_rank: int, t
 def shard_linear(qweight, scales, zeros=None, bias=None, *, style: str, tp_rank: int, tp_size: int, format: str,
                  bits: int = 4, group_size: int = 128, g_idx=None, zero_mode: str = "int", shape=None,
                  dtype: Optional[torch.dtype] = None, device=None, layout: str = "auto", sliced: bool = False,
-                 group=None):
+                 group=None, all_reduce: Optional[str] = None):
     """This rank's layer: a :class:`~mixed_gemm.nn.parallel.ColumnParallelQuantLinear` or a
     :class:`~mixed_gemm.nn.parallel.RowParallelQuantLinear` (all-reducing over ``group``), from
     the full checkpoint tensors (``sliced=False``: :func:`shard_checkpoint`) or from this rank's
     slices (``sliced=True``: :func:`rank_shard`). ``dtype``: the activation dtype (default: the
-    scales' when 16-bit, else float16)."""
+    scales' when 16-bit, else float16). ``all_reduce``: the row-parallel layer's all-reduce mode
+    (:func:`~mixed_gemm.nn.parallel.tensor_parallel_all_reduce`)."""
     cut = rank_shard if sliced else shard_checkpoint
     shard = cut(qweight, scales, zeros, style=style, tp_rank=tp_rank, tp_size=tp_size, format=format, bits=bits,
                 group_size=group_size, g_idx=g_idx, zero_mode=zero_mode, shape=shape, bias=bias, device=device)
     if dtype is None:
         dtype = shard.scales.dtype if shard.scales.dtype in (torch.float16, torch.bfloat16) else torch.float16
-    return shard_to_module(shard, dtype=dtype, layout=layout, group=group)
+    return shard_to_module(shard, dtype=dtype, layout=layout, group=group, all_reduce=all_reduce)
 
 
-def shard_to_module(shard: Shard, *, dtype: torch.dtype = torch.float16, layout: str = "auto", group=None):
+def shard_to_module(shard: Shard, *, dtype: torch.dtype = torch.float16, layout: str = "auto", group=None,
+                    all_reduce: Optional[str] = None):
     """Prepack ``shard`` and wrap it in its parallel layer (see :func:`shard_linear`)."""
     w = shard.prepack(dtype=dtype, layout=layout)
     nominal = -1 if shard.group_size == -1 else None
@@ -334,4 +336,4 @@ def shard_to_module(shard: Shard, *, dtype: torch.dtype = torch.float16, layout:
                                                     format=shard.format, group_size=nominal)
     linear = QuantLinear.from_packed(w, shard.bias, format=shard.format, group_size=nominal)
     return RowParallelQuantLinear(linear, tp_rank=shard.tp_rank, tp_size=shard.tp_size, in_features=shard.k,
-                                  input_index=shard.input_index, group=group)
+                                  input_index=shard.input_index, group=group, all_reduce=all_reduce)

@@ -1,7 +1,7 @@
 """The peer a transformers user already has: torch's own int4 weight-only linear (tinygemm,
 ``torch._weight_int4pack_mm``; bf16 activations, group-wise scales and zeros, the layout
 torchao's int4 weight-only quantization packs). ``mixed-gemm e2e --compare`` builds a model of
-these beside fp16 and mixed_gemm (issue #25), quantized by the same :func:`mixed_gemm.quantize`, so
+these beside fp16 and mixed_gemm, quantized by the same :func:`mixed_gemm.quantize`, so
 the two int4 models hold the same codes and differ only in the kernels that read them.
 
 The layout and its packing: :mod:`mixed_gemm.formats.tinygemm`. On the CPU the layer runs

@@ -1,6 +1,8 @@
 """Tensor-parallel quantized models: every rank builds the model on the meta device, reads only its
 slices of the quantized projections from the safetensors shards, prepacks them on its GPU, and the
-row-parallel layers all-reduce through ``torch.distributed`` (NCCL; gloo on the CPU).
+row-parallel layers all-reduce: our one-shot kernels over peer-mapped buffers for decode-sized
+messages between NVLink/P2P-connected GPUs of one node, NCCL otherwise (gloo on the CPU; see
+:mod:`mixed_gemm.ops.allreduce`, ``MIXED_GEMM_ALLREDUCE=nccl`` for NCCL throughout).
 
 The plan is servers' (vLLM, SGLang, Megatron) for Llama-, Mistral- and Qwen2-family decoders:
 ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` column-parallel (attention heads and
@@ -12,8 +14,10 @@ gate_r|up_r). The attention modules keep the config's head counts and infer loca
 projections' widths (transformers reshapes to ``(-1, head_dim)``); a static KV cache sized from the
 config is therefore not supported under TP (the dynamic cache and ``use_cache=False`` are).
 
-Usage, one process per GPU (``torchrun --nproc-per-node 2 script.py``)::
+Usage, one process per GPU (``torchrun --nproc-per-node 2 script.py``; importing
+:mod:`mixed_gemm.nn.parallel` first sets ``NCCL_NVLS_ENABLE=0``: no NVLink multicast)::
 
+    import mixed_gemm.integrations.tp                                     # before NCCL starts
     torch.distributed.init_process_group("nccl")
     rank = torch.distributed.get_rank()
     torch.cuda.set_device(rank)
@@ -31,10 +35,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..nn import QuantLinear
-from ..nn.parallel import check_tp_rank
+from ..nn.parallel import check_tp_rank, prepare_all_reduce
 from .shard import checkpoint_dims, check_shardable, shard_linear
-from .transformers import (_quantized_names, _set_submodule, _set_tensor, _shards, check_load_args, discard_on_error,
-                           empty_model, finish_loading, read_config, reading)
+from .loading import (check_load_args, discard_on_error, empty_model, finish_loading, quantized_names, reading,
+                      set_submodule, set_tensor, shard_files)
+from .transformers import read_config
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
@@ -103,7 +108,7 @@ def shard_projections(model: nn.Module, tensors: Callable[[str], Dict[str, Any]]
         else:
             new = shard_linear(parts["qweight"], parts["scales"], zeros, parts.get("bias"), style=style,
                                tp_rank=tp_rank, tp_size=tp_size, sliced=sliced, group=group, **kw)
-        _set_submodule(model, name, new)
+        set_submodule(model, name, new)
     return model
 
 
@@ -131,20 +136,23 @@ def load_quantized_tp(model_dir, *, tp_rank: Optional[int] = None, tp_size: Opti
     for this rank are read from the safetensors shards (never a whole projection, except the
     replicated scales of act-order row-parallel layers) and prepacked on ``device``; the other
     tensors are read whole (replicated). ``tp_rank``/``tp_size`` default to ``group``'s (the
-    default process group's) rank and size. All rules are checked on the headers first."""
+    default process group's) rank and size. All rules are checked on the headers first. On CUDA
+    the all-reduce's buffers and kernels are set up here (every rank calls this together)."""
     tp_rank, tp_size = tp_rank_and_size(tp_rank, tp_size, group)
     model_dir = check_load_args(model_dir, dtype, device)
     config, qc, spec = read_config(model_dir)
     check_tp_config(config, tp_size)
     del config.quantization_config  # transformers must not try to quantize the empty model itself
-    shards = _shards(model_dir)
-    qnames = sorted(set(_quantized_names(shards)))  # every header read (truncated files found) first
+    shards = shard_files(model_dir)
+    qnames = sorted(set(quantized_names(shards)))  # every header read (truncated files found) first
     model = empty_model(config, dtype)
     with discard_on_error(model):
         _load_rank(model, shards, qnames, spec, tp_rank=tp_rank, tp_size=tp_size, group=group, dtype=dtype,
                    device=device, progress=progress)
         finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
     model.config.quantization_config = qc
+    if tp_size > 1 and torch.device(device).type == "cuda":
+        prepare_all_reduce(group, device, dtypes=(dtype,))  # collective, here rather than in a forward
     return model.eval()
 
 
@@ -175,7 +183,7 @@ def _load_rank(model: nn.Module, shards, qnames, spec: dict, *, tp_rank: int, tp
             if key not in owned:
                 with reading(where[key]):
                     t = h[:].to(device)
-                _set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
+                set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
 
         def tensors(name):
             return {leaf: handles[f"{name}.{leaf}"] for leaf in LEAVES if f"{name}.{leaf}" in handles}

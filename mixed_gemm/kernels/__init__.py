@@ -3,7 +3,7 @@
 ``FAMILIES`` lists the dense families in priority order: when no override or profile decides,
 selection asks each in turn for its heuristic choice and takes the first it can implement.
 ``GROUPED_FAMILIES`` lists the grouped (mixture-of-experts) families, whose problems are
-:class:`~.base.MoeProblem`: ``ops.experts.moe`` chooses among them, and dense selection, profiles,
+:class:`~.base.MoeProblem`: ``ops.moe_grouped`` chooses among them, and dense selection, profiles,
 the profiler and kernel-package coverage never walk them. Name lookup (``family``,
 ``parse_schedule``), the catalog walkers (``mixed-gemm build --all``, ``generate``) and ``info``
 walk both (``ALL_FAMILIES``). Adding a family: a sub-package here with a :class:`~.base.Family`

@@ -83,8 +83,8 @@ def split_for_waves(s0: int, tiles: int, k_tiles: int, sms: int) -> int:
     shape, the factor within one of it that minimizes waves per slice, ``ceil(tiles * s / sms) / s``
     (a slice's work falls like 1/s while a started wave costs whole); ties to ``s0``, then the
     smaller. 4 slices of 40 tiles make 160 CTAs, 2 waves on 132 SMs, where 3 make 1; 2 slices of 80
-    make 2 waves, the second a fifth full, where 3 make 2 full ones (bench/NOTES.md, held-out
-    shapes). Within one wave ``s0`` stays: the metric would keep adding slices."""
+    make 2 waves, the second a fifth full, where 3 make 2 full ones (held-out shapes,
+    docs/notes/selection.md). Within one wave ``s0`` stays: the metric would keep adding slices."""
     waves = lambda s: -(-tiles * s // sms)  # noqa: E731
     if waves(s0) <= 1:
         return s0
@@ -101,7 +101,7 @@ def split_for_fill(s0: int, columns_measured: int, columns: int, max_splits: int
     ran 1.34x faster. With ``keep_count_on_more`` a shape with more columns keeps it too, rather
     than add CTAs: gemv, 4096 rows in 8 slices (256 CTAs); 5120 rows in 8 (320) ran 22.1 µs, in 6
     (240) 16.9 µs. (Not the sm80 thin tiles: there the same move, 5120x13824 at M=16, went 27.9 ->
-    30.8 µs.) Otherwise ``s0``. Held-out sweeps, bench/NOTES.md."""
+    30.8 µs.) Otherwise ``s0``. Held-out sweeps, docs/notes/selection.md."""
     if columns == columns_measured:
         return s0
     if columns > columns_measured:

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from ..formats import quantize
-from ..ops.experts import PackedExperts, moe, prepack_experts
+from ..ops.experts import PackedExperts, prepack_experts
+from ..ops.moe import moe
 from ..ops.library import moe_packed_op
 
 _FIELDS = ("b", "scales", "zeros")

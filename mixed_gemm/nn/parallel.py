@@ -6,34 +6,75 @@
 - :class:`RowParallelQuantLinear` (o, down): rank ``r`` holds input columns ``[r K/tp, (r+1) K/tp)``
   and every output row; it takes this rank's slice of ``x`` (``input_is_parallel=True``: the column
   slice the preceding column-parallel layer produced) and all-reduces (sum) the partial products
-  over the process group through ``torch.distributed`` (NCCL on GPUs, gloo on the CPU). A bias is
-  added by rank 0 only, before the all-reduce, so it is counted once.
+  over the process group. A bias (and a residual handed to ``forward``) is added by rank 0 only,
+  before the all-reduce, so it is counted once.
+
+The all-reduce (:func:`tensor_parallel_all_reduce`): on GPUs of one node with peer access, our
+one-shot / two-shot kernels for the small messages of decode (:mod:`mixed_gemm.ops.allreduce`),
+NCCL beyond their sizes and elsewhere; gloo on the CPU. ``all_reduce="nccl"`` (or
+``MIXED_GEMM_ALLREDUCE=nccl``) keeps NCCL for every size, for A/B comparisons.
+:func:`all_reduce_residual_rms_norm` is the all-reduce fused with the residual add and RMSNorm that
+follow a decoder layer's row-parallel projections (``reduce_results=False`` hands it the partial sum).
 
 How a checkpoint's tensors are cut into these shards (packing, groups, act-order, zeros):
 :mod:`mixed_gemm.integrations.shard`.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..ops import PackedWeight
+from ..ops.allreduce import all_reduce_mode, communicator, group_name, prepare_all_reduce, residual_rms_norm
 from .quant_linear import QuantLinear
 
+__all__ = ["ColumnParallelQuantLinear", "RowParallelQuantLinear", "all_reduce_residual_rms_norm", "check_tp_rank",
+           "prepare_all_reduce", "tensor_parallel_all_reduce"]
 
-def tensor_parallel_all_reduce(y: torch.Tensor, group=None) -> torch.Tensor:
+
+def tensor_parallel_all_reduce(y: torch.Tensor, group=None, mode: Optional[str] = None,
+                               name: Optional[str] = None) -> torch.Tensor:
     """Sum ``y`` over the ranks of ``group`` (the default group when ``None``); returns the sum.
-    Eager: in place through :func:`torch.distributed.all_reduce` (capturable in a CUDA graph with
-    NCCL); under ``torch.compile`` the functional collective, which Dynamo traces."""
+    ``mode``: ``"auto"`` (default: ``$MIXED_GEMM_ALLREDUCE``, else auto), ``"nccl"``, ``"one_shot"``
+    or ``"two_shot"`` (:mod:`mixed_gemm.ops.allreduce`); ``name``: the group's name, if known.
+    Eager: in place (ours or :func:`torch.distributed.all_reduce`; both capturable in a CUDA
+    graph). Under ``torch.compile``: the custom op ``torch.ops.mixed_gemm.all_reduce``, or with
+    ``"nccl"`` (and on the CPU) the functional collective, which Dynamo traces."""
+    mode = all_reduce_mode(mode)
     if torch.compiler.is_compiling():
-        from torch.distributed import _functional_collectives as funcol
+        if mode == "nccl" or not y.is_cuda:
+            from torch.distributed import _functional_collectives as funcol
 
-        return funcol.all_reduce(y, "sum", group if group is not None else dist.group.WORLD)
-    dist.all_reduce(y, group=group)
-    return y
+            return funcol.all_reduce(y, "sum", group if group is not None else dist.group.WORLD)
+        return torch.ops.mixed_gemm.all_reduce(y, name if name is not None else group_name(group), mode)
+    if mode == "nccl" or not y.is_cuda:
+        dist.all_reduce(y, group=group)
+        return y
+    return communicator(group, y.device).all_reduce_(y, mode)
+
+
+def all_reduce_residual_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                                 group=None, mode: Optional[str] = None, tp_size: Optional[int] = None,
+                                 name: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(weight * rms_norm(h), h)`` with ``h = residual + sum(x)``, ``x`` a row-parallel layer's
+    partial sum (``reduce_results=False``) and ``sum`` over ``group``: the all-reduce, skip
+    connection and next RMSNorm of a pre-norm decoder layer, in one kernel where ours serves the
+    size (else the all-reduce, then torch's ops; transformers' LlamaRMSNorm steps, fp32
+    statistics). ``tp_size=1`` (or no initialized process group): no communication."""
+    if tp_size == 1 or (tp_size is None and not (dist.is_available() and dist.is_initialized())):
+        return residual_rms_norm(x, residual, weight, eps)
+    mode = all_reduce_mode(mode)
+    if torch.compiler.is_compiling():
+        if mode == "nccl" or not x.is_cuda:
+            return residual_rms_norm(tensor_parallel_all_reduce(x, group, mode, name), residual, weight, eps)
+        return torch.ops.mixed_gemm.all_reduce_residual_rms_norm(
+            x, residual, weight, eps, name if name is not None else group_name(group), mode)
+    if mode == "nccl" or not x.is_cuda:
+        return residual_rms_norm(tensor_parallel_all_reduce(x.clone(), group, mode), residual, weight, eps)
+    return communicator(group, x.device).all_reduce_residual_rms_norm(x, residual, weight, eps, mode)
 
 
 def check_tp_rank(tp_rank, tp_size) -> None:
@@ -79,14 +120,18 @@ class RowParallelQuantLinear(nn.Module):
     contiguous; see :func:`mixed_gemm.integrations.shard.regroup`). ``linear.in_features`` is then
     ``K''``, and ``in_features`` is the slice's width ``K/tp``.
     ``input_is_parallel=False`` takes the full ``x`` and keeps this rank's columns itself.
-    ``reduce_results=False`` returns the partial sum (a caller that fuses the all-reduce).
+    ``reduce_results=False`` returns the partial sum (a caller that fuses the all-reduce:
+    :func:`all_reduce_residual_rms_norm`). ``all_reduce``: the all-reduce's mode
+    (:func:`tensor_parallel_all_reduce`; default ``$MIXED_GEMM_ALLREDUCE``, else ``"auto"``),
+    read once here; the attribute ``all_reduce`` can be changed afterwards.
     """
 
     def __init__(self, linear: QuantLinear, *, tp_rank: int, tp_size: int, in_features: Optional[int] = None,
                  input_index: Optional[torch.Tensor] = None, group=None, input_is_parallel: bool = True,
-                 reduce_results: bool = True):
+                 reduce_results: bool = True, all_reduce: Optional[str] = None):
         super().__init__()
         check_tp_rank(tp_rank, tp_size)
+        self.all_reduce = all_reduce_mode(all_reduce)
         if not isinstance(linear, QuantLinear):
             raise TypeError(f"linear: expected a QuantLinear, got {type(linear).__name__}")
         if linear.bias is not None and tp_rank != 0:
@@ -106,22 +151,29 @@ class RowParallelQuantLinear(nn.Module):
         self.in_features, self.out_features = in_features, linear.out_features
         self.tp_rank, self.tp_size, self.group = tp_rank, tp_size, group
         self.input_is_parallel, self.reduce_results = input_is_parallel, reduce_results
+        # The group's name as a plain string: what the compiled path hands the custom op.
+        self.group_name = group_name(group) if tp_size > 1 and dist.is_available() and dist.is_initialized() else None
 
     @property
     def full_in_features(self) -> int:
         return self.in_features * self.tp_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The all-reduced ``x_r @ W_r.T`` (+ bias) (+ ``residual``, the output's shape: a skip
+        connection, added by rank 0 in the GEMM's epilogue, so once)."""
         if not self.input_is_parallel:
             k0 = self.tp_rank * self.in_features
             x = x[..., k0:k0 + self.in_features].contiguous()
         if self.input_index is not None:
             x = x.index_select(-1, self.input_index)
-        y = self.linear(x)
+        y = self.linear(x, residual=residual if self.tp_rank == 0 else None)
         if self.reduce_results and self.tp_size > 1:
-            y = tensor_parallel_all_reduce(y, self.group)
+            if self.group_name is None and not torch.compiler.is_compiling():
+                self.group_name = group_name(self.group)
+            y = tensor_parallel_all_reduce(y, self.group, self.all_reduce, self.group_name)
         return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} (of {self.full_in_features}), out_features={self.out_features}, "
-                f"tp_rank={self.tp_rank}, tp_size={self.tp_size}, regrouped={self.input_index is not None}")
+                f"tp_rank={self.tp_rank}, tp_size={self.tp_size}, regrouped={self.input_index is not None}, "
+                f"all_reduce={self.all_reduce}")

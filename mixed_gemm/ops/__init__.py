@@ -1,8 +1,9 @@
 """The public operations: prepack weights once, multiply many times."""
 from .dequantize import dequantize
-from .experts import PackedExperts, moe, prepack_experts
+from .experts import PackedExperts, prepack_experts
 from .gated import silu_mul_matmul
 from .matmul import explain, matmul, problem
+from .moe import moe
 from .packed import PackedWeight, prepack
 from .library import matmul_packed_op, moe_packed_op, packed_view  # registers torch.ops.mixed_gemm.matmul, .moe
 

@@ -1,5 +1,5 @@
-"""Mixture-of-experts weights and layer (issue #24): ``E`` experts' weights as one stacked prepacked
-copy, and ``moe``: gate|up GEMM, SiLU(gate) * up, down GEMM, weighted sum over the top-k.
+"""Mixture-of-experts weights: ``E`` experts' weights as one stacked prepacked copy
+(:class:`PackedExperts`, made by :func:`prepack_experts`), what :func:`mixed_gemm.moe` reads.
 
 Layout contract (:class:`PackedExperts`): expert ``e``'s weight is exactly the :class:`PackedWeight`
 that :func:`prepack` makes for its ``(N, K)`` matrix, and the stacked tensors hold those
@@ -19,50 +19,19 @@ is written. :meth:`PackedExperts.expert` is the stored (interleaved) weight;
 :meth:`PackedExperts.unpack_expert` and :meth:`PackedExperts.dequantize` give gate then up rows.
 ``w2`` is the down projection ``(H, I)``, stored as given.
 
-Execution: on the CPU the float32 reference (:func:`mixed_gemm.reference.moe` of the dequantized
-experts). On a GPU, the grouped path when a grouped family (``kernels.GROUPED_FAMILIES``) can take
-the experts (the ``sm90a`` layout, 4/8 bits): on an H100, once the routed experts get many pairs
-each, ``moe_sm90a`` (pairs sorted by expert on the device, one grouped wgmma GEMM per projection
-over every expert's rows, SiLU(gate) * up in the gate|up GEMM's epilogue, the top-k sum after
-down; ``moe_sm80`` likewise with mma.sync tiles on Ampere); otherwise ``moe_gemv``
-(the decode kernels, "pair mode" at one token, "expert mode" once experts get several pairs; ``I``
-a multiple of 16): two launches, gate|up with SiLU(gate) * up fused, then down with the top-k
-weighted sum fused. The profile's grouped entries, where they were measured near this token
-count, say which kernels run (the two projections' may be of different families); else the
-families are asked in that order. Neither reads the
-routing on the host, so both run under CUDA-graph capture. Outside capture it runs while it pays (every
-decode-size ``T``, up to 256 tokens, and above that while ``T * top_k`` is at most a few times
-``E``: ``moe_gemv.heuristics.pays``); otherwise, and for what no grouped family takes
-(``sm80``-layout experts), one gate|up and one down :func:`matmul` per expert that got tokens
-(:func:`per_expert`). Finding those experts reads the routing on the host, so that path cannot be
-captured; it says so.
-
-Rounding (grouped path): the gate and up dot products accumulate in float32, ``silu(g) * u`` is
-computed in float32 and rounded once to the activation dtype (the intermediate ``h``; the tile
-families, moe_sm90a and moe_sm80, round ``g`` and ``u`` to the activation dtype first); the down
-dot products accumulate in float32, each slot's is multiplied by its top-k weight in float32, the
-slots are added in slot order (deterministic, no atomics), and ``y`` is rounded once.
+The op is in :mod:`.moe`; the grouped kernels' plan in :mod:`.moe_grouped`, the per-expert path in
+:mod:`.moe_per_expert`.
 """
 from __future__ import annotations
 
-import logging
-import math
-import threading
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 
-from ..compile import JitDisabledError, background, blocking, jit_mode
-from ..kernels import GROUPED_FAMILIES, MoeProblem, family_of, parse_schedule
-from ..kernels.base import sm_count
+from ..kernels import GROUPED_FAMILIES
 from ..kernels.common import GATE_UP_BLOCK
-from ..runtime import current_stream
-from ..select import device_profile, m_bucket
-from .matmul import matmul
-from .packed import KERNEL_DTYPES, PackedWeight, prepack
-
-log = logging.getLogger(__name__)
+from .packed import PackedWeight, prepack
 
 
 @dataclass(frozen=True)
@@ -192,8 +161,9 @@ def experts_layout(device: torch.device) -> str:
     return next((fam.layout for fam in GROUPED_FAMILIES if fam.supports(index)[0]), "auto")
 
 
-def _check(x, w13: PackedExperts, w2: PackedExperts, topk_weights, topk_ids) -> None:
-    """The rules, each a ValueError/TypeError naming the argument, before anything runs."""
+def check_moe_inputs(x, w13: PackedExperts, w2: PackedExperts, topk_weights, topk_ids) -> None:
+    """``moe``'s rules (and ``moe_grouped``'s), each a ValueError/TypeError naming the argument, before
+    anything runs."""
     if not isinstance(w13, PackedExperts) or not isinstance(w2, PackedExperts):
         raise TypeError(f"w13, w2: expected PackedExperts (mixed_gemm.prepack_experts), got "
                         f"{type(w13).__name__} and {type(w2).__name__}")
@@ -223,269 +193,3 @@ def _check(x, w13: PackedExperts, w2: PackedExperts, topk_weights, topk_ids) -> 
     for name, tensor in (("w13", w13.b), ("w2", w2.b), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if tensor.device != x.device:
             raise ValueError(f"{name}: expected device {x.device} (same as x), got {tensor.device}")
-
-
-def moe(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor) -> torch.Tensor:
-    """A SiLU-gated mixture-of-experts layer: for each token ``t``,
-    ``y[t] = sum_j topk_weights[t, j] * W2[e] @ (silu(gate_e x_t) * up_e x_t)`` with
-    ``e = topk_ids[t, j]`` and ``gate_e``/``up_e`` the two halves of ``W13[e]``.
-
-    ``x`` ``(T, H)`` float16/bfloat16 (the experts' dtype), ``w13`` ``(E, 2I, H)`` and ``w2``
-    ``(E, H, I)`` :class:`PackedExperts`, ``topk_weights`` float ``(T, k)``, ``topk_ids`` int
-    ``(T, k)`` in ``[0, E)``. Returns ``(T, H)`` in ``x``'s dtype (module docstring: which path runs
-    and where it rounds). Expert ids out of range raise ``ValueError`` on the CPU and on the
-    per-expert path; the grouped path does not check them (that would read the routing on the
-    host): a pair whose id lies outside ``[0, E)`` contributes nothing there, never reading out of
-    bounds."""
-    _check(x, w13, w2, topk_weights, topk_ids)
-    if not topk_ids.numel():  # no tokens (or top_k = 0): nothing to route
-        return torch.zeros_like(x)
-    if x.is_cuda:
-        capturing = torch.cuda.is_current_stream_capturing()
-        plan = grouped_plan(x, w13, w2, topk_ids.shape[1])
-        if isinstance(plan, GroupedPlan) and (capturing or plan.pays(x.shape[0], topk_ids.shape[1], w13.num_experts)):
-            launchers = plan.launchers(capturing)
-            if launchers is not None:
-                return _run_grouped(launchers, x, w13, w2, topk_weights, topk_ids)
-        if capturing:  # before any host read of the routing
-            why = plan if isinstance(plan, str) else "its kernels are not available (MIXED_GEMM_JIT=off)"
-            raise RuntimeError("mixed_gemm.moe: the per-expert path runs one GEMM pair per routed expert and reads the "
-                               "routing on the host, which a CUDA graph cannot capture; the grouped kernels, which can, "
-                               f"cannot run these experts: {why}")
-    e_count = w13.num_experts
-    flat = topk_ids.reshape(-1)
-    # One host read: the ids' range and each expert's pair count (ids clamped for the count only).
-    stats = torch.cat([flat.min().view(1), flat.max().view(1),
-                       torch.bincount(flat.clamp(0, e_count - 1), minlength=e_count)]).tolist()
-    lo, hi, counts = stats[0], stats[1], stats[2:]
-    if lo < 0 or hi >= e_count:
-        raise ValueError(f"topk_ids: expert ids must lie in [0, {e_count}) (E), got {lo if lo < 0 else hi}")
-    if x.device.type != "cuda":
-        from ..reference import moe as reference_moe
-
-        return reference_moe(x.float(), w13.dequantize(), w2.dequantize(), topk_weights.float(), topk_ids).to(x.dtype)
-    inter = w13.n // 2
-
-    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
-        gate, up = split_gate_up(matmul(rows, w13.expert(e)))
-        return matmul((torch.nn.functional.silu(gate) * up).reshape(rows.shape[0], inter), w2.expert(e))
-
-    return per_expert(x, topk_weights, topk_ids, counts, expert)
-
-
-class GroupedPlan:
-    """The grouped kernels of one ``(w13, w2, top_k, T bucket, device)``: a config per projection
-    (``configs`` = (gate|up, down)), each of a grouped family (``families``; the two may differ: every
-    grouped family hands the down projection ``h`` in the same (pair, I) rows), chosen once
-    (:func:`grouped_plan`), their launchers loaded on first use. :meth:`pays` says whether to run
-    them outside capture."""
-
-    __slots__ = ("families", "configs", "device_index", "_launchers", "_lock")
-
-    def __init__(self, families, configs, device_index: int):
-        self.families, self.configs, self.device_index = tuple(families), tuple(configs), device_index
-        self._launchers = None
-        self._lock = threading.Lock()
-
-    @property
-    def family(self):
-        """The gate|up projection's family (the down projection's too, unless a profile mixed them)."""
-        return self.families[0]
-
-    def pays(self, tokens: int, top_k: int, experts: int) -> bool:
-        return all(f.pays(tokens, top_k, experts) for f in self.families)
-
-    def launchers(self, capturing: bool = False):
-        """``(gate|up launcher, down launcher)``, or None while they are not available: with
-        ``MIXED_GEMM_JIT=async`` (outside capture) a kernel neither packaged nor cached compiles in
-        the background meanwhile, as matmul's do; with ``off`` a missing kernel never comes."""
-        if self._launchers is not None:
-            return self._launchers
-        with self._lock:
-            if self._launchers is not None:
-                return self._launchers
-            pairs = tuple(zip(self.families, self.configs))
-            if jit_mode() == "async" and not capturing and not all(f.ready(c) for f, c in pairs):
-                jobs = [background.submit(f.build_spec(c)) for f, c in pairs]
-                if not all(j.done() for j in jobs):
-                    return None  # the per-expert path runs while they compile
-                failed = next((j.exception() for j in jobs if j.exception() is not None), None)
-                if failed is not None:
-                    log.warning("grouped MoE kernels could not be built (%s); the per-expert path runs", failed)
-                    return None
-            try:
-                self._launchers = tuple(f.launcher(c, self.device_index) for f, c in pairs)
-            except JitDisabledError:
-                if capturing:
-                    raise
-                return None
-            return self._launchers
-
-    def __repr__(self) -> str:
-        return f"GroupedPlan(schedules={[f'{f.name}:{c.schedule}' for f, c in zip(self.families, self.configs)]!r})"
-
-
-# (w13 signature, w2 signature, top_k, T bucket) -> GroupedPlan, or the reason no grouped family runs it
-GROUPED: Dict[Tuple, Union[GroupedPlan, str]] = {}
-_GROUPED_LOCK = threading.Lock()
-
-
-def _problems(tokens: int, top_k: int, w13: PackedExperts, w2: PackedExperts):
-    kind = dict(dtype=KERNEL_DTYPES[w13.dtype], bits=w13.bits, zero_mode=w13.zero_mode)
-    return tuple(MoeProblem(tokens=tokens, top_k=top_k, experts=w.num_experts, n=w.n, k=w.k, group_size=w.group_size,
-                            layout=w.layout, stage=stage, gate_up=w.gate_up, **kind)
-                 for w, stage in ((w13, "w13"), (w2, "w2")))
-
-
-def _stacked_reason(w13: PackedExperts, w2: PackedExperts) -> Optional[str]:
-    for name, w in (("w13", w13), ("w2", w2)):
-        if w.zeros is None or not all(t.is_contiguous() for t in (w.b, w.scales, w.zeros)):
-            return f"{name}: the grouped kernels read contiguous stacked b, scales and zeros (prepack_experts' tensors)"
-    return None
-
-
-def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: int,
-                 configs=None) -> Union[GroupedPlan, str]:
-    """The :class:`GroupedPlan` for ``moe`` on ``x``'s rows (cached per signatures, ``top_k`` and the
-    power-of-two bucket of T), or the reason (a str, one clause per grouped family) none runs it.
-    ``configs`` = (gate|up config, down config) forces the kernels (tests, sweeps; not cached)."""
-    tokens = x.shape[0]
-    device_index = x.device.index if x.is_cuda else 0  # (a CPU x: what device 0 would run, for tests)
-    key = (w13.signature, w2.signature, top_k, m_bucket(max(1, tokens)), device_index)
-    plan = GROUPED.get(key) if configs is None else None
-    if plan is not None:
-        return plan
-    problems = _problems(m_bucket(max(1, tokens)), top_k, w13, w2)
-    profile = device_profile(device_index) if x.is_cuda and configs is None else None
-    stacked = _stacked_reason(w13, w2)
-    near = None if configs is not None or stacked is not None else _near_profiled(problems, profile, device_index)
-    if near is not None:  # the profile measured both projections near these tokens: its kernels, whichever families
-        plan = GroupedPlan([family_of(c) for c in near], near, device_index)
-    else:
-        plan = _family_plan(GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),), problems,
-                            configs, profile, stacked, device_index)
-    if configs is None:
-        with _GROUPED_LOCK:
-            plan = GROUPED.setdefault(key, plan)
-    return plan
-
-
-def _family_plan(families, problems, configs, profile, stacked: Optional[str],
-                 device_index: int) -> Union[GroupedPlan, str]:
-    """The first of ``families`` whose configs (``configs``, else the profile's nearest of its own or
-    its heuristic's) run both projections here, or the reasons none does, one clause per family."""
-    reasons = []
-    for fam in families:
-        ok, why = fam.supports(device_index)
-        if ok:
-            chosen = configs if configs is not None else \
-                [_profiled(fam, p, profile) or fam.heuristic(p, sm_count(device_index)) for p in problems]
-            for config, problem in zip(chosen, problems):
-                ok, why = (False, "its heuristic passes") if config is None else fam.can_implement(config, problem)
-                if not ok:
-                    break
-        if ok and stacked is not None:  # after the family's own rules (layout first: the likelier reason)
-            ok, why = False, stacked
-        if ok:
-            return GroupedPlan((fam, fam), chosen, device_index)
-        reasons.append(f"{fam.name}: {why}")
-    return "; ".join(reasons)
-
-
-def _near_profiled(problems, profile, device_index: int):
-    """The profile's configs for both projections when both were measured within a factor of two
-    of these tokens and each can run here (its family on this device, its rules); else None."""
-    chosen = []
-    for problem in problems if profile is not None else ():
-        hit = profile.lookup_grouped(problem)
-        if hit is None or abs(math.log2(hit[0]) - math.log2(max(1, problem.tokens))) > 1:
-            return None
-        try:
-            config = parse_schedule(hit[1], **problem.kind)
-        except ValueError:
-            return None
-        fam = family_of(config)
-        if fam not in GROUPED_FAMILIES or not fam.supports(device_index)[0] or not fam.can_implement(config, problem)[0]:
-            return None
-        chosen.append(config)
-    return chosen or None
-
-
-def _profiled(fam, problem: MoeProblem, profile):
-    """The profile's schedule of ``fam`` for ``problem`` (nearest measured token bucket of the same
-    experts, shape and kind), when it can run it; else None (the family's heuristic decides)."""
-    hit = None if profile is None else profile.lookup_grouped(problem)
-    if hit is None:
-        return None
-    try:
-        config = parse_schedule(hit[1], **problem.kind)
-    except ValueError:
-        return None
-    return config if family_of(config) is fam and fam.can_implement(config, problem)[0] else None
-
-
-def _family_of_configs(configs):
-    fams = {family_of(c) for c in configs}
-    if len(configs) != 2 or len(fams) != 1 or not set(GROUPED_FAMILIES) >= fams:
-        raise ValueError("configs: expected (gate|up config, down config) of one grouped family")
-    return fams.pop()
-
-
-def _run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor) -> torch.Tensor:
-    """The two grouped launches on the current stream: h = SiLU(gate) * up (``(T * k, I)``, the
-    activation dtype), then y. No host read of the routing; allocations come from torch's
-    allocator (a CUDA graph's pool under capture)."""
-    tokens, top_k = topk_ids.shape
-    if not x.is_contiguous() or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)  # rows are read 16 bytes at a time
-    ids = topk_ids.contiguous()
-    weights = topk_weights.to(torch.float32).contiguous()  # applied in fp32
-    h = torch.empty((tokens * top_k, w2.k), dtype=x.dtype, device=x.device)
-    y = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
-    stream = current_stream(x.device.index)
-    gate_up, down = launchers
-    # Launchers of a family that sorts the pairs (moe_sm90a) keep h in that order between them.
-    handover = {"sorted_h": True} if all(getattr(f, "sorted_pairs", False) for f in launchers) else {}
-    gate_up(x, w13, ids, None, h, tokens, top_k, stream, **handover)
-    down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
-    return y
-
-
-def moe_grouped(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, configs=None) -> torch.Tensor:
-    """:func:`moe` through the grouped kernels, whatever the token count (tests, benchmarks):
-    ``configs`` = (gate|up config, down config) forces them. ``ValueError`` naming why when no
-    grouped family can run these experts (or the forced configs cannot)."""
-    _check(x, w13, w2, topk_weights, topk_ids)
-    if not x.is_cuda:
-        raise ValueError(f"x: the grouped kernels run on a CUDA device, got {x.device}")
-    if not topk_ids.numel():
-        return torch.zeros_like(x)
-    plan = grouped_plan(x, w13, w2, topk_ids.shape[1], configs)
-    if isinstance(plan, str):
-        raise ValueError(f"mixed_gemm.moe: no grouped kernel family can run these experts: {plan}")
-    with blocking():  # compile here if need be: the caller asked for these kernels
-        launchers = plan.launchers(torch.cuda.is_current_stream_capturing())
-    if launchers is None:
-        raise ValueError(f"mixed_gemm.moe: the grouped kernels {plan!r} are not available (MIXED_GEMM_JIT=off)")
-    return _run_grouped(launchers, x, w13, w2, topk_weights, topk_ids)
-
-
-def per_expert(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, counts, expert) -> torch.Tensor:
-    """``sum_j topk_weights[t, j] * expert(e, x rows routed to e)`` accumulated in float32, one
-    ``expert(e, rows)`` call per expert with pairs (``counts[e]`` of them, read on the host): the
-    per-expert loop of transformers' eager experts, for ``moe`` on a GPU and the dense baseline."""
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    order = torch.argsort(topk_ids.reshape(-1), stable=True)
-    start = 0
-    for e, c in enumerate(counts):
-        if c == 0:
-            continue
-        pairs = order[start:start + c]
-        start += c
-        tokens = pairs // topk_ids.shape[1]
-        y = expert(e, x.index_select(0, tokens))
-        out.index_add_(0, tokens, y.float() * topk_weights.reshape(-1).index_select(0, pairs).float().unsqueeze(1))
-    return out.to(x.dtype)

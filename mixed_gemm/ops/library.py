@@ -13,9 +13,10 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .experts import PackedExperts, moe
+from .experts import PackedExperts
 from .gated import silu_mul_matmul
 from .matmul import matmul
+from .moe import moe
 from .packed import PackedWeight
 
 

@@ -56,7 +56,7 @@ def raw_launch():
     """``cuLaunchKernel`` called straight from libcuda through ctypes with fixed argument types, or
     None where libcuda cannot be opened this way. cuda-python's wrapper converts and checks every
     argument object on each call; with raw handles and a pre-built argument array the hot path
-    is one foreign call (see bench/NOTES.md for the measured host cost)."""
+    is one foreign call (docs/notes/measurement.md has the measured host cost)."""
     try:
         lib = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
         fn = lib.cuLaunchKernel

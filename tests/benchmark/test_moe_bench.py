@@ -1,22 +1,89 @@
-"""`mixed-gemm bench --moe` on the CPU: the floor's bytes, the dense baselines against the float32
-reference (so the GPU table compares with a correct layer), and the command's argument errors."""
+"""`mixed-gemm bench --moe` on the CPU: the roofs' bytes and FLOPs, the row and table built from
+fake timings, the dense baselines against the float32 reference (so the GPU table compares with a
+correct layer), and the command's argument errors."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import mixed_gemm as mg
+from mixed_gemm.benchmark import moe as bench
 from mixed_gemm.benchmark.moe import (MOE_MODELS, MoeShape, dense_gathered, dense_grouped, dense_loop, expert_bytes,
-                                      random_routing, routed_floor_s)
+                                      random_routing)
+
+MIXTRAL = MOE_MODELS["mixtral-8x7b"]
 
 
-def test_floor_counts_each_routed_expert_once():
-    shape = MoeShape(experts=8, top_k=2, hidden=256, inter=128)
+def _stacks(shape, seed=0):
+    from mixed_gemm.formats import quantize
+    from mixed_gemm.ops import prepack_experts
+
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for n, k, gate_up in ((2 * shape.inter, shape.hidden, True), (shape.hidden, shape.inter, False)):
+        w = torch.randn(shape.experts, n, k, generator=gen)
+        parts = [quantize(w[e]) for e in range(shape.experts)]
+        out.append(prepack_experts(*(torch.stack([p[i] for p in parts]) for i in range(3)), gate_up=gate_up))
+    return out
+
+
+def test_int4_bytes_are_the_packed_codes_scales_and_zeros():
+    shape = MoeShape(experts=2, top_k=2, hidden=256, inter=128)
     per = 3 * 256 * 128 // 2 + 2 * 2 * (3 * 256 * 128 // 128)
-    assert expert_bytes(shape) == per
-    ids = torch.tensor([[0, 3], [3, 0], [5, 3]])
-    assert routed_floor_s(shape, ids, bandwidth=1e9) == pytest.approx(3 * per / 1e9)
+    assert expert_bytes(shape) == per == bench.packed_expert_bytes(*_stacks(shape))
+    assert bench.touched_experts(torch.tensor([[0, 3], [3, 0], [5, 3]])) == 3
+    assert bench.int4_floor_s(3, per, bandwidth=1e9) == pytest.approx(3 * per / 1e9)
+    assert bench.int4_floor_s(3, per) == pytest.approx(3 * per / 3.0e12)  # the project's 3.0 TB/s
     assert MOE_MODELS["qwen3-30b-a3b"] == MoeShape(128, 8, 2048, 768)
+
+
+def test_ideal_fp16_is_the_longer_of_bytes_and_flops():
+    weights = 3 * 4096 * 14336
+    # Mixtral decode: two touched experts' fp16 bytes at 3.0 TB/s bound it.
+    assert bench.ideal_fp16_s(MIXTRAL, 1, 2) == pytest.approx(2 * weights * 2 / 3.0e12)
+    # 4096 tokens: 8192 pairs' FLOPs at 740 TFLOP/s (3.9 ms) outlast the 8 experts' bytes (0.94 ms).
+    assert bench.ideal_fp16_s(MIXTRAL, 4096, 8) == pytest.approx(2 * 4096 * 2 * weights / 740e12)
+    assert bench.ideal_fp16_s(MIXTRAL, 4096, 8) > 8 * weights * 2 / 3.0e12
+
+
+def _fake_timed(**extra):
+    timed = {"mixed_gemm": (100e-6, "graph"), "dense loop": (700e-6, "eager"), "torch._grouped_mm": (900e-6, "eager")}
+    timed.update(extra)
+    return timed
+
+
+def test_row_from_fake_timings():
+    """The best fp16 path is picked among the fp16 paths only (never the int4 peer, here faster than
+    all), and every ratio is the quotient of the right two times."""
+    per = expert_bytes(MIXTRAL)
+    row = bench.row_of("mixtral-8x7b", MIXTRAL, 1, 2, per, _fake_timed(humming=(50e-6, "graph")))
+    ideal = bench.ideal_fp16_s(MIXTRAL, 1, 2)
+    assert (row["dense"], row["dense_how"], row["mixed_gemm_how"]) == ("dense loop", "eager", "graph")
+    assert row["speedup"] == pytest.approx(7.0)
+    assert row["ideal_fp16_us"] == pytest.approx(ideal * 1e6) and row["vs_ideal_fp16"] == pytest.approx(ideal / 100e-6)
+    assert row["floor_us"] == pytest.approx(2 * per / 3.0e12 * 1e6)
+    assert row["share_of_floor"] == pytest.approx(2 * per / 3.0e12 / 100e-6)
+    assert (row["humming_us"], row["humming_how"], row["vs_humming"]) == (pytest.approx(50.0), "graph", pytest.approx(0.5))
+    assert row["fp16_paths_us"] == {"dense loop": pytest.approx(700.0), "torch._grouped_mm": pytest.approx(900.0)}
+    assert row["touched_experts"] == 2 and row["tokens"] == 1
+
+
+@pytest.mark.parametrize("compare", [False, True])
+def test_table_lines_match_the_header(compare):
+    per = expert_bytes(MIXTRAL)
+    ran = bench.row_of("mixtral-8x7b", MIXTRAL, 16, 8, per, _fake_timed(humming=(50e-6, "graph")))
+    skipped = bench.row_of("mixtral-8x7b", MIXTRAL, 16, 8, per, _fake_timed())
+    skipped["humming_error"] = "humming: humming-kernels is not installed (pip install humming-kernels); skipped"
+    head = bench.table_head(compare)
+    widths = {line.count("|") for line in head + [bench.table_line(ran, compare), bench.table_line(skipped, compare)]}
+    assert len(widths) == 1
+    assert ("humming" in head[0]) == compare
+    line = bench.table_line(ran, compare)
+    assert "| 100.0 (g) | 700.0 (e) (dense loop) | 7.00x |" in line
+    assert line.endswith("| 50.0 (g) | 0.50x |") if compare else "50.0" not in line
+    if compare:
+        assert bench.table_line(skipped, compare).endswith("| - | - |")
+    assert bench.notes([ran, skipped, dict(skipped)]) == [skipped["humming_error"]]
 
 
 def _layer(seed=0, t=7):
@@ -43,11 +110,17 @@ def test_dense_gathered_matches_reference():
 
 
 def test_dense_grouped_matches_reference_where_torch_runs_it():
+    """Skipped only where this torch lacks ``torch._grouped_mm`` or has no CPU kernel for it (the
+    dispatcher's NotImplementedError naming the op and the CPU backend); any other error fails."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip(f"torch {torch.__version__} has no torch._grouped_mm")
     x, w13, w2, weights, ids = _layer(seed=1)
     try:
         got = dense_grouped(x, w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous(), weights, ids)
-    except (AttributeError, RuntimeError, NotImplementedError) as exc:
-        pytest.skip(f"torch._grouped_mm does not run here: {type(exc).__name__}")
+    except NotImplementedError as exc:
+        if "_grouped_mm" not in str(exc) or "CPU" not in str(exc):
+            raise
+        pytest.skip(f"torch {torch.__version__} has no CPU kernel for torch._grouped_mm")
     torch.testing.assert_close(got, mg.reference.moe(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)
 
 
@@ -59,3 +132,4 @@ def test_command_errors(capsys):
     assert main(["bench", "--moe", "mixtral-8x7b", "--tokens", "1,x"]) == 2
     if not torch.cuda.is_available():
         assert main(["bench", "--moe", "mixtral-8x7b"]) == 1
+        assert main(["bench", "--moe", "qwen3-30b-a3b", "--compare", "--breakdown", "--tokens", "1,4096"]) == 1

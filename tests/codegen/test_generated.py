@@ -1,7 +1,7 @@
 """generated/ stays in sync with the templates, and rendering is family-agnostic and versionless."""
 from pathlib import Path
 
-from mixed_gemm.cli_catalog import generated_sources
+from mixed_gemm.cli.build import generated_sources
 from mixed_gemm.codegen import render_template, write_generated
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"

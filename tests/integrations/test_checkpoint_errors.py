@@ -25,8 +25,10 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from mixed_gemm.integrations import hqq as hqq_mod  # noqa: E402
 from mixed_gemm.integrations import tp as tp_mod  # noqa: E402
 from mixed_gemm.integrations import transformers as tf_mod  # noqa: E402
+from mixed_gemm.integrations.hqq import load_hqq  # noqa: E402
 from mixed_gemm.integrations.tp import load_quantized_tp  # noqa: E402
 from mixed_gemm.integrations.transformers import load_quantized, quantize_model, save_quantized  # noqa: E402
 from mixed_gemm.nn import QuantLinear  # noqa: E402
@@ -250,13 +252,136 @@ def test_nothing_half_loaded_stays(saved, tmp_path, monkeypatch, loader):
         return wrapper
 
     for mod in (tf_mod, tp_mod):
-        monkeypatch.setattr(mod, "_set_tensor", keep(mod._set_tensor))
-        monkeypatch.setattr(mod, "_set_submodule", keep(mod._set_submodule))
+        monkeypatch.setattr(mod, "set_tensor", keep(mod.set_tensor))
+        monkeypatch.setattr(mod, "set_submodule", keep(mod.set_submodule))
     case = next(c for c in CASES if c.name == "nan-scales")
     info = _check(loader, _damaged(saved, case, tmp_path), case, "cpu")
     gc.collect()
     kinds = [kind for kind, _ in made]
     assert kinds.count("Parameter") + kinds.count("Tensor") > 5 and sum("QuantLinear" in k for k in kinds) > 5  # loaded some
+    assert [kind for kind, ref in made if ref() is not None] == []
+    del info
+
+
+# ------------------------------------------------------------------ hqq's qmodel.pt
+HQQ = "qmodel.pt"
+HQQ_LATE = "model.layers.1.mlp.down_proj"
+
+
+@pytest.fixture(scope="module")
+def saved_hqq(tmp_path_factory) -> Path:
+    """A valid checkpoint in the hqq package's format (config.json + qmodel.pt), written once."""
+    return save_quantized(quantize_model(tiny_llama(), bits=4, group_size=32, progress=False),
+                          tmp_path_factory.mktemp("checkpoints") / "hqq", format="hqq")
+
+
+def hqq_edit(fn: Callable[[dict], object]):
+    """Rewrite qmodel.pt with ``fn``'s changes to its ``{module name: state dict}`` (``fn`` may return
+    a whole new object to save instead)."""
+    def damage(d: Path):
+        weights = torch.load(d / HQQ, map_location="cpu", weights_only=True)
+        new = fn(weights)
+        torch.save(weights if new is None else new, d / HQQ)
+    return damage
+
+
+def hqq_late(**changes):
+    """``HQQ_LATE``'s state changed and moved to the end of the file (read after every other module)."""
+    def fn(weights):
+        state = dict(weights.pop(HQQ_LATE))
+        for key, value in changes.items():
+            if value is None:
+                state.pop(key)
+            else:
+                state[key] = value(state[key])
+        weights[HQQ_LATE] = state
+    return hqq_edit(fn)
+
+
+def _nan_at(t, index=(3, 0)):
+    t = t.clone()
+    t[index] = float("nan")
+    return t
+
+
+HQQ_CASES = {
+    "truncated": (lambda d: truncate(d / HQQ), ValueError, [HQQ, "not a readable qmodel.pt"]),
+    "truncated-end": (lambda d: truncate(d / HQQ, 0.99), ValueError, [HQQ, "not a readable qmodel.pt"]),
+    "empty-file": (lambda d: truncate(d / HQQ, 0), ValueError, [HQQ, "not a readable qmodel.pt"]),
+    "corrupt": (lambda d: (d / HQQ).write_bytes(b"\xff" * 64 + (d / HQQ).read_bytes()[64:]), ValueError,
+                [HQQ, "not a readable qmodel.pt"]),
+    "not-a-dict": (hqq_edit(lambda w: list(w)), ValueError, [HQQ, "expected a {module name: state dict}"]),
+    "nan-scale": (hqq_late(scale=_nan_at), ValueError, [HQQ, HQQ_LATE, "scales: expected finite values"]),
+    "no-nbits": (hqq_late(nbits=None), ValueError, [HQQ, HQQ_LATE, "lacks 'nbits'"]),
+    "axis": (hqq_late(axis=lambda a: 0), ValueError, [HQQ, HQQ_LATE, "only axis=1"]),
+    "shape-tensor": (hqq_edit(lambda w: w["model.norm"].__setitem__("weight", torch.ones(3))), ValueError,
+                     [HQQ, "model.norm.weight", "expected shape (64,)"]),
+    "unknown-module": (hqq_edit(lambda w: w.__setitem__("model.extra", dict(w[HQQ_LATE]))), ValueError,
+                       [HQQ, "model.extra", "no such module"]),
+}
+
+HQQ_LOADERS = {
+    "load_quantized": lambda d, dev: load_quantized(d, device=dev, dtype=torch.float16, progress=False),
+    "load_hqq": lambda d, dev: load_hqq(d, device=dev, dtype=torch.float16),
+}
+
+
+def _check_hqq(saved_hqq, tmp_path, case, loader, dev):
+    d = tmp_path / "ckpt"
+    shutil.copytree(saved_hqq, d)
+    damage, exc, needles = HQQ_CASES[case]
+    damage(d)
+    with pytest.raises(exc) as info:
+        HQQ_LOADERS[loader](d, dev)
+    for needle in needles:
+        assert needle in str(info.value), f"{needle!r} not in {str(info.value)!r}"
+    return info
+
+
+def test_the_hqq_checkpoint_loads(saved_hqq):
+    for loader in HQQ_LOADERS:
+        model = HQQ_LOADERS[loader](saved_hqq, "cpu")
+        assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 2 * 7
+
+
+@pytest.mark.parametrize("loader", list(HQQ_LOADERS))
+@pytest.mark.parametrize("case", list(HQQ_CASES))
+def test_hqq_defect_cpu(saved_hqq, tmp_path, case, loader):
+    _check_hqq(saved_hqq, tmp_path, case, loader, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(HQQ_CASES))
+def test_hqq_defect_gpu(saved_hqq, tmp_path, case):
+    from cuda_check import assert_cuda_usable
+
+    assert_cuda_usable()
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    info = _check_hqq(saved_hqq, tmp_path, case, "load_hqq", "cuda")
+    gc.collect()
+    assert torch.cuda.memory_allocated() == before, "a failed load left tensors on the GPU"
+    del info
+    assert_cuda_usable()
+
+
+def test_hqq_nothing_half_loaded_stays(saved_hqq, tmp_path, monkeypatch):
+    """A qmodel.pt failing at its last layer drops every tensor and layer the load made, even while
+    the caller holds the exception."""
+    made = []
+
+    def keep(fn):
+        def wrapper(model, key, value):
+            made.append((type(value).__name__, weakref.ref(value)))
+            return fn(model, key, value)
+        return wrapper
+
+    monkeypatch.setattr(hqq_mod, "set_tensor", keep(hqq_mod.set_tensor))
+    monkeypatch.setattr(hqq_mod, "set_submodule", keep(hqq_mod.set_submodule))
+    info = _check_hqq(saved_hqq, tmp_path, "nan-scale", "load_hqq", "cpu")
+    gc.collect()
+    kinds = [kind for kind, _ in made]
+    assert kinds.count("Parameter") + kinds.count("Tensor") > 5 and kinds.count("QuantLinear") > 5  # loaded some
     assert [kind for kind, ref in made if ref() is not None] == []
     del info
 

@@ -1,5 +1,5 @@
 """The `mixed-gemm e2e` table on a made-up result: every row has the header's number of cells,
-with and without the tinygemm peer, compiled or not."""
+with and without the tinygemm peer, compiled or not; the command prints it once, with its head."""
 from __future__ import annotations
 
 import pytest
@@ -65,3 +65,46 @@ def test_decoding_experts_switches_grouped_mm_for_the_step_only():
     assert set(model.get_experts_implementation().values()) == {"grouped_mm"}
     with e2e.decoding_experts(object()):  # no experts interface: nothing to switch
         pass
+
+
+def test_the_command_prints_the_table_once_with_its_head(monkeypatch, capsys, tmp_path):
+    """``mixed-gemm e2e`` on made-up measurements (no GPU, no model): the title, then the table's
+    head once, then each batch's row once (streamed as measured), then the memory table; ``--out``
+    holds the same table."""
+    import types
+
+    import torch
+
+    from mixed_gemm import cli
+    from mixed_gemm.profiler import timing
+
+    class Model:
+        config = types.SimpleNamespace(num_hidden_layers=2)
+
+    models = (Model(), Model())
+    times = {id(models[0]): 2.0, id(models[1]): 1.0}
+    monkeypatch.setattr(timing, "gpu_missing", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2**30)
+    monkeypatch.setattr(e2e, "build_models", lambda *a, **k: models)
+    monkeypatch.setattr(e2e, "weight_bytes", lambda m: 2**30 * times[id(m)])
+    monkeypatch.setattr(e2e, "decode_step_ms", lambda m, b: times[id(m)])
+    monkeypatch.setattr(e2e, "compiled_step_ms", lambda m, b: times[id(m)] / 2)
+    monkeypatch.setattr(e2e, "generate_s", lambda m, b, compiled, new_tokens=e2e.NEW_TOKENS: times[id(m)] * new_tokens)
+    monkeypatch.setattr(e2e, "ttft_ms", lambda m: 10 * times[id(m)])
+    out = tmp_path / "e2e.md"
+    assert cli.main(["e2e", "--layers", "2", "--batches", "1,16", "--reps", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    head = [line for line in printed if line.startswith("| batch |")]
+    rows = [line for line in printed if line.startswith(("| 1 |", "| 16 |"))]
+    assert len(head) == 1 and len(rows) == 2, "\n".join(printed)
+    assert printed.index(head[0]) < printed.index(rows[0]) < printed.index(rows[1])
+    assert sum(line.startswith("# llama3-8b (2 layers") for line in printed) == 1
+    assert sum(line.startswith("| weights + buffers |") for line in printed) == 1
+    assert "| 1 | 2.00 | 1.00 | 2.00x |" in rows[0]
+    written = out.read_text().splitlines()
+    assert written[0] == next(line for line in printed if line.startswith("# ")) and written[1] == ""
+    assert written[2:5] == [head[0], printed[printed.index(head[0]) + 1], rows[0]]
+    assert [line for line in written if line.startswith("| weights")] == \
+        [line for line in printed if line.startswith("| weights")]

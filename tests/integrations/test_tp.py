@@ -73,7 +73,7 @@ def _act_order(model, group):
     """Every quantized layer re-made as a GPTQ act-order layer (random g_idx): save_quantized
     writes it as a desc_act checkpoint."""
     import mixed_gemm as mg
-    from mixed_gemm.integrations.transformers import _set_submodule
+    from mixed_gemm.integrations.loading import set_submodule
     from mixed_gemm.nn import QuantLinear
 
     gen = torch.Generator().manual_seed(5)
@@ -81,8 +81,8 @@ def _act_order(model, group):
         q, s, z = m.packed().unpack()
         g_idx = (torch.arange(m.in_features) // group)[torch.randperm(m.in_features, generator=gen)].int()
         ckpt = mg.pack(q, s, z, format="gptq", bits=4, group_size=group, g_idx=g_idx)
-        _set_submodule(model, name, QuantLinear.from_checkpoint(*ckpt, format="gptq", bits=4, group_size=group,
-                                                                g_idx=g_idx))
+        set_submodule(model, name, QuantLinear.from_checkpoint(*ckpt, format="gptq", bits=4, group_size=group,
+                                                               g_idx=g_idx))
     return model
 
 

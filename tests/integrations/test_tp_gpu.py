@@ -1,6 +1,7 @@
-"""bench/tp_two_gpu.py through torchrun: on two GPUs (NCCL, 70B shapes: logits TP=2 vs TP=1,
-decode-step timing, 80-layer memory), and as a CPU dry run (gloo, tiny shapes) so the script
-itself stays runnable where there is no GPU."""
+"""bench/tp_two_gpu.py and bench/tp_decode.py through torchrun: on two GPUs (NCCL, 70B shapes:
+logits / outputs TP=2 vs TP=1, decode-step timing, 80-layer memory; our all-reduce against NCCL),
+and as CPU dry runs (gloo, tiny shapes) so the scripts themselves stay runnable where there is no
+GPU."""
 import os
 import subprocess
 import sys
@@ -13,10 +14,11 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "tp_two_gpu.py"
+DECODE = ROOT / "bench" / "tp_decode.py"
 
 
-def _torchrun(*args, env=None, timeout=330):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT), *args]
+def _torchrun(*args, env=None, timeout=330, script=SCRIPT):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -35,3 +37,20 @@ def test_two_gpus_llama70b_shapes():
     print(out.stdout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "PASS" in out.stdout.splitlines()[-1]
+
+
+def test_decode_bench_dry_run_on_cpu():
+    out = _torchrun("--preset", "tiny", "--layers", "2", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120, script=DECODE)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "| check, TP=2 fused vs TP=1 |" in out.stdout and "PASS" in out.stdout.splitlines()[-1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_decode_bench_two_gpus_short():
+    """A short run of every part: the check, the all-reduce micro-benchmark, 4 layers at TP=1 and TP=2."""
+    out = _torchrun("--layers", "4", "--batches", "1,16", "--compile", "0", "--micro-rows", "1,64", timeout=600,
+                    script=DECODE)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "PASS" in out.stdout.splitlines()[-1] and "| all-reduce 16 KB |" in out.stdout

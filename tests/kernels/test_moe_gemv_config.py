@@ -336,17 +336,17 @@ def test_moe_picks_the_grouped_kernels_where_they_fit(monkeypatch):
     sm90a-layout experts get the moe_gemv heuristic's configs; what it cannot take gets the reason
     (and the per-expert path)."""
     from mixed_gemm.kernels import base
-    from mixed_gemm.ops.experts import GroupedPlan, grouped_plan
+    from mixed_gemm.ops.moe_grouped import GroupedPlan, grouped_plan
 
     monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
-    monkeypatch.setattr(mg.ops.experts, "GROUPED", {})
+    monkeypatch.setattr(mg.ops.moe_grouped, "GROUPED", {})
     h, inter = 128, 64
     w13, w2 = _experts(2 * inter, h, layout="sm90a"), _experts(h, inter, layout="sm90a", seed=1)
     x = torch.zeros(3, h, dtype=torch.float16)
     plan = grouped_plan(x, w13, w2, 2)
     assert isinstance(plan, GroupedPlan) and plan.family is FAMILY
     assert [c.stage for c in plan.configs] == ["w13", "w2"] and all(c.kernel_name in IDENTITIES for c in plan.configs)
-    assert grouped_plan(x, w13, w2, 2) is plan and len(mg.ops.experts.GROUPED) == 1  # cached per T bucket
+    assert grouped_plan(x, w13, w2, 2) is plan and len(mg.ops.moe_grouped.GROUPED) == 1  # cached per T bucket
     assert grouped_plan(torch.zeros(4, h, dtype=torch.float16), w13, w2, 2) is plan  # the same bucket
     forced = (MoeGemvConfig(stage="w13", splits=2), MoeGemvConfig(stage="w2", slot_loop=True))
     assert grouped_plan(x, w13, w2, 2, forced).configs == forced
@@ -359,6 +359,6 @@ def test_moe_picks_the_grouped_kernels_where_they_fit(monkeypatch):
     odd = grouped_plan(x, _experts(2 * 40, h, layout="sm90a"), _experts(h, 40, layout="sm90a", group=-1), 2)
     assert isinstance(odd, str) and "I = N/2 must be a multiple of 16" in odd
     monkeypatch.setattr(base, "compute_capability", lambda i: (7, 5))
-    monkeypatch.setattr(mg.ops.experts, "GROUPED", {})
+    monkeypatch.setattr(mg.ops.moe_grouped, "GROUPED", {})
     old = grouped_plan(x, w13, w2, 2)
     assert isinstance(old, str) and "7.5" in old

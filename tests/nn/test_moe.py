@@ -1,7 +1,8 @@
 """QuantExperts in transformers' mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE,
 DeepSeek-V2; tiny random configs, CPU): quantize_model replaces every experts module and keeps
-the routers; logits equal a dequantized twin (the same model with the dequantized weights put back
-into transformers' own modules); state_dict round trip; the activation rule."""
+the routers; logits equal a dequantized twin (the same model with each weight's round-to-nearest
+value, dequantized by the float32 reference from the canonical codes, put into transformers' own
+modules); state_dict round trip; the activation rule."""
 from __future__ import annotations
 
 import copy
@@ -12,6 +13,7 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
+import mixed_gemm as mg  # noqa: E402
 from mixed_gemm.integrations.transformers import quantize_model  # noqa: E402
 from mixed_gemm.nn import QuantExperts, QuantLinear  # noqa: E402
 
@@ -39,17 +41,31 @@ def tiny(arch):
     return transformers.AutoModelForCausalLM.from_config(CONFIGS[arch]()).eval()
 
 
-def dequantized_twin(original, quantized):
-    """``original`` with every quantized weight's dequantized value put back into its own module."""
+def _rtn_dense(w: torch.Tensor, dtype: torch.dtype, group_size: int) -> torch.Tensor:
+    """float32 ``(N, K)``: ``w`` quantized round-to-nearest (int4 with zeros, as quantize_model is
+    called below) and dequantized by the reference from the canonical ``(q, s, z)``, scales rounded
+    to the layer's ``dtype`` as it stores them."""
+    q, s, z = mg.quantize(w, bits=4, group_size=group_size)
+    return mg.reference.dequantize(q, s.to(dtype), z, group_size=group_size, bits=4)
+
+
+def dequantized_twin(original, quantized, group_size=32):
+    """``original`` with every weight that ``quantized`` holds quantized replaced by its float32
+    reference value (:func:`_rtn_dense` of the original weight), in transformers' own modules. Built
+    from the original weights and the canonical codes, never from what the quantized layers unpack,
+    so a packing bug that unpacking mirrors cannot make the twin agree."""
     twin = copy.deepcopy(original)
     for name, mod in quantized.named_modules():
         if isinstance(mod, QuantExperts):
-            w13, w2 = mod.dense_weights()
-            target = twin.get_submodule(name)
-            target.gate_up_proj.data.copy_(w13)
-            target.down_proj.data.copy_(w2)
+            source, target = original.get_submodule(name), twin.get_submodule(name)
+            dtype = mod.w13_scales.dtype
+            for proj in ("gate_up_proj", "down_proj"):
+                w = getattr(source, proj).detach()
+                getattr(target, proj).data.copy_(torch.stack([_rtn_dense(w[e], dtype, group_size)
+                                                              for e in range(w.shape[0])]))
         elif isinstance(mod, QuantLinear):
-            twin.get_submodule(name).weight.data.copy_(mod.dense_weight())
+            w = original.get_submodule(name).weight.detach()
+            twin.get_submodule(name).weight.data.copy_(_rtn_dense(w, mod.scales.dtype, group_size))
     return twin
 
 

@@ -4,7 +4,7 @@ replays. Each takes the two configs (gate|up, down) of the family under test."""
 import torch
 
 import mixed_gemm as mg
-from mixed_gemm.ops.experts import _problems, moe_grouped
+from mixed_gemm.ops.moe_grouped import _problems, moe_grouped
 from test_moe_gemv_gpu import Experts, layer, ref_h, ref_y, routing, run_stages
 from tolerance import assert_elementwise
 from weights import seed_of
@@ -37,7 +37,9 @@ def check_sweep_case(fam, config_class, seed, dtype, torch_dtype, bits, s13, s2,
 
 def check_ids_out_of_range(cfgs, w13, w2, tag, ids_dtype=torch.int64):
     """Pairs whose expert id lies outside [0, E) (negative, E, huge) contribute nothing: their h rows
-    are 0, a token with no valid slot gets a zero y row, the rest is exact."""
+    are 0, a token with no valid slot gets a zero y row, the rest is exact -- each stage against the
+    kernels' own weights, and the layer against the float32 reference of the canonical experts (the
+    dropped pairs given weight 0), which no unpacking of the stored weights enters."""
     t, top_k, e = 40, 2, w13.packed.num_experts
     x = torch.randn(t, 256, device="cuda").half()
     weights, ids = routing(t, top_k, e, seed_of(tag), ids_dtype=ids_dtype)
@@ -53,6 +55,8 @@ def check_ids_out_of_range(cfgs, w13, w2, tag, ids_dtype=torch.int64):
     assert_elementwise(hv[valid], ref_h(x, w13.kernel, kept_ids, top_k).view(t, top_k, -1)[valid], 256, chained=2)
     assert (yk[4] == 0).all()
     assert_elementwise(yk, ref_y(hk, w2.kernel, kept_ids, kept_weights), 128)
+    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, kept_weights, kept_ids)
+    assert_elementwise(yk, ref, 128, chained=3)
 
 
 def check_no_tokens_and_one_token(cfgs, w13, w2, tag):

@@ -41,8 +41,10 @@ def weight(n, k, bits, group, dtype, gen):
 
 
 def readme_api(gen) -> None:
-    """The README's API block on random inputs (its `config=` line names an sm80 kernel, which the
-    sm90a package does not hold: with JIT off that is the clear JitDisabledError checked here)."""
+    """The README's API block on random inputs, each result against the float32 reference of the
+    canonical codes. Its `config=` line names an sm80 kernel, which cannot read the sm90a weight an
+    H100 gets: that must raise the clear ValueError naming the config (or, for a kernel the
+    package lacks, JitDisabledError); running anything instead fails the check."""
     n, k, g = 4096, 4096, 128
     w16 = torch.randn(n, k, device="cuda", generator=gen).half() / k**0.5
     q, s, z = mg.quantize(w16, bits=4, group_size=g)
@@ -60,18 +62,29 @@ def readme_api(gen) -> None:
     g_idx = torch.arange(k, device="cuda") // g
     wb = mg.prepack(qw, sc.bfloat16(), qz, format="gptq", g_idx=g_idx, bits=4, group_size=g, dtype=torch.bfloat16)
     x = torch.randn(16, k, device="cuda", generator=gen).bfloat16()
-    assert_elementwise(mg.matmul(x, wb), x.float() @ mg.dequantize(wb).float().t(), k)
+    dense_bf16 = mg.reference.dequantize(q, s.bfloat16(), z, group_size=g, bits=4)
+    assert_elementwise(mg.matmul(x, wb), x.float() @ dense_bf16.t(), k)
     wo = mg.prepack(q, s, -z * s, format="plain", zero_mode="offset", bits=4, group_size=g)
     assert_elementwise(mg.dequantize(wo), dense, 1)
     try:
         mg.matmul(x.half(), w, config=mg.KernelConfig(tile=(16, 64, 128), warps=(1, 1, 4),
                                                      split_k_mode="parallel", split_k=4, swizzle=2))
-    except (mg.compile.JitDisabledError, ValueError) as exc:
+    except mg.compile.JitDisabledError as exc:
         print(f"README API config= line: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    except ValueError as exc:
+        assert "cannot run this problem" in str(exc), exc
+        print(f"README API config= line: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    else:
+        raise AssertionError("README API config= line: an sm80 config ran on an sm90a weight with JIT off; "
+                             "expected a ValueError naming the config, or JitDisabledError")
     from mixed_gemm.nn import QuantLinear
 
-    layer = QuantLinear.from_linear(torch.nn.Linear(k, n, bias=True).cuda().half(), bits=4, group_size=g)
-    layer(torch.randn(4, k, device="cuda", generator=gen).half())
+    linear = torch.nn.Linear(k, n, bias=True).cuda().half()
+    layer = QuantLinear.from_linear(linear, bits=4, group_size=g)
+    xl = torch.randn(4, k, device="cuda", generator=gen).half()
+    ql, sl, zl = mg.quantize(linear.weight.detach(), bits=4, group_size=g)
+    ref = mg.reference.matmul(xl, ql, sl, zl, group_size=g, bits=4, bias=linear.bias.detach())
+    assert_elementwise(layer(xl), ref, k)
     torch.cuda.synchronize()
 
 
@@ -83,7 +96,7 @@ MOE_TOKENS = (1, 16, 256, 4096)
 
 def moe_layers(gen) -> int:
     """mg.moe from the package (JIT off) against mg.reference.moe, fp16 int4 g128 with zeros."""
-    from mixed_gemm.ops.experts import grouped_plan
+    from mixed_gemm.ops.moe_grouped import grouped_plan
 
     checked = 0
     for e, top_k, h, inter in MOE_PRESETS:

@@ -1,4 +1,4 @@
-"""Issue #4's configuration space on the GPU: every catalog shape x dtype x bits x zero kind x group
+"""The configuration space on the GPU: every catalog shape x dtype x bits x zero kind x group
 size, on ragged random shapes, with split-K modes and swizzles rotated through the cases."""
 import itertools
 import random

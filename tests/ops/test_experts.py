@@ -31,6 +31,15 @@ def experts(n, k, *, bits=4, group=32, symmetric=False, dtype=torch.float16, dev
                                          gate_up=gate_up)
 
 
+def dense(canonical, *, dtype, bits=4, group=32) -> torch.Tensor:
+    """float32 ``(E, N, K)``: each expert dequantized by the reference from its canonical ``(q, s, z)``
+    (scales rounded to the stored ``dtype``, as prepack keeps them), gate rows then up rows. Built
+    without the library's unpacking, so a packing bug that unpacking mirrors cannot cancel out."""
+    q, s, z = canonical
+    return torch.stack([mg.reference.dequantize(q[e], s[e].to(dtype), None if z is None else z[e], group_size=group,
+                                                bits=bits) for e in range(q.shape[0])])
+
+
 def routing(t, k, seed, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.rand(t, E, generator=gen).topk(k, dim=1).indices
@@ -73,13 +82,13 @@ def test_gate_up_stack_interleaves_rows_in_blocks_of_8(symmetric):
 
 @pytest.mark.parametrize("t, k", [(1, 1), (5, 2), (33, 2)])
 def test_moe_matches_reference_cpu(t, k):
-    _, w13 = experts(2 * I, H, seed=1, gate_up=True)
-    _, w2 = experts(H, I, seed=2)
+    c13, w13 = experts(2 * I, H, seed=1, gate_up=True)
+    c2, w2 = experts(H, I, seed=2)
     x = torch.randn(t, H, generator=torch.Generator().manual_seed(t)).half()
     weights, ids = routing(t, k, seed=t)
     y = torch.full((t, H), float("nan"), dtype=torch.float16)
     y.copy_(mg.moe(x, w13, w2, weights, ids))
-    ref = mg.reference.moe(x.float(), w13.dequantize(), w2.dequantize(), weights, ids)
+    ref = mg.reference.moe(x.float(), dense(c13, dtype=torch.float16), dense(c2, dtype=torch.float16), weights, ids)
     assert_elementwise(y, ref, I, chained=2)
 
 
@@ -120,13 +129,13 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("t, k", [(1, 2), (16, 2), (300, 2)])
 def test_moe_gpu_matches_reference(dtype, t, k):
-    _, w13 = experts(2 * I, H, seed=3, dtype=dtype, device="cuda", gate_up=True)
-    _, w2 = experts(H, I, seed=4, dtype=dtype, device="cuda")
+    c13, w13 = experts(2 * I, H, seed=3, dtype=dtype, device="cuda", gate_up=True)
+    c2, w2 = experts(H, I, seed=4, dtype=dtype, device="cuda")
     x = torch.randn(t, H, generator=torch.Generator().manual_seed(t)).to("cuda", dtype)
     weights, ids = routing(t, k, seed=t, device="cuda")
     y = torch.full((t, H), float("nan"), dtype=dtype, device="cuda")
     y.copy_(mg.moe(x, w13, w2, weights, ids))
-    ref = mg.reference.moe(x.float(), w13.dequantize(), w2.dequantize(), weights, ids)
+    ref = mg.reference.moe(x.float(), dense(c13, dtype=dtype).cuda(), dense(c2, dtype=dtype).cuda(), weights, ids)
     assert_elementwise(y, ref, I, chained=2)
 
 

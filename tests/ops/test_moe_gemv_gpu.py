@@ -21,7 +21,7 @@ from mixed_gemm.kernels import family, family_of
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
 from mixed_gemm.kernels.moe_gemv.catalog import expert_shapes_for, shapes_for
 from mixed_gemm.kernels.sm90a import layout as sm90a_layout
-from mixed_gemm.ops.experts import GroupedPlan, _problems, grouped_plan, moe_grouped
+from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, grouped_plan, moe_grouped
 from mixed_gemm.runtime import current_stream
 from test_sm90a_gpu import DTYPES, ZERO_KINDS, make_case
 from tolerance import assert_elementwise

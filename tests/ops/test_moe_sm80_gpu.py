@@ -92,11 +92,11 @@ def test_graph_capture_with_new_routing_between_replays():
 def test_selection_takes_it_where_moe_sm90a_does_not_run(monkeypatch):
     """With moe_sm90a unavailable (an Ampere GPU), many rows per expert go to this family, a few to
     moe_gemv; mg.moe runs the plan it reports."""
-    import mixed_gemm.ops.experts as experts
-    from mixed_gemm.ops.experts import grouped_plan
+    import mixed_gemm.ops.moe_grouped as grouped
+    from mixed_gemm.ops.moe_grouped import grouped_plan
 
     monkeypatch.setattr(family("moe_sm90a"), "supports", lambda i: (False, "not an sm_90a GPU (test)"))
-    monkeypatch.setattr(experts, "GROUPED", {})  # plans made before the patch
+    monkeypatch.setattr(grouped, "GROUPED", {})  # plans made before the patch
     w13, w2 = layer(e=8, seed=8)
     for t, name in ((256, "moe_sm80"), (4, "moe_gemv")):
         plan = grouped_plan(torch.randn(t, 256, device="cuda").half(), w13.packed, w2.packed, 2)

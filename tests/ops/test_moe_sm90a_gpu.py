@@ -15,7 +15,7 @@ import mixed_gemm as mg
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90a import MoeSm90aConfig
 from mixed_gemm.kernels.moe_sm90a.catalog import TILES
-from mixed_gemm.ops.experts import _problems, grouped_plan
+from mixed_gemm.ops.moe_grouped import _problems, grouped_plan
 from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
 from test_moe_gemv_gpu import TOP_KS, layer, routing
 from test_sm90a_gpu import DTYPES, ZERO_KINDS

@@ -1,5 +1,5 @@
 """The sm80 family's ``_sm90a`` schedules on the GPU: the multistage mma.sync tiles reading the
-Hopper one copy (issue #23: batch 9-32 on one copy). Every catalog kernel against the float32
+Hopper one copy (batches of 9-32 tokens on one copy). Every catalog kernel against the float32
 reference, element-wise, over zero kinds, groups 32/64/128/per-channel, the split-K modes and
 swizzles, ragged shapes and bias; determinism and graph capture of fused split-K; a profile entry
 measured on the sm80 layout serving an sm90a weight."""

@@ -2,13 +2,13 @@
 import dataclasses
 import pytest
 
-from mixed_gemm.cli_catalog import catalog
+from mixed_gemm.cli.build import catalog
 from mixed_gemm.kernels import Problem, base, family_of, parse_schedule
 from mixed_gemm.profiler.candidates import candidate_schedules
 from mixed_gemm.profiler.problems import DEFAULT_MS, MODELS, parse_ints, parse_shapes, resolve
 
 
-def test_presets_cover_the_issue_models():
+def test_presets_cover_the_target_models():
     fused = {"llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b"}
     assert set(MODELS) == fused | {f"{m}-unfused" for m in fused} | {"llama3-70b-tp2"}
     # a TP=2 rank: column-parallel q|k|v, gate|up halve N; row-parallel o, down halve K

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mixed_gemm.cli_catalog import catalog
+from mixed_gemm.cli.build import catalog
 from mixed_gemm.kernels import Problem, base, parse_schedule
 from mixed_gemm.select import PROFILE_ENV, SCHEDULE_ENV, Profile, choose, gpu_slug
 from mixed_gemm.select import selection as C
@@ -212,7 +212,7 @@ def test_borrowed_entry_is_refitted_to_the_shape(h100, monkeypatch):
 
 
 def test_borrowed_decode_split_keeps_the_measured_cta_count(h100, monkeypatch):
-    """Held-out sweep (bench/NOTES.md, session 19): a gemv entry split 8 on 4096 rows (256 CTAs)
+    """Held-out sweep (docs/notes/selection.md): a gemv entry split 8 on 4096 rows (256 CTAs)
     serves 5120 rows in 6 slices (240), not 8 (320: 22.1 vs 16.9 µs); the sm80 thin tile keeps its
     factor there (the same move made it slower)."""
     prof = Profile(entries=[_entry(1, "gemv:m8_s2_w4x2_u8_ds_split8", n=4096, k=14336),
@@ -286,7 +286,7 @@ def _grouped(tokens, schedule, stage="w13", n=28672, k=4096):
 
 def test_grouped_entries_round_trip_lookup_and_serve_the_plan(tmp_path):
     from mixed_gemm.kernels import MoeProblem, family
-    from mixed_gemm.ops.experts import _profiled
+    from mixed_gemm.ops.moe_grouped import _profiled
 
     p = Profile({"name": "NVIDIA H100 80GB HBM3"}, entries=[_entry(1, "a")])
     p.add_grouped(_grouped(1, "moe_gemv:w13_s2_w4x1_u8_split2"))

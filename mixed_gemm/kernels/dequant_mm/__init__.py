@@ -24,7 +24,7 @@ from .config import LOWBIT_BITS, SCHEDULES, DequantMMConfig
 
 FROM_M = 128  # the profiler times it from here up (below, the weight's bytes dominate)
 # Low-bit weights have no tile family: gemv's 16-32-token kernels are the only other choice, and at
-# 32 tokens they ran 0.34-1.2x of cuBLAS fp16 (bench/NOTES.md), so dequantize + cuBLAS competes sooner.
+# 32 tokens they ran 0.34-1.2x of cuBLAS fp16 (docs/notes/dequant-mm.md), so dequantize + cuBLAS competes sooner.
 FROM_M_LOWBIT = 16
 
 

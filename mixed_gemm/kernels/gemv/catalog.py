@@ -34,14 +34,14 @@ SHAPES = (
     (32, 4, (2, 2), 2, True),
     # A CTA per 16 or 32 rows with 8 K-warps of 16 atoms: an 8B-sized K (4096) is two steps and its
     # 4096-row shapes get 128-256 CTAs without split-K, so no fp32 planes and no last-CTA pass (the
-    # latency the small shapes pay: issue #23 item 2).
+    # latency the small shapes pay).
     (8, 1, (1, 8), 16, False),
     (8, 1, (2, 8), 8, False),
     # The same at 16 tokens, x staged: 4096x4096 at M=16 10.1 vs 10.6 µs for the best sm80 tile
-    # (bench/NOTES.md, session 16).
+    # (docs/notes/gemv.md).
     (16, 1, (1, 8), 8, True),
     # Twice the step (int8: u8, int4: u16 with x stages above 48 KB in dynamic shared memory):
-    # int8 on 4096x4096 at M=16 11.6 -> 11.3 µs (bench/NOTES.md, session 23).
+    # int8 on 4096x4096 at M=16 11.6 -> 11.3 µs (docs/notes/gemv.md).
     (16, 1, (1, 8), 16, True),
     # CUDA-core FMA variant (1-4 tokens): no n8 padding, fp32 FMAs; timed beside the mma kernels.
     (1, 1, (1, 8), 16, False),
@@ -76,17 +76,17 @@ LOWBIT_SHAPES = (
     (16, 4, (2, 2), 16, True),
     (32, 4, (2, 2), 4, True),
     (1, 2, (4, 2), 8, False),
-    # int4's M=1 winners on the 8B and 70B qkv/o shapes (latency, not bytes: bench/NOTES.md, session
-    # 21): 256-row CTAs with no cross-warp reduction, and CTAs of 8 or 16 K-warps.
+    # int4's M=1 winners on the 8B and 70B qkv/o shapes (latency, not bytes: docs/notes/lowbit.md):
+    # 256-row CTAs with no cross-warp reduction, and CTAs of 8 or 16 K-warps.
     (8, 2, (8, 1), 8, False),
     (8, 1, (1, 8), 16, False),
     (8, 1, (2, 8), 8, False),
     # The one-strip 16-token kernel int4 runs on 4096x4096: 8B o at M=16, 2-bit 11.3 -> 10.5 µs
-    # against the sm80 tile (bench/NOTES.md, session 23).
+    # against the sm80 tile (docs/notes/lowbit.md).
     (16, 1, (1, 8), 8, True),
     # The same with x stages above 48 KB (dynamic shared memory): a warp's share of a 4096-long K in
     # one step (8 tokens, 32 atoms) or two (16 tokens). 2-bit 4096x4096 at M=8 8.2 -> 7.8 µs, M=16
-    # 10.5 -> 10.1; sparse 6144x4096 at M=8 14.5 -> 13.8 (bench/NOTES.md, session 23).
+    # 10.5 -> 10.1; sparse 6144x4096 at M=8 14.5 -> 13.8 (docs/notes/lowbit.md).
     (8, 1, (1, 8), 32, True),
     (16, 1, (1, 8), 16, True),
 )
@@ -120,7 +120,7 @@ LOWBIT_RING_SHAPES = (
 
 # 1:2-sparse only (mma.sp, which the sm80 tiles cannot run: gemv serves it up to 32 tokens): 32-token
 # rings whose x stage 8 N-warps share, (tokens, strips, warps, unroll, stages). They won 70B gate_up
-# at M=32 (175 -> 161 µs) and bf16 8B o; the same at 16 tokens never won (bench/NOTES.md, session 25).
+# at M=32 (175 -> 161 µs) and bf16 8B o; the same at 16 tokens never won (docs/notes/lowbit.md).
 SPARSE_RING_SHAPES = (
     (32, 1, (8, 1), 4, 3),
     (32, 2, (8, 1), 4, 2),
@@ -129,8 +129,8 @@ SPARSE_RING_SHAPES = (
 
 # Compiled for more CTAs per SM than ptxas would give them (``_o<N>``: __launch_bounds__(threads, N),
 # the registers capped at 64K / (N x threads)): (tokens, strips, warps, unroll, stage x, N). More
-# warps per SM keep more weight loads in flight at M=1 on the 8B-sized shapes (bench/NOTES.md,
-# session 14: 6144x4096 11.1 -> 10.0 µs, 8192x8192 20.4 -> 19.1 µs).
+# warps per SM keep more weight loads in flight at M=1 on the 8B-sized shapes (docs/notes/gemv.md:
+# 6144x4096 11.1 -> 10.0 µs, 8192x8192 20.4 -> 19.1 µs).
 OCCUPANCY_SHAPES = (
     (8, 1, (1, 8), 16, False, 3),
     (8, 2, (8, 1), 8, False, 3),
@@ -140,8 +140,8 @@ OCCUPANCY_SHAPES = (
 
 # Deferred group scaling (``_ds``, templates/atoms/deferred.cuh): the mma takes the codes in their
 # offset encoding and each group's scale and zero are applied to the fp32 sums, 8-10 instructions
-# per atom fewer: (tokens, strips, warps, unroll, stage x, occupancy). The A/B (bench/NOTES.md,
-# session 15): 4096x4096 at M=1 8.0 -> 6.7 µs, 28672x4096 29.8 -> 25.2, 57344x8192 99 -> 91.
+# per atom fewer: (tokens, strips, warps, unroll, stage x, occupancy). The A/B (docs/notes/gemv.md):
+# 4096x4096 at M=1 8.0 -> 6.7 µs, 28672x4096 29.8 -> 25.2, 57344x8192 99 -> 91.
 DEFERRED_SHAPES = (
     (8, 1, (1, 8), 16, False, 0),
     (8, 1, (1, 8), 16, True, 0),
@@ -157,7 +157,7 @@ DEFERRED_SHAPES = (
 
 
 # Deferred group scaling for 1-3 bits (``_ds``; not 1:2-sparse): (tokens, strips, warps, unroll,
-# stages). The A/B (bench/NOTES.md, session 16): 3-bit 57344x8192 at M=1 137 -> 126 µs, M=16
+# stages). The A/B (docs/notes/lowbit.md): 3-bit 57344x8192 at M=1 137 -> 126 µs, M=16
 # 205 -> 197; 4096x4096 2- and 3-bit 4-5% faster; 2-bit's large shapes keep the plain ring.
 LOWBIT_DEFERRED_SHAPES = (
     (8, 4, (2, 2), 8, 0),
@@ -175,7 +175,7 @@ LOWBIT_DEFERRED_SHAPES = (
 # 1:2-sparse's ``_ds``): (tokens, strips, warps, unroll). Without the per-pair fma the ``_ds`` u16
 # loop needs ~100 registers, two 256-thread CTAs per SM; a third keeps more loads in flight. It won
 # 6144x4096 at M 1-4 (15 entries, 1-4%); the same for the (8, 2, (8, 1), 8) CTA never won
-# (bench/NOTES.md, session 24).
+# (docs/notes/lowbit.md).
 LOWBIT_OCCUPANCY_SHAPES = (
     (8, 1, (1, 8), 16),
 )

@@ -31,7 +31,7 @@ def splits_for(config: GemvConfig, n: int, k: int, sms: int) -> int:
 
 # The lowbit layout (1-3 bits; its catalog.LOWBIT_SHAPES): up to 8 tokens. From 9 the sm80 family's
 # `_lowbit` tiles take it: on the H100 they beat every gemv kernel at M 16 and 32 (11-48%), and this
-# table's m16/m32 rows were 2.2x off the best there (bench/NOTES.md, session 22).
+# table's m16/m32 rows were 2.2x off the best there (docs/notes/selection.md).
 LOWBIT_ROWS = ((8, "m8_s2_w4x2_u16"),)
 LOWBIT_MAX_M = LOWBIT_ROWS[-1][0]
 # 1:2-sparse 7 bits (mma.sp's fragments, which the sm80 tiles cannot read): gemv up to 32 tokens.

@@ -1,5 +1,5 @@
-"""The ``moe_gemv`` family: the decode path of a mixture-of-experts layer (issue #24,
-docs/moe-plan.md section 5.1; templates/moe_gemv/). Two launches per layer, no host sync: the
+"""The ``moe_gemv`` family: the decode path of a mixture-of-experts layer (docs/notes/moe.md;
+templates/moe_gemv/). Two launches per layer, no host sync: the
 gate|up kernel (``stage="w13"``, SiLU(gate) * up fused) and the down kernel (``stage="w2"``, the
 top-k weighted sum fused, deterministic), reading the experts' weights from the stacked
 sm90a-layout experts (``ops.experts.PackedExperts``), in one of two schedules:
@@ -12,7 +12,7 @@ sm90a-layout experts (``ops.experts.PackedExperts``), in one of two schedules:
   (gemv's mma path on gathered rows): the floor whenever an expert has at most ``tokens`` pairs.
 
 A grouped family: it is registered in ``kernels.GROUPED_FAMILIES``, not ``FAMILIES``, so dense
-selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.experts.moe``
+selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.moe_grouped``
 chooses among the grouped families.
 """
 from __future__ import annotations

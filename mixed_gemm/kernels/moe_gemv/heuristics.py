@@ -1,5 +1,5 @@
 """The moe_gemv family's choices when no profile covers a problem, kept as data (none of it is
-measured yet: the numbers follow gemv's, docs/moe-plan.md section 5.1).
+measured yet: the numbers follow gemv's, docs/notes/moe.md).
 
 - Pair mode or expert mode. Pair mode streams an expert's weight once per pair routed to it;
   expert mode once per ``tokens`` (8 or 16) of its pairs, for the price of a routing scan per CTA

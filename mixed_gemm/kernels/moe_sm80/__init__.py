@@ -1,5 +1,5 @@
-"""The ``moe_sm80`` family: the many-token side of a mixture-of-experts layer on Ampere and Ada
-(issue #24): the sm80 family's multistage mma.sync tile, reading the stacked sm90a-layout experts
+"""The ``moe_sm80`` family: the many-token side of a mixture-of-experts layer on Ampere and Ada:
+the sm80 family's multistage mma.sync tile, reading the stacked sm90a-layout experts
 (``ops.experts.PackedExperts``, the one copy ``prepack_experts`` makes on every GPU a grouped family
 runs on), one launch per projection over every expert's rows (templates/moe_sm80/).
 

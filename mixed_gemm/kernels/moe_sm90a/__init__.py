@@ -1,4 +1,4 @@
-"""The ``moe_sm90a`` family: the many-token side of a mixture-of-experts layer on Hopper (issue #24):
+"""The ``moe_sm90a`` family: the many-token side of a mixture-of-experts layer on Hopper:
 CUTLASS 3.x's ptr-array (grouped) wgmma mixed-input GEMM, one group per expert, reading the stacked
 sm90a-layout experts (``ops.experts.PackedExperts``: each expert exactly the dense sm90a family's
 weight) once per tile of the rows routed to it (templates/moe_sm90a/).
@@ -8,7 +8,7 @@ per-expert problem sizes and pointers into device arrays and launches the groupe
 is followed by SiLU(gate) * up, down by the top-k weighted sum (launch.py). No host sync: it runs
 under CUDA-graph capture. Compiled for ``sm_90a`` only, like the dense sm90a family.
 
-A grouped family (``kernels.GROUPED_FAMILIES``): ``ops.experts.moe`` asks it first, and its
+A grouped family (``kernels.GROUPED_FAMILIES``): ``ops.moe_grouped`` asks it first, and its
 heuristic passes (None) while the routed experts get few pairs each, leaving those to moe_gemv.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The moe_sm90a family's choices when no profile covers a problem, from the H100 sweep of the
-three MoE presets (``mixed-gemm profile-moe``, bench/NOTES.md "Grouped wgmma path"):
+three MoE presets (``mixed-gemm profile-moe``, docs/notes/moe.md):
 
 - When it runs: once the routed experts hold ``MIN_REUSE`` pairs each on average (random routing,
   ``moe_gemv.heuristics.expected_experts``). Measured: Mixtral at 32 tokens (8 pairs per expert)

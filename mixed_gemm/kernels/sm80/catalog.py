@@ -29,7 +29,7 @@ SHAPES = (
 SHAPES_SM90A = SHAPES[:7]
 WEIGHT_KINDS = tuple((dtype, bits, zero) for dtype in DTYPES for bits in LAYOUT_BITS["sm80"] for zero in ZERO_MODES)
 # The same tiles on the lowbit layout (1-3 bits; not 1:2-sparse: config.LAYOUT_BITS): batches of 9-32 tokens, where
-# the gemv kernels lose a third of their M=1 speedup (bench/NOTES.md, session 22).
+# the gemv kernels lose a third of their M=1 speedup (docs/notes/sm80.md).
 SHAPES_LOWBIT = SHAPES_SM90A
 # The atom layouts fold every zero mode into their additive zero: one kernel per dtype and width.
 WEIGHT_KINDS_SM90A = tuple((dtype, bits, "int") for dtype in DTYPES for bits in LAYOUT_BITS["sm90a"])

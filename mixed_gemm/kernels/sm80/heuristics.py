@@ -4,7 +4,7 @@ Small M is memory-bound: stream B once with as many bytes in flight as possible,
 with K split over warps, and split-K across blocks until the grid covers the GPU
 ``SPLIT_K_TARGET_WAVES`` times. The split-K mode is "fused" (the last slice of a tile sums the
 others): on the H100 parallel split-K beat no split by 15-50% on every decode shape with
-N <= 10240 (bench/NOTES.md, v2), and the fused variant drops its second launch. Serial split-K lost
+N <= 10240 (docs/notes/sm80.md), and the fused variant drops its second launch. Serial split-K lost
 to its slice-by-slice epilogue beyond 2 slices. Mid M is math-bound on mma.sync: square tiles
 amortize the dequantization over 64 rows per warp. Above ``ROWS[-1]`` the family passes (the
 dequant_mm family takes large M: cuBLAS's Hopper kernels outrun mma.sync there).
@@ -24,7 +24,7 @@ ROWS: Tuple[Tuple[int, str], ...] = (
 )
 # The atom layouts (sm90a; lowbit from 9 tokens, gemv taking up to 8): the decode tiles with the
 # layout's schedule suffix. On lowbit, with the fused split below, within 1.07x of the best profiled
-# schedule on the H100 (geomean; worst 1.23x; bench/NOTES.md, session 22).
+# schedule on the H100 (geomean; worst 1.23x; docs/notes/selection.md).
 DECODE_ROWS: Tuple[Tuple[int, str], ...] = ((16, "t16x64x128_w1x1x4_s4"), (32, "t32x64x128_w1x1x4_s4"))
 ROWS_BY_LAYOUT = {"sm80": ROWS, **{layout: tuple((m, f"{s}_{layout}") for m, s in DECODE_ROWS)
                                    for layout in ("sm90a", "lowbit")}}

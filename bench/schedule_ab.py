@@ -1,0 +1,152 @@
+"""A/B of schedules on the same weights: each case's schedules timed alternately with cuBLAS in the
+same dtype (cold L2, CUDA graphs, median of ``--rounds``), each checked against the float32 reference.
+
+    python bench/schedule_ab.py --cases CASES [--rounds 3] [--dtype f16] [--between] [--out FILE]
+    python bench/schedule_ab.py --cases CASES --pack kcache/ab.txz     # no GPU needed
+
+A case is one line of the file CASES (or a ``--case`` argument, repeatable):
+``N K M BITS GROUP schedule [schedule ...]``, ``#`` starts a comment, for example
+
+    57344 8192 1 2 64 gemv:m8_s4_w2x2_u8_p3_split2 gemv:m8_s2_w4x2_u8_p3_split2
+    4096 4096 16 4 128 sm80:t16x64x128_w1x1x4_s4_sm90a_kparallel4 gemv:m16_s4_w2x2_u4_p3_split4
+
+Prints one row per (case, schedule): µs, speedup over cuBLAS, the weight's share of the 3.0 TB/s
+floor and the relative error. ``--pack`` instead builds the cases' kernels (where missing) and writes
+their kernel-cache entries to one xz tar, which bench/device/env.sh unpacks on the GPU machine: a
+call then carries the few kernels it times instead of the whole cache.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+from typing import List, Tuple
+
+import torch
+
+import mixed_gemm as mg
+from mixed_gemm.kernels import parse_schedule
+
+FLOOR_BW = 3.0e12
+
+Case = Tuple[int, int, int, int, int, List[str]]
+
+
+def read_cases(path: str, extra: List[str]) -> List[Case]:
+    lines = list(open(path)) if path else []
+    cases = []
+    for raw in lines + extra:
+        fields = raw.split("#")[0].split()
+        if not fields:
+            continue
+        if len(fields) < 6:
+            raise ValueError(f"case {raw.strip()!r}: needs N K M BITS GROUP and at least one schedule")
+        n, k, m, bits, group = map(int, fields[:5])
+        cases.append((n, k, m, bits, group, fields[5:]))
+    if not cases:
+        raise ValueError("no cases: give --cases FILE or --case 'N K M BITS GROUP schedule ...'")
+    return cases
+
+
+def pack(cases: List[Case], dtype: str, out: str) -> None:
+    from mixed_gemm._paths import cache_dir
+    from mixed_gemm.compile.cache import build_spec, locate
+    from mixed_gemm.kernels import family_of
+
+    specs = {}
+    for _, _, _, bits, _, schedules in cases:
+        for schedule in schedules:
+            config = parse_schedule(schedule, dtype=dtype, bits=bits, zero_mode="int")
+            spec = family_of(config).build_spec(config.kernel)
+            specs[spec.name] = spec
+    entries = []
+    for spec in specs.values():
+        build_spec(spec)
+        entries.append(locate(spec.name, spec.source(), spec.arch_flags, (), spec.output)[1].name)
+    target = os.path.abspath(out)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tar = subprocess.Popen(["tar", "cf", "-", *sorted(entries)], cwd=cache_dir(), stdout=subprocess.PIPE)
+    with open(target, "wb") as f:
+        subprocess.run(["xz", "-T2", "-6"], stdin=tar.stdout, stdout=f, check=True)
+    if tar.wait() != 0:
+        raise RuntimeError("tar failed")
+    print(f"{len(entries)} kernels -> {out}")
+
+
+def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool) -> List[str]:
+    from mixed_gemm.profiler.timing import copies_for, time_graph
+    from mixed_gemm.profiler.workload import packed_bytes, random_weights
+
+    td = torch.float16 if dtype == "f16" else torch.bfloat16
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    lines = []
+    for n, k, m, bits, group, schedules in cases:
+        qbytes = packed_bytes(n, k, bits, group, True)
+        ws = random_weights(n, k, bits=bits, group_size=group, dtype=dtype, copies=copies_for(qbytes, l2))
+        dense = [(torch.randn(n, k, device="cuda") * 0.02).to(td) for _ in range(copies_for(2 * n * k, l2))]
+        x = torch.randn(m, k, device="cuda").to(td)
+        y = torch.empty(m, n, device="cuda", dtype=td)
+        want = mg.dequantize(ws[0]).float() @ x.float().t()
+        cfgs = {}
+        for s in schedules:
+            cfg = parse_schedule(s, dtype=dtype, bits=bits, zero_mode="int")
+            y.fill_(float("nan"))
+            mg.matmul(x, ws[0], config=cfg, out=y)
+            err = ((y.float().t() - want).abs().max() / want.abs().max()).item()
+            cfgs[s] = (cfg, err)
+        times = {s: [] for s in ["dense", *schedules]}
+
+        def pre():  # with --between, an elementwise kernel first, as a norm precedes a GEMM in a model
+            if between:
+                x.mul_(1.0)
+
+        def dense_mm(i):
+            pre()
+            torch.mm(x, dense[i % len(dense)].t(), out=y)
+
+        def ours(i, c):
+            pre()
+            mg.matmul(x, ws[i % len(ws)], config=c, out=y)
+
+        for _ in range(rounds):  # alternate, so drift between rounds hits every schedule alike
+            times["dense"].append(time_graph(dense_mm, 2 * len(dense)))
+            for s, (cfg, _) in cfgs.items():
+                times[s].append(time_graph(lambda i, c=cfg: ours(i, c), 2 * len(ws)))
+        base = statistics.median(times["dense"])
+        for s in schedules:
+            t = statistics.median(times[s])
+            line = (f"{n}x{k} m={m} u{bits} g{group} {s:34s} {t * 1e6:8.1f} us  {base / t:5.2f}x  "
+                    f"floor {qbytes / FLOOR_BW / t:4.0%}  err {cfgs[s][1]:.1e}")
+            print(line, flush=True)
+            lines.append(line)
+        del ws, dense
+        torch.cuda.empty_cache()
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="", help="a file of case lines")
+    ap.add_argument("--case", action="append", default=[], help="one case line (repeatable)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
+    ap.add_argument("--out", default=None, help="also write the rows here")
+    ap.add_argument("--between", action="store_true",
+                    help="an elementwise torch kernel (x *= 1) before every call, as a norm precedes a GEMM "
+                         "in a model: times are then per pair")
+    ap.add_argument("--pack", metavar="OUT.txz", default="",
+                    help="build the cases' kernels and pack their cache entries instead of timing")
+    a = ap.parse_args()
+    cases = read_cases(a.cases, a.case)
+    if a.pack:
+        pack(cases, a.dtype, a.pack)
+        return
+    lines = time_cases(cases, a.dtype, a.rounds, a.between)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

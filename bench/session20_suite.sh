@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# Session 20, the closing GPU run: the whole suite but the packaged test (carry the kcache parts;
-# the package test and the MoE bench run in the next call, bench/session20_pkg.sh).
-set -uo pipefail
-export MIXED_GEMM_CACHE_DIR=/tmp/kcache
-bash bench/device_run.sh none > "$OUT/setup.log" 2>&1
-export PYTHONPATH=$PWD:/tmp/site
-SUITE_TIMEOUT=${SUITE_TIMEOUT:-420} OUT=$OUT bash bench/device_run.sh suite-rest 2>&1 | tail -4
-grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20

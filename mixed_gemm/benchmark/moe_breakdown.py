@@ -1,0 +1,170 @@
+"""``mixed-gemm bench --moe --breakdown``: where one mg.moe layer's time goes, stage by stage.
+
+The layer is captured in a CUDA graph behind a write of a buffer twice the L2 (cold L2, as the
+bench times it; capture always takes the grouped path, ops/moe.py) and replayed under
+torch.profiler; every kernel of a replay gets a stage from its name (:func:`stage_of`): the
+routing sort (torch's stable sort of the pairs' expert ids), the routing bookkeeping (per-expert
+counts, offsets, pointer arrays, the pairs' positions, the weights to fp32), the gathers and
+scatters of activation rows (x into expert order, h where it is not handed over sorted), the
+gate|up GEMM, SiLU(gate) * up, the down GEMM, and the top-k combine. Every grouped family fuses
+SiLU * up into the gate|up GEMM's epilogue and moe_gemv fuses the combine into its down kernel:
+those show as ``fused``. The op itself is not touched: kernel times come from the profiler (CUPTI
+reports each kernel of a graph replay), grouped by replay, median over replays. ``span`` is the
+replay's first kernel start to its last kernel end, so span minus the kernels' sum is the time the
+GPU sat between kernels.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+STAGES = ("sort", "routing", "gathers", "gate|up GEMM", "SiLU·mul", "down GEMM", "top-k combine")
+# Stages a grouped family may run inside another stage's kernel: an empty one is shown as fused.
+FUSABLE = ("SiLU·mul", "top-k combine")
+_SIXTEEN_BIT = ("Half", "BFloat16", "bfloat16", "__half", "OpaqueType<2>")
+
+
+def stage_of(name: str, gate_up_seen: bool) -> str:
+    """The stage of a kernel called ``name`` in one mg.moe call; ``gate_up_seen``: a gate|up GEMM
+    kernel came earlier in the call (mg's grouped GEMMs whose names do not say their projection,
+    moe_sm90a's, are told apart by order: gate|up runs first)."""
+    low = name.lower()
+    if "combine" in low:
+        return "top-k combine"
+    if name.startswith("mg_"):  # our kernels (extern "C" names: the config's kernel_name)
+        if "gate_up" in low or "_w13_" in low:
+            return "gate|up GEMM"
+        if "_w2_" in low:
+            return "down GEMM"
+        return "down GEMM" if gate_up_seen else "gate|up GEMM"
+    if "silu" in low:
+        return "SiLU·mul"
+    if "sort" in low or "fill_index_and_segment" in low:  # torch's sort: cub radix passes, its in-place kernels
+        return "sort"
+    if any(w in low for w in ("index", "gather", "scatter")) and any(t in name for t in _SIXTEEN_BIT):
+        return "gathers"  # moving activation rows (16-bit); the int64 index work is routing
+    return "routing"
+
+
+def classify(kernels: Sequence[Tuple[str, float]]) -> Dict[str, Tuple[float, int]]:
+    """``{stage: (µs, kernels)}`` of one call's ``(name, µs)`` kernels, in launch order."""
+    out = {stage: (0.0, 0) for stage in STAGES}
+    seen = False
+    for name, us in kernels:
+        stage = stage_of(name, seen)
+        seen = seen or stage == "gate|up GEMM"
+        t, n = out[stage]
+        out[stage] = (t + us, n + 1)
+    return out
+
+
+def split_replays(events: Sequence[Tuple[str, float, float, int]], replays: int) -> List[List[Tuple[str, float, float]]]:
+    """The kernels ``(name, start µs, end µs)`` of each of ``replays`` graph replays, in order, from
+    the profiler's device events ``(name, start, end, correlation id)``: a replay's kernels share
+    the correlation id of its graph launch (else, with no ids, the events split into equal runs).
+    The first kernel of each replay (the L2 flush) is dropped."""
+    groups: Dict[int, List[Tuple[str, float, float]]] = {}
+    for name, start, end, corr in events:
+        groups.setdefault(corr, []).append((name, start, end))
+    runs = [sorted(g, key=lambda k: k[1]) for c, g in groups.items() if c]
+    sizes = Counter(len(r) for r in runs)
+    size = max(sizes, key=lambda s: (sizes[s], s)) if sizes else 0
+    runs = [r for r in runs if len(r) == size]
+    if len(runs) != replays:
+        ordered = sorted(((n, s, e) for n, s, e, _ in events), key=lambda k: k[1])
+        if not ordered or len(ordered) % replays:
+            raise ValueError(f"events: cannot split {len(ordered)} kernels into {replays} replays")
+        size = len(ordered) // replays
+        runs = [ordered[i * size:(i + 1) * size] for i in range(replays)]
+    runs.sort(key=lambda r: r[0][1])
+    return [r[1:] for r in runs]
+
+
+def summarize(replays: Sequence[Sequence[Tuple[str, float, float]]]) -> Dict:
+    """Per stage the median µs and the kernels per call; the kernels' summed time and the span."""
+    per = [classify([(n, e - s) for n, s, e in r]) for r in replays]
+    stages = {st: statistics.median(p[st][0] for p in per) for st in STAGES}
+    counts = {st: per[0][st][1] for st in STAGES}
+    return dict(stage_us=stages, stage_kernels=counts, kernels=sum(counts.values()),
+                sum_us=statistics.median(sum(p[st][0] for st in STAGES) for p in per),
+                span_us=statistics.median(r[-1][2] - r[0][1] for r in replays if r),
+                names=sorted({n for n, _, _ in replays[0]}))
+
+
+def profile_replays(fn, replays: int = 5) -> List[List[Tuple[str, float, float]]]:
+    """``fn`` (called once first, outside) captured behind an L2 flush and replayed ``replays``
+    times under torch.profiler: each replay's kernels (:func:`split_replays`). RuntimeError where
+    ``fn`` cannot be captured."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from .moe import graph_of
+
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    graph = graph_of(lambda: (flush.zero_(), fn()), 1)
+    if graph is None:
+        raise RuntimeError("the layer could not be captured in a CUDA graph")
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = [(e.name, e.time_range.start, e.time_range.end, getattr(e, "linked_correlation_id", 0) or 0)
+              for e in prof.events() if e.device_type == DeviceType.CUDA]
+    del graph
+    return split_replays(events, replays)
+
+
+def breakdown(layer, tokens: Sequence[int], replays: int = 5) -> List[Dict]:
+    """One row per token count for ``layer`` (a :class:`.moe.MoeLayer`): :func:`summarize` of its
+    replays and the grouped kernels that ran, or ``error`` where it could not be profiled."""
+    from ..ops import moe
+    from ..ops.moe_grouped import grouped_plan
+    from .moe import random_routing
+
+    shape, rows = layer.shape, []
+    for t in tokens:
+        x = (torch.randn(t, shape.hidden, generator=layer.gen) / 4).to("cuda", layer.dense13.dtype)
+        weights, ids = random_routing(t, shape, layer.gen)
+        plan = grouped_plan(x, layer.w13, layer.w2, shape.top_k)
+        row = dict(model=layer.name, tokens=t, kernels_run=plan if isinstance(plan, str) else
+                   " + ".join(f"{f.name}:{c.schedule}" for f, c in zip(plan.families, plan.configs)))
+        try:
+            row.update(summarize(profile_replays(lambda: moe(x, layer.w13, layer.w2, weights, ids), replays)))
+        except Exception as exc:  # noqa: BLE001 - a stage table that cannot be made is a note, not a failed bench
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        rows.append(row)
+    return rows
+
+
+def _cell(r: Dict, stage: str) -> str:
+    us, n = r["stage_us"][stage], r["stage_kernels"][stage]
+    if not n:
+        return "fused" if stage in FUSABLE else "-"
+    return f"{us:.1f} ({100 * us / r['sum_us']:.0f}%)"
+
+
+def table(rows: List[Dict]) -> List[str]:
+    """One markdown table per model: per token count each stage's µs (share of the kernels' sum),
+    the sum, the span, the kernels launched and the grouped kernels that ran."""
+    out: List[str] = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        head = ("| tokens | " + " | ".join(s.replace("|", "\\|") for s in STAGES)
+                + " | kernels' sum | span | kernels | grouped kernels |")
+        out += [f"### {model}: mg.moe by stage, µs per layer (share of the kernels' sum)", "", head,
+                "|" + "---|" * (head.replace("\\|", "").count("|") - 1)]
+        for r in (r for r in rows if r["model"] == model):
+            if "error" in r:
+                out.append(f"| {r['tokens']} | " + " | ".join("-" for _ in STAGES) + f" | - | - | - | {r['error']} |")
+                continue
+            out.append(f"| {r['tokens']} | " + " | ".join(_cell(r, s) for s in STAGES)
+                       + f" | {r['sum_us']:.1f} | {r['span_us']:.1f} | {r['kernels']} | {r['kernels_run']} |")
+        out.append("")
+    return out

@@ -1,0 +1,47 @@
+"""Which all-reduce a call runs: one of ours (one-shot, two-shot) or NCCL, from the message's size
+and the group's size only (never from pointers or timings), so that every rank of a group, which
+sees the same sizes, makes the same choice: a rank that ran another algorithm than its peers
+would wait for them forever.
+
+Modes (``MIXED_GEMM_ALLREDUCE``, or the layers' ``all_reduce`` argument): ``auto`` (the table
+below), ``nccl`` (always NCCL: the A/B baseline), ``one_shot`` / ``two_shot`` (that algorithm
+wherever ours can run at all). Measurements behind the table: docs/notes/tensor-parallel-allreduce.md.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+MODES = ("auto", "nccl", "one_shot", "two_shot")
+NCCL = "nccl"
+
+# Largest message (bytes) one-shot takes in auto mode, by world size; two-shot above it. One-shot
+# pushes the whole message to each of the W - 1 peers (W - 1 times its bytes out of each GPU),
+# two-shot 2 (W - 1) / W times them but crosses two barriers: with two ranks both move the
+# message once, so one-shot always wins there. The crossover for more ranks is estimated from
+# NVLink bandwidth and one barrier's latency (not measured on 4 or 8 GPUs yet).
+ONE_SHOT_MAX_BYTES = {2: None, 3: 512 << 10, 4: 256 << 10, 5: 128 << 10, 6: 128 << 10, 7: 128 << 10, 8: 128 << 10}
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`MODES`; ``ValueError`` naming the choices otherwise."""
+    if mode not in MODES:
+        raise ValueError(f"all_reduce: must be one of {MODES} (or set MIXED_GEMM_ALLREDUCE to one), got {mode!r}")
+    return mode
+
+
+def choose(nbytes: int, world_size: int, mode: str, slot_bytes: int) -> Tuple[str, str]:
+    """``(algorithm, reason)``: ``"one_shot"``, ``"two_shot"`` or ``"nccl"`` for a message of
+    ``nbytes`` over ``world_size`` ranks of a group whose buffers hold ``slot_bytes`` per slot."""
+    check_mode(mode)
+    if mode == NCCL:
+        return NCCL, "NCCL forced (all_reduce='nccl' / MIXED_GEMM_ALLREDUCE=nccl)"
+    if world_size not in ONE_SHOT_MAX_BYTES:
+        return NCCL, f"{world_size} ranks: ours serves 2 to {max(ONE_SHOT_MAX_BYTES)}"
+    if nbytes > slot_bytes:
+        return NCCL, f"{nbytes} bytes: above the {slot_bytes}-byte buffers (MIXED_GEMM_ALLREDUCE_MAX_BYTES)"
+    if mode != "auto":
+        return mode, f"{mode} forced"
+    limit = ONE_SHOT_MAX_BYTES[world_size]
+    if limit is None or nbytes <= limit:
+        return "one_shot", "one-shot: a small message" if limit else "one-shot: two ranks move the message once either way"
+    return "two_shot", f"two-shot: above {limit} bytes over {world_size} ranks"
