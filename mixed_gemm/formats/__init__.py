@@ -5,8 +5,8 @@ Canonical form: ``q`` uint8 ``(N, K)``, ``s`` ``(N, K // G)`` float, ``z`` like 
 """
 from __future__ import annotations
 
-from ._checks import BITS, FORMATS
-from .checkpoint import AWQ_ORDER, pack, resolve_zero_mode, unpack
+from ._checks import BITS, FORMATS, check_finite, check_g_idx
+from .checkpoint import AWQ_ORDER, check_format_args, pack, resolve_zero_mode, unpack
 from .groups import expand_groups, make_g_idx
 from .quantize import quantize
 from .sparse import sparsify_quantize
@@ -16,6 +16,9 @@ __all__ = [
     "sparsify_quantize",
     "AWQ_ORDER",
     "BITS",
+    "check_finite",
+    "check_format_args",
+    "check_g_idx",
     "FORMATS",
     "expand_groups",
     "make_g_idx",

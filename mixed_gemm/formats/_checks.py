@@ -122,6 +122,18 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> None:
             )
 
 
+def check_finite(name: str, t: Optional[torch.Tensor]) -> None:
+    """A floating ``t`` holds no inf/nan (``None`` and integer tensors pass). A host sync on a GPU
+    tensor: for one-time checks (pack, unpack, prepack, loading), never a per-call path."""
+    if t is None or not t.is_floating_point():
+        return
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name}: expected finite values, got inf/nan ({int(bad.sum())} of {t.numel()}, the first "
+                         f"at {first})")
+
+
 def check_int_range(name: str, t: torch.Tensor, lo: int, hi: int) -> None:
     """All values of ``t`` lie in ``[lo, hi)``. Floating ``t`` must also hold integers."""
     if t.is_floating_point():

@@ -99,10 +99,11 @@ def _validate_canonical(q, s, z, *, bits, group_size, g_idx, fmt, names=("q", "s
     if z is not None:
         C.check_shape(zn, z, tuple(s.shape), f" (same as {sn})")
     C.check_int_range(qn, q, 0, 1 << bits)
+    C.check_finite(sn, s)  # a corrupt checkpoint's nan scale would surface only as nan outputs
     if z is not None and zero_mode == "int":
         C.check_int_range(zn, z, 0, 1 << bits)
-    elif z is not None and not bool(torch.isfinite(z).all()):
-        raise ValueError(f"{zn}: expected finite values, got inf/nan")
+    else:
+        C.check_finite(zn, z)
     if g_idx is not None:
         C.check_g_idx(g_idx, k, C.num_groups(k, g), q.device)
     return n, k
@@ -142,6 +143,7 @@ def _validate_packed(qweight, scales, zeros, *, bits, group_size, g_idx, fmt):
     if zeros is not None:
         C.check_multiple("zeros", "N", n, p, f"{bits}-bit zeros pack {p} per int32 along N")
         C.check_shape("zeros", zeros, (C.num_groups(k, g), n // p), f" = (ceil(K / group_size), N // {p}) for K={k}, N={n}, group_size={group_size}")
+    C.check_finite("scales", scales)
     if fmt == "awq":
         _reject_g_idx(g_idx, fmt)
     elif g_idx is not None:
@@ -149,7 +151,8 @@ def _validate_packed(qweight, scales, zeros, *, bits, group_size, g_idx, fmt):
     return n, k
 
 
-def _common(format, bits, group_size):
+def check_format_args(format, bits, group_size) -> Tuple[str, int, int]:
+    """``(format, bits, group_size)`` checked as :func:`unpack` checks them (the bits the format carries)."""
     fmt = C.check_format(format)
     return fmt, C.check_bits(bits, C.FORMAT_BITS[fmt], f" for format {fmt!r}"), C.check_group_size(group_size)
 
@@ -193,7 +196,7 @@ def unpack(
         ValueError: unknown format, bits not in {4, 8}, bad group size, shapes that disagree,
             out-of-range values (``"plain"``, ``g_idx``), tensors on different devices.
     """
-    fmt, bits, group_size = _common(format, bits, group_size)
+    fmt, bits, group_size = check_format_args(format, bits, group_size)
     zero_mode = resolve_zero_mode(zero_mode, fmt)
     if shape is not None and fmt != "hqq":
         raise ValueError(f"shape: only format 'hqq' takes shape (the others hold N and K), got format {fmt!r}")
@@ -213,14 +216,17 @@ def unpack(
         if zeros is not None:
             C.check_tensor("zeros", zeros, dtypes=(scales.dtype,), ndim=2, context=" (same as scales)")
             C.check_shape("zeros", zeros, tuple(scales.shape), " (same as scales)")
+        C.check_finite("scales", scales)
         q = _sparse.unpack(qweight, scales, zeros, g)
-        _validate_canonical(q, scales, zeros, bits=bits, group_size=group_size, g_idx=None, fmt=fmt)
+        _validate_canonical(q, scales, zeros, bits=bits, group_size=group_size, g_idx=None, fmt=fmt,
+                            names=("q", "scales", "zeros"))
         return q, scales, zeros
     if fmt == "hqq":
         _reject_g_idx(g_idx, fmt)
         C.check_tensor("scales", scales, dtypes=C.SCALE_DTYPES, context=" for format 'hqq'")
         q, s, z = _hqq.unpack(qweight, scales, zeros, bits, group_size, shape)
-        _validate_canonical(q, s, z, bits=bits, group_size=group_size, g_idx=None, fmt=fmt, zero_mode=zero_mode)
+        _validate_canonical(q, s, z, bits=bits, group_size=group_size, g_idx=None, fmt=fmt, zero_mode=zero_mode,
+                            names=("q", "scales", "zeros"))
         return q, s, z
     _validate_packed(qweight, scales, zeros, bits=bits, group_size=group_size, g_idx=g_idx, fmt=fmt)
     s = scales.t().contiguous()
@@ -269,7 +275,7 @@ def pack(
     Raises:
         TypeError / ValueError: as for :func:`unpack`, naming ``q``, ``s``, ``z`` or ``g_idx``.
     """
-    fmt, bits, group_size = _common(format, bits, group_size)
+    fmt, bits, group_size = check_format_args(format, bits, group_size)
     zero_mode = resolve_zero_mode(zero_mode, fmt)
     if fmt == "awq":
         _reject_g_idx(g_idx, fmt)

@@ -10,13 +10,14 @@ An ``HQQLinear`` state holds ``W_q`` (bit-packed codes, ``meta["packing"]``), ``
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..nn import QuantLinear
-from .loading import empty_model, finish_loading, set_submodule, set_tensor
+from .loading import check_load_args, discard_on_error, empty_model, finish_loading, set_submodule, set_tensor
 
 WEIGHTS = "qmodel.pt"
 
@@ -25,12 +26,12 @@ def is_hqq_checkpoint(model_dir) -> bool:
     return (Path(model_dir) / WEIGHTS).is_file()
 
 
-def _layer(name: str, state: dict, kdtype: torch.dtype, device) -> QuantLinear:
+def _layer(state: dict, kdtype: torch.dtype, device) -> QuantLinear:
     axis = int(state.get("axis", 1))
     if axis != 1:
-        raise ValueError(f"{name}: HQQ axis={axis}: only axis=1 (groups along K) is served")
+        raise ValueError(f"HQQ axis={axis}: only axis=1 (groups along K) is served")
     if state.get("quant_scale") or state.get("quant_zero"):
-        raise ValueError(f"{name}: HQQ quantized scales/zeros (quant_scale/quant_zero) are not supported")
+        raise ValueError("HQQ quantized scales/zeros (quant_scale/quant_zero) are not supported")
     n, k = (int(d) for d in state["shape"])
     bits, group = int(state["nbits"]), state["group_size"]
     group = k if group is None else int(group)
@@ -46,28 +47,61 @@ def _layer(name: str, state: dict, kdtype: torch.dtype, device) -> QuantLinear:
 
 def load_hqq(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda") -> nn.Module:
     """The ``PreTrainedModel`` of an ``hqq``-saved ``model_dir`` in eval mode on ``device``, its
-    HQQ linear layers as :class:`QuantLinear` (prepacked on ``device``), the other weights in ``dtype``."""
+    HQQ linear layers as :class:`QuantLinear` (prepacked on ``device``), the other weights in ``dtype``.
+    A truncated or corrupt ``qmodel.pt``, or a layer in it that breaks a rule, raises a ValueError
+    naming the file (and the layer), and leaves nothing loaded."""
     from transformers import AutoConfig
 
-    model_dir = Path(model_dir)
     if not is_hqq_checkpoint(model_dir):
         raise ValueError(f"{model_dir}: no {WEIGHTS} (not a checkpoint saved by hqq's AutoHQQHFModel)")
+    model_dir = check_load_args(model_dir, dtype, device)
+    path = model_dir / WEIGHTS
     config = AutoConfig.from_pretrained(model_dir)
+    weights = _read_weights(path)  # the whole file, before the model is built
     model = empty_model(config, dtype)
-    kdtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
-    weights = torch.load(model_dir / WEIGHTS, map_location="cpu", weights_only=True)
-    for name, state in weights.items():
-        if "W_q" in state:
-            if not isinstance(model.get_submodule(name), nn.Linear):
-                raise ValueError(f"{WEIGHTS}: {name} holds HQQ weights but is a {type(model.get_submodule(name))}")
-            set_submodule(model, name, _layer(name, state, kdtype, device))
-            continue
-        for leaf, t in state.items():
-            if torch.is_tensor(t):
-                t = t.to(device)
-                set_tensor(model, f"{name}.{leaf}" if name else leaf, t.to(dtype) if t.is_floating_point() else t)
-    finish_loading(model, getattr(config, "tie_word_embeddings", False), device, WEIGHTS)
+    with discard_on_error(model):
+        _load_weights(model, weights, path, dtype, device)
+        finish_loading(model, getattr(config, "tie_word_embeddings", False), device, WEIGHTS)
     return model.eval()
+
+
+def _read_weights(path: Path) -> dict:
+    """``qmodel.pt``: ``{module name: state dict}``; a file torch cannot read (truncated, corrupt) or
+    one of another shape is a ValueError naming it."""
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path}: not a readable {WEIGHTS} (truncated or corrupt?): {why}") from None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in weights.items()):
+        raise ValueError(f"{path}: expected a {{module name: state dict}} (hqq's AutoHQQHFModel), got "
+                         f"{type(weights).__name__}")
+    return weights
+
+
+def _load_weights(model: nn.Module, weights: dict, path: Path, dtype: torch.dtype, device) -> None:
+    """``weights`` into ``model``: HQQ layers prepacked as :class:`QuantLinear`, the rest set. An error
+    names ``path`` and the module (here, so that discard_on_error can clear this frame's tensors)."""
+    kdtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
+    for name, state in weights.items():
+        try:
+            if "W_q" in state:
+                try:
+                    target = model.get_submodule(name)
+                except AttributeError:
+                    raise ValueError("holds HQQ weights but the model has no such module") from None
+                if not isinstance(target, nn.Linear):
+                    raise ValueError(f"holds HQQ weights but is a {type(target).__name__}")
+                set_submodule(model, name, _layer(state, kdtype, device))
+                continue
+            for leaf, t in state.items():
+                if torch.is_tensor(t):
+                    t = t.to(device)
+                    set_tensor(model, f"{name}.{leaf}" if name else leaf, t.to(dtype) if t.is_floating_point() else t)
+        except KeyError as err:
+            raise ValueError(f"{path}: {name}: its HQQ state lacks {err}") from None
+        except (ValueError, TypeError) as err:
+            raise (TypeError if isinstance(err, TypeError) else ValueError)(f"{path}: {name}: {err}") from None
 
 
 def save_hqq(model: nn.Module, out_dir) -> Path:

@@ -46,7 +46,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..formats import unpack
+from ..formats import check_format_args, check_g_idx, unpack
 from ..nn.parallel import ColumnParallelQuantLinear, RowParallelQuantLinear, check_tp_rank
 from ..nn.quant_linear import QuantLinear
 from ..ops import PackedWeight, prepack
@@ -90,6 +90,21 @@ class Shard:
 # ------------------------------------------------------------------ rules
 def _shape(t) -> Tuple[int, ...]:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(t.get_shape())  # a safetensors slice
+
+
+def check_sources(qweight, scales, zeros, format, bits, group_size) -> None:
+    """Types and ranks of the checkpoint tensors (tensors or safetensors slices) and the format
+    arguments, before any shape is derived from them."""
+    check_format_args(format, bits, group_size)
+    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+        if t is None and name != "zeros":
+            raise TypeError(f"{name}: expected a torch.Tensor or a safetensors slice, got None")
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) and not hasattr(t, "get_shape"):
+            raise TypeError(f"{name}: expected a torch.Tensor or a safetensors slice, got {type(t).__name__}")
+        if len(_shape(t)) != 2:
+            raise ValueError(f"{name}: expected a 2-D tensor, got shape {_shape(t)}")
 
 
 def checkpoint_dims(qweight, scales, fmt: str, bits: int) -> Tuple[int, int]:
@@ -218,6 +233,7 @@ def rank_shard(qweight, scales, zeros=None, *, style: str, tp_rank: int, tp_size
     ``(N, K)``). ``bias``: column-parallel the slice, row-parallel the whole bias (kept on rank 0).
     Moved to ``device`` when given."""
     check_tp_rank(tp_rank, tp_size)
+    check_sources(qweight, scales, zeros, format, bits, group_size)
     qweight, scales, zeros, g_idx, bias = (_to(_read(t), device) for t in (qweight, scales, zeros, g_idx, bias))
     if format == "hqq":
         qweight, scales, zeros = unpack(qweight, scales, zeros, format="hqq", bits=bits, group_size=group_size,
@@ -236,6 +252,7 @@ def rank_shard(qweight, scales, zeros=None, *, style: str, tp_rank: int, tp_size
             raise ValueError(f"zero_mode: an act-order row-parallel shard is padded with zero weights (the zero "
                              f"code), which needs integer zero points; got zero_mode={zero_mode!r}")
         q, s, z = _act_order_canonical(qweight, scales, zeros, format, bits)
+        check_g_idx(g_idx, q.shape[1], s.shape[1], q.device)  # (regroup counts members per group)
         q, s, z, g2, index = regroup(q, s, z, g_idx, group_size=group_size, bits=bits)
         return Shard(q, s, z, format="plain", group_size=g2, input_index=index, **common)
     return Shard(qweight, scales, zeros, format=format, group_size=group_size, g_idx=g_idx, zero_mode=zero_mode,
@@ -273,6 +290,7 @@ def shard_checkpoint(qweight, scales, zeros=None, *, style: str, tp_rank: int, t
     read (tensors or safetensors slices) and moved to ``device`` (``"hqq"``: read whole and
     unpacked where the tensors are, then cut)."""
     check_tp_rank(tp_rank, tp_size)
+    check_sources(qweight, scales, zeros, format, bits, group_size)
     if format == "hqq":  # read whole (rows interleave over all of W_q), cut from the canonical form
         if shape is not None:
             check_shardable(*shape, style=style, tp_size=tp_size, format="plain", bits=bits, group_size=group_size)

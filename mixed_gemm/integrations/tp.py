@@ -28,7 +28,6 @@ Usage, one process per GPU (``torchrun --nproc-per-node 2 script.py``; importing
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -38,8 +37,9 @@ from torch import nn
 from ..nn import QuantLinear
 from ..nn.parallel import check_tp_rank, prepare_all_reduce
 from .shard import checkpoint_dims, check_shardable, shard_linear
-from .loading import empty_model, finish_loading, quantized_names, set_submodule, set_tensor, shard_files
-from .transformers import parse_quant_config
+from .loading import (check_load_args, discard_on_error, empty_model, finish_loading, quantized_names, reading,
+                      set_submodule, set_tensor, shard_files)
+from .transformers import read_config
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
@@ -138,25 +138,42 @@ def load_quantized_tp(model_dir, *, tp_rank: Optional[int] = None, tp_size: Opti
     tensors are read whole (replicated). ``tp_rank``/``tp_size`` default to ``group``'s (the
     default process group's) rank and size. All rules are checked on the headers first. On CUDA
     the all-reduce's buffers and kernels are set up here (every rank calls this together)."""
-    from safetensors import safe_open
-    from transformers import AutoConfig
-
     tp_rank, tp_size = tp_rank_and_size(tp_rank, tp_size, group)
-    model_dir = Path(model_dir)
-    config = AutoConfig.from_pretrained(model_dir)
-    qc = getattr(config, "quantization_config", None)
-    if qc is None:
-        raise ValueError(f"{model_dir}/config.json: has no quantization_config (not an AWQ/GPTQ checkpoint)")
-    spec = parse_quant_config(qc)
+    model_dir = check_load_args(model_dir, dtype, device)
+    config, qc, spec = read_config(model_dir)
     check_tp_config(config, tp_size)
     del config.quantization_config  # transformers must not try to quantize the empty model itself
     shards = shard_files(model_dir)
-    qnames = sorted(set(quantized_names(shards)))
+    qnames = sorted(set(quantized_names(shards)))  # every header read (truncated files found) first
+    model = empty_model(config, dtype)
+    with discard_on_error(model):
+        _load_rank(model, shards, qnames, spec, tp_rank=tp_rank, tp_size=tp_size, group=group, dtype=dtype,
+                   device=device, progress=progress)
+        finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
+    model.config.quantization_config = qc
+    if tp_size > 1 and torch.device(device).type == "cuda":
+        prepare_all_reduce(group, device, dtypes=(dtype,))  # collective, here rather than in a forward
+    return model.eval()
+
+
+def _load_rank(model: nn.Module, shards, qnames, spec: dict, *, tp_rank: int, tp_size: int, group, dtype, device,
+               progress: bool) -> None:
+    """This rank's slices of ``shards`` into ``model`` (headers checked first, then read)."""
+    from safetensors import safe_open
+    from tqdm import tqdm
+
     with contextlib.ExitStack() as stack:
-        files = [stack.enter_context(safe_open(str(p), framework="pt", device="cpu")) for p in shards]
-        handles = {key: f.get_slice(key) for f in files for key in f.keys()}
+        files = {p: stack.enter_context(safe_open(str(p), framework="pt", device="cpu")) for p in shards}
+        handles, where = {}, {}
+        for path, f in files.items():
+            for key in f.keys():
+                handles[key], where[key] = f.get_slice(key), path
+        for name in qnames:
+            missing = [leaf for leaf in ("scales",) + (() if spec["symmetric"] else ("qzeros",))
+                       if f"{name}.{leaf}" not in handles]
+            if missing:
+                raise ValueError(f"checkpoint: quantized layer {name} lacks {[f'{name}.{m}' for m in missing]}")
         _check_shapes(handles, qnames, spec, tp_size)
-        model = empty_model(config, dtype)
         for name, mod in model.named_modules():
             if parallel_style(name) is not None and isinstance(mod, nn.Linear) and name not in qnames:
                 raise ValueError(f"checkpoint: {name} is not quantized; tensor-parallel loading shards the "
@@ -164,16 +181,18 @@ def load_quantized_tp(model_dir, *, tp_rank: Optional[int] = None, tp_size: Opti
         owned = {f"{n}.{leaf}" for n in qnames for leaf in LEAVES}
         for key, h in handles.items():  # replicated tensors: read whole, once
             if key not in owned:
-                t = h[:].to(device)
+                with reading(where[key]):
+                    t = h[:].to(device)
                 set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
 
         def tensors(name):
             return {leaf: handles[f"{name}.{leaf}"] for leaf in LEAVES if f"{name}.{leaf}" in handles}
 
-        shard_projections(model, tensors, qnames, spec=spec, tp_rank=tp_rank, tp_size=tp_size, group=group,
-                          dtype=dtype, device=device, progress=progress)
-    finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
-    model.config.quantization_config = qc
-    if tp_size > 1 and torch.device(device).type == "cuda":
-        prepare_all_reduce(group, device, dtypes=(dtype,))  # collective, here rather than in a forward
-    return model.eval()
+        bar = tqdm(qnames, desc=f"rank {tp_rank}: shard + prepack", unit="layer", disable=not progress)
+        for name in bar:  # one at a time, so that an error names the layer and its file
+            try:
+                shard_projections(model, tensors, [name], spec=spec, tp_rank=tp_rank, tp_size=tp_size, group=group,
+                                  dtype=dtype, device=device, progress=False)
+            except (ValueError, TypeError) as err:
+                raise (TypeError if isinstance(err, TypeError) else ValueError)(
+                    f"{where[name + '.qweight']}: {name}: {err}") from None

@@ -25,7 +25,8 @@ from torch import nn
 
 from ..formats import make_g_idx, pack
 from ..nn import QuantExperts, QuantLinear, is_experts
-from .loading import empty_model, finish_loading, quantized_names, set_submodule, set_tensor, shard_files
+from .loading import (check_load_args, discard_on_error, empty_model, finish_loading, quantized_names, reading,
+                      set_submodule, set_tensor, shard_files)
 from .moe_checkpoint import ExpertCollector, expert_name, expert_tensors
 from .fuse import fuse_projections  # noqa: F401  (re-exported: quantize/load, then fuse for inference)
 
@@ -153,6 +154,11 @@ def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
     3, 4, 8-bit: the ``hqq`` package's own ``qmodel.pt`` format, :mod:`mixed_gemm.integrations.hqq`)."""
     from safetensors.torch import save_file
 
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module (a transformers model), got {type(model).__name__}")
+    if not callable(getattr(getattr(model, "config", None), "to_dict", None)):
+        raise ValueError(f"model: expected a transformers model (its config becomes config.json), got a "
+                         f"{type(model).__name__} without a config")
     if format == "hqq":
         from .hqq import save_hqq
 
@@ -185,7 +191,10 @@ def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
             inv = torch.empty_like(m.perm).index_copy_(0, m.perm, torch.arange(len(m.perm), device=m.perm.device))
             q = q.index_select(1, inv)
             g_idx = make_g_idx(m.in_features, group, device=q.device).index_select(0, inv)
-        qweight, scales, qzeros = pack(q, s, z, format=format, bits=bits, group_size=group, g_idx=g_idx)
+        try:
+            qweight, scales, qzeros = pack(q, s, z, format=format, bits=bits, group_size=group, g_idx=g_idx)
+        except ValueError as e:  # e.g. a nan scale loaded into the layer: name it, write nothing
+            raise ValueError(f"{name}: {e}") from None
         tensors[f"{name}.qweight"], tensors[f"{name}.scales"] = qweight, scales
         if qzeros is not None:
             tensors[f"{name}.qzeros"] = qzeros
@@ -220,31 +229,58 @@ def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
 
 
 # ------------------------------------------------------------------ loading
+def read_config(model_dir: Path):
+    """The transformers config of ``model_dir/config.json`` and its parsed ``quantization_config``
+    (:func:`parse_quant_config`); errors name the file."""
+    from transformers import AutoConfig
+
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (a checkpoint directory holds config.json)")
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: not a readable model config ({e})") from None
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        raise ValueError(f"{path}: has no quantization_config (not an AWQ/GPTQ checkpoint)")
+    try:
+        spec = parse_quant_config(qc)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return config, qc, spec
+
+
 def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cuda", progress: bool = True):
     """Build the model of ``model_dir/config.json`` without allocating its fp16 weights, replace every
     quantized ``nn.Linear`` by a :class:`QuantLinear`, stream the safetensors shards one by one,
     prepack, and return the ``PreTrainedModel`` in eval mode on ``device``. A directory saved by the
-    ``hqq`` package (``qmodel.pt``) loads through :func:`mixed_gemm.integrations.hqq.load_hqq`."""
-    from safetensors import safe_open
-    from tqdm import tqdm
-    from transformers import AutoConfig
-
-    model_dir = Path(model_dir)
+    ``hqq`` package (``qmodel.pt``) loads through :func:`mixed_gemm.integrations.hqq.load_hqq`.
+    A defective checkpoint raises a ValueError naming the file and key, and leaves nothing loaded."""
+    model_dir = check_load_args(model_dir, dtype, device)
     if (model_dir / "qmodel.pt").is_file():  # saved by the hqq package (or save_quantized(format="hqq"))
         from .hqq import load_hqq
 
         return load_hqq(model_dir, dtype=dtype, device=device)
-    config = AutoConfig.from_pretrained(model_dir)
-    qc = getattr(config, "quantization_config", None)
-    if qc is None:
-        raise ValueError(f"{model_dir}/config.json: has no quantization_config (not an AWQ/GPTQ checkpoint)")
-    spec = parse_quant_config(qc)
+    config, qc, spec = read_config(model_dir)
     del config.quantization_config  # transformers must not try to quantize the empty model itself
     shards = shard_files(model_dir)
+    qnames = set(quantized_names(shards))  # every header read (truncated files found) before any weight
     model = empty_model(config, dtype)
+    with discard_on_error(model):
+        _load_layers(model, shards, qnames, spec, dtype, device, progress)
+        finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
+    model.config.quantization_config = qc
+    return model.eval()
+
+
+def _load_layers(model: nn.Module, shards, qnames, spec: dict, dtype: torch.dtype, device, progress: bool) -> None:
+    """Stream ``shards`` into ``model``: quantized layers prepacked as they complete, the rest set."""
+    from safetensors import safe_open
+    from tqdm import tqdm
+
     # Quantized layers keep 16-bit scales; a float32 model (CPU reference runs) uses float16 ones.
     kdtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
-    qnames = set(quantized_names(shards))
     collectors: Dict[str, ExpertCollector] = {}  # experts module path -> its per-expert layers so far
     expert_of: Dict[str, tuple] = {}  # checkpoint layer name -> (experts path, expert, role)
     for name in sorted(qnames):
@@ -263,10 +299,9 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
                                                 act_order=spec["act_order"], format=spec["format"],
                                                 dtype=kdtype, device="meta"))
     pending: Dict[str, Dict[str, torch.Tensor]] = {}
-    loaded = set()
     bar = tqdm(total=len(qnames), desc="load + prepack", unit="layer", disable=not progress)
     for path in shards:
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
+        with reading(path), safe_open(str(path), framework="pt", device=str(device)) as f:
             for key in f.keys():
                 owner, _, leaf = key.rpartition(".")
                 if owner in qnames and leaf in SUFFIXES:
@@ -274,22 +309,25 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
                 else:
                     t = f.get_tensor(key)
                     set_tensor(model, key, t.to(dtype) if t.is_floating_point() else t)
-                    loaded.add(key)
         for owner in [o for o, parts in pending.items() if "qweight" in parts and "scales" in parts
                       and ("qzeros" in parts or spec["symmetric"])]:
             parts = pending.pop(owner)
-            if owner in expert_of:
-                path, e, role = expert_of[owner]
-                collectors[path].add(e, role, parts, owner)
-                bar.update()
-                if collectors[path].complete():
-                    set_submodule(model, path, collectors.pop(path).build())
-                continue
-            new = QuantLinear.from_checkpoint(
-                parts["qweight"], parts["scales"].to(kdtype), None if spec["symmetric"] else parts["qzeros"],
-                parts.get("bias"), format=spec["format"], bits=spec["bits"], group_size=spec["group_size"],
-                g_idx=parts.get("g_idx") if spec["act_order"] else None, dtype=kdtype)
-            set_submodule(model, owner, new)
+            try:
+                if owner in expert_of:
+                    where, e, role = expert_of[owner]
+                    collectors[where].add(e, role, parts, owner)
+                    if collectors[where].complete():
+                        set_submodule(model, where, collectors.pop(where).build())
+                else:
+                    scales = parts["scales"]
+                    new = QuantLinear.from_checkpoint(
+                        parts["qweight"], scales.to(kdtype) if scales.is_floating_point() else scales,
+                        None if spec["symmetric"] else parts["qzeros"], parts.get("bias"), format=spec["format"],
+                        bits=spec["bits"], group_size=spec["group_size"],
+                        g_idx=parts.get("g_idx") if spec["act_order"] else None, dtype=kdtype)
+                    set_submodule(model, owner, new)
+            except (ValueError, TypeError) as err:  # the layer's tensors broke a rule: name file and layer
+                raise (TypeError if isinstance(err, TypeError) else ValueError)(f"{path}: {owner}: {err}") from None
             bar.update()
     bar.close()
     if pending:
@@ -297,6 +335,3 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
     if collectors:
         raise ValueError(f"checkpoint: experts modules {sorted(collectors)[:3]} lack some experts' layers "
                          "(every expert needs gate, up and down)")
-    finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
-    model.config.quantization_config = qc
-    return model.eval()

@@ -6,14 +6,51 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..formats import quantize
+from ..formats import FORMATS, check_finite, quantize
 from ..kernels import LAYOUTS, layout_names
 from ..ops import PackedWeight, matmul, packed_view, prepack, silu_mul_matmul
+from ..ops.packed import KERNEL_BITS, KERNEL_DTYPES, LOWBIT_BITS
 from ..reference import dequantize as reference_dequantize
+
+ZERO_MODES = ("int", "sym", "float", "offset")
+# The CPU reference path computes in float32 and casts back, so it also takes float32 activations
+# (a float32 model); the kernels take the layer's dtype only.
+REFERENCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FLOAT_BUFFERS = ("scales", "zeros", "aux_scales", "aux_zeros", "bias")
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _check_int(name: str, value, rule: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int ({rule}), got {type(value).__name__}")
+    if not ok(value):
+        raise ValueError(f"{name}: expected {rule}, got {value}")
+
+
+def check_layer_args(in_features, out_features, bits, group_size, zero_mode, format, dtype, layout) -> None:
+    """The constructor's arguments, by prepack's rules (a layer prepack could not fill is refused
+    when built, not when its state dict or first input arrives)."""
+    _check_int("in_features", in_features, "K > 0, a multiple of 8: x rows are loaded 16 bytes at a time",
+               lambda k: k > 0 and k % 8 == 0)
+    _check_int("out_features", out_features, "N > 0, even: the kernels store outputs in pairs",
+               lambda n: n > 0 and n % 2 == 0)
+    _check_int("bits", bits, f"one of {KERNEL_BITS}, the kernels' widths", lambda b: b in KERNEL_BITS)
+    _check_int("group_size", group_size, "-1 or a positive int", lambda g: g == -1 or g > 0)
+    if group_size != -1 and group_size < in_features and (group_size < 32 or group_size & (group_size - 1)):
+        raise ValueError(f"group_size: must be -1, >= in_features or a power of two >= 32 (prepack's rule), "
+                         f"got {group_size} for in_features={in_features}")
+    if zero_mode not in ZERO_MODES:
+        raise ValueError(f"zero_mode: expected one of {ZERO_MODES}, got {zero_mode!r}")
+    if not isinstance(format, str) or format not in FORMATS:
+        raise ValueError(f"format: expected one of {FORMATS} (the checkpoint's), got {format!r}")
+    if dtype not in KERNEL_DTYPES:
+        raise TypeError(f"dtype: must be torch.float16 or torch.bfloat16 (the activation dtype), got {dtype}")
+    if (layout_names(layout) == ("lowbit",)) != (bits in LOWBIT_BITS):
+        raise ValueError(f"layout: {LOWBIT_BITS}-bit weights (7: 1:2-sparse) use 'lowbit', and only they; got "
+                         f"layout={layout!r} for bits={bits}")
 
 
 class QuantLinear(nn.Module):
@@ -41,8 +78,7 @@ class QuantLinear(nn.Module):
                  zero_mode: str = "int", bias: bool = False, act_order: bool = False, format: str = "plain",
                  dtype: torch.dtype = torch.float16, device=None, layout: str = "sm80"):
         super().__init__()
-        if zero_mode not in ("int", "sym", "float", "offset"):
-            raise ValueError(f"zero_mode: expected 'int', 'sym', 'float' or 'offset', got {zero_mode!r}")
+        check_layer_args(in_features, out_features, bits, group_size, zero_mode, format, dtype, layout)
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.zero_mode, self.format = bits, zero_mode, format
         self.group_size = group_size  # as given: -1 (per-channel) or the checkpoint's group size
@@ -74,6 +110,13 @@ class QuantLinear(nn.Module):
         mod = cls(w.k, w.n, bits=w.bits, group_size=group_size,
                   zero_mode=w.zero_mode, bias=bias is not None, act_order=w.perm is not None, format=format,
                   dtype=w.dtype, device="meta", layout=w.layout)
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+                raise TypeError(f"bias: expected a floating-point tensor or None, got "
+                                f"{getattr(bias, 'dtype', type(bias).__name__)}")
+            if tuple(bias.shape) != (w.n,):
+                raise ValueError(f"bias: expected shape ({w.n},) (out_features), got {tuple(bias.shape)}")
+            check_finite("bias", bias)
         mod.b, mod.scales, mod.zeros, mod.perm = w.b, w.scales, w.zeros, w.perm
         if w.aux:
             mod.aux_b, mod.aux_scales, mod.aux_zeros = w.aux
@@ -106,7 +149,8 @@ class QuantLinear(nn.Module):
         """From a checkpoint's tensors (see :func:`mixed_gemm.unpack` for ``format``; ``shape``:
         ``(N, K)`` for ``"hqq"``), on their device."""
         if dtype is None:
-            dtype = scales.dtype if scales.dtype in (torch.float16, torch.bfloat16) else torch.float16
+            dtype = getattr(scales, "dtype", None)  # (not a tensor: prepack names scales)
+            dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
         w = prepack(qweight, scales, zeros, format=format, bits=bits, group_size=group_size, g_idx=g_idx,
                     zero_mode=zero_mode, dtype=dtype, shape=shape)
         return cls.from_packed(w, bias, format=format, group_size=group_size)
@@ -142,8 +186,10 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x @ W.T (+ bias) (+ residual)``; ``residual`` (the output's shape and dtype; a decoder
         block's skip connection) is added before the one rounding where the kernel's epilogue
-        takes it (:func:`mixed_gemm.matmul`)."""
-        if x.is_cuda:
+        takes it (:func:`mixed_gemm.matmul`). Bad input raises a ValueError/TypeError naming it:
+        the kernels' rules on CUDA (:func:`mixed_gemm.matmul`), on the CPU ``x`` of a float dtype
+        with ``in_features`` columns on the layer's device."""
+        if isinstance(x, torch.Tensor) and x.is_cuda:
             if torch.compiler.is_compiling():  # traced: the op takes the buffers, no PackedWeight here
                 buf = self._buffers
                 g = self.in_features if self.group_size == -1 or buf["scales"].shape[0] == 1 else self.group_size
@@ -156,7 +202,8 @@ class QuantLinear(nn.Module):
                 residual = residual.contiguous()
             return matmul(x if x.is_contiguous() else x.contiguous(), self.packed(), bias=self._buffers["bias"],
                           residual=residual)
-        w = self.dense_weight().to(x.device)
+        self._check_reference_input(x)
+        w = self.dense_weight()
         bias = None if self.bias is None else self.bias.float()
         y = torch.nn.functional.linear(x.float(), w, bias)
         if residual is not None:
@@ -165,6 +212,19 @@ class QuantLinear(nn.Module):
                                  f"got {residual.dtype} {tuple(residual.shape)}")
             y = y + residual.float()
         return y.to(x.dtype)
+
+    def _check_reference_input(self, x) -> None:
+        """The CPU path's rules (``F.linear``'s own errors name no argument)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in REFERENCE_DTYPES:
+            raise TypeError(f"x: expected dtype torch.float16, torch.bfloat16 or torch.float32 (the CPU reference "
+                            f"path), got {x.dtype}")
+        device = self._buffers["b"].device
+        if x.device != device:
+            raise ValueError(f"x: must be on the layer's device {device}, got {x.device}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x: last dimension must equal in_features={self.in_features}, got shape {tuple(x.shape)}")
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """For a fused gate|up layer without bias (rows ``[0, I)`` gate, ``[I, 2I)`` up):
@@ -189,6 +249,10 @@ class QuantLinear(nn.Module):
             raise ValueError(f"{prefix}b: this state dict holds 3-bit weights in the lowbit layout's bit planes "
                              "(QuantLinear version 1); they are now whole 3-bit fields: rebuild the layer from its "
                              "checkpoint (QuantLinear.from_checkpoint) or save_quantized output instead")
+        for leaf in FLOAT_BUFFERS:  # once per load: a corrupt checkpoint's nan would surface as nan outputs
+            t = state_dict.get(prefix + leaf)
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                check_finite(prefix + leaf, t)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 

@@ -27,6 +27,8 @@ def dequantize(w: PackedWeight, *, out: Optional[torch.Tensor] = None) -> torch.
     if out is None:
         y = torch.empty(shape, dtype=w.dtype, device=w.device)
     else:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
         if out.device != w.device or out.dtype != w.dtype or tuple(out.shape) != shape or not out.is_contiguous() \
                 or w.perm is not None:
             raise ValueError(f"out: expected a contiguous {w.dtype} tensor of shape {shape} on {w.device} "

@@ -44,8 +44,14 @@ def _check(x: torch.Tensor, w: PackedWeight) -> None:
         raise TypeError(f"w: expected a PackedWeight (mixed_gemm.prepack), got {type(w).__name__}")
     if w.n % 2:
         raise ValueError(f"w: a gate|up weight has 2I rows (gate then up), got N={w.n}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.device != w.device:  # (the grouped path launches on x's device with w's tensors)
+        raise ValueError(f"x: must be on the weight's device {w.device}, got {x.device}")
     if x.dim() < 1 or x.shape[-1] != w.k:
         raise ValueError(f"x: last dimension must equal the weight's K={w.k}, got shape {tuple(x.shape)}")
+    if x.dtype != w.dtype:
+        raise TypeError(f"x: expected dtype {w.dtype} (the dtype the weight was prepacked for), got {x.dtype}")
 
 
 def _as_expert(w: PackedWeight) -> Optional[PackedExperts]:
@@ -95,15 +101,15 @@ def silu_mul_matmul(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     _check(x, w)
     lead, inter = x.shape[:-1], w.n // 2
     rows = x.numel() // w.k if w.k else 0
-    experts = _as_expert(w) if x.is_cuda and 0 < rows <= GATED_MAX_ROWS and x.dtype == w.dtype else None
+    experts = _as_expert(w) if x.is_cuda and 0 < rows <= GATED_MAX_ROWS else None
     plan = _plan(w, rows, x.device.index) if experts is not None else None
+    if not x.is_contiguous() or x.data_ptr() % 16:  # either path reads rows 16 bytes at a time
+        x = x.clone(memory_format=torch.contiguous_format)
     if plan is None:
         gate, up = matmul(x, w).split(inter, dim=-1)
         return torch.nn.functional.silu(gate) * up
     launcher, _ = plan
     x2 = x.reshape(rows, w.k)
-    if not x2.is_contiguous() or x2.data_ptr() % 16:
-        x2 = x2.clone(memory_format=torch.contiguous_format)  # rows are read 16 bytes at a time
     h = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     launcher(x2, experts, _ids(x.device, rows), None, h, rows, 1, current_stream(x.device.index))
     return h.reshape(*lead, inter)
