@@ -68,10 +68,10 @@ def main() -> None:
         f"{type(launcher).__name__} (packing + driver)": lambda: launcher(x, w, None, y, 1, stream),
     }
     fn, blocks = getattr(launcher, "fn", None), getattr(launcher, "_blocks", None)
-    if fn is not None and blocks:  # gemv / sm80-style launchers: the argument block is filled, launch it alone
-        blk = next(iter(blocks.values()))
-        args_addr, grid = blk[1], blk[2]
-        rows["Function.launch (ctypes cuLaunchKernel)"] = lambda: fn.launch(grid, stream, args_addr)
+    if fn is not None and blocks:  # the gemv launcher: its argument block is filled, launch it alone
+        _, args_addr, grid, _, ring = next(iter(blocks.values()))
+        smem = ring[1] if ring else None  # a ring's dynamic shared memory at M=1
+        rows["Function.launch (ctypes cuLaunchKernel)"] = lambda: fn.launch(grid, stream, args_addr, smem)
     for f in rows.values():  # warm
         burst_us(f, args.calls)
     samples = {name: [] for name in rows}
