@@ -125,6 +125,14 @@ for step in "$@"; do
         with_pkg timeout 120 python3 bench/latency_floor.py --bits "$b" --group-size "${FLOOR_GROUP:-64}" \
           --shapes "${FLOOR_SHAPES:-4096:4096,6144:4096,8192:8192,10240:8192}" 2>&1 | grep -vE "$QUIET"
       done ;;
+    eager-generate)  # eager generate, fp16 vs int4 fused (residual) vs unfused, alternating: EAGER_LAYERS, EAGER_BATCHES, EAGER_ARGS
+      # shellcheck disable=SC2086
+      with_pkg timeout "${EAGER_TIMEOUT:-330}" python3 bench/eager_generate.py --layers "${EAGER_LAYERS:-32}" \
+        --batches "${EAGER_BATCHES:-1,16,64}" --reps "${EAGER_REPS:-5}" ${EAGER_ARGS---profile 64} \
+        --json "$OUT/eager-generate.json" 2>&1 | grep -vE "$QUIET" | tee "$OUT/eager-generate.md" | tail -45 ;;
+    host-cost)  # host µs of one eager mg.matmul at M=1 against F.linear, and where they go
+      with_pkg timeout "${HOST_TIMEOUT:-120}" python3 bench/host_cost.py 2>&1 | grep -vE "$QUIET" \
+        | tee "$OUT/host-cost.md" | tail -20 ;;
     decode-profile)  # one decode step of the 8B model under torch.profiler: GPU time per kernel class
       with_pkg timeout "${DECODE_TIMEOUT:-300}" python3 bench/profile_decode.py --layers "${DECODE_LAYERS:-32}" \
         --batch "${DECODE_BATCH:-1}" --json "$OUT/decode-profile-b${DECODE_BATCH:-1}.json" 2>&1 \

@@ -3,8 +3,9 @@
 bf16, :mod:`.tinygemm`, the same codes), all alive, their runs alternating and repeated (median),
 because the host is noisy. Per batch: the decode step (one token's forward, no KV cache) replayed in a CUDA graph,
 eager and compiled by Inductor (:func:`compiled_step_ms`, the like-for-like step), and
-``generate`` tokens/s eager and compiled (static cache: torch.compile with CUDA-graph trees); time
-to first token for a 512-token prompt; peak memory and the weights' bytes."""
+``generate`` tokens/s eager and compiled (static cache: torch.compile with CUDA-graph trees), and
+eager for an unfused int4 twin beside the fused one; time to first token for a 512-token prompt;
+peak memory and the weights' bytes."""
 from __future__ import annotations
 
 import contextlib
@@ -85,7 +86,41 @@ def quantize_in_place(model, group_size: int = 128, fuse: bool = True, lm_head=N
     return model
 
 
+def build_unfused(fp16, group_size: int = 128, lm_head=None):
+    """The int4 twin of ``fp16`` as quantize_model leaves it (q/k/v, gate/up and the skip
+    connections as transformers runs them): what the fused model's eager generate is compared with."""
+    from .transformers import quantize_model
+
+    int4 = copy.deepcopy(fp16)
+    quantize_model(int4, bits=4, group_size=group_size, progress=False, lm_head=lm_head)
+    torch.cuda.empty_cache()
+    return int4
+
+
+def settle_kernels(log=print) -> List[str]:
+    """After cold calls: wait for the kernels compiling in the background (``$MIXED_GEMM_JIT=async``
+    with a cold cache, or a kernel package without them), so timed runs use the kernels selection
+    chose, not their stand-ins; returns what still runs a stand-in (:func:`standins`)."""
+    from ..compile import background
+
+    pending = background.pending()
+    if pending:
+        log(f"waiting for {len(pending)} kernel(s) compiling in the background: {', '.join(pending)}")
+        failed = background.wait()
+        if failed:
+            log(f"could not be built (their stand-ins keep running): {', '.join(failed)}")
+    return standins()
+
+
+def standins() -> List[str]:
+    """``"chosen (runs stand-in)"`` for every selection whose chosen kernel is not running yet."""
+    from ..select.selection import SELECTED
+
+    return sorted({f"{c.schedule} (runs {c.running})" for c in list(SELECTED.values()) if c.standin is not None})
+
+
 PEER = "tinygemm"
+UNFUSED = "unfused"  # the int4 model without fuse_projections: eager generate only
 
 
 def build_peer(fp16, group_size: int = 128):
@@ -223,9 +258,11 @@ def ttft_ms(model) -> float:
 
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compiled: bool = True,
-        fuse: bool = True, compare: bool = False, lm_head=None, residual: bool = True, log=print) -> Dict:
+        fuse: bool = True, compare: bool = False, lm_head=None, residual: bool = True, log=print,
+        unfused: bool = True) -> Dict:
     """Every measurement, the models alternating within each repetition (order reversed every
-    other one); medians. ``compare`` adds the tinygemm peer."""
+    other one); medians. ``compare`` adds the tinygemm peer; ``unfused`` (with ``fuse``) the int4
+    model without fusion, for eager generate only (:func:`build_unfused`)."""
     # Every model's forward (and each batch's graph) compiles the same transformers code objects: at
     # Dynamo's default of 8 entries per code object the model compiled last falls back to eager
     # (the peer's compiled generate fell to 25 tok/s that way: docs/notes/end-to-end.md).
@@ -235,9 +272,20 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
     models = {"fp16": fp16, "mixed_gemm": int4}
     if compare:
         models[PEER] = build_peer(fp16)
+    eager_only = {UNFUSED: build_unfused(fp16, lm_head=lm_head)} if unfused and fuse else {}
     result: Dict = {"preset": preset, "layers": fp16.config.num_hidden_layers, "gpu": torch.cuda.get_device_name(),
-                    "fused": fuse, "residual": fuse and residual, "lm_head": lm_head or "fp16",
+                    "fused": fuse, "unfused": bool(eager_only), "residual": fuse and residual, "lm_head": lm_head or "fp16",
                     "weight_bytes": {k: weight_bytes(m) for k, m in models.items()}, "rows": []}
+    everyone = list(models.items()) + list(eager_only.items())
+    # Cold calls first (each batch's decode and prefill, the TTFT prompt): what compiles in the
+    # background lands before anything is timed or recorded in a CUDA graph.
+    for _, model in everyone:
+        for b in batches:
+            generate_tps(model, b, False)
+        ttft_ms(model)
+    result["standins"] = settle_kernels(log)
+    if result["standins"]:
+        log(f"int4 timings include stand-ins: {'; '.join(result['standins'])}")
     warm = {}
     for name, model in models.items():  # warm-ups (module loads, selection, compilation) out of the timing
         for b in batches:
@@ -251,9 +299,12 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
     for line in table_head(dict(result, step_eager=[n for n, m in models.items() if id(m) in STEP_EAGER]), compiled):
         log(line)
     for b in batches:
-        samples: Dict[str, List[Dict]] = {k: [] for k in models}
+        samples: Dict[str, List[Dict]] = {k: [] for k, _ in everyone}
         for rep in range(reps):
-            for name, model in (models.items() if rep % 2 == 0 else reversed(models.items())):
+            for name, model in (everyone if rep % 2 == 0 else everyone[::-1]):
+                if name in eager_only:
+                    samples[name].append({"eager_tps": generate_tps(model, b, False)})
+                    continue
                 s = {"decode_ms": decode_step_ms(model, b), "eager_tps": generate_tps(model, b, False)}
                 if compiled:
                     s["compiled_step_ms"] = compiled_step_ms(model, b)
@@ -264,9 +315,11 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
                     s["compiled_decode_tps"] = b * (NEW_TOKENS - 1) / max(full - first, 1e-9)
                 samples[name].append(s)
         row = {"batch": b}
-        for name in models:
+        for name in samples:
             for key in samples[name][0]:
                 row[f"{name}_{key}"] = statistics.median(s[key] for s in samples[name])
+        for name in eager_only:
+            row[f"{name}_eager_ratio"] = row[f"{name}_eager_tps"] / row["fp16_eager_tps"]
         for name in models:
             if name == "fp16":
                 continue
@@ -290,7 +343,7 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
         torch.cuda.reset_peak_memory_stats()
         result["ttft_ms"][name] = statistics.median(ttft_ms(model) for _ in range(reps))
         # Every model is alive: the others' weights are not this one's peak.
-        others = sum(v for k, v in result["weight_bytes"].items() if k != name)
+        others = sum(v for k, v in result["weight_bytes"].items() if k != name) + sum(map(weight_bytes, eager_only.values()))
         result.setdefault("peak_bytes", {})[name] = torch.cuda.max_memory_allocated() - others
     return result
 
@@ -301,6 +354,8 @@ def _row_line(r: Dict, compiled: bool) -> str:
     if peer:
         line += f" {r[f'{PEER}_decode_ms']:.2f} | {r[f'{PEER}_decode_speedup']:.2f}x |"
     line += f" {r['fp16_eager_tps']:.0f} | {r['mixed_gemm_eager_tps']:.0f} | {r['eager_ratio']:.2f}x |"
+    if f"{UNFUSED}_eager_tps" in r:
+        line += f" {r[f'{UNFUSED}_eager_tps']:.0f} | {r[f'{UNFUSED}_eager_ratio']:.2f}x |"
     if peer:
         line += f" {r[f'{PEER}_eager_tps']:.0f} | {r[f'{PEER}_eager_ratio']:.2f}x |"
     if compiled and "compiled_step_speedup" in r:  # results saved before the compiled step have no such column
@@ -331,7 +386,10 @@ def table_head(result: Dict, compiled: bool) -> List[str]:
     head = f"| batch | fp16 decode step ms ({how('fp16')}) | int4 decode step ms ({how('mixed_gemm')}) | speedup |"
     if peer:
         head += f"{tg} decode step ms | speedup |"
-    head += " fp16 eager tok/s | int4 eager tok/s | ratio |"
+    fused = result.get("fused", True)
+    head += f" fp16 eager tok/s | int4{' fused' if fused else ''} eager tok/s | ratio |"
+    if (f"{UNFUSED}_eager_tps" in rows[0]) if rows else (fused and result.get("unfused", True)):
+        head += " int4 unfused eager tok/s | ratio |"
     if peer:
         head += f"{tg} eager tok/s | ratio |"
     if compiled and (not rows or "compiled_step_speedup" in rows[0]):

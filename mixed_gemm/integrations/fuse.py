@@ -24,7 +24,7 @@ act-order permutation (each projection has its own); blocks that do not qualify 
 from __future__ import annotations
 
 import types
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -88,7 +88,7 @@ class FusedGateUpMLP(nn.Module):
     def forward(self, x):
         if self.gated:
             return self.down_proj(self.gate_up.silu_mul(x))
-        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
+        gate, up = self.gate_up(x).split(self.intermediate, -1)
         return self.down_proj(self.act_fn(gate) * up)
 
 
@@ -100,8 +100,8 @@ class FusedQKV(nn.Module):
         self.qkv, self.sizes = qkv, tuple(sizes)
         self._handover = Slot()  # (x, k, v) from q's call until v's
 
-    def split(self, x) -> List[torch.Tensor]:
-        return list(self.qkv(x).split(self.sizes, dim=-1))
+    def split(self, x) -> Sequence[torch.Tensor]:
+        return self.qkv(x).split(self.sizes, -1)
 
     def forward(self, x):
         q, k, v = self.split(x)

@@ -109,13 +109,21 @@ def matmul(
         w = prepack(w, scales, zeros, format=format, bits=bits, group_size=group_size, dtype=dtype)
     elif scales is not None or zeros is not None:
         _fail(ValueError, "scales/zeros: pass them to prepack(), not with a PackedWeight")
-    _check_x(x, w)
-    if bias is not None:
+    k, n = w.k, w.n
+    device_index = w.device.index
+    # The common call passes one chain of cheap reads (no torch.device object: get_device() is an
+    # int, -1 on the CPU); anything off goes through _check_x, which names the rule it breaks.
+    xs = x.shape if isinstance(x, torch.Tensor) else None
+    if (not xs or xs[-1] != k or x.dtype is not w.dtype or x.get_device() != device_index
+            or not x.is_contiguous() or x.data_ptr() % 16):
+        _check_x(x, w)
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (n,) or bias.dtype is not w.dtype
+                             or bias.get_device() != device_index or not bias.is_contiguous()
+                             or bias.data_ptr() % 16):
         _check_bias(bias, w)
 
-    k, n = w.k, w.n
     m = x.numel() // k
-    shape = (*x.shape[:-1], n)
+    shape = (*xs[:-1], n)
     if out is None:
         y = x.new_empty(shape)  # x has the weight's dtype and device (checked)
     else:
@@ -125,14 +133,16 @@ def matmul(
                               f"{x.device} (TMA stores the sm90a kernels' output in 16-byte units)")
         y = out
     if residual is not None:
-        _check_residual(residual, w, shape)
+        if (not isinstance(residual, torch.Tensor) or residual.shape != shape or residual.dtype is not w.dtype
+                or residual.get_device() != device_index or not residual.is_contiguous()
+                or residual.data_ptr() % 16):
+            _check_residual(residual, w, shape)
         if out is not None and _overlap(residual, y):
             _fail(ValueError, "residual: must not overlap out (families without the epilogue add it after the "
                               "GEMM has written out)")
     if m == 0:
         return y
 
-    device_index = w.device.index
     if config is None:
         bucket = 1 << (m - 1).bit_length()  # m_bucket(m), inlined: m >= 1 here
         choice = SELECTED.get((w.signature, bucket))

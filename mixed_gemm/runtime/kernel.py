@@ -17,16 +17,14 @@ import torch
 from ..compile import BuildSpec, build_spec, load_bytes
 from .driver import CudaDriverError, check, driver, primary_context, raw_launch
 
-try:  # the raw-stream accessor Triton and Inductor use: an int, no Stream object
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # pragma: no cover
-    def _raw_stream(device_index: int) -> int:
-        return torch.cuda.current_stream(device_index).cuda_stream
+
+def _stream_handle(device_index: int) -> int:
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def current_stream(device_index: int) -> int:
-    """torch's current stream on ``device_index`` as a raw handle."""
-    return _raw_stream(device_index)
+# current_stream(device_index): torch's current stream on that device as a raw handle (an int). The
+# accessor Triton and Inductor use, bound as is: no Stream object, and no Python frame per launch.
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _stream_handle
 
 
 class Function:

@@ -2,9 +2,9 @@
 kernel package for that arch must hold (``mixed-gemm build --package DIR --arch sm90a``).
 
 Selection is run, not imitated: :func:`~.selection.choose` for a GPU of the arch's compute
-capability, with the shipped profile of such a GPU, over every weight kind the kernels serve
-(fp16/bf16; int4/int8 symmetric, integer zeros, float zeros, offsets; the low-bit widths; groups
-32/64/128 and per-channel), a grid of shapes (the profiled Llama-3 shapes and others around them:
+capability, with each shipped profile of such GPUs (the H100's and the H200's for sm90a), over
+every weight kind the kernels serve (fp16/bf16; int4/int8 symmetric, integer zeros, float zeros,
+offsets; the low-bit widths; groups 32/64/128 and per-channel), a grid of shapes (the profiled Llama-3 shapes and others around them:
 a borrowed profile entry or a heuristic picks by shape) and every M bucket. Added to that: the
 stand-ins an asynchronous cold call may run while the chosen kernel compiles (every family's
 heuristic pick, and dequantize + cuBLAS for each weight kind and layout).
@@ -41,16 +41,25 @@ def arch_capability(arch: str) -> Tuple[Tuple[int, int], int]:
         raise ValueError(f"arch: must be one of {tuple(ARCHES)}, got {arch!r}") from None
 
 
-def shipped_profile(capability: Tuple[int, int]) -> Optional[Profile]:
-    """The shipped profile of a GPU of ``capability`` (``profiles/*.json``; the first by name)."""
+def shipped_profiles(capability: Tuple[int, int]) -> List[Profile]:
+    """The shipped profiles of GPUs of ``capability`` (``profiles/*.json``, by name): the H100's and
+    the H200's for 9.0. A kernel package for the arch serves each of those GPUs, and their
+    selections differ where a profile's own entries replace its base's."""
+    found = []
     for path in sorted(profiles_dir().glob("*.json")):
         try:
             gpu = json.loads(path.read_text()).get("gpu", {})
         except (OSError, ValueError):
             continue
         if str(gpu.get("compute_capability", "")) == f"{capability[0]}.{capability[1]}":
-            return Profile.load(path)
-    return None
+            found.append(Profile.load(path))
+    return found
+
+
+def shipped_profile(capability: Tuple[int, int]) -> Optional[Profile]:
+    """The first (by name) of :func:`shipped_profiles`, or None."""
+    found = shipped_profiles(capability)
+    return found[0] if found else None
 
 
 def weight_kinds() -> Iterator[Tuple[str, int, str]]:
@@ -73,12 +82,13 @@ def problems(capability: Tuple[int, int], shapes=SHAPES, m_buckets=M_BUCKETS) ->
 
 def selectable(arch: str, shapes=SHAPES, m_buckets=M_BUCKETS, grouped: bool = False) -> List[Tuple[Family, object]]:
     """``(family, compiled config)`` of every kernel selection can pick on ``arch`` without a user
-    profile (and of the cold-call stand-ins), one per kernel name, in registry then name order;
-    ``grouped``: also every catalog kernel of the grouped (MoE) families that run there (what a
-    kernel package holds: their choice depends on the routing's statistics and the experts'
-    shapes, which no grid here enumerates, and their catalogs are small)."""
+    profile (with each shipped profile of the arch's GPUs, and of the cold-call stand-ins), one per
+    kernel name, in registry then name order; ``grouped``: also every catalog kernel of the grouped
+    (MoE) families that run there (what a kernel package holds: their choice depends on the
+    routing's statistics and the experts' shapes, which no grid here enumerates, and their
+    catalogs are small)."""
     capability, sms = arch_capability(arch)
-    return selectable_for(capability, sms, shipped_profile(capability), shapes, m_buckets, grouped)
+    return selectable_for(capability, sms, shipped_profiles(capability) or None, shapes, m_buckets, grouped)
 
 
 def selectable_on(device_index: int = 0) -> List[Tuple[Family, object]]:
@@ -93,10 +103,11 @@ def selectable_on(device_index: int = 0) -> List[Tuple[Family, object]]:
     return selectable_for(capability, base.sm_count(device_index), device_profile(device_index))
 
 
-def selectable_for(capability: Tuple[int, int], sms: int, profile: Optional[Profile], shapes=SHAPES,
+def selectable_for(capability: Tuple[int, int], sms: int, profile, shapes=SHAPES,
                    m_buckets=M_BUCKETS, grouped: bool = False) -> List[Tuple[Family, object]]:
     """The kernels selection can pick on a GPU of ``capability`` with ``sms`` SMs and ``profile``
-    (``grouped``: and the grouped families' catalogs, see :func:`selectable`)."""
+    (a Profile, None, or a list of profiles: what any of them picks), and with ``grouped`` the
+    grouped families' catalogs (see :func:`selectable`)."""
     found: Dict[str, Tuple[Family, object]] = {}
 
     def add(fam: Family, config) -> None:
@@ -104,11 +115,16 @@ def selectable_for(capability: Tuple[int, int], sms: int, profile: Optional[Prof
 
     dequant = family("dequant_mm")
     for p in problems(capability, shapes, m_buckets):
-        try:
-            c = choose(p, 0, capability=capability, sms=sms, profile=profile, override=False)
-        except ValueError:
-            continue  # nothing serves this kind (the error names why where it happens)
-        add(c.family, c.config)
+        chosen = []
+        for prof in profile if isinstance(profile, (list, tuple)) else (profile,):
+            try:
+                chosen.append(choose(p, 0, capability=capability, sms=sms, profile=prof, override=False))
+            except ValueError:
+                pass  # nothing serves this kind (the error names why where it happens)
+        if not chosen:
+            continue
+        for c in chosen:
+            add(c.family, c.config)
         picked, _ = heuristic_choice(p, 0, capability=capability, sms=sms)
         if picked is not None:
             add(*picked)

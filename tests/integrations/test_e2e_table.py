@@ -7,10 +7,12 @@ import pytest
 from mixed_gemm.integrations import e2e
 
 
-def fake_result(names, compiled, decode_only=True):
+def fake_result(names, compiled, decode_only=True, unfused=False):
     rows = []
     for b in (1, 16):
         row = {"batch": b}
+        if unfused:
+            row.update({f"{e2e.UNFUSED}_eager_tps": 150.0, f"{e2e.UNFUSED}_eager_ratio": 1.5})
         for i, name in enumerate(names):
             row[f"{name}_decode_ms"] = 1.0 / (i + 1)
             row[f"{name}_eager_tps"] = 100.0 * (i + 1)
@@ -33,16 +35,18 @@ def fake_result(names, compiled, decode_only=True):
     return {"rows": rows, "weight_bytes": per, "peak_bytes": per, "ttft_ms": {n: 10.0 for n in names}}
 
 
+@pytest.mark.parametrize("unfused", [True, False])  # False: --no-unfused, or a result saved before that column
 @pytest.mark.parametrize("decode_only", [True, False])  # False: a result saved before these columns
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("names", [("fp16", "mixed_gemm"), ("fp16", "mixed_gemm", e2e.PEER)])
-def test_rows_match_the_header(names, compiled, decode_only):
-    lines = e2e.table(fake_result(names, compiled, decode_only), compiled)
+def test_rows_match_the_header(names, compiled, decode_only, unfused):
+    lines = e2e.table(fake_result(names, compiled, decode_only, unfused), compiled)
     blank = lines.index("")
     main, memory = lines[:blank], lines[blank + 1:]
     widths = {line.count("|") for line in main}
     assert len(widths) == 1, main
     assert (e2e.PEER in main[0]) == (e2e.PEER in names)
+    assert ("int4 unfused eager" in main[0]) == unfused and ("| 150 | 1.50x |" in main[2]) == unfused
     assert {line.count("|") for line in memory} == {len(names) + 2}
     assert "3.00x" in main[2] if e2e.PEER in names else "3.00x" not in main[2]
 
@@ -82,12 +86,14 @@ def test_the_command_prints_the_table_once_with_its_head(monkeypatch, capsys, tm
         config = types.SimpleNamespace(num_hidden_layers=2)
 
     models = (Model(), Model())
-    times = {id(models[0]): 2.0, id(models[1]): 1.0}
+    unfused = Model()
+    times = {id(models[0]): 2.0, id(models[1]): 1.0, id(unfused): 1.25}
     monkeypatch.setattr(timing, "gpu_missing", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2**30)
     monkeypatch.setattr(e2e, "build_models", lambda *a, **k: models)
+    monkeypatch.setattr(e2e, "build_unfused", lambda *a, **k: unfused)
     monkeypatch.setattr(e2e, "weight_bytes", lambda m: 2**30 * times[id(m)])
     monkeypatch.setattr(e2e, "decode_step_ms", lambda m, b: times[id(m)])
     monkeypatch.setattr(e2e, "compiled_step_ms", lambda m, b: times[id(m)] / 2)
@@ -103,6 +109,8 @@ def test_the_command_prints_the_table_once_with_its_head(monkeypatch, capsys, tm
     assert sum(line.startswith("# llama3-8b (2 layers") for line in printed) == 1
     assert sum(line.startswith("| weights + buffers |") for line in printed) == 1
     assert "| 1 | 2.00 | 1.00 | 2.00x |" in rows[0]
+    # eager tok/s: fp16 1/2, fused 1/1 (2.00x), unfused 1/1.25 (1.60x), 48 tokens per 48 s of a token each
+    assert "| 0 | 1 | 2.00x | 1 | 1.60x |" in rows[0] and "int4 fused eager tok/s" in head[0], rows[0]
     written = out.read_text().splitlines()
     assert written[0] == next(line for line in printed if line.startswith("# ")) and written[1] == ""
     assert written[2:5] == [head[0], printed[printed.index(head[0]) + 1], rows[0]]

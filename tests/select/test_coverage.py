@@ -1,0 +1,22 @@
+"""What a kernel package for an arch holds (select/coverage.py), without a GPU."""
+from mixed_gemm.select import coverage
+
+SHAPES = ((8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672))  # the shapes the H200 profile re-measured
+MS = (1, 16)
+
+
+def names(found):
+    return {c.kernel_name for _, c in found}
+
+
+def test_a_package_holds_what_every_shipped_profile_of_the_arch_picks():
+    """The sm90a package serves the H100 and the H200: the H200's own entries replace the H100's
+    on a few shapes, and the package holds those picks too (else an H200 runs stand-ins there,
+    for good where no nvcc is installed)."""
+    profiles = coverage.shipped_profiles((9, 0))
+    assert {p.path.name for p in profiles} >= {"h100.json", "h200.json"}
+    assert coverage.shipped_profile((9, 0)).path.name == "h100.json"
+    packaged = names(coverage.selectable("sm90a", shapes=SHAPES, m_buckets=MS))
+    picks = {p.path.name: names(coverage.selectable_for((9, 0), 132, p, SHAPES, MS)) for p in profiles}
+    assert all(found <= packaged for found in picks.values())
+    assert picks["h200.json"] - picks["h100.json"], "the H200 picks nothing of its own here: the test proves nothing"
