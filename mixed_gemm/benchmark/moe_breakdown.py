@@ -84,12 +84,13 @@ def split_replays(events: Sequence[Tuple[str, float, float, int]], replays: int)
 
 
 def summarize(replays: Sequence[Sequence[Tuple[str, float, float]]]) -> Dict:
-    """Per stage the median µs and the kernels per call; the kernels' summed time and the span."""
+    """Per stage the median µs and the kernels per call; their sum (so that the stages' shares add
+    up to 100%) and the span of a call."""
     per = [classify([(n, e - s) for n, s, e in r]) for r in replays]
     stages = {st: statistics.median(p[st][0] for p in per) for st in STAGES}
     counts = {st: per[0][st][1] for st in STAGES}
     return dict(stage_us=stages, stage_kernels=counts, kernels=sum(counts.values()),
-                sum_us=statistics.median(sum(p[st][0] for st in STAGES) for p in per),
+                sum_us=sum(stages.values()),
                 span_us=statistics.median(r[-1][2] - r[0][1] for r in replays if r),
                 names=sorted({n for n, _, _ in replays[0]}))
 
