@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import mixed_gemm as mg
-from mixed_gemm.ops import matmul as matmul_module
+from mixed_gemm.ops.matmul import _current_device
 from mixed_gemm.profiler.workload import random_weights
 from mixed_gemm.runtime import current_stream
 from mixed_gemm.select.selection import SELECTED
@@ -63,7 +63,7 @@ def main() -> None:
         "mg.matmul(out=y): no allocation": lambda: mg.matmul(x, w, out=y),
         "x.new_empty (the output allocation)": lambda: x.new_empty((1, args.n)),
         "selection lookup (dict get)": lambda: SELECTED.get(key),
-        "current device + current stream": lambda: (matmul_module._current_device(), current_stream(dev)),
+        "current device + current stream": lambda: (_current_device(), current_stream(dev)),
         "Choice.launch (packing + driver)": lambda: choice.launch(x, w, None, y, 1, stream),
         f"{type(launcher).__name__} (packing + driver)": lambda: launcher(x, w, None, y, 1, stream),
     }
