@@ -3,6 +3,7 @@ same dtype (cold L2, CUDA graphs, median of ``--rounds``), each checked against 
 
     python bench/schedule_ab.py --cases CASES [--rounds 3] [--dtype f16] [--between] [--out FILE]
     python bench/schedule_ab.py --cases CASES --pack kcache/ab.txz     # no GPU needed
+    python bench/schedule_ab.py --pack-all kcache                       # no GPU needed
 
 A case is one line of the file CASES (or a ``--case`` argument, repeatable):
 ``N K M BITS GROUP schedule [schedule ...]``, ``#`` starts a comment, for example
@@ -13,7 +14,11 @@ A case is one line of the file CASES (or a ``--case`` argument, repeatable):
 Prints one row per (case, schedule): µs, speedup over cuBLAS, the weight's share of the 3.0 TB/s
 floor and the relative error. ``--pack`` instead builds the cases' kernels (where missing) and writes
 their kernel-cache entries to one xz tar, which bench/device/env.sh unpacks on the GPU machine: a
-call then carries the few kernels it times instead of the whole cache.
+call then carries the few kernels it times instead of the whole cache. ``--pack-all DIR`` packs every
+catalog kernel as built for the current sources (``mixed-gemm build --all``, which builds the missing
+ones first; entries of stale sources stay out) into DIR: rest.txz (every fatbin) and
+kcache90.txz.part-* (the sm90a libraries, mostly the same static cudart, which xz over one tar
+dedupes) in parts under the 16 MB a device call may carry per file.
 """
 from __future__ import annotations
 
@@ -21,6 +26,9 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import List, Tuple
 
 import torch
@@ -50,7 +58,6 @@ def read_cases(path: str, extra: List[str]) -> List[Case]:
 
 
 def pack(cases: List[Case], dtype: str, out: str) -> None:
-    from mixed_gemm._paths import cache_dir
     from mixed_gemm.compile.cache import build_spec, locate
     from mixed_gemm.kernels import family_of
 
@@ -66,12 +73,47 @@ def pack(cases: List[Case], dtype: str, out: str) -> None:
         entries.append(locate(spec.name, spec.source(), spec.arch_flags, (), spec.output)[1].name)
     target = os.path.abspath(out)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    tar = subprocess.Popen(["tar", "cf", "-", *sorted(entries)], cwd=cache_dir(), stdout=subprocess.PIPE)
-    with open(target, "wb") as f:
-        subprocess.run(["xz", "-T2", "-6"], stdin=tar.stdout, stdout=f, check=True)
-    if tar.wait() != 0:
-        raise RuntimeError("tar failed")
+    tar_xz(entries, ["-T2", "-6"], Path(target))
     print(f"{len(entries)} kernels -> {out}")
+
+
+def tar_xz(entries: List[str], xz_args: List[str], target: Path) -> None:
+    """The cache entries ``entries`` (directory names) as one xz-compressed tar at ``target``, lock
+    files left out."""
+    from mixed_gemm._paths import cache_dir
+
+    with tempfile.NamedTemporaryFile("w", suffix=".entries") as names, open(target, "wb") as f:
+        names.write("".join(f"{e}\n" for e in sorted(entries)))
+        names.flush()
+        tar = subprocess.Popen(["tar", "cf", "-", "--exclude=*.lock", "-T", names.name], cwd=cache_dir(),
+                               stdout=subprocess.PIPE)
+        xz = subprocess.run(["xz", *xz_args], stdin=tar.stdout, stdout=f)
+        if tar.wait() != 0 or xz.returncode != 0:
+            raise RuntimeError(f"tar | xz of {len(entries)} cache entries into {target} failed")
+
+
+def pack_all(out_dir: str, part_bytes: int = 15 << 20) -> None:
+    """Every catalog kernel's cache entry for the current sources into ``out_dir``: rest.txz and
+    kcache90.txz.part-aa, -ab, ... (bench/device/env.sh concatenates the parts in name order)."""
+    built = subprocess.run([sys.executable, "-m", "mixed_gemm.cli", "build", "--all", "--filter", "mg_", "--jobs", "2"],
+                           stdout=subprocess.PIPE, text=True, check=True).stdout
+    # "name  path" per kernel; the path's directory is its cache entry
+    entries = sorted({Path(line.split()[1]).parent.name for line in built.splitlines() if len(line.split()) == 2})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [out / "rest.txz", *out.glob("kcache90.txz.part-*"), *out.glob("kcache.tgz.part-*")]:
+        old.unlink(missing_ok=True)
+    sm90a = [e for e in entries if e.startswith("mg_sm90a_")]
+    tar_xz([e for e in entries if e not in sm90a], ["-9", "-T0"], out / "rest.txz")
+    whole = out / "kcache90.txz"
+    tar_xz(sm90a, ["-9", "-T0"], whole)
+    with open(whole, "rb") as f:
+        for n, part in enumerate(iter(lambda: f.read(part_bytes), b"")):
+            (out / f"kcache90.txz.part-{chr(97 + n // 26)}{chr(97 + n % 26)}").write_bytes(part)
+    whole.unlink()
+    print(f"{len(entries)} entries ({len(sm90a)} sm90a) -> {out_dir}")
+    for f in sorted(out.iterdir()):
+        print(f"{f.stat().st_size:>12} {f.name}")
 
 
 def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool) -> List[str]:
@@ -126,7 +168,8 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool) -> Lis
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    summary, details = __doc__.split("\n\n", 1)
+    ap = argparse.ArgumentParser(description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="", help="a file of case lines")
     ap.add_argument("--case", action="append", default=[], help="one case line (repeatable)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -137,7 +180,13 @@ def main() -> None:
                          "in a model: times are then per pair")
     ap.add_argument("--pack", metavar="OUT.txz", default="",
                     help="build the cases' kernels and pack their cache entries instead of timing")
+    ap.add_argument("--pack-all", metavar="OUT_DIR", default="",
+                    help="build every catalog kernel (where missing) and pack the whole cache for the GPU machine "
+                         "into OUT_DIR (rest.txz, kcache90.txz.part-*); no cases")
     a = ap.parse_args()
+    if a.pack_all:
+        pack_all(a.pack_all)
+        return
     cases = read_cases(a.cases, a.case)
     if a.pack:
         pack(cases, a.dtype, a.pack)

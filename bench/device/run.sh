@@ -105,9 +105,9 @@ for step in "$@"; do
         --out "$OUT/$tag.md" --json "$OUT/$tag.json" --plot "$OUT/$tag.png" 2>&1 | grep -vE "$QUIET|^\s*$" | tail -16 ;;
     gated)  # SiLU·mul in the gate|up epilogue: its GPU test, the op alone, the 8B step with it on and off
       timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -x -m gpu tests/ops/test_gated_gpu.py -p no:cacheprovider 2>&1 | tail -3
-      with_pkg timeout "${GATED_TIMEOUT:-300}" python3 bench/bench_gated.py --out "$OUT/gated.md" 2>&1 | grep -vE "$QUIET" | tail -16 ;;
+      with_pkg timeout "${GATED_TIMEOUT:-300}" python3 bench/bench_epilogues.py --gated --out "$OUT/gated.md" 2>&1 | grep -vE "$QUIET" | tail -18 ;;
     residual)  # skip connections in the o_proj/down_proj epilogues, the 8B model with and without
-      with_pkg timeout "${RESIDUAL_TIMEOUT:-400}" python3 bench/bench_residual.py --out "$OUT/residual.md" 2>&1 \
+      with_pkg timeout "${RESIDUAL_TIMEOUT:-400}" python3 bench/bench_epilogues.py --residual --out "$OUT/residual.md" 2>&1 \
         | grep -vE "$QUIET" | tail -12 ;;
     cold-call)  # the first matmul on an empty cache: block, async, and with the carried package
       timeout "${COLD_TIMEOUT:-400}" python3 bench/cold_call.py --wheel "$MIXED_GEMM_KERNEL_WHEEL" --out "$OUT/cold-call.md" 2>&1 | tail -8 ;;

@@ -28,7 +28,7 @@ from .experts import PackedExperts
 from .matmul import matmul
 from .packed import KERNEL_DTYPES, PackedWeight
 
-# Measured on the H100 (bench/bench_gated.py, docs/notes/moe.md): with moe_gemv's untuned gate|up
+# Measured on the H100 (bench/bench_epilogues.py --gated, docs/notes/moe.md): with moe_gemv's untuned gate|up
 # schedules the fused op is 0.77-0.85x of gemv + SiLU·mul at 1-4 rows and 0.54x at 8-16 (the
 # 16-row expert chunks), so it stops at 4 rows and fuse_projections leaves it off by default.
 GATED_MAX_ROWS = 4
