@@ -11,9 +11,11 @@ peer-accessible, 2-8 ranks, NCCL backend, compute capability 8.0+, the buffers m
 the size and mode pick one-shot, two-shot or NCCL (:func:`mixed_gemm.kernels.allreduce.choose`),
 from sizes only, so ranks never disagree.
 
-NVLink multicast is never used: this module sets ``NCCL_NVLS_ENABLE=0`` and
-``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (unless already set) when imported and before it creates
-buffers, and the kernels use plain peer loads and stores only.
+NVLink multicast is never used: this module sets ``NCCL_NVLS_ENABLE=0``,
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and ``NVSHMEM_DISABLE_NVLS=1`` (unless already set) when
+imported and before it creates buffers, and the kernels use plain peer loads and stores only.
+NCCL reads its variable when a communicator starts: import this module (or set the variables)
+before the process group's first collective.
 
 ``torch.ops.mixed_gemm.all_reduce`` and ``.all_reduce_residual_rms_norm`` are the calls as torch
 custom ops (fake implementations for Dynamo), for compiled models. Design and measurements:
@@ -40,7 +42,10 @@ MODE_ENV = "MIXED_GEMM_ALLREDUCE"                 # auto | nccl | one_shot | two
 MAX_BYTES_ENV = "MIXED_GEMM_ALLREDUCE_MAX_BYTES"  # the largest message ours takes (the slots' size)
 TIMEOUT_ENV = "MIXED_GEMM_ALLREDUCE_TIMEOUT_S"    # a kernel waiting longer for a peer traps; 0: never
 DEFAULT_MAX_BYTES = 2 << 20  # 64 tokens x 8192 x fp16 is 1 MB; a buffer holds 2 x world_size slots
-MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+# NVLS off in NCCL, in torch's CUDA symmetric memory and in NVSHMEM (a symmetric-memory backend
+# torch can be switched to): a program that uses NVLink multicast can take a shared host's GPUs
+# out of service, so none of ours asks for it.
+MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def disable_multicast() -> None:
@@ -86,6 +91,13 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def _why(e: BaseException) -> str:
+    """A one-line account of ``e`` for the reasons ranks exchange (never raises: an exception with
+    an empty message would otherwise skip the exchange that every peer waits in)."""
+    lines = str(e).splitlines()
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def _gather(obj, group) -> list:
     out = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
@@ -128,14 +140,20 @@ def _peer_verdict(device: torch.device, infos: List[dict], rank: int) -> Tuple[b
 
 def _rendezvous(buf: torch.Tensor, name: str, rank: int):
     """``(handle, bases, offset)``: the handle of ``buf`` over the group named ``name``, every
-    rank's address of the symmetric block, and ``buf``'s offset in this rank's block."""
+    rank's address of the symmetric block, and ``buf``'s offset in this rank's block.
+    ``buffer_ptrs`` are the blocks' bases (torch 2.9+ keeps a tensor's offset in the handle), or
+    the tensor's own addresses in older torch: ``data_ptr() - bases[rank]`` holds for both."""
     import torch.distributed._symmetric_memory as symm_mem
 
     try:
         handle = symm_mem.rendezvous(buf, name)
-    except RuntimeError:  # older torch: the group must be registered first (a deterministic, early failure)
+    except RuntimeError as e:
+        # Torch that still needs enable_symm_mem_for_group raises "get_group_info: no group info
+        # associated with the group name" before any exchange, on every rank alike: register and
+        # retry. Any other failure may have come after part of the exchange, where a retry would
+        # pair with nothing on the peers: it propagates (the caller reports it to every rank).
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        if enable is None:
+        if enable is None or "no group info" not in str(e):
             raise
         with warnings.catch_warnings():  # deprecated where it is no longer needed
             warnings.simplefilter("ignore", FutureWarning)
@@ -175,9 +193,13 @@ class Communicator:
     def _setup(self) -> None:
         ok, why = _local_verdict(self.group, self.device, self.world_size)
         info = dict(host=socket.gethostname(), uuid=str(torch.cuda.get_device_properties(self.device).uuid), ok=ok,
-                    why=why)
+                    why=why, slot_bytes=self.slot_bytes)
         infos = _gather(info, self.group)
         bad = [(r, i["why"]) for r, i in enumerate(infos) if not i["ok"]]
+        if not bad and len({i["slot_bytes"] for i in infos}) > 1:
+            # The per-call choice compares sizes with slot_bytes: ranks must hold the same one, or
+            # one would run ours while its peer runs NCCL (and the rendezvous wants equal sizes).
+            bad = [(r, f"{MAX_BYTES_ENV} gives {i['slot_bytes']}-byte slots") for r, i in enumerate(infos)]
         if bad:
             self.reason = "; ".join(f"rank {r}: {w}" for r, w in bad)
             return
@@ -186,19 +208,28 @@ class Communicator:
         if bad:
             self.reason = "; ".join(f"rank {r}: {w}" for r, w in bad)
             return
-        try:  # every rank gets here (the verdicts agreed), so the rendezvous is collective
+        try:  # every rank gets here (the verdicts agreed)
             import torch.distributed._symmetric_memory as symm_mem
 
-            nbytes = buffer_bytes(self.world_size, self.slot_bytes)
-            buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
+            buf, why = symm_mem.empty(buffer_bytes(self.world_size, self.slot_bytes), dtype=torch.uint8,
+                                      device=self.device), ""
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory on this rank only
+            buf, why = None, _why(e)
+        # The rendezvous is collective: enter it only where every rank has its buffer, else a rank
+        # that failed alone would leave the others waiting in its exchange.
+        bad = [(r, w) for r, w in enumerate(_gather(why, self.group)) if w]
+        if bad:
+            self.reason = "symmetric memory: " + "; ".join(f"rank {r}: {w}" for r, w in bad)
+            return
+        try:
             handle, bases, offset = _rendezvous(buf, self.name, self.rank)
-            if len(bases) != self.world_size or (bases[self.rank] + offset) % 16:
+            if len(bases) != self.world_size or any((b + offset) % VECTOR_BYTES for b in bases):
                 raise RuntimeError(f"unexpected buffer addresses {[hex(p) for p in bases]} + {offset}")
             buf[:DATA_OFFSET].zero_()  # flags and call counters; no peer signals before the gather below
             torch.cuda.synchronize(self.device)
             mine = (True, "", offset)
         except Exception as e:  # noqa: BLE001 - any failure: NCCL serves, on every rank alike
-            buf, handle, bases, mine = None, None, [], (False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", 0)
+            buf, handle, bases, mine = None, None, [], (False, _why(e), 0)
         results = _gather(mine, self.group)
         bad = [(r, w) for r, (o, w, _) in enumerate(results) if not o]
         if not bad and len({off for _, _, off in results}) > 1:  # symmetric allocations: one offset for all
@@ -232,7 +263,7 @@ class Communicator:
                 args.rank, args.slot_bytes, args.timeout_ns = self.rank, self.slot_bytes, self.timeout_ns
                 kernels[config.algo] = (launcher, args, argv)
         except Exception as e:  # noqa: BLE001 - e.g. no nvcc and no cached binary: NCCL serves
-            kernels, why = {}, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            kernels, why = {}, _why(e)
         with torch.cuda.device(self.device):
             results = _gather(why, self.group)
         if any(results):
@@ -283,7 +314,7 @@ class Communicator:
             if _aligned(x):
                 self._launch(algo, x, x)
             else:  # a view: sum a contiguous copy (the choice above is the same on every rank)
-                y = x.contiguous() if not x.is_contiguous() else x.clone()
+                y = _aligned_copy(x)
                 self._launch(algo, y, y)
                 x.copy_(y)
         return x
@@ -295,7 +326,7 @@ class Communicator:
         if algo == NCCL:
             dist.all_reduce(out.copy_(x), group=self.group)
         elif x.numel():
-            self._launch(algo, x if _aligned(x) else x.contiguous().clone(), out)
+            self._launch(algo, x if _aligned(x) else _aligned_copy(x), out)
         return out
 
     def all_reduce_residual_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -307,7 +338,7 @@ class Communicator:
         if self._fused_applies(x, residual, weight, cols, mode):
             out, residual_out = x.new_empty(x.shape), residual.new_empty(residual.shape)
             if x.numel():
-                x, residual, weight = (t if _aligned(t) else t.contiguous().clone() for t in (x, residual, weight))
+                x, residual, weight = (t if _aligned(t) else _aligned_copy(t) for t in (x, residual, weight))
                 self._launch("rms_norm", x, out, rows=x.numel() // cols, cols=cols, residual=residual.data_ptr(),
                              residual_out=residual_out.data_ptr(), weight=weight.data_ptr(), eps=float(eps))
             return out, residual_out
@@ -339,6 +370,12 @@ _NAMES = {getattr(torch, k): v for k, v in TORCH_DTYPES.items()}  # torch dtype 
 
 def _aligned(t: torch.Tensor) -> bool:
     return t.is_contiguous() and t.data_ptr() % VECTOR_BYTES == 0
+
+
+def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous copy of ``t`` (the allocator's blocks are 512-byte aligned): one copy,
+    where ``contiguous()`` already made one."""
+    return t.clone() if t.is_contiguous() else t.contiguous()
 
 
 def residual_rms_norm(reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -430,14 +467,19 @@ def all_reduce_residual_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, wei
     if x.is_cuda and mode != NCCL:
         comm = _communicator_by_name(group, x.device)
         if comm is not None:
-            return comm.all_reduce_residual_rms_norm(x, residual, weight, eps, mode)
-    return residual_rms_norm(all_reduce_op(x, group, NCCL), residual, weight, eps)
+            out, h = comm.all_reduce_residual_rms_norm(x, residual, weight, eps, mode)
+            return out.contiguous(), h.contiguous()  # the fake's layout, whatever residual's strides
+    out, h = residual_rms_norm(all_reduce_op(x, group, NCCL), residual, weight, eps)
+    return out.contiguous(), h.contiguous()
 
 
 @all_reduce_residual_rms_norm_op.register_fake
 def _all_reduce_residual_rms_norm_fake(x, residual, weight, eps, group, mode):
     torch._check(residual.shape == x.shape, lambda: "residual: must have x's shape")
-    return x.new_empty(x.shape), residual.new_empty(residual.shape)
+    # The unfused path's type promotion (h = residual + sum, out = weight * normed(h)); the fused
+    # kernel runs only where all three dtypes agree.
+    h_dtype = torch.promote_types(residual.dtype, x.dtype)
+    return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, h_dtype)), x.new_empty(x.shape, dtype=h_dtype)
 
 
 __all__ = ["Communicator", "MODES", "MODE_ENV", "MAX_BYTES_ENV", "TIMEOUT_ENV", "all_reduce_mode", "communicator",

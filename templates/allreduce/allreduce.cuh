@@ -4,8 +4,8 @@
 //
 // Every rank owns one buffer, mapped into every peer's address space:
 //
-//   [kArFlagsOffset]    flags[block][source rank]  u32, written by the peers (and itself)
-//   [kArCountersOffset] counters[block]            u32, this rank's call counter per block
+//   [kArFlagsOffset]    flags[block][source rank]  u64, written by the peers (and itself)
+//   [kArCountersOffset] counters[block]            u64, this rank's call counter per block
 //   [kArDataOffset]     slots[parity][source rank] slot_bytes each: what source rank pushed here
 //
 // A call pushes this rank's values into the peers' slots (remote stores travel one way; the
@@ -18,8 +18,11 @@
 // value a call signals cannot come from the host. Every launch runs kArMaxBlocks blocks (blocks
 // past the work only count the call and leave), so all counters of a rank stay equal, and equal
 // across ranks, which make the same calls in the same order (a collective). Call e signals 2e
-// (and 2e + 1 for a second barrier); flags only grow, and waits compare with wrap-around
-// arithmetic, so a peer that is already one call ahead never stalls a slower rank.
+// (and 2e + 1 for a second barrier); flags only grow, and a wait passes once the flag reached the
+// value, so a peer that is already one call ahead never stalls a slower rank. Flags and counters
+// are 64-bit: a block past the work of many calls in a row (block 63 while only small messages
+// come) leaves its flags that many calls behind, and with 32 bits a flag 2^31 behind would read
+// as ahead after 2^30 such calls (days of decode) and let a later wait pass early.
 //
 // Why two parities: call e writes the slots of parity e & 1. A rank can start call e + 2 (and
 // overwrite parity e & 1 in a peer) only after its call e + 1 passed a barrier, which every rank
@@ -28,7 +31,9 @@
 //
 // Sums are taken in fp32 over the ranks in rank order (rank 0 first) and rounded once, on every
 // rank alike: all ranks hold bit-identical results (replicated layers stay in lockstep), and for
-// two ranks the result is the correctly rounded a + b, what NCCL returns.
+// two ranks the result is the correctly rounded a + b, what NCCL returns (fp32 carries 24 bits,
+// >= 2p + 2 for fp16's and bf16's p, so rounding to fp32 first never changes the final rounding).
+// Sums start from -0.0, the identity of IEEE addition: -0 + -0 stays -0, as in NCCL.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,8 +46,8 @@ namespace mixed_gemm {
 constexpr int kArMaxRanks = 8;           // flags per block: one per source rank
 constexpr int kArMaxBlocks = 64;         // the grid of every launch
 constexpr int kArFlagsOffset = 0;
-constexpr int kArCountersOffset = kArMaxBlocks * kArMaxRanks * 4;   // 2048
-constexpr int kArDataOffset = 4096;      // slots start here, 16-byte aligned and past the counters
+constexpr int kArCountersOffset = kArMaxBlocks * kArMaxRanks * 8;   // 4096
+constexpr int kArDataOffset = 8192;      // slots start here, 16-byte aligned and past the counters
 constexpr int kArVectorBytes = 16;       // every load and store of values moves 16 bytes
 
 struct AllReduceArgs {
@@ -76,13 +81,15 @@ template <> struct ArElement<float> {
 };
 
 // ---- memory operations -------------------------------------------------------------------------
-__device__ __forceinline__ void ar_store_release_sys(unsigned* p, unsigned v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+typedef unsigned long long ArFlag;
+
+__device__ __forceinline__ void ar_store_release_sys(ArFlag* p, ArFlag v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-__device__ __forceinline__ unsigned ar_load_acquire_sys(unsigned const* p) {
-  unsigned v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ ArFlag ar_load_acquire_sys(ArFlag const* p) {
+  ArFlag v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -109,12 +116,12 @@ __device__ __forceinline__ void* ar_peer(AllReduceArgs const& a, int index) {
   return p;
 }
 
-__device__ __forceinline__ unsigned* ar_flag(void* base, int block, int source) {
-  return reinterpret_cast<unsigned*>(static_cast<char*>(base) + kArFlagsOffset) + block * kArMaxRanks + source;
+__device__ __forceinline__ ArFlag* ar_flag(void* base, int block, int source) {
+  return reinterpret_cast<ArFlag*>(static_cast<char*>(base) + kArFlagsOffset) + block * kArMaxRanks + source;
 }
 
-__device__ __forceinline__ unsigned* ar_counter(void* base, int block) {
-  return reinterpret_cast<unsigned*>(static_cast<char*>(base) + kArCountersOffset) + block;
+__device__ __forceinline__ ArFlag* ar_counter(void* base, int block) {
+  return reinterpret_cast<ArFlag*>(static_cast<char*>(base) + kArCountersOffset) + block;
 }
 
 template <typename V>
@@ -124,10 +131,10 @@ __device__ __forceinline__ V* ar_slot(void* base, long long slot_bytes, int pari
 }
 
 // This call's number, counted per block in this rank's buffer (see the top of the file).
-__device__ __forceinline__ unsigned ar_next_call(void* self) {
-  __shared__ unsigned epoch;
+__device__ __forceinline__ ArFlag ar_next_call(void* self) {
+  __shared__ ArFlag epoch;
   if (threadIdx.x == 0) {
-    unsigned* counter = ar_counter(self, blockIdx.x);
+    ArFlag* counter = ar_counter(self, blockIdx.x);
     epoch = *counter + 1;  // the previous launch's store: ordered by the stream
     *counter = epoch;
   }
@@ -138,17 +145,17 @@ __device__ __forceinline__ unsigned ar_next_call(void* self) {
 // Block-wise barrier with every peer's block of the same index. Orders this block's earlier
 // stores (pushes into peers' slots) before any peer's later loads, and the peers' alike.
 template <int W>
-__device__ __forceinline__ void ar_barrier(AllReduceArgs const& a, void* self, unsigned value) {
+__device__ __forceinline__ void ar_barrier(AllReduceArgs const& a, void* self, ArFlag value) {
   __syncthreads();
   int const t = threadIdx.x;
   if (t < W) {
     ar_store_release_sys(ar_flag(ar_peer<W>(a, t), blockIdx.x, a.rank), value);
-    unsigned const* mine = ar_flag(self, blockIdx.x, t);
-    if (static_cast<int>(ar_load_acquire_sys(mine) - value) < 0) {
+    ArFlag const* mine = ar_flag(self, blockIdx.x, t);
+    if (static_cast<long long>(ar_load_acquire_sys(mine) - value) < 0) {
       unsigned long long const start = ar_globaltimer();
-      while (static_cast<int>(ar_load_acquire_sys(mine) - value) < 0) {
+      while (static_cast<long long>(ar_load_acquire_sys(mine) - value) < 0) {
         if (a.timeout_ns != 0 && ar_globaltimer() - start > a.timeout_ns) {
-          printf("mixed_gemm all-reduce: rank %d, block %d waited more than %llu ns for rank %d (value %u): a peer "
+          printf("mixed_gemm all-reduce: rank %d, block %d waited more than %llu ns for rank %d (value %llu): a peer "
                  "did not make the same all-reduce call\n", a.rank, blockIdx.x, a.timeout_ns, t, value);
           __trap();
         }
@@ -165,7 +172,7 @@ struct ArVector {
 
   __device__ __forceinline__ void clear() {
 #pragma unroll
-    for (int j = 0; j < kElements; ++j) v[j] = 0.f;
+    for (int j = 0; j < kElements; ++j) v[j] = -0.f;  // -0 + x == x for every x, -0 included
   }
   __device__ __forceinline__ void add(uint4 const& raw) {
     T const* e = reinterpret_cast<T const*>(&raw);
@@ -222,7 +229,7 @@ __device__ __forceinline__ void ar_sum_tail(AllReduceArgs const& a, void* self, 
   T const* in = static_cast<T const*>(a.in);
   T* out = static_cast<T*>(a.out);
   for (long long e = first + threadIdx.x; e < a.numel; e += blockDim.x) {
-    float acc = 0.f;
+    float acc = -0.f;
 #pragma unroll
     for (int s = 0; s < W; ++s) {
       T const v = s == a.rank ? in[e] : __ldcg(ar_slot<T>(self, a.slot_bytes, parity, W, s) + e);
@@ -236,9 +243,9 @@ __device__ __forceinline__ void ar_sum_tail(AllReduceArgs const& a, void* self, 
 template <typename T, int W>
 __device__ void all_reduce_one_shot(AllReduceArgs const& a) {
   void* self = ar_peer<W>(a, a.rank);
-  unsigned const epoch = ar_next_call(self);
+  ArFlag const epoch = ar_next_call(self);
   if (blockIdx.x >= a.active_blocks) return;  // every rank leaves the same blocks out
-  int const parity = epoch & 1;
+  int const parity = static_cast<int>(epoch & 1);
   constexpr int kVec = kArVectorBytes / sizeof(T);
   long long const vectors = a.numel / kVec;
   long long begin, end;
@@ -268,9 +275,9 @@ __device__ void all_reduce_one_shot(AllReduceArgs const& a) {
 template <typename T, int W>
 __device__ void all_reduce_two_shot(AllReduceArgs const& a) {
   void* self = ar_peer<W>(a, a.rank);
-  unsigned const epoch = ar_next_call(self);
+  ArFlag const epoch = ar_next_call(self);
   if (blockIdx.x >= a.active_blocks) return;
-  int const parity = epoch & 1;
+  int const parity = static_cast<int>(epoch & 1);
   constexpr int kVec = kArVectorBytes / sizeof(T);
   long long const vectors = a.numel / kVec;
   long long const segment = (vectors + W - 1) / W;
@@ -328,9 +335,9 @@ __device__ void all_reduce_two_shot(AllReduceArgs const& a) {
 template <typename T, int W, int kThreads>
 __device__ void all_reduce_rms_norm(AllReduceArgs const& a) {
   void* self = ar_peer<W>(a, a.rank);
-  unsigned const epoch = ar_next_call(self);
+  ArFlag const epoch = ar_next_call(self);
   if (blockIdx.x >= a.active_blocks) return;
-  int const parity = epoch & 1;
+  int const parity = static_cast<int>(epoch & 1);
   constexpr int kVec = kArVectorBytes / sizeof(T);
   int const row_vectors = a.cols / kVec;
   uint4 const* in = static_cast<uint4 const*>(a.in);

@@ -59,6 +59,7 @@ def test_mode_comes_from_the_argument_then_the_environment(monkeypatch):
 
 def test_multicast_stays_off():
     assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert os.environ["NVSHMEM_DISABLE_NVLS"] == "1"
 
 
 # ------------------------------------------------------------------ configs
@@ -73,7 +74,7 @@ def test_config_names_rules_and_blocks():
     assert AllReduceConfig("two_shot", world_size=4).active_blocks(8192 * 16) == 8
     assert AllReduceConfig("rms_norm").active_blocks(16 * 8192, rows=16) == 16
     assert AllReduceConfig("rms_norm").active_blocks(100 * 8192, rows=100) == MAX_BLOCKS
-    assert buffer_bytes(2, SLOT) == 4096 + 4 * SLOT
+    assert buffer_bytes(2, SLOT) == 8192 + 4 * SLOT
     for kw, rule in [(dict(algo="three_shot"), "algo must be one of"), (dict(dtype="f8"), "dtype must be one of"),
                      (dict(world_size=1), r"world_size must be an int in \[2, 8\]"),
                      (dict(world_size=16), "world_size"), (dict(threads=100), "threads must be")]:
@@ -103,7 +104,7 @@ def test_rendered_source_carries_its_mirrors():
     assert "Kernel: mg_allreduce_rms_norm_bf16_w4_t512" in src
     assert f"sizeof(mixed_gemm::AllReduceArgs) == {ALLREDUCE_ARGS_BYTES}" in src
     assert "mixed_gemm::all_reduce_rms_norm<__nv_bfloat16, 4, 512>(args)" in src
-    assert "kArDataOffset == 4096" in src
+    assert "kArDataOffset == 8192" in src
 
 
 @pytest.mark.nvcc
@@ -126,6 +127,16 @@ def test_fake_implementations_give_shapes():
     out, h = torch.ops.mixed_gemm.all_reduce_residual_rms_norm(x, res, torch.empty(8192, device="meta",
                                                                                   dtype=torch.float16), 1e-5, "0", "auto")
     assert out.shape == h.shape == x.shape and out.dtype == torch.float16
+
+
+def test_fake_follows_the_unfused_type_promotion():
+    """An fp32 norm weight over fp16 activations (the unfused path serves it): the fake must give
+    the dtypes the real op returns, or compiled graphs would carry wrong metadata."""
+    x, res, w = torch.randn(2, 64).half(), torch.randn(2, 64).half(), 1 + torch.randn(64)
+    want_out, want_h = ar.residual_rms_norm(x, res, w, 1e-5)
+    out, h = torch.ops.mixed_gemm.all_reduce_residual_rms_norm(x.to("meta"), res.to("meta"), w.to("meta"), 1e-5, "0",
+                                                                 "auto")
+    assert (out.dtype, h.dtype) == (want_out.dtype, want_h.dtype) == (torch.float32, torch.float16)
 
 
 def test_ops_trace_with_fake_tensors():
@@ -170,6 +181,68 @@ def test_cpu_layers_keep_gloo(gloo_world):
     out, h = all_reduce_residual_rms_norm(x, res, w, 1e-5)
     want = ar.residual_rms_norm(x, res, w, 1e-5)
     assert torch.equal(out, want[0]) and torch.equal(h, want[1])
+
+
+class _SymmMem:
+    """Stands in for torch.distributed._symmetric_memory: rendezvous fails ``failures`` times with
+    ``message``, then returns a handle whose buffer_ptrs are the blocks' bases."""
+
+    def __init__(self, message, failures=1):
+        self.message, self.failures, self.calls = message, failures, []
+
+    def rendezvous(self, buf, name):
+        self.calls.append(("rendezvous", name))
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError(self.message)
+        return type("Handle", (), {"buffer_ptrs": [buf.data_ptr() - 64, 4096], "buffer_size": buf.numel() + 64})()
+
+    def enable_symm_mem_for_group(self, name):
+        self.calls.append(("enable", name))
+
+
+def _use_symm_mem(monkeypatch, stub):
+    import sys
+
+    monkeypatch.setattr(dist, "_symmetric_memory", stub, raising=False)
+    monkeypatch.setitem(sys.modules, "torch.distributed._symmetric_memory", stub)
+
+
+def test_rendezvous_registers_the_group_only_where_torch_asks_for_it(monkeypatch):
+    buf = torch.empty(256, dtype=torch.uint8)
+    old = _SymmMem("get_group_info: no group info associated with the group name 0")
+    _use_symm_mem(monkeypatch, old)
+    handle, bases, offset = ar._rendezvous(buf, "0", 0)
+    assert old.calls == [("rendezvous", "0"), ("enable", "0"), ("rendezvous", "0")]
+    assert bases == [buf.data_ptr() - 64, 4096] and offset == 64
+    other = _SymmMem("CUDA driver error: invalid device ordinal")  # may come after part of the exchange
+    _use_symm_mem(monkeypatch, other)
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        ar._rendezvous(buf, "0", 0)
+    assert other.calls == [("rendezvous", "0")]  # no second, unpaired rendezvous
+
+
+def test_failures_are_described_in_one_line():
+    assert ar._why(RuntimeError()) == "RuntimeError: "
+    assert ar._why(ValueError("first\nsecond")) == "ValueError: first"
+
+
+def test_ranks_with_different_slot_sizes_stay_on_nccl(monkeypatch):
+    comm = ar.Communicator.__new__(ar.Communicator)
+    comm.group, comm.rank, comm.world_size, comm.slot_bytes = None, 0, 2, SLOT
+    comm.device, comm.reason, comm.usable = torch.device("cuda", 0), "", False
+    monkeypatch.setattr(ar, "_local_verdict", lambda group, device, world: (True, ""))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: _props("GPU-0"))
+    exchanged = []
+
+    def gather(obj, group):
+        exchanged.append(obj)
+        return [obj, dict(obj, uuid="GPU-1", slot_bytes=SLOT // 2)]
+
+    monkeypatch.setattr(ar, "_gather", gather)
+    comm._setup()
+    assert not comm.usable and len(exchanged) == 1  # decided at the first exchange, on every rank alike
+    assert "rank 1: MIXED_GEMM_ALLREDUCE_MAX_BYTES gives 1048576-byte slots" in comm.reason
 
 
 def _props(uuid):

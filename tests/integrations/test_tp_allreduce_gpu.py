@@ -10,6 +10,7 @@ import os
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # inherited by the spawned ranks, before NCCL starts
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 os.environ.setdefault("MIXED_GEMM_ALLREDUCE_TIMEOUT_S", "120")  # a missed barrier traps instead of hanging
 
 from datetime import timedelta  # noqa: E402

@@ -22,8 +22,8 @@ TORCH_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 MAX_RANKS = 8           # kArMaxRanks
 MAX_BLOCKS = 64         # kArMaxBlocks: the grid of every launch
 FLAGS_OFFSET = 0        # kArFlagsOffset
-COUNTERS_OFFSET = MAX_BLOCKS * MAX_RANKS * 4  # kArCountersOffset
-DATA_OFFSET = 4096      # kArDataOffset
+COUNTERS_OFFSET = MAX_BLOCKS * MAX_RANKS * 8  # kArCountersOffset (64-bit flags: they never wrap)
+DATA_OFFSET = 8192      # kArDataOffset
 VECTOR_BYTES = 16       # kArVectorBytes
 THREADS = 512
 
