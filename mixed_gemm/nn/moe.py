@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..formats import quantize
-from ..ops.experts import PackedExperts, check_moe_inputs, prepack_experts, routing_stats
+from ..ops.experts import PackedExperts, check_moe_inputs, check_routing, prepack_experts, routing_stats
 from ..ops.moe import moe
 from ..ops.library import moe_packed_op
 
@@ -121,14 +121,7 @@ class QuantExperts(nn.Module):
             raise TypeError(f"hidden_states: expected floating point, got {hidden_states.dtype}")
         if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
             raise ValueError(f"hidden_states: expected (T, H={self.hidden_size}), got {tuple(hidden_states.shape)}")
-        tokens = hidden_states.shape[0]
-        if top_k_index.dim() != 2 or top_k_index.shape[0] != tokens or top_k_weights.shape != top_k_index.shape:
-            raise ValueError(f"top_k_index, top_k_weights: expected equal (T={tokens}, top_k) shapes, got "
-                             f"{tuple(top_k_index.shape)} and {tuple(top_k_weights.shape)}")
-        if top_k_index.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"top_k_index: expected int32 or int64 expert ids, got {top_k_index.dtype}")
-        if not top_k_weights.is_floating_point():
-            raise TypeError(f"top_k_weights: expected floating point, got {top_k_weights.dtype}")
+        check_routing(hidden_states.shape[0], top_k_weights, top_k_index, ("top_k_weights", "top_k_index"))
         device = self.w13_b.device
         for name, t in (("hidden_states", hidden_states), ("top_k_index", top_k_index),
                         ("top_k_weights", top_k_weights)):

@@ -207,6 +207,19 @@ def experts_layout(device: torch.device) -> str:
     return next((fam.layout for fam in GROUPED_FAMILIES if fam.supports(index)[0]), "auto")
 
 
+def check_routing(tokens: int, weights, ids, names=("topk_weights", "topk_ids")) -> None:
+    """The routing's metadata rules (shared by ``moe`` and ``QuantExperts``, each under its own
+    argument ``names``): ``ids`` int32/int64 and ``weights`` floating point, both ``(tokens, top_k)``."""
+    wname, iname = names
+    if ids.dim() != 2 or ids.shape[0] != tokens or weights.shape != ids.shape:
+        raise ValueError(f"{iname}, {wname}: expected equal (T={tokens}, top_k) shapes, got "
+                         f"{tuple(ids.shape)} and {tuple(weights.shape)}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{iname}: expected int32 or int64 expert ids, got {ids.dtype}")
+    if not weights.is_floating_point():
+        raise TypeError(f"{wname}: expected floating point, got {weights.dtype}")
+
+
 def check_moe_inputs(x, w13: PackedExperts, w2: PackedExperts, topk_weights, topk_ids) -> None:
     """``moe``'s rules (and ``moe_grouped``'s), each a ValueError/TypeError naming the argument, before
     anything runs. Metadata only (types, dtypes, shapes, devices): no tensor's values are read, so
@@ -240,13 +253,7 @@ def check_moe_inputs(x, w13: PackedExperts, w2: PackedExperts, topk_weights, top
         raise TypeError(f"w2: dtype must equal w13's ({w13.dtype}), got {w2.dtype}")
     if x.dtype != w13.dtype:
         raise TypeError(f"x: dtype must equal the experts' ({w13.dtype}), got {x.dtype}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"topk_ids, topk_weights: expected equal (T={t}, top_k) shapes, got "
-                         f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"topk_ids: expected int32 or int64 expert ids, got {topk_ids.dtype}")
-    if not topk_weights.is_floating_point():
-        raise TypeError(f"topk_weights: expected floating point, got {topk_weights.dtype}")
+    check_routing(t, topk_weights, topk_ids)
     for name, tensor in (("w13", w13.b), ("w2", w2.b), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if tensor.device != x.device:
             raise ValueError(f"{name}: expected device {x.device} (same as x), got {tensor.device}")

@@ -64,6 +64,13 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+def _plain(t: torch.Tensor, dtype: torch.dtype, device_index: int) -> bool:
+    """``t`` has ``dtype``, lives on GPU ``device_index``, is contiguous and 16-byte aligned: what the
+    epilogues and loads of every family read. Cheap reads only (``get_device()`` is an int, -1 on
+    the CPU); a False sends the caller to the check that names the broken rule."""
+    return t.dtype is dtype and t.get_device() == device_index and t.is_contiguous() and not t.data_ptr() % 16
+
+
 def matmul(
     x: torch.Tensor,
     w,
@@ -114,12 +121,10 @@ def matmul(
     # The common call passes one chain of cheap reads (no torch.device object: get_device() is an
     # int, -1 on the CPU); anything off goes through _check_x, which names the rule it breaks.
     xs = x.shape if isinstance(x, torch.Tensor) else None
-    if (not xs or xs[-1] != k or x.dtype is not w.dtype or x.get_device() != device_index
-            or not x.is_contiguous() or x.data_ptr() % 16):
+    if not xs or xs[-1] != k or not _plain(x, w.dtype, device_index):
         _check_x(x, w)
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (n,) or bias.dtype is not w.dtype
-                             or bias.get_device() != device_index or not bias.is_contiguous()
-                             or bias.data_ptr() % 16):
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (n,)
+                             or not _plain(bias, w.dtype, device_index)):
         _check_bias(bias, w)
 
     m = x.numel() // k
@@ -133,9 +138,8 @@ def matmul(
                               f"{x.device} (TMA stores the sm90a kernels' output in 16-byte units)")
         y = out
     if residual is not None:
-        if (not isinstance(residual, torch.Tensor) or residual.shape != shape or residual.dtype is not w.dtype
-                or residual.get_device() != device_index or not residual.is_contiguous()
-                or residual.data_ptr() % 16):
+        if not isinstance(residual, torch.Tensor) or residual.shape != shape or not _plain(residual, w.dtype,
+                                                                                             device_index):
             _check_residual(residual, w, shape)
         if out is not None and _overlap(residual, y):
             _fail(ValueError, "residual: must not overlap out (families without the epilogue add it after the "
