@@ -145,7 +145,7 @@ def lm_head_graph_ms(model, batch: int) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             head(x)
-        return e2e._cuda_ms(graph.replay, reps=20)
+        return e2e.cuda_ms(graph.replay, reps=20)
 
 
 def table(title: str, names, rows, extra) -> list:

@@ -52,6 +52,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from mixed_gemm.integrations.e2e import cuda_ms  # noqa: E402
 from mixed_gemm.nn.parallel import all_reduce_residual_rms_norm  # noqa: E402
 
 GROUP, EPS, ROPE_THETA = 128, 1e-5, 500000.0
@@ -224,17 +225,6 @@ def build(cfg, layers, *, tp_rank, tp_size, device, batch, context, distinct=0, 
 
 
 # ------------------------------------------------------------------ timing
-def timed_ms(fn, reps=20) -> float:
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / reps
-
-
 def graph_ms(fn, collective: bool, reps: int = 20) -> float:
     """Median of 5 timings of ``reps`` replays of one CUDA graph of ``fn`` (after 3 eager calls)."""
     for _ in range(3):
@@ -249,7 +239,7 @@ def graph_ms(fn, collective: bool, reps: int = 20) -> float:
     for _ in range(5):
         if collective:
             dist.barrier()
-        times.append(timed_ms(graph.replay, reps))
+        times.append(cuda_ms(graph.replay, reps))
     del graph
     return sorted(times)[2]
 

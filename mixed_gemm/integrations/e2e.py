@@ -138,7 +138,8 @@ def weight_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
 
-def _cuda_ms(fn: Callable[[], object], reps: int = 1) -> float:
+def cuda_ms(fn: Callable[[], object], reps: int = 1) -> float:
+    """Milliseconds per call of ``fn`` over ``reps`` back-to-back calls, between CUDA events."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
@@ -186,7 +187,7 @@ def _graph_ms(fn: Callable[[torch.Tensor], object], ids: torch.Tensor, warm: int
     with torch.cuda.graph(graph):
         fn(ids)
     graph.replay()
-    ms = _cuda_ms(graph.replay, reps=10)
+    ms = cuda_ms(graph.replay, reps=10)
     del graph
     return ms
 
@@ -200,7 +201,7 @@ def _decode_step_ms(model, batch: int) -> float:
     except RuntimeError:
         torch.cuda.synchronize()
         STEP_EAGER.add(id(model))
-        return _cuda_ms(lambda: step(ids), reps=10)
+        return cuda_ms(lambda: step(ids), reps=10)
 
 
 _COMPILED: Dict[int, Callable] = {}  # id(model) -> its forward compiled by Inductor (its own CUDA graphs off)
@@ -254,7 +255,7 @@ def generate_tps(model, batch: int, compiled: bool) -> float:
 @torch.no_grad()
 def ttft_ms(model) -> float:
     ids = torch.randint(0, model.config.vocab_size, (1, TTFT_PROMPT), device="cuda")
-    return _cuda_ms(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False))
+    return cuda_ms(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False))
 
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compiled: bool = True,
