@@ -36,6 +36,15 @@ def generate_ms(model, batch: int) -> float:
     return e2e.generate_s(model, batch, compiled=False) * 1e3
 
 
+def generate_wall_cpu_ms(model, batch: int):
+    """(wall ms, this thread's CPU ms) of one generate. Eager generate is bound by its Python
+    thread, so the CPU time is the work the host did for the model: unlike the wall time it does
+    not count the time a busy host took the core away (docs/notes/end-to-end.md)."""
+    c = time.thread_time()
+    wall = generate_ms(model, batch)
+    return wall, (time.thread_time() - c) * 1e3
+
+
 def short(name: str) -> str:
     """A kernel's name without namespaces and argument list, template arguments cut at 80 characters
     (the functor tells torch's elementwise kernels apart; ours are plain C names)."""
@@ -131,12 +140,16 @@ def main() -> None:
             generate_ms(m, b)
 
     samples = {(n, b): [] for n in models for b in batches}
+    cpu = {(n, b): [] for n in models for b in batches}
     order = list(models.items())
     for b in batches:
         for rep in range(args.reps):
             for name, model in (order if rep % 2 == 0 else order[::-1]):
-                samples[(name, b)].append(generate_ms(model, b))
+                wall, host = generate_wall_cpu_ms(model, b)
+                samples[(name, b)].append(wall)
+                cpu[(name, b)].append(host)
     med = {k: statistics.median(v) for k, v in samples.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     print("\n| batch | fp16 ms | fused ms | fused vs fp16 | unfused ms | unfused vs fp16 | fused tok/s | "
           "spread max/min fp16, fused, unfused |")
     print("|---|---|---|---|---|---|---|---|")
@@ -145,8 +158,15 @@ def main() -> None:
         print(f"| {b} | {med[('fp16', b)]:.1f} | {med[('fused', b)]:.1f} | {med[('fp16', b)] / med[('fused', b)]:.2f}x | "
               f"{med[('unfused', b)]:.1f} | {med[('fp16', b)] / med[('unfused', b)]:.2f}x | "
               f"{b * e2e.NEW_TOKENS / med[('fused', b)] * 1e3:.0f} | {spread} |")
+    print("\nhost thread CPU ms per generate (median; what eager generate is bound by):")
+    print("| batch | " + " | ".join(f"{n} CPU ms" for n in models) + " | fused vs fp16 | unfused vs fp16 |")
+    print("|---|" + "---|" * (len(models) + 2))
+    for b in batches:
+        print(f"| {b} | " + " | ".join(f"{med_cpu[(n, b)]:.1f}" for n in models) +
+              f" | {med_cpu[('fp16', b)] / med_cpu[('fused', b)]:.2f}x | {med_cpu[('fp16', b)] / med_cpu[('unfused', b)]:.2f}x |")
     result = {"cold_s": {f"{n}@{b}": v for (n, b), v in cold.items()}, "standins": standins,
-              "ms": {f"{n}@{b}": v for (n, b), v in samples.items()}}
+              "ms": {f"{n}@{b}": v for (n, b), v in samples.items()},
+              "cpu_ms": {f"{n}@{b}": v for (n, b), v in cpu.items()}}
 
     if args.profile:
         b = args.profile

@@ -2,7 +2,8 @@
 
 Each build is an nvcc process started from a daemon thread (the Python side only waits on it),
 at most ``$MIXED_GEMM_JIT_WORKERS`` at a time (default: a quarter of the CPUs, 1 to 4: an sm90a
-library takes up to 7 GB of compiler memory). A build lands in the kernel cache like any other --
+library takes up to 7 GB of compiler memory), niced so that the host loop it would slow (eager
+decode is bound by its Python thread) keeps its core. A build lands in the kernel cache like any other --
 meta.json last, with the binary's sha256 -- and the caller loads it through
 :func:`~.cache.build_spec`, which verifies it, so nothing unverified is ever launched. One request
 per kernel name; a finished or failed one is remembered.
@@ -16,6 +17,7 @@ from concurrent.futures import Future
 from typing import Dict, List, Optional
 
 from .cache import BuildSpec, build_spec
+from .nvcc import run_in_background
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ def workers() -> int:
 
 def _run(spec: BuildSpec, future: Future) -> None:
     with _SLOTS:
+        run_in_background(True)
         try:
             path = build_spec(spec)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future

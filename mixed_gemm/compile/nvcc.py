@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -23,6 +24,16 @@ log = logging.getLogger(__name__)
 _MAX_MESSAGE_CHARS = 20_000
 
 _NVCC_NAMES = ("nvcc.exe", "nvcc") if os.name == "nt" else ("nvcc",)
+
+# Builds started from a background thread run niced: an eager decode loop is bound by its own
+# host thread, and a compiler at the same priority takes its core (docs/notes/end-to-end.md).
+BACKGROUND_NICE = 10
+_background = threading.local()
+
+
+def run_in_background(flag: bool) -> None:
+    """Mark this thread's nvcc runs as background work (lower CPU priority) or not."""
+    _background.on = flag
 
 
 def _executable(path: Path) -> bool:
@@ -159,6 +170,11 @@ def _run_together(cmds: Sequence[list[str]], source_path: Path, cwd: str | os.Pa
         try:
             procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                                 errors="replace", cwd=cwd)))
+            if getattr(_background, "on", False) and hasattr(os, "setpriority"):
+                try:  # nvcc's children (cicc, ptxas) inherit it; a race with the first fork costs nothing
+                    os.setpriority(os.PRIO_PROCESS, procs[-1][1].pid, BACKGROUND_NICE)
+                except OSError:
+                    pass
         except OSError as exc:
             for _, p in procs:
                 p.kill()

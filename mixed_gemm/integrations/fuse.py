@@ -124,6 +124,10 @@ class QKVSlice(nn.Module):
         out = hand[self.index] if hand is not None and hand[0] is x else owner.split(x)[self.index]
         if self.index == 2:
             slot.value = None  # nothing outlives the attention's projections
+            # v goes straight into the KV cache (k passes the rotary embedding first): as a strided
+            # slice of q|k|v it sends transformers' cache torch.cat of the whole cache down the
+            # non-vectorized path every step; one small copy is cheaper (a no-op at batch 1).
+            out = out.contiguous()
         return out
 
 
