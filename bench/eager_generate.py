@@ -117,6 +117,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="BATCH", help="profile one generate per model here")
     ap.add_argument("--kernels", action="store_true", help="list the kernel of every int4 selection")
     ap.add_argument("--json", default="")
+    ap.add_argument("--pin", type=int, default=-1, metavar="CPU",
+                    help="pin the main (host-bound) thread to this CPU before timing: less migration noise")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -139,6 +141,9 @@ def main() -> None:
         for m in models.values():
             generate_ms(m, b)
 
+    if args.pin >= 0:
+        os.sched_setaffinity(0, {args.pin})  # this thread only: the driver's threads stay free
+        print(f"# main thread pinned to CPU {args.pin}")
     samples = {(n, b): [] for n in models for b in batches}
     cpu = {(n, b): [] for n in models for b in batches}
     order = list(models.items())

@@ -20,6 +20,12 @@ act-order permutation (each projection has its own); blocks that do not qualify 
   skip connections in the epilogues of ``o_proj`` and ``down_proj`` (:class:`SkipProj`) instead
   of two add kernels: the layer's forward is replaced on the instance (its class, hooks and
   module tree stay), and the layer hands each projection its residual just before the call.
+  That forward also runs the layer's two RMSNorms as one ``torch.nn.functional.rms_norm`` each
+  (transformers' eager RMSNorm is eight kernels and eight Python-level ops: an eager decode step is
+  bound by its host thread, and the norms were a third of a layer's launches). Statistics are fp32
+  as in transformers; the weight multiplies before the one rounding (transformers rounds the
+  normalized value first), so outputs may differ in the last bit, as Inductor's do. A norm with
+  forward hooks, another dtype than its input or a class of its own runs as it was.
 """
 from __future__ import annotations
 
@@ -152,16 +158,41 @@ class SkipProj(nn.Module):
 RESIDUAL_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 
 
+# transformers' RMSNorms whose forward is weight * (x * rsqrt(mean(x^2) + eps)), fp32 statistics.
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+
+
+def _one_kernel_norm(norm: nn.Module) -> bool:
+    weight = getattr(norm, "weight", None)
+    return (type(norm).__name__ in RMS_NORMS and "forward" not in vars(norm)
+            and isinstance(weight, torch.Tensor) and weight.dim() == 1
+            and isinstance(getattr(norm, "variance_epsilon", None), float))
+
+
+def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` as one rms_norm where it qualifies (module docstring), else the module."""
+    weight = norm._parameters.get("weight")
+    if norm._forward_hooks or norm._forward_pre_hooks or weight is None or weight.dtype != x.dtype:
+        return norm(x)
+    return torch.nn.functional.rms_norm(x, weight.shape, weight, norm.variance_epsilon)
+
+
 def _residual_forward(self, hidden_states, *args, **kwargs):
-    """The layer's forward with both skip connections in the projections' epilogues (positional
-    extras, which transformers does not pass, take the class's own forward)."""
+    """The layer's forward with both skip connections in the projections' epilogues and the norms
+    as one kernel each (positional extras, which transformers does not pass, take the class's own
+    forward)."""
     if args:
         return type(self).forward(self, hidden_states, *args, **kwargs)
     o_slot, down_slot = self._mg_skip_slots
     o_slot.value = hidden_states
-    h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    norms = self._mg_norms
+    if norms is None:
+        h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        down_slot.value = h
+        return self.mlp(self.post_attention_layernorm(h))
+    h, _ = self.self_attn(hidden_states=_norm(norms[0], hidden_states), **kwargs)
     down_slot.value = h
-    return self.mlp(self.post_attention_layernorm(h))
+    return self.mlp(_norm(norms[1], h))
 
 
 def _residual_fusable(layer: nn.Module) -> bool:
@@ -185,6 +216,8 @@ def fuse_residual(model: nn.Module) -> int:
             layer.self_attn.o_proj, layer.mlp.down_proj = o, down
             # The slots again, as a plain attribute: the forward skips two nn.Module.__getattr__ lookups.
             layer._mg_skip_slots = (o._handover, down._handover)
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            layer._mg_norms = norms if all(_one_kernel_norm(n) for n in norms) else None
             layer.forward = types.MethodType(_residual_forward, layer)
             fused += 1
     return fused

@@ -159,6 +159,14 @@ def test_fuse_residual_keeps_logits_hooks_and_generate():
     x = torch.randn(1, 3, 64)  # called outside the layer: the plain projection
     torch.testing.assert_close(layer.self_attn.o_proj(x), layer.self_attn.o_proj.proj(x))
     assert fuse_residual(model) == 0  # idempotent
+    # The norms run as one rms_norm each; a norm with a hook runs as the module (its hook fires).
+    assert layer._mg_norms == (layer.input_layernorm, layer.post_attention_layernorm)
+    seen = []
+    layer.post_attention_layernorm.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        hooked = model(ids).logits
+    assert len(seen) == 1
+    torch.testing.assert_close(hooked, after.logits, rtol=0, atol=1e-5)
 
 
 def test_quant_linear_residual_on_the_reference_path():
