@@ -138,8 +138,10 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
     return config.replace(splits=splits, slot_loop=slot_loop)
 
 
-def heuristic_config(problem: MoeProblem, sms: int) -> MoeGemvConfig:
-    if persistent(problem):
+def heuristic_config(problem: MoeProblem, sms: int, persistent_mode: bool = True) -> MoeGemvConfig:
+    """The config for ``problem``; ``persistent_mode=False``: the choice among pair and expert mode
+    alone (what ran before persistent mode: the bench times both)."""
+    if persistent_mode and persistent(problem):
         return launch_fields(persistent_config(problem), problem, sms)
     if by_expert(problem):
         return launch_fields(expert_config(problem), problem, sms)
