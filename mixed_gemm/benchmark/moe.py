@@ -234,7 +234,10 @@ def build_layer(name: str, dtype: torch.dtype, group_size: int = 128, shape: Opt
                     w2.transpose(1, 2).contiguous(), gen)
 
 
-PEERS = ("humming",)  # keys of the int4 peers among the timed paths (the rest but mixed_gemm are fp16)
+# Keys of the int4 paths beside mg.moe among the timed paths (the rest but mixed_gemm are fp16): the
+# humming peer, and mg.moe's grouped kernels as pair / expert mode would pick them ("older_modes",
+# timed where the plan took persistent mode: the A/B of the same run).
+PEERS = ("humming", "older_modes")
 
 
 def row_of(model: str, shape: MoeShape, tokens: int, touched: int, bytes_per_expert: int,
@@ -261,6 +264,7 @@ def row_of(model: str, shape: MoeShape, tokens: int, touched: int, bytes_per_exp
 def bench_moe(layer: MoeLayer, tokens: Sequence[int], reps: int = 7, compare: bool = False, log=print) -> List[Dict]:
     """Rows (one per token count) for ``layer``; ``compare``: humming-kernels' MoE path beside."""
     from ..ops import moe
+    from ..ops.moe_grouped import moe_grouped
     from . import moe_peer
 
     shape, gen = layer.shape, layer.gen
@@ -282,6 +286,9 @@ def bench_moe(layer: MoeLayer, tokens: Sequence[int], reps: int = 7, compare: bo
                 fns["torch._grouped_mm"] = lambda: dense_grouped(x, w13_t, w2_t, weights, ids)
             except (RuntimeError, TypeError, ValueError) as exc:  # dtype/arch this torch does not run
                 notes["grouped_mm_error"] = f"torch._grouped_mm: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        older = older_modes(layer, x, shape.top_k)
+        if older is not None:
+            fns["older_modes"] = lambda: moe_grouped(x, layer.w13, layer.w2, weights, ids, configs=older)
         if peer is not None:  # run once and checked against mg.moe first; timed only if it ran
             ran, found = moe_peer.check(peer, x, weights, ids, moe(x, layer.w13, layer.w2, weights, ids))
             notes.update(found)
@@ -291,9 +298,35 @@ def bench_moe(layer: MoeLayer, tokens: Sequence[int], reps: int = 7, compare: bo
             notes["humming_error"] = peer_note
         row = row_of(layer.name, shape, t, touched_experts(ids), bytes_per_expert, _cold_s(fns, reps))
         row.update(notes)
+        row["schedules"] = plan_schedules(layer, x, shape.top_k)
         rows.append(row)
         log(table_line(row, compare))
+        if "older_modes_us" in row:
+            log(f"  (pair / expert modes, same run: {row['older_modes_us']:.1f} µs; mg.moe ran {row['schedules']})")
     return rows
+
+
+def plan_schedules(layer: MoeLayer, x: torch.Tensor, top_k: int) -> List[str]:
+    """The grouped kernels mg.moe's plan runs for ``x`` (``family:schedule`` per projection), or []."""
+    from ..ops.moe_grouped import GroupedPlan, grouped_plan
+
+    plan = grouped_plan(x, layer.w13, layer.w2, top_k)
+    return [f"{f.name}:{c.schedule}" for f, c in zip(plan.families, plan.configs)] if isinstance(plan, GroupedPlan) else []
+
+
+def older_modes(layer: MoeLayer, x: torch.Tensor, top_k: int):
+    """moe_gemv's (gate|up, down) configs as pair / expert mode would pick them, where mg.moe's plan
+    took persistent mode for either projection; else None."""
+    from ..kernels.base import sm_count
+    from ..kernels.moe_gemv.heuristics import heuristic_config
+    from ..ops.moe_grouped import GroupedPlan, _problems, grouped_plan
+    from ..select import m_bucket
+
+    plan = grouped_plan(x, layer.w13, layer.w2, top_k)
+    if not isinstance(plan, GroupedPlan) or not any(getattr(c, "persistent", False) for c in plan.configs):
+        return None
+    problems = _problems(m_bucket(max(1, x.shape[0])), top_k, layer.w13, layer.w2)
+    return tuple(heuristic_config(p, sm_count(x.device.index or 0), persistent_mode=False) for p in problems)
 
 
 def table_head(compare: bool) -> List[str]:

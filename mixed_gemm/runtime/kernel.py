@@ -63,6 +63,14 @@ class Function:
         args._argv = argv  # keep the array alive as long as the block
         return args, ctypes.addressof(argv)
 
+    def occupancy(self, smem: int = 0) -> int:
+        """CTAs of this kernel one multiprocessor holds at once with ``smem`` bytes of dynamic
+        shared memory (the driver's occupancy calculator: registers, shared memory, threads)."""
+        drv = driver()
+        with primary_context(self.device_index):
+            return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._function, self._threads, smem),
+                         "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+
     def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0, smem: Optional[int] = None) -> None:
         """Launch on ``stream`` (a raw handle) with ``self.args``, or with the block whose pointer
         array is at ``argv_addr`` (from :meth:`block`). Callers fill the block and launch while

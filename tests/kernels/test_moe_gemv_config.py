@@ -11,9 +11,12 @@ from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, Problem, family, pa
 from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig
 from mixed_gemm.kernels.moe_gemv.abi import MOE_GEMV_ARGS_BYTES, MoeGemvArgs
 from mixed_gemm.kernels.moe_gemv.candidates import candidate_schedules
-from mixed_gemm.kernels.moe_gemv.config import GRID_Z, MAX_STATIC_SMEM
-from mixed_gemm.kernels.moe_gemv.heuristics import (EXPERT_MAX_TOKENS, EXPERT_MIN_REUSE, PAIR_REREAD, WORKSPACE_FLOATS,
-                                                    by_expert, heuristic_config, pays, reuse)
+from mixed_gemm.kernels.moe_gemv.config import (GRID_Z, MAX_STATIC_SMEM, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS,
+                                                route_bytes)
+from mixed_gemm.kernels.moe_gemv.heuristics import (EXPERT_MAX_TOKENS, EXPERT_MIN_REUSE, PAIR_REREAD,
+                                                    PERSISTENT_M8_REUSE, PERSISTENT_MIN_EXPERTS, WORKSPACE_FLOATS,
+                                                    by_expert, expected_experts, expert_config, heuristic_config,
+                                                    launch_fields, pays, reuse)
 
 IDENTITIES = {c.kernel_name for c in FAMILY.catalog()}
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -30,7 +33,8 @@ def _problem(stage="w13", tokens=1, top_k=2, experts=8, h=4096, inter=1024, **kw
 
 @pytest.mark.parametrize("schedule", ["w13_s2_w4x1_u8", "w13_s1_w4x2_u8_split6", "w2_s2_w4x2_u8_split3_kloop",
                                       "w2_s1_w4x2_u4_kloop", "w2_s4_w2x2_u2", "w13_s1_w4x2_u8_m16_xe",
-                                      "w2_s1_w4x2_u4_m8_xe_split3", "w13_s2_w2x2_u8_m8_xe_split2"])
+                                      "w2_s1_w4x2_u4_m8_xe_split3", "w13_s2_w2x2_u8_m8_xe_split2",
+                                      "w13_s1_w4x2_u8_m16_pe_split6", "w2_s1_w4x2_u4_m8_pe"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeGemvConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_gemv:{schedule}"
@@ -39,6 +43,7 @@ def test_schedule_round_trip_and_names(schedule):
     assert (k.splits, k.slot_loop, k.zero_mode) == (1, False, "int") and k.kernel == k  # launch fields, folded zeros
     tokens = 16 if "_m16_" in schedule else 8 if "_m8_" in schedule else 1
     assert (k.by_expert, k.tokens) == (c.by_expert, c.tokens) == ("_xe" in schedule, tokens)
+    assert k.persistent == c.persistent == ("_pe" in schedule) and c.tiled == (tokens > 1)
     assert c.kernel_name == k.kernel_name == f"mg_moe_bf16_u8_{k.schedule}"
     assert c.name == f"mg_moe_bf16_u8_zfloat_{schedule}"
     assert family("moe_gemv") is FAMILY and FAMILY in GROUPED_FAMILIES
@@ -52,6 +57,10 @@ def test_schedule_round_trip_and_names(schedule):
         MoeGemvConfig.from_schedule("w13_s2_w4x1_u8_xe")  # expert mode names its tokens
     with pytest.raises(ValueError, match=r"slot_loop \(_kloop\) is pair mode's"):
         MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m16_xe_kloop")
+    with pytest.raises(ValueError, match=r"slot_loop \(_kloop\) is pair mode's"):
+        MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m16_pe_kloop")
+    with pytest.raises(ValueError, match="not a moe_gemv schedule"):
+        MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_pe")  # persistent mode names its tokens
 
 
 @pytest.mark.parametrize("kw, rule", [
@@ -71,6 +80,8 @@ def test_schedule_round_trip_and_names(schedule):
     (dict(by_expert=True), r"tokens must be one of \(8, 16\) in expert mode"),
     (dict(by_expert=True, tokens=32), r"tokens must be one of \(8, 16\) in expert mode"),
     (dict(stage="w2", by_expert=True, tokens=8, slot_loop=True), r"slot_loop \(_kloop\) is pair mode's"),
+    (dict(persistent=True), r"tokens must be one of \(8, 16\) in expert mode .* and persistent mode"),
+    (dict(persistent=True, by_expert=True, tokens=8), r"by_expert \(_xe\) and persistent \(_pe\) are two modes"),
     (dict(by_expert=True, tokens=16, strips=2, warps=(4, 2), unroll=16),
      "shared memory 84288 B above the static 49152 B"),  # 8 staged slices of 16 rows x 16 atoms
 ])
@@ -96,7 +107,7 @@ def test_derived_sizes():
 
 def test_catalog_is_small_and_covers_every_kind_and_stage():
     cat = FAMILY.catalog()
-    assert 0 < len(cat) <= 32 and len(IDENTITIES) == len(cat)
+    assert 0 < len(cat) <= 48 and len(IDENTITIES) == len(cat)
     assert cat[0].stage == "w13"  # tests/kernels/test_families.py builds its problem from the first config
     for dtype in ("f16", "bf16"):
         for bits in (4, 8):
@@ -104,6 +115,8 @@ def test_catalog_is_small_and_covers_every_kind_and_stage():
             assert stages == {"w13", "w2"}
             expert = {(c.stage, c.tokens) for c in cat if (c.dtype, c.bits) == (dtype, bits) and c.by_expert}
             assert expert == {(st, t) for st in ("w13", "w2") for t in (8, 16)}
+            pers = {(c.stage, c.tokens) for c in cat if (c.dtype, c.bits) == (dtype, bits) and c.persistent}
+            assert pers == {(st, t) for st in ("w13", "w2") for t in (8, 16)}
     assert all(c.kernel == c and c.smem_bytes <= MAX_STATIC_SMEM for c in cat)
 
 
@@ -130,13 +143,19 @@ def test_every_catalog_config_renders_its_numbers(config):
     src = FAMILY.render(config)
     assert src.startswith("// Generated by mixed_gemm from templates/moe_gemv/kernel.cu.j2; do not edit.\n")
     assert f"// Kernel: {config.kernel_name}\n// Config: {config.kernel!r}\n" in src
-    assert '#include "moe_gemv/moe_gemv.cuh"' in src
+    header = "moe_persistent.cuh" if config.persistent else "moe_gemv.cuh"
+    assert f'#include "moe_gemv/{header}"' in src
     stage = "kGateUp" if config.stage == "w13" else "kDown"
     element = "cutlass::half_t" if config.dtype == "f16" else "cutlass::bfloat16_t"
-    struct, tokens = ("MoeGemvExpert", f", {config.tokens}") if config.by_expert else ("MoeGemv", "")
+    struct = "MoeGemvExpert" if config.by_expert else "MoeGemvPersistent" if config.persistent else "MoeGemv"
+    tokens = f", {config.tokens}" if config.tiled else ""
     assert re.search(rf"mixed_gemm::{struct}<{re.escape(element)}, {config.bits}, mixed_gemm::MoeStage::{stage}, "
                      rf"{config.strips},\s+{config.warps[0]}, {config.warps[1]}, {config.unroll}{tokens}>;", src)
     assert ("expert mode" in src.split("using Kernel")[0]) == config.by_expert
+    assert ("persistent mode" in src.split("using Kernel")[0]) == config.persistent
+    # Persistent mode: dynamic shared memory (its routing is sized per launch) and the routing mirror.
+    assert ("extern __shared__" in src) == config.persistent
+    assert ("static_assert(Kernel::route_words(3, 5) == 51," in src) == config.persistent
     for expr, value in (("Kernel::kThreads", config.threads), ("Kernel::kRows", config.rows),
                         ("Kernel::kSmemBytes", config.smem_bytes),
                         ("sizeof(mixed_gemm::MoeGemvArgs)", MOE_GEMV_ARGS_BYTES)):
@@ -193,8 +212,9 @@ def test_heuristic_picks_catalog_kernels_that_fit(e, top_k, h, inter, bits):
             assert FAMILY.can_implement(c, p) == (True, "")
             row_tiles, splits, _, _ = c.launch_geometry(p.n, p.k)
             outputs = p.n // 2 if stage == "w13" else p.n
-            assert c.by_expert == by_expert(p)
-            if c.by_expert:  # planes per (pair, slice): gate|up under split-K, down whenever a token has 2+
+            assert c.by_expert == (by_expert(p) and not c.persistent)
+            assert c.persistent == (e >= 16 and tokens <= 256)  # many small experts: persistent mode
+            if c.tiled:  # planes per (pair, slice): gate|up under split-K, down whenever a token has 2+
                 assert c.tokens in (8, 16) and not c.slot_loop
                 planes = p.pairs * splits * p.n if (splits > 1 or (stage == "w2" and top_k > 1)) else 0
             else:
@@ -203,7 +223,9 @@ def test_heuristic_picks_catalog_kernels_that_fit(e, top_k, h, inter, bits):
                 pairs = tokens * (top_k if stage == "w13" else 1)
                 planes = pairs * slices * (p.n if stage == "w13" else outputs) if slices > 1 else 0
             assert planes <= WORKSPACE_FLOATS  # split-K / slot planes stay within the cap
-            if tokens == 1:  # decode: the pairs are spread over the GPU, K split to fill it
+            if tokens == 1 and c.persistent:  # items: k touched experts x row tiles x K slices fill the GPU
+                assert row_tiles * top_k * splits >= 132
+            elif tokens == 1:  # decode: the pairs are spread over the GPU, K split to fill it
                 slices = splits * (1 if stage == "w13" else top_k)
                 assert not c.by_expert and not c.slot_loop and row_tiles * top_k * slices >= 132
             for s in candidate_schedules(p, 132):
@@ -227,15 +249,19 @@ def test_grouped_path_pays_for_decode_sizes_and_while_pair_mode_rereads_little()
     assert FAMILY.pays(1, 2, 8) and FAMILY.pays(256, 8, 128) and not FAMILY.pays(1000, 8, 128)
 
 
-@pytest.mark.parametrize("e, top_k, h, inter, first", [(128, 8, 2048, 768, 16), (8, 2, 4096, 14336, 4),
-                                                       (64, 6, 2048, 1408, 8)])
+@pytest.mark.parametrize("e, top_k, h, inter, first", [(8, 2, 4096, 14336, 4), (16, 2, 4096, 1024, 8)])
 def test_expert_mode_from_a_few_pairs_per_routed_expert(e, top_k, h, inter, first):
-    """Pair mode at one token (k distinct experts: one pass each either way) and while a routed expert
-    expects fewer than EXPERT_MIN_REUSE pairs; expert mode from there on (the presets' first power-of-two
-    T is in the heuristics docstring), 8-token chunks while the mean is at most 4, then 16."""
+    """Few large experts (Mixtral; the persistent mode below takes many small ones): pair mode at one
+    token (k distinct experts: one pass each either way) and while a routed expert expects fewer than
+    EXPERT_MIN_REUSE pairs; expert mode from there on (the presets' first power-of-two T is in the
+    heuristics docstring), 8-token chunks while the mean is at most 4, then 16."""
     for tokens in (1, 2, 4, 8, 16, 32, 64, 128, 256):
         for stage in ("w13", "w2"):
             p = _problem(stage=stage, tokens=tokens, top_k=top_k, experts=e, h=h, inter=inter)
+            if e >= PERSISTENT_MIN_EXPERTS:  # the rule itself, with persistent mode out of the way
+                c = launch_fields(expert_config(p), p, 132) if by_expert(p) else None
+                assert (c is not None) == (tokens >= first), (tokens, stage)
+                continue
             c = FAMILY.heuristic(p, 132)
             assert c.by_expert == (tokens >= first), (tokens, stage)
             assert c.by_expert == (tokens >= 2 and reuse(p) >= EXPERT_MIN_REUSE)
@@ -362,3 +388,112 @@ def test_moe_picks_the_grouped_kernels_where_they_fit(monkeypatch):
     monkeypatch.setattr(mg.ops.moe_grouped, "GROUPED", {})
     old = grouped_plan(x, w13, w2, 2)
     assert isinstance(old, str) and "7.5" in old
+
+
+def test_persistent_mode_sizes_and_routing_area():
+    """Persistent mode: expert mode's reduction and staged slices plus the chunk's rows (static part),
+    and the routing area per launch (route_bytes mirrors MoeGemvPersistent::route_words)."""
+    c = MoeGemvConfig(stage="w13", strips=1, warps=(4, 2), unroll=8, tokens=16, persistent=True)
+    assert c.tiled and (c.threads, c.rows, c.accumulators) == (256, 64, 2 * 1 * 2 * 4)
+    assert c.smem_bytes == 1 * 4 * 16 * 32 * 4 + 8 * 16 * (8 * 32 + 16) + 4 * 4 * 16
+    assert route_bytes(3, 5) == 4 * 51 and route_bytes(128, 2048) == 4 * (130 + 129 + 128 + 34 + 2048)
+    assert c.launch_smem(128, 2048) == c.smem_bytes + route_bytes(128, 2048)
+    assert c.max_smem == c.launch_smem(PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS) <= 227 * 1024
+    assert MoeGemvConfig().max_smem == 0  # pair mode: static shared memory
+    # Items from shapes: touched experts (at most min(E, pairs)) x row tiles x K slices.
+    c6 = c.replace(splits=6)
+    row_tiles, splits, _, _ = c6.launch_geometry(1536, 2048)
+    assert (row_tiles, splits) == (12, 6)
+    assert c6.persistent_items(1, 8, 128, 1536, 2048) == 8 * 12 * 6
+    assert c6.persistent_items(256, 8, 128, 1536, 2048) == 128 * 12 * 6
+
+
+def test_persistent_mode_can_implement_says_why():
+    c = MoeGemvConfig(stage="w2", strips=1, warps=(4, 2), tokens=8, persistent=True)
+    assert FAMILY.can_implement(c, _problem(stage="w2", tokens=256, top_k=8, experts=128)) == (True, "")
+    ok, why = FAMILY.can_implement(c, _problem(stage="w2", tokens=1025, top_k=8, experts=128))
+    assert not ok and f"persistent mode (_pe): at most {PERSISTENT_MAX_PAIRS} (token, slot) pairs" in why
+    ok, why = FAMILY.can_implement(c, _problem(stage="w2", experts=PERSISTENT_MAX_EXPERTS + 1))
+    assert not ok and f"persistent mode (_pe): at most {PERSISTENT_MAX_EXPERTS} experts" in why
+    ok, why = FAMILY.can_implement(c, _problem(stage="w2", top_k=33, experts=64))
+    assert not ok and "persistent mode (_pe): top_k at most 32" in why
+    # The other modes keep their own bounds.
+    assert FAMILY.can_implement(c.replace(persistent=False, by_expert=True),
+                                _problem(stage="w2", tokens=1025, top_k=8, experts=128))[0]
+
+
+@pytest.mark.parametrize("e, top_k, h, inter", [(128, 8, 2048, 768), (64, 6, 2048, 1408)])
+def test_many_small_experts_take_persistent_mode_at_1_to_256_tokens(e, top_k, h, inter):
+    """Qwen3-30B-A3B and DeepSeek-V2-Lite shapes: persistent mode at 1..256 tokens for both projections,
+    8-token passes while a touched expert expects at most PERSISTENT_M8_REUSE pairs, K split so the
+    expected items fill 4 CTAs per SM; above 256 tokens the older modes (kept) take over."""
+    for tokens in (1, 3, 16, 64, 256):
+        for stage in ("w13", "w2"):
+            p = _problem(stage=stage, tokens=tokens, top_k=top_k, experts=e, h=h, inter=inter)
+            c = FAMILY.heuristic(p, 132)
+            assert c.persistent and not c.by_expert and c.kernel_name in IDENTITIES, (tokens, stage, c)
+            assert c.tokens == (8 if reuse(p) <= PERSISTENT_M8_REUSE else 16)
+            row_tiles, splits, _, _ = c.launch_geometry(p.n, p.k)
+            active = expected_experts(tokens, top_k, e)
+            assert active * row_tiles * splits >= 4 * 132 or splits == c.steps(p.k)
+            assert p.pairs * splits * p.n <= WORKSPACE_FLOATS
+            names = candidate_schedules(p, 132)
+            assert c.schedule in names and any("_pe" in n for n in names)
+    big = _problem(tokens=512, top_k=top_k, experts=e, h=h, inter=inter)
+    assert not FAMILY.heuristic(big, 132).persistent
+    mixtral = _problem(tokens=1, top_k=2, experts=8, h=4096, inter=14336)
+    assert not FAMILY.heuristic(mixtral, 132).persistent  # few large experts: pair mode
+    assert any("_pe" in n for n in candidate_schedules(mixtral, 132))  # ... but the profiler may try it
+
+
+@pytest.mark.parametrize("stage, splits, top_k, tokens", [("w13", 1, 8, 1), ("w13", 4, 8, 3), ("w2", 1, 1, 5),
+                                                          ("w2", 3, 6, 16), ("w2", 1, 8, 256)])
+def test_persistent_launch_sizes_grid_smem_and_workspace_from_shapes(monkeypatch, stage, splits, top_k, tokens):
+    """The launcher's persistent branch with the kernel, the workspaces and the occupancy faked (no
+    GPU): one launch of min(items, resident CTAs) along x, the routing's shared memory for (E, pairs),
+    planes and counters sized from shapes only."""
+    from mixed_gemm.kernels.moe_gemv import launch as launch_mod
+
+    asked = {}
+    monkeypatch.setattr(launch_mod, "workspace", lambda dev, stream, n: asked.setdefault("planes", n) and 4096)
+    monkeypatch.setattr(launch_mod, "semaphores", lambda dev, stream, n: asked.setdefault("counters", n) and 8192)
+    monkeypatch.setattr(launch_mod, "sm_count", lambda dev: 132)
+    e, h, inter = 16, 256, 128
+    n, k = (2 * inter, h) if stage == "w13" else (h, inter)
+    w = _experts(n, k, layout="sm90a", e=e, group=64)
+    config = MoeGemvConfig(stage=stage, strips=1, warps=(4, 2), tokens=8, persistent=True, splits=splits)
+    launcher = launch_mod.MoeGemvLauncher.__new__(launch_mod.MoeGemvLauncher)
+    launcher.config, launcher.device_index, launcher._blocks, launcher._resident = config, 0, {}, {}
+    fake = launcher.fn = _FakeKernel()
+    fake.occupancy = lambda smem: 2
+    sizes = []
+    fake.launch = lambda grid, stream, argv, smem=None: (sizes.append(smem), fake.launches.append((grid, {
+        f: getattr(fake.current, f) for f, _ in MoeGemvArgs._fields_})))
+    orig_block = fake.block
+
+    def block():
+        args, argv = orig_block()
+        fake.current = args
+        return args, argv
+
+    fake.block = block
+    x = torch.zeros(tokens * (top_k if stage == "w2" else 1), k, dtype=torch.float16)
+    ids = torch.zeros(tokens, top_k, dtype=torch.int32)
+    weights = torch.ones(tokens, top_k) if stage == "w2" else None
+    out = torch.zeros(tokens * top_k, inter) if stage == "w13" else torch.zeros(tokens, h)
+    launcher(x, w, ids, weights, out, tokens, top_k, stream=0)
+    row_tiles, s, _, _ = config.launch_geometry(n, k)
+    pairs = tokens * top_k
+    items = min(e, pairs) * row_tiles * s
+    assert [g for g, _ in fake.launches] == [(min(items, 2 * 132), 1, 1)]
+    assert sizes == [config.smem_bytes + route_bytes(e, pairs)]
+    fields = fake.launches[0][1]
+    assert (fields["chunks"], fields["tokens"], fields["top_k"], fields["z0"], fields["splits"]) == \
+        (1, tokens, top_k, 0, s)
+    if stage == "w13":
+        want = (pairs * s * n, pairs * row_tiles) if s > 1 else None
+    else:
+        want = (pairs * s * n, tokens * row_tiles) if top_k * s > 1 else None
+    assert (None if not asked else (asked["planes"], asked["counters"])) == want
+    launcher(x[:0], w, ids[:0], None if weights is None else weights[:0], out[:0], 0, top_k, stream=0)
+    assert len(fake.launches) == 1  # T = 0: no launch

@@ -2,14 +2,19 @@
 templates/moe_gemv/). Two launches per layer, no host sync: the
 gate|up kernel (``stage="w13"``, SiLU(gate) * up fused) and the down kernel (``stage="w2"``, the
 top-k weighted sum fused, deterministic), reading the experts' weights from the stacked
-sm90a-layout experts (``ops.experts.PackedExperts``), in one of two schedules:
+sm90a-layout experts (``ops.experts.PackedExperts``), in one of three schedules:
 
 - pair mode: each CTA column serves one (token, slot) pair of the router (gemv's FMA variant for one
   token, templates/gemv/gemv.cuh): ideal at one token, but an expert's weight is streamed once per
   pair routed to it;
 - expert mode (``by_expert``, ``_m<tokens>_xe``): each CTA column serves one expert, scans the
   routing for that expert's pairs and streams its weight once per ``tokens`` (8 or 16) of them
-  (gemv's mma path on gathered rows): the floor whenever an expert has at most ``tokens`` pairs.
+  (gemv's mma path on gathered rows): the floor whenever an expert has at most ``tokens`` pairs;
+- persistent mode (``persistent``, ``_m<tokens>_pe``): a grid of resident CTAs walks the work items
+  (touched expert, row tile, K slice), each CTA sorting the routing in its shared memory and serving
+  all of the item's expert's pairs (``tokens`` per pass, expert mode's main loop; later passes re-read
+  the item's slice from L2): each touched expert's bytes cross HBM once whatever the token count,
+  untouched experts cost nothing, and split-K fills the GPU with a few small experts.
 
 A grouped family: it is registered in ``kernels.GROUPED_FAMILIES``, not ``FAMILIES``, so dense
 selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.moe_grouped``
@@ -26,7 +31,8 @@ from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog
-from .config import GRID_Z, MoeGemvConfig
+from .config import (GRID_Z, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
+                     MoeGemvConfig, route_bytes)
 from .heuristics import heuristic_config, pays
 from .launch import MoeGemvLauncher
 
@@ -65,6 +71,16 @@ class MoeGemvFamily(GroupedFamily):
                            f"32-bit indices), got {problem.pairs}")
         if config.by_expert and problem.experts > GRID_Z:
             return False, f"expert mode (_xe): at most {GRID_Z} experts (a grid.z slot each), got {problem.experts}"
+        if config.persistent:
+            if problem.pairs > PERSISTENT_MAX_PAIRS:
+                return False, (f"persistent mode (_pe): at most {PERSISTENT_MAX_PAIRS} (token, slot) pairs (sorted in "
+                               f"shared memory), got {problem.pairs}")
+            if problem.experts > PERSISTENT_MAX_EXPERTS:
+                return False, (f"persistent mode (_pe): at most {PERSISTENT_MAX_EXPERTS} experts (their buckets in "
+                               f"shared memory), got {problem.experts}")
+            if problem.top_k > PERSISTENT_MAX_TOP_K:
+                return False, (f"persistent mode (_pe): top_k at most {PERSISTENT_MAX_TOP_K} (a token's valid slots "
+                               f"are a 32-bit mask), got {problem.top_k}")
         return OK
 
     def catalog(self) -> List[MoeGemvConfig]:
@@ -87,14 +103,18 @@ class MoeGemvFamily(GroupedFamily):
         if kernel.by_expert:
             doc = (doc.split(", one CTA per")[0] + f"; expert mode: a CTA per (expert x {kernel.tokens}-pair chunk, "
                    "row tile, K slice), one weight pass per chunk")
+        elif kernel.persistent:
+            doc = (doc.split(", one CTA per")[0] + "; persistent mode: resident CTAs walk the (touched expert, row "
+                   f"tile, K slice) items, all of an item's pairs {kernel.tokens} per pass")
+        struct = "MoeGemvExpert" if kernel.by_expert else "MoeGemvPersistent" if kernel.persistent else "MoeGemv"
         return render_template(
             "moe_gemv/kernel.cu.j2",
-            family=self.name, config=repr(kernel), name=kernel.kernel_name,
-            kernel_struct="MoeGemvExpert" if kernel.by_expert else "MoeGemv",
-            tokens_arg=f", {kernel.tokens}" if kernel.by_expert else "",
+            family=self.name, config=repr(kernel), name=kernel.kernel_name, persistent=kernel.persistent,
+            kernel_struct=struct, tokens_arg=f", {kernel.tokens}" if kernel.tiled else "",
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
             rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=grouped_constant_checks(),
+            route_words_3_5=route_bytes(3, 5) // 4,
         )
 
     def launcher(self, config: MoeGemvConfig, device_index: int) -> MoeGemvLauncher:

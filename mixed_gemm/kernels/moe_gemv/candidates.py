@@ -1,13 +1,16 @@
 """The moe_gemv schedules worth timing for one projection: every catalog shape of its stage, at
 split counts around the heuristic's (and, for the down projection, with and without ``_kloop``);
-from two tokens on, the expert-mode shapes too (their down kernel while its per-pair planes fit)."""
+from two tokens on, the expert-mode shapes too (their down kernel while its per-pair planes fit);
+the persistent-mode shapes at every token count their rules allow (pairs and experts sorted in
+shared memory, per-pair planes within the workspace cap)."""
 from __future__ import annotations
 
 from typing import List
 
 from ..base import MoeProblem
-from .catalog import expert_shapes_for, shapes_for
-from .config import GRID_Z, MAX_SPLITS, MoeGemvConfig
+from .catalog import expert_shapes_for, persistent_shapes_for, shapes_for
+from .config import (GRID_Z, MAX_SPLITS, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
+                     MoeGemvConfig)
 from .heuristics import WORKSPACE_FLOATS, launch_fields
 
 
@@ -31,6 +34,17 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
         best, steps = base.splits, base.steps(problem.k)
         for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
             if s * problem.pairs * problem.n <= WORKSPACE_FLOATS or s == 1:
+                name = base.replace(splits=s).schedule
+                if name not in out:
+                    out.append(name)
+    persistent = (1 <= problem.tokens and problem.pairs <= PERSISTENT_MAX_PAIRS
+                  and problem.experts <= PERSISTENT_MAX_EXPERTS and problem.top_k <= PERSISTENT_MAX_TOP_K)
+    for stage, strips, warps, unroll, tokens in persistent_shapes_for(problem.bits, problem.stage) if persistent else ():
+        base = launch_fields(MoeGemvConfig(bits=problem.bits, stage=stage, strips=strips, warps=warps, unroll=unroll,
+                                           tokens=tokens, persistent=True), problem, sms)
+        best, steps = base.splits, base.steps(problem.k)
+        for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
+            if s * problem.pairs * problem.n <= WORKSPACE_FLOATS:
                 name = base.replace(splits=s).schedule
                 if name not in out:
                     out.append(name)

@@ -1,7 +1,7 @@
 """The moe_gemv family's default catalog: the compiled identities ``mixed-gemm build --all``
 precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled): per activation
 dtype and width, two pair-mode shapes per stage and one expert-mode shape per stage at 8 and 16
-tokens, 32 kernels."""
+tokens, and one persistent-mode shape per stage at 8 and 16 tokens: 48 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -31,6 +31,17 @@ EXPERT_SHAPES = (
 )
 
 
+# Persistent mode: (stage, strips, warps, unroll, tokens), expert mode's shapes (its main loop):
+# 64 outputs per CTA, K split over two warps. Unmeasured: the profiler's candidates add the 128-
+# output CTAs (s2) at 8 tokens.
+PERSISTENT_SHAPES = (
+    ("w13", 1, (4, 2), 8, 8),
+    ("w13", 1, (4, 2), 8, 16),
+    ("w2", 1, (4, 2), 8, 8),
+    ("w2", 1, (4, 2), 8, 16),
+)
+
+
 def shapes_for(bits: int, stage: str = None):
     return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SHAPES if stage in (None, st)]
 
@@ -40,9 +51,16 @@ def expert_shapes_for(bits: int, stage: str = None, tokens: int = None):
             if stage in (None, st) and tokens in (None, t)]
 
 
+def persistent_shapes_for(bits: int, stage: str = None, tokens: int = None):
+    return [(st, s, w, u if bits == 4 else max(1, u // 2), t) for st, s, w, u, t in PERSISTENT_SHAPES
+            if stage in (None, st) and tokens in (None, t)]
+
+
 def default_catalog() -> List[MoeGemvConfig]:
     pair = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u)
             for d in DTYPES for b in (4, 8) for st, s, w, u in shapes_for(b)]
     expert = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, by_expert=True)
               for d in DTYPES for b in (4, 8) for st, s, w, u, t in expert_shapes_for(b)]
-    return pair + expert
+    persistent = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True)
+                  for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b)]
+    return pair + expert + persistent

@@ -1,5 +1,5 @@
-"""``MoeGemvConfig``: the frozen configuration of the grouped MoE decode family (pair mode and
-expert mode), its single source of truth: name, rendered source, build-cache key and schedule
+"""``MoeGemvConfig``: the frozen configuration of the grouped MoE decode family (pair mode, expert
+mode and persistent mode), its single source of truth: name, rendered source, build-cache key and schedule
 derive from it."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_xe)?(?:_split(\d+))?(_kloop)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe))?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -19,6 +19,19 @@ MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static
 GRID_Z = 65535               # CUDA's grid.z limit: pairs (w13) or tokens (w2) beyond it take more launches
 EXPERT_TOKENS = (8, 16)      # expert mode: rows of x per CTA and weight pass (one or two mma n8 tiles)
 SCAN_PER_THREAD = 4          # expert mode: ids a thread loads per scan round (MoeGemvExpert::kScanPer)
+# Persistent mode (MoeGemvPersistent): the routing is sorted in each CTA's shared memory (dynamic,
+# sized per launch: route_bytes), so pairs and experts are bounded; top-k slots are a 32-bit mask.
+PERSISTENT_MAX_PAIRS = 8192
+PERSISTENT_MAX_EXPERTS = 1024
+PERSISTENT_MAX_TOP_K = 32
+ROUTE_SCRATCH_WORDS = 2 * 16 + 2  # MoeGemvPersistent::route_words: per-warp partials (16 warps) + 2
+
+
+def route_bytes(experts: int, pairs: int) -> int:
+    """Persistent mode's routing area in shared memory (``MoeGemvPersistent::route_words`` x 4):
+    bucket offsets (E + 2), cursors (E + 1), the touched experts (E), the scan's scratch, the
+    sorted pairs."""
+    return 4 * ((experts + 2) + (experts + 1) + experts + ROUTE_SCRATCH_WORDS + pairs)
 
 
 @hash_once
@@ -35,8 +48,11 @@ class MoeGemvConfig:
     templates/gemv/gemv.cuh for one token) in pair mode; ``by_expert`` (``_m<tokens>_xe``: expert
     mode, ``MoeGemvExpert``): grid.z indexes experts, each CTA scans the routing for its expert's
     pairs and serves ``tokens`` (8 or 16, gemv's meaning: rows of x per CTA, mma n8 tiles) of them
-    per pass over the expert's weight, x rows gathered and staged in shared memory; pair mode has
-    ``tokens == 1``. At launch: ``splits``, K slices across CTAs (grid.y; added in slice order in
+    per pass over the expert's weight, x rows gathered and staged in shared memory; ``persistent``
+    (``_m<tokens>_pe``: persistent mode, ``MoeGemvPersistent``): a grid of resident CTAs walks the
+    work items (touched expert, row tile, K slice), each CTA sorting the routing in its shared
+    memory and serving all of the item's expert's pairs, ``tokens`` rows per pass (expert mode's
+    main loop); pair mode has ``tokens == 1``. At launch: ``splits``, K slices across CTAs (grid.y; added in slice order in
     the kernel), and for pair mode's ``w2`` ``slot_loop`` (``_kloop``: each CTA adds all top-k
     slots of its token itself, instead of one CTA per slot whose fp32 planes the last arrival adds
     in slot order). ``schedule`` (``w13_s2_w4x1_u8_split2``, ``w2_s1_w4x2_u8_m16_xe_split2``) is what
@@ -52,6 +68,7 @@ class MoeGemvConfig:
     unroll: int = 8
     tokens: int = 1
     by_expert: bool = False
+    persistent: bool = False
     splits: int = 1
     slot_loop: bool = False
 
@@ -67,12 +84,14 @@ class MoeGemvConfig:
             (self.unroll in (1, 2, 4, 8, 16, 32),
              "unroll must be a power of two <= 32 (the step's weight and x fragments live in registers)"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
-            (self.tokens in (EXPERT_TOKENS if self.by_expert else (1,)),
-             f"tokens must be one of {EXPERT_TOKENS} in expert mode (by_expert, _xe: mma n8 tiles) and 1 in pair "
-             "mode (one pair per CTA)"),
+            (not (self.by_expert and self.persistent), "by_expert (_xe) and persistent (_pe) are two modes: one at most"),
+            (self.tokens in (EXPERT_TOKENS if self.by_expert or self.persistent else (1,)),
+             f"tokens must be one of {EXPERT_TOKENS} in expert mode (by_expert, _xe) and persistent mode (_pe) "
+             "(mma n8 tiles) and 1 in pair mode (one pair per CTA)"),
             (self.stage == "w2" or not self.slot_loop, "slot_loop (_kloop) is the down projection's (stage w2)"),
-            (not (self.by_expert and self.slot_loop),
-             "slot_loop (_kloop) is pair mode's: in expert mode a token's slots lie in different experts' CTAs"),
+            (not ((self.by_expert or self.persistent) and self.slot_loop),
+             "slot_loop (_kloop) is pair mode's: in expert and persistent mode a token's slots lie in different "
+             "experts' CTAs"),
             (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
         ], "MoeGemvConfig")
 
@@ -97,7 +116,7 @@ class MoeGemvConfig:
     def accumulators(self) -> int:
         """fp32 accumulators per lane: rows g and g + 8 of each strip it loads (w13: gate and up), for
         one token (pair mode) or 4 per n8 tile (expert mode's mma)."""
-        per = 4 * (self.tokens // 8) if self.by_expert else 2
+        per = 4 * (self.tokens // 8) if self.tiled else 2
         return per * self.strips * (2 if self.gated else 1)
 
     @property
@@ -112,11 +131,27 @@ class MoeGemvConfig:
         and the routing scan's ints (the chunk's entries, rows and arrivals, per-warp counts)."""
         wn, wk = self.warps
         reduce = (wk - 1) * wn * self.accumulators * 32 * 4
-        if not self.by_expert:
+        if not self.tiled:
             return reduce
         stage = wn * wk * self.tokens * (self.unroll * 32 + 16)
+        if self.persistent:  # the chunk's rows (src, pair, last, mask); the routing is per launch (route_bytes)
+            return reduce + stage + 4 * 4 * self.tokens
         scan = 4 * (3 * self.tokens + SCAN_PER_THREAD * wn * wk)
         return reduce + stage + scan
+
+    @property
+    def tiled(self) -> bool:
+        """Expert or persistent mode: gathered rows of x on mma n8 tiles (``tokens`` per pass)."""
+        return self.by_expert or self.persistent
+
+    def launch_smem(self, experts: int, pairs: int) -> int:
+        """Persistent mode's dynamic shared memory for one launch: the kernel's own and the routing's."""
+        return self.smem_bytes + route_bytes(experts, pairs)
+
+    @property
+    def max_smem(self) -> int:
+        """Persistent mode: the most dynamic shared memory a launch takes (the function's opt-in)."""
+        return self.launch_smem(PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS) if self.persistent else 0
 
     @functools.cached_property
     def kernel(self) -> "MoeGemvConfig":
@@ -127,7 +162,7 @@ class MoeGemvConfig:
     def _tile_schedule(self) -> str:
         wn, wk = self.warps
         return (f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
-                + (f"_m{self.tokens}_xe" if self.by_expert else ""))
+                + (f"_m{self.tokens}_xe" if self.by_expert else f"_m{self.tokens}_pe" if self.persistent else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -148,11 +183,11 @@ class MoeGemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_m<tokens>_xe][_split<S>][_kloop]")
-        stage, s, wn, wk, u, tokens, sp, kloop = m.groups()
+                             "[_m<tokens>_xe|_m<tokens>_pe][_split<S>][_kloop]")
+        stage, s, wn, wk, u, tokens, mode, sp, kloop = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), tokens=int(tokens or 1), by_expert=tokens is not None, splits=int(sp or 1),
-                   slot_loop=bool(kloop))
+                   unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode == "pe",
+                   splits=int(sp or 1), slot_loop=bool(kloop))
 
     def replace(self, **changes) -> "MoeGemvConfig":
         return dataclasses.replace(self, **changes)
@@ -172,6 +207,12 @@ class MoeGemvConfig:
         chunk = -(-katoms // self.splits)
         chunk = -(-chunk // self.unroll) * self.unroll
         return row_tiles, -(-katoms // chunk), chunk, strips
+
+    def persistent_items(self, tokens: int, top_k: int, experts: int, n: int, k: int) -> int:
+        """Persistent mode: the most work items a routing of ``tokens`` x ``top_k`` pairs can make,
+        from shapes alone: (touched experts, at most ``min(E, pairs)``) x row tiles x K slices."""
+        row_tiles, splits, _, _ = self.launch_geometry(n, k)
+        return min(experts, tokens * top_k) * row_tiles * splits
 
     def expert_chunks(self, tokens: int, experts: int) -> int:
         """Expert mode: chunk slots per expert on grid.z (``experts * chunks`` CTAs along z), from

@@ -20,6 +20,13 @@ measured yet: the numbers follow gemv's, docs/notes/moe.md).
 - The down projection (pair mode) spreads a token's top-k slots over CTAs (fp32 planes, added in
   slot order by the last to arrive) until the tokens alone fill the GPU (``CTAS_PER_SM`` CTAs per
   SM) or the planes outgrow ``WORKSPACE_FLOATS``; then each CTA loops over its token's slots (``_kloop``).
+- Persistent mode (``_m<tokens>_pe``) before both, for many small experts: from
+  ``PERSISTENT_MIN_EXPERTS`` experts, up to ``EXPERT_MAX_TOKENS`` tokens, while its rules hold
+  (pairs and experts sorted in shared memory) and its per-pair planes fit ``WORKSPACE_FLOATS``.
+  Each touched expert's bytes then cross HBM once at every T, and the K split fills the GPU from
+  the expected touched experts alone (Qwen3-30B-A3B and DeepSeek-V2-Lite at 1-256 tokens; Mixtral's
+  8 large experts keep pair / expert mode, whose numbers are measured). 8-token passes while the
+  expected pairs per touched expert are at most ``PERSISTENT_M8_REUSE``, 16 above. Unmeasured.
 - ``pays``: ``moe`` takes the grouped path outside capture for every decode-size T (at most
   ``EXPERT_MAX_TOKENS`` tokens: expert mode reads each routed expert about once per 16 of its pairs)
   and, above it, while pair mode's re-reads stay few (``T k <= PAIR_REREAD E``); under CUDA-graph
@@ -29,8 +36,9 @@ measured yet: the numbers follow gemv's, docs/notes/moe.md).
 from __future__ import annotations
 
 from ..base import MoeProblem
-from .catalog import expert_shapes_for
-from .config import MAX_SPLITS, MoeGemvConfig
+from .catalog import expert_shapes_for, persistent_shapes_for
+from .config import (MAX_SPLITS, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
+                     MoeGemvConfig)
 
 CTAS_PER_SM = 4
 WORKSPACE_FLOATS = 1 << 24  # 64 MB of split-K / slot planes per launch at most
@@ -47,6 +55,8 @@ EXPERT_MAX_TOKENS = 256   # pays(): the grouped path for every T up to this
 # 8-token chunks only while the mean is half a chunk: random routing spreads the counts, and an
 # expert past 8 pairs would take a second pass (Mixtral at T = 16: 4 on average, up to 16).
 EXPERT_ROWS = (("w13", 4, 8), ("w13", None, 16), ("w2", 4, 8), ("w2", None, 16))
+PERSISTENT_MIN_EXPERTS = 16  # persistent mode from this many experts (unmeasured)
+PERSISTENT_M8_REUSE = 4      # 8-token passes up to this many expected pairs per touched expert
 
 
 def pays(tokens: int, top_k: int, experts: int) -> bool:
@@ -73,6 +83,22 @@ def by_expert(problem: MoeProblem) -> bool:
     return problem.stage == "w13" or problem.pairs * problem.n <= WORKSPACE_FLOATS  # down: planes per pair
 
 
+def persistent(problem: MoeProblem) -> bool:
+    """Persistent mode for this projection (module docstring)?"""
+    if not (problem.experts >= PERSISTENT_MIN_EXPERTS and 1 <= problem.tokens <= EXPERT_MAX_TOKENS):
+        return False
+    if problem.pairs > PERSISTENT_MAX_PAIRS or problem.experts > PERSISTENT_MAX_EXPERTS:
+        return False
+    return problem.top_k <= PERSISTENT_MAX_TOP_K and problem.pairs * problem.n <= WORKSPACE_FLOATS
+
+
+def persistent_config(problem: MoeProblem) -> MoeGemvConfig:
+    tokens = 8 if reuse(problem) <= PERSISTENT_M8_REUSE else 16
+    stage, strips, warps, unroll, tokens = persistent_shapes_for(problem.bits, problem.stage, tokens)[0]
+    return MoeGemvConfig(stage=stage, strips=strips, warps=warps, unroll=unroll, tokens=tokens, persistent=True,
+                         **problem.kind)
+
+
 def schedule_for(problem: MoeProblem) -> str:
     return next(s for stage, max_t, s in ROWS if stage == problem.stage and (max_t is None or problem.tokens <= max_t))
 
@@ -90,9 +116,10 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
     row_tiles = config.launch_geometry(problem.n, problem.k)[0]
     tokens = max(1, problem.tokens)
     outputs = problem.n // 2 if config.gated else problem.n
-    if config.by_expert:  # planes per (pair, slice) of the weight's n rows (w13: gate and up; w2: H)
+    if config.tiled:  # planes per (pair, slice) of the weight's n rows (w13: gate and up; w2: H)
         active = expected_experts(tokens, problem.top_k, problem.experts)
-        chunks = max(1, -(-int(reuse(problem) + 0.999) // config.tokens))
+        # expert mode: a CTA per chunk of an expert's pairs; persistent mode: per (expert, row tile, slice)
+        chunks = 1 if config.persistent else max(1, -(-int(reuse(problem) + 0.999) // config.tokens))
         ctas, plane = max(1, int(row_tiles * active * chunks)), tokens * problem.top_k * problem.n
         want = -(-CTAS_PER_SM * sms // ctas)
         splits = max(1, min(want, config.steps(problem.k), MAX_SPLITS, WORKSPACE_FLOATS // max(1, plane)))
@@ -111,7 +138,11 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
     return config.replace(splits=splits, slot_loop=slot_loop)
 
 
-def heuristic_config(problem: MoeProblem, sms: int) -> MoeGemvConfig:
+def heuristic_config(problem: MoeProblem, sms: int, persistent_mode: bool = True) -> MoeGemvConfig:
+    """The config for ``problem``; ``persistent_mode=False``: the choice among pair and expert mode
+    alone (what ran before persistent mode: the bench times both)."""
+    if persistent_mode and persistent(problem):
+        return launch_fields(persistent_config(problem), problem, sms)
     if by_expert(problem):
         return launch_fields(expert_config(problem), problem, sms)
     config = MoeGemvConfig.from_schedule(schedule_for(problem), **problem.kind)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...runtime import get_module, semaphores, workspace
+from ..base import sm_count
 from ..common import PER_CHANNEL_SHIFT
 from .abi import MoeGemvArgs
 from .config import GRID_Z, MoeGemvConfig
@@ -12,7 +13,8 @@ from .config import GRID_Z, MoeGemvConfig
 
 class MoeGemvLauncher:
     """``launch(x, w, ids, weights, out, tokens, top_k, stream)`` for one config on one device
-    (pair mode: grid.z over pairs or tokens; expert mode: over experts x chunk slots).
+    (pair mode: grid.z over pairs or tokens; expert mode: over experts x chunk slots; persistent
+    mode: grid.x the resident CTAs, at most the work items the shapes allow).
 
     ``w``: stacked experts (``ops.experts.PackedExperts``, sm90a layout, contiguous); ``x``: the
     rows the stage reads (w13: ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)``), contiguous and
@@ -24,8 +26,10 @@ class MoeGemvLauncher:
         module = get_module(spec, device_index)
         self.config = config
         self.device_index = device_index
-        self.fn = module.function(config.kernel_name, MoeGemvArgs, config.threads)  # static shared memory
+        # Static shared memory, or (persistent mode) dynamic: the kernel's and the routing's, per launch.
+        self.fn = module.function(config.kernel_name, MoeGemvArgs, config.threads, config.max_smem)
         self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
+        self._resident = {}  # persistent mode: dynamic shared memory -> resident CTAs on the device
 
     def _block(self, w, key):
         args, argv = self.fn.block()
@@ -64,6 +68,9 @@ class MoeGemvLauncher:
         if self.config.by_expert:
             self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream)
             return
+        if self.config.persistent:
+            self._launch_persistent(blk, x, w, ids, weights, out, tokens, top_k, stream)
+            return
         if self.config.gated:  # grid (row tiles, splits, pairs)
             z, slots, grid_y = tokens * top_k, 1, splits
             planes, counters = (z * splits * w.n, z * row_tiles) if splits > 1 else (0, 0)
@@ -99,3 +106,32 @@ class MoeGemvLauncher:
             self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream)
             a.z0, a.chunks = 0, chunks
             fn.launch((row_tiles, splits, w.num_experts * chunks), stream, argv)
+
+    def resident_ctas(self, smem: int) -> int:
+        """CTAs of this kernel resident on the whole device at ``smem`` bytes of dynamic shared
+        memory (the driver's occupancy for the kernel's registers and shared memory, times the SMs)."""
+        ctas = self._resident.get(smem)
+        if ctas is None:
+            ctas = self._resident[smem] = max(1, self.fn.occupancy(smem)) * sm_count(self.device_index)
+        return ctas
+
+    def _launch_persistent(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int) -> None:
+        """Persistent mode: one launch, grid (resident CTAs, at most the items, 1, 1), sized from
+        shapes only; the routing's shared memory per launch (``launch_smem``). fp32 planes per (pair,
+        slice) and arrival counters: gate|up with split-K (counted per (pair, row tile)), down whenever
+        a token has more than one plane (top_k x splits; counted per (token, row tile))."""
+        a, argv, row_tiles, splits = blk
+        pairs = tokens * top_k
+        if pairs == 0:
+            return
+        if self.config.gated:
+            planes, counters = (pairs * splits * w.n, pairs * row_tiles) if splits > 1 else (0, 0)
+        else:
+            planes, counters = (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
+        smem = self.config.launch_smem(w.num_experts, pairs)
+        items = self.config.persistent_items(tokens, top_k, w.num_experts, w.n, w.k)
+        fn = self.fn
+        with fn.lock:
+            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream)
+            a.z0, a.chunks = 0, 1
+            fn.launch((min(items, self.resident_ctas(smem)), 1, 1), stream, argv, smem)
