@@ -11,11 +11,16 @@ What it measures (rank 0 prints one table; every timing is a CUDA graph's replay
 2. all-reduce alone, 16 KB .. 1 MB (1 .. 64 rows x hidden, fp16): NCCL, ours (one-shot and
    two-shot) and torch's symmetric-memory one-shot; then the all-reduce fused with the residual
    add and RMSNorm against ours + torch's ops and NCCL + torch's ops (µs per call, 20 calls a graph).
+2b. row-parallel layer, per call at TP=2 (o_proj hidden x hidden/2, down_proj hidden x
+   intermediate/2, int4 g128, residual on rank 0): the GEMM alone, GEMM + NCCL, GEMM + ours and
+   the GEMM fused with the all-reduce (one gemv kernel; GEMM + ours where it does not apply, e.g.
+   batch 64), per ``--batches`` (µs per call, 20 calls a graph).
 3. decode step: an ``--layers``-layer stack (one token per sequence, int4 g128 projections cut by
    ``shard_linear``: q|k|v and gate|up column-parallel, o and down row-parallel; attention over a
    ``--context``-token KV cache with torch's SDPA, of the real bytes per step; RMSNorm, rotary,
    SiLU·mul in torch ops) at TP=1 (one GPU holds the whole int4 model) and TP=2 with the
-   all-reduce by NCCL, by ours, and ours fused with residual + RMSNorm; plain (CUDA graph) and
+   all-reduce by NCCL, by ours, ours fused with residual + RMSNorm, and the row-parallel GEMMs
+   fused with their all-reduce (``gemm_fused``); plain (CUDA graph) and
    ``torch.compile`` (each layer compiled once, then the stack captured in a CUDA graph). The
    all-reduce's share per layer is the step minus the same step without any all-reduce (wrong
    sums, right bytes), divided by the layers; ``--breakdown`` adds GPU time by kernel class
@@ -151,13 +156,15 @@ class Stack(nn.Module):
         return h
 
     def set_mode(self, mode: str, compiled: bool) -> None:
-        """``nccl``, ``ours`` (auto), ``fused`` or ``none`` (no all-reduce: timing only)."""
+        """``nccl``, ``ours`` (auto), ``fused`` (all-reduce + residual + RMSNorm), ``gemm_fused``
+        (the row-parallel GEMMs fused with their all-reduce) or ``none`` (no all-reduce: timing only)."""
         self.fused = mode == "fused"
         for layer in self.layers:
             for row in (layer.o, layer.down):
                 if hasattr(row, "reduce_results"):
-                    row.reduce_results = mode in ("nccl", "ours")
-                    row.all_reduce = {"nccl": "nccl", "none": "nccl"}.get(mode, "auto")
+                    row.reduce_results = mode in ("nccl", "ours", "gemm_fused")
+                    row.all_reduce = {"nccl": "nccl", "none": "nccl", "gemm_fused": "fused"}.get(mode, "auto")
+                    row.fuse_all_reduce = mode == "gemm_fused"
             layer.tp_size = 1 if mode == "none" else layer.o.tp_size if hasattr(layer.o, "tp_size") else 1
         self.plain_fn = COMPILED["plain"] if compiled else DecodeLayer.forward_plain
         self.fused_fn = COMPILED["fused"] if compiled else DecodeLayer.forward_fused
@@ -253,6 +260,8 @@ def kernel_class(name: str) -> str:
     low = name.lower()
     if "mg_allreduce" in low:
         return "all-reduce (ours)"
+    if "mg_gemvar" in low:
+        return "int4 GEMM + all-reduce (fused)"
     if "nccl" in low:
         return "all-reduce (NCCL)"
     if low.startswith("mg_"):
@@ -295,7 +304,7 @@ def check(args, cfg, rank, device):
     tp1.set_mode("nccl", False)
     want = tp1(x.clone()).float()
     rows, ok, outs = [], True, {}
-    modes = ["nccl", "ours", "fused"] if device.type == "cuda" else ["nccl", "fused"]
+    modes = ["nccl", "ours", "fused", "gemm_fused"] if device.type == "cuda" else ["nccl", "fused"]
     for mode in modes:
         tp2.set_mode(mode, False)
         got = tp2(x.clone())
@@ -360,6 +369,38 @@ def micro(args, cfg, device):
 
 
 @torch.no_grad()
+def micro_gemm(args, cfg, rank, device):
+    """Per row-parallel layer at TP=2: the GEMM alone, GEMM + NCCL, GEMM + ours, the fused kernel."""
+    from mixed_gemm.integrations.shard import shard_linear
+    from mixed_gemm.nn.parallel import prepare_all_reduce
+    from mixed_gemm.ops.allreduce import communicator
+    from mixed_gemm.ops.gemm_allreduce import fused_plan
+
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    prepare_all_reduce(device=device, dtypes=(torch.float16,))
+    comm, rows = communicator(None, device), []
+    for name, k in (("o_proj", h), ("down_proj", inter)):
+        q, s, z = random_weight(h, k, zlib.crc32(name.encode()), device)
+        row = shard_linear(q, s, z, style="row", tp_rank=rank, tp_size=2, format="plain", bits=4, group_size=GROUP,
+                           dtype=torch.float16, device=device)
+        del q, s, z
+        for b in args.batches:
+            x = torch.randn(b, k // 2, device=device).half()
+            res = torch.randn(b, h, device=device).half()
+            us = {"GEMM": graph_us_each(lambda: row.linear(x, residual=res if rank == 0 else None))}
+            for label, mode, fuse in (("+ NCCL", "nccl", False), ("+ ours", "auto", False), ("fused", "fused", True)):
+                row.all_reduce, row.fuse_all_reduce = mode, fuse
+                us[label] = graph_us_each(lambda: row(x, residual=res))
+            launcher, why = fused_plan(comm, row.linear.packed(), b, "fused")
+            ran = (f"fused: {launcher.config.name}" if launcher is not None else f"fallback: {why}")[:90]
+            rows.append((f"{name} {h}x{k // 2}, batch {b}", f"µs per call; {ran}",
+                         ", ".join(f"{key} {v:.1f}" for key, v in us.items()), f"{us['+ ours'] / us['fused']:.2f}x"))
+        del row
+        torch.cuda.empty_cache()
+    return rows
+
+
+@torch.no_grad()
 def step_rows(args, cfg, rank, device, tp_size):
     """Decode-step timings of one model (TP=1 on rank 0 alone, or TP=2 on both ranks)."""
     from mixed_gemm.nn.parallel import prepare_all_reduce
@@ -409,12 +450,12 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--context", type=int, default=512, help="KV-cache tokens each sequence attends to")
     ap.add_argument("--compile", default="0,1", help="0 plain CUDA graph, 1 torch.compile + CUDA graph, 0,1 both")
-    ap.add_argument("--modes", default="nccl,ours,fused", help="TP=2 all-reduce modes to time")
+    ap.add_argument("--modes", default="nccl,ours,fused,gemm_fused", help="TP=2 all-reduce modes to time")
     ap.add_argument("--distinct", type=int, default=0, help="distinct layer weights (0: every layer its own)")
     ap.add_argument("--check-layers", type=int, default=2)
     ap.add_argument("--check-context", type=int, default=64)
     ap.add_argument("--micro-rows", default="1,2,4,8,16,32,64", help="rows of the all-reduce micro-benchmark")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: check, micro, tp1, tp2")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: check, micro, gemm, tp1, tp2")
     ap.add_argument("--breakdown", action="store_true", help="GPU µs per layer by kernel class (profiler, eager)")
     ap.add_argument("--time-limit", type=float, default=1800.0, help="every rank exits after this many seconds")
     args = ap.parse_args(argv)
@@ -450,6 +491,8 @@ def main(argv=None):
     if device.type == "cuda":
         if "micro" not in skip:
             rows += micro(args, cfg, device)
+        if "gemm" not in skip:
+            rows += micro_gemm(args, cfg, rank, device)
         tp1 = {}
         if "tp1" not in skip:  # one GPU holds the whole model; the other rank waits
             if rank == 0:

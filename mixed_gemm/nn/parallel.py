@@ -13,6 +13,9 @@ The all-reduce (:func:`tensor_parallel_all_reduce`): on GPUs of one node with pe
 one-shot / two-shot kernels for the small messages of decode (:mod:`mixed_gemm.ops.allreduce`),
 NCCL beyond their sizes and elsewhere; gloo on the CPU. ``all_reduce="nccl"`` (or
 ``MIXED_GEMM_ALLREDUCE=nccl``) keeps NCCL for every size, for A/B comparisons.
+``fuse_all_reduce=True`` on a row-parallel layer (or ``all_reduce="fused"``,
+``MIXED_GEMM_ALLREDUCE=fused``) runs its GEMM and all-reduce as one gemv kernel at decode sizes
+(:mod:`mixed_gemm.ops.gemm_allreduce`), GEMM + all-reduce elsewhere.
 :func:`all_reduce_residual_rms_norm` is the all-reduce fused with the residual add and RMSNorm that
 follow a decoder layer's row-parallel projections (``reduce_results=False`` hands it the partial sum).
 
@@ -29,6 +32,7 @@ from torch import nn
 
 from ..ops import PackedWeight
 from ..ops.allreduce import all_reduce_mode, communicator, group_name, prepare_all_reduce, residual_rms_norm
+from ..ops.gemm_allreduce import gemm_all_reduce  # registers torch.ops.mixed_gemm.gemm_all_reduce
 from .quant_linear import QuantLinear
 
 __all__ = ["ColumnParallelQuantLinear", "RowParallelQuantLinear", "all_reduce_residual_rms_norm", "check_tp_rank",
@@ -124,14 +128,21 @@ class RowParallelQuantLinear(nn.Module):
     :func:`all_reduce_residual_rms_norm`). ``all_reduce``: the all-reduce's mode
     (:func:`tensor_parallel_all_reduce`; default ``$MIXED_GEMM_ALLREDUCE``, else ``"auto"``),
     read once here; the attribute ``all_reduce`` can be changed afterwards.
+    ``fuse_all_reduce``: the GEMM and the all-reduce as one kernel where the sizes allow
+    (:mod:`mixed_gemm.ops.gemm_allreduce`: gemv rows of x, on GPUs of one node), else GEMM +
+    all-reduce; default: ``all_reduce == "fused"``. An attribute too.
     """
 
     def __init__(self, linear: QuantLinear, *, tp_rank: int, tp_size: int, in_features: Optional[int] = None,
                  input_index: Optional[torch.Tensor] = None, group=None, input_is_parallel: bool = True,
-                 reduce_results: bool = True, all_reduce: Optional[str] = None):
+                 reduce_results: bool = True, all_reduce: Optional[str] = None,
+                 fuse_all_reduce: Optional[bool] = None):
         super().__init__()
         check_tp_rank(tp_rank, tp_size)
         self.all_reduce = all_reduce_mode(all_reduce)
+        if fuse_all_reduce is not None and not isinstance(fuse_all_reduce, bool):
+            raise TypeError(f"fuse_all_reduce: expected a bool or None, got {type(fuse_all_reduce).__name__}")
+        self.fuse_all_reduce = self.all_reduce == "fused" if fuse_all_reduce is None else fuse_all_reduce
         if not isinstance(linear, QuantLinear):
             raise TypeError(f"linear: expected a QuantLinear, got {type(linear).__name__}")
         if linear.bias is not None and tp_rank != 0:
@@ -166,14 +177,34 @@ class RowParallelQuantLinear(nn.Module):
             x = x[..., k0:k0 + self.in_features].contiguous()
         if self.input_index is not None:
             x = x.index_select(-1, self.input_index)
-        y = self.linear(x, residual=residual if self.tp_rank == 0 else None)
+        residual = residual if self.tp_rank == 0 else None
+        if self.fuse_all_reduce and self.reduce_results and self.tp_size > 1 and x.is_cuda:
+            return self._fused(x, residual)
+        y = self.linear(x, residual=residual)
         if self.reduce_results and self.tp_size > 1:
             if self.group_name is None and not torch.compiler.is_compiling():
                 self.group_name = group_name(self.group)
             y = tensor_parallel_all_reduce(y, self.group, self.all_reduce, self.group_name)
         return y
 
+    def _fused(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
+        """The GEMM and the all-reduce in one kernel where :mod:`mixed_gemm.ops.gemm_allreduce`
+        allows (mode ``"fused"``; ``"nccl"`` stays GEMM + NCCL)."""
+        mode = "nccl" if self.all_reduce == "nccl" else "fused"
+        lin = self.linear
+        if residual is not None and not residual.is_contiguous():
+            residual = residual.contiguous()
+        if torch.compiler.is_compiling():  # traced: the op takes the buffers (QuantLinear.forward's)
+            buf = lin._buffers
+            g = lin.in_features if lin.group_size == -1 or buf["scales"].shape[0] == 1 else lin.group_size
+            name = self.group_name if self.group_name is not None else group_name(self.group)
+            return torch.ops.mixed_gemm.gemm_all_reduce(
+                x, buf["b"], buf["scales"], buf["zeros"], buf["perm"], buf["bias"], lin.out_features,
+                lin.in_features, lin.bits, g, lin.zero_mode, lin.layout, lin._aux(), residual, name, mode)
+        return gemm_all_reduce(x if x.is_contiguous() else x.contiguous(), lin.packed(), bias=lin._buffers["bias"],
+                               residual=residual, group=self.group, mode=mode)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} (of {self.full_in_features}), out_features={self.out_features}, "
                 f"tp_rank={self.tp_rank}, tp_size={self.tp_size}, regrouped={self.input_index is not None}, "
-                f"all_reduce={self.all_reduce}")
+                f"all_reduce={self.all_reduce}, fuse_all_reduce={self.fuse_all_reduce}")

@@ -38,7 +38,7 @@ from ..kernels.allreduce import (ALGOS, FAMILY, MAX_RANKS, MODES, NCCL, TORCH_DT
 from ..kernels.allreduce.config import DATA_OFFSET
 from ..runtime import current_stream
 
-MODE_ENV = "MIXED_GEMM_ALLREDUCE"                 # auto | nccl | one_shot | two_shot
+MODE_ENV = "MIXED_GEMM_ALLREDUCE"                 # auto | nccl | one_shot | two_shot | fused
 MAX_BYTES_ENV = "MIXED_GEMM_ALLREDUCE_MAX_BYTES"  # the largest message ours takes (the slots' size)
 TIMEOUT_ENV = "MIXED_GEMM_ALLREDUCE_TIMEOUT_S"    # a kernel waiting longer for a peer traps; 0: never
 DEFAULT_MAX_BYTES = 2 << 20  # 64 tokens x 8192 x fp16 is 1 MB; a buffer holds 2 x world_size slots
@@ -184,6 +184,10 @@ class Communicator:
         self.usable, self.reason = False, ""
         self.buffer, self.handle, self.peers = None, None, []
         self._kernels: Dict[str, dict] = {}  # dtype -> algo -> (launcher, args, argv)
+        # The GEMM-fused all-reduce (mixed_gemm.ops.gemm_allreduce): whether every rank has the same
+        # GPU generation (so the same weight layouts), and its kernels by problem, agreed by all ranks.
+        self.same_arch = False
+        self.gemm_fused: Dict[tuple, object] = {}
         if self.device.type != "cuda":
             self.reason = f"{self.device} is not a CUDA device"
             return
@@ -192,9 +196,11 @@ class Communicator:
 
     def _setup(self) -> None:
         ok, why = _local_verdict(self.group, self.device, self.world_size)
-        info = dict(host=socket.gethostname(), uuid=str(torch.cuda.get_device_properties(self.device).uuid), ok=ok,
-                    why=why, slot_bytes=self.slot_bytes)
+        props = torch.cuda.get_device_properties(self.device)
+        info = dict(host=socket.gethostname(), uuid=str(props.uuid), ok=ok, why=why, slot_bytes=self.slot_bytes,
+                    capability=(getattr(props, "major", None), getattr(props, "minor", None)))
         infos = _gather(info, self.group)
+        self.same_arch = len({i.get("capability") for i in infos}) == 1
         bad = [(r, i["why"]) for r, i in enumerate(infos) if not i["ok"]]
         if not bad and len({i["slot_bytes"] for i in infos}) > 1:
             # The per-call choice compares sizes with slot_bytes: ranks must hold the same one, or
@@ -345,7 +351,7 @@ class Communicator:
         return residual_rms_norm(self.all_reduce(x, mode), residual, weight, eps)
 
     def _fused_applies(self, x, residual, weight, cols: int, mode: str) -> bool:
-        if mode not in ("auto", "one_shot") or not self.usable or x.dim() == 0:
+        if mode not in ("auto", "one_shot", "fused") or not self.usable or x.dim() == 0:
             return False
         if residual.shape != x.shape or residual.dtype != x.dtype or weight.shape != (cols,) or weight.dtype != x.dtype:
             return False

@@ -6,7 +6,10 @@
 //
 //   [kArFlagsOffset]    flags[block][source rank]  u64, written by the peers (and itself)
 //   [kArCountersOffset] counters[block]            u64, this rank's call counter per block
+//   [kArChunkFlagsOffset], [kArChunkCountersOffset]: the same for the GEMM-fused all-reduce, per
+//                       chunk of output columns (allreduce/gemv_allreduce.cuh)
 //   [kArDataOffset]     slots[parity][source rank] slot_bytes each: what source rank pushed here
+//   then                the GEMM-fused all-reduce's slots[parity][source rank], slot_bytes each
 //
 // A call pushes this rank's values into the peers' slots (remote stores travel one way; the
 // reads that follow are local), then meets the peers at a per-block barrier, then reduces from
@@ -47,7 +50,13 @@ constexpr int kArMaxRanks = 8;           // flags per block: one per source rank
 constexpr int kArMaxBlocks = 64;         // the grid of every launch
 constexpr int kArFlagsOffset = 0;
 constexpr int kArCountersOffset = kArMaxBlocks * kArMaxRanks * 8;   // 4096
-constexpr int kArDataOffset = 8192;      // slots start here, 16-byte aligned and past the counters
+// The GEMM-fused all-reduce (allreduce/gemv_allreduce.cuh) keeps its own flags and counters per
+// chunk of kArChunk output columns, and its own two parities of slots after the ones above.
+constexpr int kArChunk = 16;             // output columns per arrival flag: divides every gemv CTA's rows
+constexpr int kArMaxChunks = 1024;       // N <= 16384
+constexpr int kArChunkFlagsOffset = 8192;                                                   // [chunk][source]
+constexpr int kArChunkCountersOffset = kArChunkFlagsOffset + kArMaxChunks * kArMaxRanks * 8;  // [2][chunk]
+constexpr int kArDataOffset = kArChunkCountersOffset + 2 * kArMaxChunks * 8;  // 90112: slots, 16-byte aligned
 constexpr int kArVectorBytes = 16;       // every load and store of values moves 16 bytes
 
 struct AllReduceArgs {
@@ -106,8 +115,8 @@ __device__ __forceinline__ uint4 ar_load_slot(uint4 const* p) { return __ldcg(p)
 // ---- the buffer --------------------------------------------------------------------------------
 // peers[index] through a chain of selects: indexing the parameter array with a run-time value
 // would copy the whole argument block to local memory first.
-template <int W>
-__device__ __forceinline__ void* ar_peer(AllReduceArgs const& a, int index) {
+template <int W, typename Args>
+__device__ __forceinline__ void* ar_peer(Args const& a, int index) {
   void* p = a.peers[0];
 #pragma unroll
   for (int s = 1; s < W; ++s) {

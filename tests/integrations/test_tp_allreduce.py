@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mixed_gemm.kernels.allreduce import (FAMILY, MAX_BLOCKS, ONE_SHOT_MAX_BYTES, AllReduceConfig, AllReduceProblem,
+from mixed_gemm.kernels.allreduce import (DATA_OFFSET, FAMILY, MAX_BLOCKS, ONE_SHOT_MAX_BYTES, AllReduceConfig, AllReduceProblem,
                                           buffer_bytes, check_mode, choose)
 from mixed_gemm.kernels.allreduce.abi import ALLREDUCE_ARGS_BYTES
 from mixed_gemm.ops import allreduce as ar
@@ -43,7 +43,7 @@ def test_nccl_beyond_the_buffers_the_ranks_and_when_forced():
 
 def test_modes_are_checked():
     assert check_mode("auto") == "auto"
-    with pytest.raises(ValueError, match=r"all_reduce: must be one of \('auto', 'nccl', 'one_shot', 'two_shot'\)"):
+    with pytest.raises(ValueError, match=r"all_reduce: must be one of \('auto', 'nccl', 'one_shot', 'two_shot', 'fused'\)"):
         choose(16, 2, "fast", SLOT)
 
 
@@ -74,7 +74,7 @@ def test_config_names_rules_and_blocks():
     assert AllReduceConfig("two_shot", world_size=4).active_blocks(8192 * 16) == 8
     assert AllReduceConfig("rms_norm").active_blocks(16 * 8192, rows=16) == 16
     assert AllReduceConfig("rms_norm").active_blocks(100 * 8192, rows=100) == MAX_BLOCKS
-    assert buffer_bytes(2, SLOT) == 8192 + 4 * SLOT
+    assert buffer_bytes(2, SLOT) == DATA_OFFSET + 8 * SLOT == 90112 + 8 * SLOT  # + the GEMM-fused slots
     for kw, rule in [(dict(algo="three_shot"), "algo must be one of"), (dict(dtype="f8"), "dtype must be one of"),
                      (dict(world_size=1), r"world_size must be an int in \[2, 8\]"),
                      (dict(world_size=16), "world_size"), (dict(threads=100), "threads must be")]:
@@ -104,7 +104,7 @@ def test_rendered_source_carries_its_mirrors():
     assert "Kernel: mg_allreduce_rms_norm_bf16_w4_t512" in src
     assert f"sizeof(mixed_gemm::AllReduceArgs) == {ALLREDUCE_ARGS_BYTES}" in src
     assert "mixed_gemm::all_reduce_rms_norm<__nv_bfloat16, 4, 512>(args)" in src
-    assert "kArDataOffset == 8192" in src
+    assert "kArDataOffset == 90112" in src and "kArChunkFlagsOffset == 8192" in src
 
 
 @pytest.mark.nvcc

@@ -15,7 +15,7 @@ from ..base import OK, Family, Verdict
 from .abi import ALLREDUCE_ARGS_BYTES, AllReduceArgs
 from .config import (ALGOS, DATA_OFFSET, ELEMENTS, MAX_BLOCKS, MAX_RANKS, THREADS, TORCH_DTYPES, VECTOR_BYTES,
                      AllReduceConfig, buffer_bytes, constant_checks)
-from .plan import MODES, NCCL, ONE_SHOT_MAX_BYTES, check_mode, choose
+from .plan import FUSED, GEMM_FUSED_MAX_M, MODES, NCCL, ONE_SHOT_MAX_BYTES, check_mode, choose, choose_gemm_fused
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ class AllReduceLauncher:
 
 FAMILY = AllReduceFamily()
 
-__all__ = ["ALGOS", "DATA_OFFSET", "ELEMENTS", "FAMILY", "MAX_BLOCKS", "MAX_RANKS", "MODES", "NCCL",
-           "ONE_SHOT_MAX_BYTES", "THREADS", "TORCH_DTYPES", "VECTOR_BYTES", "AllReduceArgs", "AllReduceConfig",
-           "AllReduceFamily", "AllReduceLauncher", "AllReduceProblem", "buffer_bytes", "check_mode", "choose"]
+__all__ = ["ALGOS", "DATA_OFFSET", "ELEMENTS", "FAMILY", "FUSED", "GEMM_FUSED_MAX_M", "MAX_BLOCKS", "MAX_RANKS",
+           "MODES", "NCCL", "ONE_SHOT_MAX_BYTES", "THREADS", "TORCH_DTYPES", "VECTOR_BYTES", "AllReduceArgs",
+           "AllReduceConfig", "AllReduceFamily", "AllReduceLauncher", "AllReduceProblem", "buffer_bytes", "check_mode",
+           "choose", "choose_gemm_fused"]

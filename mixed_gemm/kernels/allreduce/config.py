@@ -23,7 +23,13 @@ MAX_RANKS = 8           # kArMaxRanks
 MAX_BLOCKS = 64         # kArMaxBlocks: the grid of every launch
 FLAGS_OFFSET = 0        # kArFlagsOffset
 COUNTERS_OFFSET = MAX_BLOCKS * MAX_RANKS * 8  # kArCountersOffset (64-bit flags: they never wrap)
-DATA_OFFSET = 8192      # kArDataOffset
+# The GEMM-fused all-reduce's flags and counters, per chunk of CHUNK output columns
+# (templates/allreduce/gemv_allreduce.cuh).
+CHUNK = 16              # kArChunk: a gemv strip, so it divides every gemv CTA's rows
+MAX_CHUNKS = 1024       # kArMaxChunks: N <= 16384
+CHUNK_FLAGS_OFFSET = 8192                                         # kArChunkFlagsOffset
+CHUNK_COUNTERS_OFFSET = CHUNK_FLAGS_OFFSET + MAX_CHUNKS * MAX_RANKS * 8  # kArChunkCountersOffset
+DATA_OFFSET = CHUNK_COUNTERS_OFFSET + 2 * MAX_CHUNKS * 8          # kArDataOffset: 90112, the header's end
 VECTOR_BYTES = 16       # kArVectorBytes
 THREADS = 512
 
@@ -32,13 +38,17 @@ def constant_checks() -> List[Tuple[str, int]]:
     """``(C++ expression, Python value)`` pairs that must be equal."""
     return [("mixed_gemm::kArMaxRanks", MAX_RANKS), ("mixed_gemm::kArMaxBlocks", MAX_BLOCKS),
             ("mixed_gemm::kArFlagsOffset", FLAGS_OFFSET), ("mixed_gemm::kArCountersOffset", COUNTERS_OFFSET),
+            ("mixed_gemm::kArChunk", CHUNK), ("mixed_gemm::kArMaxChunks", MAX_CHUNKS),
+            ("mixed_gemm::kArChunkFlagsOffset", CHUNK_FLAGS_OFFSET),
+            ("mixed_gemm::kArChunkCountersOffset", CHUNK_COUNTERS_OFFSET),
             ("mixed_gemm::kArDataOffset", DATA_OFFSET), ("mixed_gemm::kArVectorBytes", VECTOR_BYTES)]
 
 
 def buffer_bytes(world_size: int, slot_bytes: int) -> int:
-    """Bytes of one rank's buffer: header (flags, counters), then two parities of ``world_size``
-    slots of ``slot_bytes`` (a multiple of 16)."""
-    return DATA_OFFSET + 2 * world_size * slot_bytes
+    """Bytes of one rank's buffer: header (flags, counters; zeroed at creation), then two parities
+    of ``world_size`` slots of ``slot_bytes`` (a multiple of 16) for the all-reduce kernels, and two
+    more for the GEMM-fused all-reduce (its own parity sequence)."""
+    return DATA_OFFSET + 4 * world_size * slot_bytes
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -5,14 +5,22 @@ would wait for them forever.
 
 Modes (``MIXED_GEMM_ALLREDUCE``, or the layers' ``all_reduce`` argument): ``auto`` (the table
 below), ``nccl`` (always NCCL: the A/B baseline), ``one_shot`` / ``two_shot`` (that algorithm
-wherever ours can run at all). Measurements behind the table: docs/notes/tensor-parallel-allreduce.md.
+wherever ours can run at all), ``fused`` (the row-parallel GEMM fused with its all-reduce where
+:func:`choose_gemm_fused` allows, ``auto`` for every other all-reduce). Measurements behind the
+table: docs/notes/tensor-parallel-allreduce.md.
 """
 from __future__ import annotations
 
 from typing import Tuple
 
-MODES = ("auto", "nccl", "one_shot", "two_shot")
+from .config import CHUNK, MAX_CHUNKS, MAX_RANKS, VECTOR_BYTES
+
+MODES = ("auto", "nccl", "one_shot", "two_shot", "fused")
 NCCL = "nccl"
+FUSED = "fused"
+# The fused GEMM is a gemv kernel: up to 32 tokens where the weight has the sm90a copy (or is
+# 1:2-sparse lowbit), 16 for the sm80-layout kernel, 8 for the other lowbit widths.
+GEMM_FUSED_MAX_M = 32
 
 # Largest message (bytes) one-shot takes in auto mode, by world size; two-shot above it. One-shot
 # pushes the whole message to each of the W - 1 peers (W - 1 times its bytes out of each GPU),
@@ -39,9 +47,43 @@ def choose(nbytes: int, world_size: int, mode: str, slot_bytes: int) -> Tuple[st
         return NCCL, f"{world_size} ranks: ours serves 2 to {max(ONE_SHOT_MAX_BYTES)}"
     if nbytes > slot_bytes:
         return NCCL, f"{nbytes} bytes: above the {slot_bytes}-byte buffers (MIXED_GEMM_ALLREDUCE_MAX_BYTES)"
-    if mode != "auto":
+    if mode not in ("auto", FUSED):
         return mode, f"{mode} forced"
     limit = ONE_SHOT_MAX_BYTES[world_size]
     if limit is None or nbytes <= limit:
         return "one_shot", "one-shot: a small message" if limit else "one-shot: two ranks move the message once either way"
     return "two_shot", f"two-shot: above {limit} bytes over {world_size} ranks"
+
+
+def gemv_max_m(layout: str, bits: int) -> int:
+    """The most rows of x a gemv kernel takes for a weight holding ``layout`` (``"sm80+sm90a"``...)."""
+    layouts = layout.split("+")
+    if "sm90a" in layouts:
+        return GEMM_FUSED_MAX_M
+    if "lowbit" in layouts:
+        return GEMM_FUSED_MAX_M if bits == 7 else 8
+    return 16 if "sm80" in layouts else 0
+
+
+def choose_gemm_fused(m: int, n: int, world_size: int, dtype: str, layout: str, bits: int, mode: str,
+                      slot_bytes: int) -> Tuple[bool, str]:
+    """``(fused, reason)``: whether a row-parallel GEMM of ``m`` rows and ``n`` outputs runs fused
+    with its all-reduce (one gemv kernel) rather than GEMM + all-reduce. From sizes and the weight's
+    kind only (the same on every rank of a group: each holds a K slice of the same kind), so ranks
+    agree; never from the kernel that selection picked, which is a per-rank choice."""
+    check_mode(mode)
+    if mode != FUSED:
+        return False, f"GEMM + all-reduce (mode {mode!r}; the fused kernel is opt-in: 'fused')"
+    if not 2 <= world_size <= MAX_RANKS:
+        return False, f"{world_size} ranks: ours serves 2 to {MAX_RANKS}"
+    if dtype not in ("f16", "bf16"):
+        return False, f"{dtype}: the gemv kernels take f16 and bf16"
+    most = gemv_max_m(layout, bits)
+    if not 1 <= m <= most:
+        return False, f"M={m}: the gemv kernels of a {layout} {bits}-bit weight take 1 to {most} rows"
+    vec = VECTOR_BYTES // 2
+    if n % vec or n > MAX_CHUNKS * CHUNK:
+        return False, f"N={n}: the fused kernel takes multiples of {vec} up to {MAX_CHUNKS * CHUNK}"
+    if 2 * m * n > slot_bytes:
+        return False, f"{2 * m * n} bytes: above the {slot_bytes}-byte buffers (MIXED_GEMM_ALLREDUCE_MAX_BYTES)"
+    return True, "GEMM fused with the all-reduce (gemv epilogue pushes, last grid row reduces)"

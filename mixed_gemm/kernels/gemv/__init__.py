@@ -63,24 +63,29 @@ class GemvFamily(Family):
         return config if best == splits else config.replace(splits=best)
 
     def render(self, config: GemvConfig) -> str:
-        kernel = config.kernel
-        return render_template(
-            "gemv/kernel.cu.j2",
-            family=self.name, config=repr(kernel), name=kernel.kernel_name,
-            element=DTYPES[kernel.dtype][0], bits=kernel.bits, tiles=max(1, kernel.tokens // 8), strips=kernel.strips,
-            fma_tokens=kernel.tokens if kernel.fma else 0,
-            layout=kernel.layout, zero_mode_id=ZERO_MODES[kernel.zero_mode],
-            warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll,
-            stage_x="true" if kernel.stage_x else "false", stages=kernel.stages, dynamic_smem=kernel.dynamic_smem, deferred=kernel.deferred, threads=kernel.threads,
-            occupancy=kernel.occupancy,
-            rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),
-            lowbit_constants=lowbit_layout.constant_checks(kernel.bits),
-        )
+        return render_template("gemv/kernel.cu.j2", **render_params(config.kernel))
 
     def launcher(self, config: GemvConfig, device_index: int) -> GemvLauncher:
         return GemvLauncher(config, self.build_spec(config), device_index)
 
 
+def render_params(kernel: GemvConfig) -> dict:
+    """What templates/gemv/kernel.cu.j2 renders ``kernel`` (a compiled identity) from; the GEMM-fused
+    all-reduce (mixed_gemm.kernels.allreduce.gemv) renders the same kernel with a few more."""
+    return dict(
+        family="gemv", config=repr(kernel), name=kernel.kernel_name,
+        element=DTYPES[kernel.dtype][0], bits=kernel.bits, tiles=max(1, kernel.tokens // 8), strips=kernel.strips,
+        fma_tokens=kernel.tokens if kernel.fma else 0,
+        layout=kernel.layout, zero_mode_id=ZERO_MODES[kernel.zero_mode],
+        warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll,
+        stage_x="true" if kernel.stage_x else "false", stages=kernel.stages, dynamic_smem=kernel.dynamic_smem, deferred=kernel.deferred, threads=kernel.threads,
+        occupancy=kernel.occupancy,
+        rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),
+        lowbit_constants=lowbit_layout.constant_checks(kernel.bits),
+        world_size=0,  # the plain gemv; the fused all-reduce's ranks otherwise
+    )
+
+
 FAMILY = GemvFamily()
 
-__all__ = ["FAMILY", "MAX_M", "GemvConfig", "GemvFamily"]
+__all__ = ["FAMILY", "MAX_M", "GemvConfig", "GemvFamily", "render_params"]

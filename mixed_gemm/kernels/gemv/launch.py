@@ -24,22 +24,9 @@ class GemvLauncher:
         self._blocks = {}
 
     def _block(self, w):
-        view = w.parts[self.layout]
         args, argv = self.fn.block()
-        row_tiles, splits, chunk, strips = self.config.launch_geometry(w.n, w.k)
-        args.b, args.scales = view.b.data_ptr(), view.scales.data_ptr()
-        args.zeros = 0 if view.zeros is None else view.zeros.data_ptr()  # sm80 symmetric: none
-        args.n, args.k, args.strips, args.katoms = w.n, w.k, strips, w.k16
-        args.group_shift, args.num_groups = w.group_shift, w.num_groups
-        args.splits, args.chunk = splits, chunk
-        # With a ring, a launch's dynamic shared memory depends on M (index m: 1..tokens) and the groups.
-        smem = None
-        if self.config.stages:
-            smem = [0] + [self.config.ring_smem_bytes(m, 1 << w.group_shift) for m in range(1, self.config.tokens + 1)]
-            for name, t in (("scales", view.scales), ("zeros", view.zeros)):
-                if t is None or t.data_ptr() % 16:  # its rows are copied in 16-byte chunks
-                    raise ValueError(f"{self.config.schedule}: the weight's {name} must be 16-byte aligned and present")
-        blk = self._blocks[view.key] = (args, argv, (row_tiles, splits, 1), splits, smem)
+        row_tiles, splits, smem = fill_weight(args, self.config, w)
+        blk = self._blocks[w.parts[self.layout].key] = (args, argv, (row_tiles, splits, 1), splits, smem)
         return blk
 
     def __call__(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
@@ -59,3 +46,23 @@ class GemvLauncher:
             a.y = y.data_ptr()
             a.workspace, a.counters, a.m = ws, cnt, m
             fn.launch(grid, stream, argv, smem[m] if smem else None)
+
+
+def fill_weight(args: GemvArgs, config: GemvConfig, w):
+    """Fill ``args``' weight fields for ``w`` (its ``config.layout`` view); returns ``(row tiles,
+    splits, smem)``: the grid and, with a ring, each M's dynamic shared memory (index m: 1..tokens;
+    it depends on M and the groups), else None. The GEMM-fused all-reduce fills its block the same."""
+    view = w.parts[config.layout]
+    row_tiles, splits, chunk, strips = config.launch_geometry(w.n, w.k)
+    args.b, args.scales = view.b.data_ptr(), view.scales.data_ptr()
+    args.zeros = 0 if view.zeros is None else view.zeros.data_ptr()  # sm80 symmetric: none
+    args.n, args.k, args.strips, args.katoms = w.n, w.k, strips, w.k16
+    args.group_shift, args.num_groups = w.group_shift, w.num_groups
+    args.splits, args.chunk = splits, chunk
+    smem = None
+    if config.stages:
+        smem = [0] + [config.ring_smem_bytes(m, 1 << w.group_shift) for m in range(1, config.tokens + 1)]
+        for name, t in (("scales", view.scales), ("zeros", view.zeros)):
+            if t is None or t.data_ptr() % 16:  # its rows are copied in 16-byte chunks
+                raise ValueError(f"{config.schedule}: the weight's {name} must be 16-byte aligned and present")
+    return row_tiles, splits, smem
