@@ -3,12 +3,13 @@
 The layer is captured in a CUDA graph behind a write of a buffer twice the L2 (cold L2, as the
 bench times it; capture always takes the grouped path, ops/moe.py) and replayed under
 torch.profiler; every kernel of a replay gets a stage from its name (:func:`stage_of`): the
-routing sort (torch's stable sort of the pairs' expert ids), the routing bookkeeping (per-expert
-counts, offsets, pointer arrays, the pairs' positions, the weights to fp32), the gathers and
-scatters of activation rows (x into expert order, h where it is not handed over sorted), the
-gate|up GEMM, SiLU(gate) * up, the down GEMM, and the top-k combine. Every grouped family fuses
-SiLU * up into the gate|up GEMM's epilogue and moe_gemv fuses the combine into its down kernel:
-those show as ``fused``. The op itself is not touched: kernel times come from the profiler (CUPTI
+routing sort (the tile families' two counting-sort kernels, ``*_route_count`` / ``*_route_scatter``,
+or torch's stable sort where a path still uses it), the routing bookkeeping (pointer arrays,
+zeroing, the weights to fp32, the fused down's rounding copy), the gathers and scatters of
+activation rows (x into expert order, h where it is not handed over sorted), the gate|up GEMM,
+SiLU(gate) * up, the down GEMM, and the top-k combine. Every grouped family fuses SiLU * up into
+the gate|up GEMM's epilogue, moe_gemv and moe_sm80's fused down the combine into their down
+kernels: those show as ``fused`` (moe_sm80's fused gate|up reads x by index: no gathers). The op itself is not touched: kernel times come from the profiler (CUPTI
 reports each kernel of a graph replay), grouped by replay, median over replays. ``span`` is the
 replay's first kernel start to its last kernel end, so span minus the kernels' sum is the time the
 GPU sat between kernels.
@@ -35,6 +36,12 @@ def stage_of(name: str, gate_up_seen: bool) -> str:
     if "combine" in low:
         return "top-k combine"
     if name.startswith("mg_"):  # our kernels (extern "C" names: the config's kernel_name)
+        if "_route_count" in low or "_route_scatter" in low:  # the counting sort (templates/common/moe_sort.cuh)
+            return "sort"
+        if low.endswith("_gather") or low == "mg_gather":
+            return "gathers"
+        if low == "mg_pointers":
+            return "routing"
         if "gate_up" in low or "_w13_" in low:
             return "gate|up GEMM"
         if "_w2_" in low:

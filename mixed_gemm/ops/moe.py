@@ -23,7 +23,9 @@ Rounding (grouped path): the gate and up dot products accumulate in float32, ``s
 computed in float32 and rounded once to the activation dtype (the intermediate ``h``; the tile
 families, moe_sm90a and moe_sm80, round ``g`` and ``u`` to the activation dtype first); the down
 dot products accumulate in float32, each slot's is multiplied by its top-k weight in float32, the
-slots are added in slot order (deterministic, no atomics), and ``y`` is rounded once.
+slots are added in slot order (deterministic, no atomics), and ``y`` is rounded once. (A profile may
+pick moe_sm80's fused down, which adds the weighted fp32 rows with atomics instead: unrounded rows,
+one rounding of ``y``, and for top-k > 2 an order of the fp32 additions that may vary between runs.)
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import torch
 from ..compile import JitDisabledError, background, blocking, jit_mode
 from ..kernels import GROUPED_FAMILIES, MoeProblem, family_of, parse_schedule
 from ..kernels.base import sm_count
+from ..kernels.moe_route import tile_heights
 from ..runtime import current_stream
 from ..select import device_profile, m_bucket
 from .experts import PackedExperts, check_moe_inputs
@@ -195,8 +196,12 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
     y = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
     stream = current_stream(x.device.index)
     gate_up, down = launchers
-    # Launchers of a family that sorts the pairs (moe_sm90a) keep h in that order between them.
-    handover = {"sorted_h": True} if all(getattr(f, "sorted_pairs", False) for f in launchers) else {}
+    # Launchers of the families that sort the pairs (moe_sm90a, moe_sm80) sort them once (the gate|up
+    # launcher's route kernels, with the tile prefix sums both need) and keep h in that order.
+    handover = {}
+    if all(getattr(f, "sorted_pairs", False) for f in launchers):
+        heights = tile_heights(gate_up.tile_rows, down.tile_rows)
+        handover = {"sorted_h": True, "routing": gate_up.route(ids, w13.num_experts, heights, stream)}
     gate_up(x, w13, ids, None, h, tokens, top_k, stream, **handover)
     down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
     return y

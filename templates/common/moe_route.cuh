@@ -25,13 +25,13 @@ struct alignas(16) Vec {
 // y[t, c] = sum over slots j in order of weights[t, j] * o[pos[t k + j], c] (fp32, one rounding);
 // pos < 0 marks a pair no expert computed (adds nothing). grid (tokens, ceil(H / 8 / threads)).
 template <class T>
-__device__ void combine(T const* o, int64_t const* pos, float const* weights, T* y, int hidden, int top_k) {
+__device__ void combine(T const* o, int const* pos, float const* weights, T* y, int hidden, int top_k) {
   int64_t t = blockIdx.x;
   int c = (blockIdx.y * kRouteThreads + threadIdx.x) * kVec;
   if (c >= hidden) return;
   float acc[kVec] = {};
   for (int j = 0; j < top_k; ++j) {
-    int64_t p = pos[t * top_k + j];
+    int64_t const p = pos[t * top_k + j];
     if (p < 0) continue;
     float w = weights[t * top_k + j];
     Vec<T> row = *reinterpret_cast<Vec<T> const*>(o + p * hidden + c);

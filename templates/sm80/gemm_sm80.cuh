@@ -85,8 +85,19 @@ struct GemmArgs {
   int log_tile;         // threadblock swizzle: log2 of the tile-group size
 };
 
+// Where a tile's A rows come from (kGatherA kernels: the moe_sm80 family's fused gather): row r < M
+// of the problem is row rows[first + r] / div of `a` (rows != nullptr), else row first + r. The
+// index is read once per tile (the copy plan), the main loop only adds each row's offset.
+struct RowIndex {
+  int const* rows;
+  int div;
+  long long first;
+  __device__ __forceinline__ long long source(int r) const { return rows ? rows[first + r] / div : first + r; }
+};
+
 template <typename Element_, int kBits_, int kZeroMode_, int BM_, int BN_, int BK_, int WarpsM_, int WarpsN_, int WarpsK_,
-          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>, bool kAtomLayout_ = false>
+          int Stages_, typename InstructionShape_ = cutlass::gemm::GemmShape<16, 8, 16>, bool kAtomLayout_ = false,
+          bool kGatherA_ = false>
 struct MixedGemmSm80 {
   using Element = Element_;
   using P = Pair<Element>;
@@ -182,6 +193,9 @@ struct MixedGemmSm80 {
   static constexpr bool kPlanned = kFrag && kThreads % kRowChunksA == 0 && (kThreads / kRowChunksA) % 8 == 0 &&
                                    (BM * kRowChunksA) % kThreads == 0;
   static constexpr bool kPlannedB = kPlanned && kThreads % kRowChunksB == 0 && (kRowsB * kRowChunksB) % kThreads == 0;
+  // Rows of A read through a RowIndex (each pass's row its own offset): the planned copies only.
+  static constexpr bool kGatherA = kGatherA_;
+  static_assert(!kGatherA || kPlanned, "a gathered A needs the planned copies (whole A rows per pass)");
 
   struct CopyPlan {
     char const* a;  // the thread's A chunk of pass 0 at k-tile 0
@@ -200,14 +214,24 @@ struct MixedGemmSm80 {
     int p_row, p_dst;
     bool p_copy;    // the thread has a chunk, and its row is one the k-tile touches
     bool p_col;     // its columns are < N_pad
+    int a_row[kGatherA ? kPassesA : 1];  // kGatherA: each pass's source row of A
   };
 
-  static __device__ __forceinline__ CopyPlan copy_plan(GemmArgs const& p, Tile const& t, int tid) {
+  static __device__ __forceinline__ CopyPlan copy_plan(GemmArgs const& p, Tile const& t, int tid,
+                                                       RowIndex const& index) {
     CopyPlan c;
     int const row = tid / kRowChunksA, chunk = tid % kRowChunksA;
     c.a_pass = (kThreads / kRowChunksA) * p.lda * 2;
     c.a_k = chunk * 8;
-    c.a = static_cast<char const*>(p.a) + ((size_t)min(t.m0 + row, p.m - 1) * p.lda + c.a_k) * 2;
+    if constexpr (kGatherA) {
+      // Rows past M read row M - 1's source (in bounds; the zero-fill predicate drops them).
+      c.a = static_cast<char const*>(p.a) + c.a_k * 2;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kPassesA; ++i)
+        c.a_row[i] = int(index.source(min(t.m0 + row + i * (kThreads / kRowChunksA), p.m - 1)));
+    } else {
+      c.a = static_cast<char const*>(p.a) + ((size_t)min(t.m0 + row, p.m - 1) * p.lda + c.a_k) * 2;
+    }
     c.a_rows = 0;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kPassesA; ++i) c.a_rows |= unsigned(t.m0 + row + i * (kThreads / kRowChunksA) < p.m) << i;
@@ -242,8 +266,10 @@ struct MixedGemmSm80 {
     for (int i = 0; i < kPassesA; ++i) {
       bool const ok = k_ok && (c.a_rows >> i & 1u);
       // Consecutive passes are kThreads / kRowChunksA rows apart, a multiple of 8: same swizzle.
+      char const* src = a + i * c.a_pass;
+      if constexpr (kGatherA) src = a + (size_t)c.a_row[i] * (p.lda * 2);
       cutlass::arch::cp_async_zfill<16, CacheOperation::Global>(stage + c.a_dst + i * (kThreads / kRowChunksA) * BK * 2,
-                                                                 a + i * c.a_pass, ok);
+                                                                 src, ok);
     }
     if constexpr (kPlannedB) {
       int const rows = p.k16 / kBlockK16;
@@ -612,7 +638,8 @@ struct MixedGemmSm80 {
   // kernels of the moe_sm80 family call it with an expert's rows and weight in `p` and store the
   // sums their own way.
   static __device__ __forceinline__ void tile_sums(GemmArgs const& p, char* smem, Tile const& t, WarpRole const& role,
-                                                   int slice, int splits, float (&acc)[kMmaM][kTilesN][4]) {
+                                                   int slice, int splits, float (&acc)[kMmaM][kTilesN][4],
+                                                   RowIndex const& index = RowIndex{nullptr, 1, 0}) {
     int const tid = threadIdx.x;
     int const lane = role.lane, warp_k = role.warp_k, warp_mn = role.warp_mn;
     int const warp_m = role.warp_m, warp_n = role.warp_n;
@@ -633,7 +660,7 @@ struct MixedGemmSm80 {
     // Prologue: fill Stages - 1 stages. A group is committed even when empty so the
     // wait_group count below stays in step with the k-tile index.
     CopyPlan plan{};
-    if constexpr (kPlanned) plan = copy_plan(p, t, tid);
+    if constexpr (kPlanned) plan = copy_plan(p, t, tid, index);
     auto load = [&](int ktile, char* stage) {
       if constexpr (kPlanned) {
         load_stage_planned(p, t, plan, ktile, stage, tid);

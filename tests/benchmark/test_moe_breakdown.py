@@ -50,6 +50,25 @@ def test_stages_of_moe_gemv_and_moe_sm80():
     assert bd.stage_of(POSITIONS, gate_up_seen=True) == "routing"
 
 
+def test_stages_of_the_counting_sort_and_the_fused_kernels():
+    """The tile families' own routing kernels: the counting sort's two launches are the sort, the
+    row gather the gathers, mg_pointers bookkeeping; a fused moe_sm80 down GEMM leaves the combine
+    fused."""
+    name = "mg_moe_sm80_f16_u4_t128x128x64_w2x2x1_s4_f"
+    call = [(name + "_route_count", 2.0), (name + "_route_scatter", 3.0), (name + "_gate_up", 300.0),
+            ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >", 4.0),
+            (name, 150.0), ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", 5.0)]
+    got = bd.classify(call)
+    assert got["sort"] == (5.0, 2) and got["gathers"] == (0.0, 0)
+    assert got["gate|up GEMM"] == (300.0, 1) and got["down GEMM"] == (150.0, 1)
+    assert got["routing"] == (9.0, 2) and got["top-k combine"] == (0.0, 0)
+    for lib in ("mg_route_count", "mg_route_scatter"):
+        assert bd.stage_of(lib, gate_up_seen=False) == "sort"
+    assert bd.stage_of("mg_gather", gate_up_seen=True) == "gathers"
+    assert bd.stage_of("mg_moe_sm80_f16_u4_t64x128x64_w2x2x1_s4_gather", gate_up_seen=False) == "gathers"
+    assert bd.stage_of("mg_pointers", gate_up_seen=True) == "routing"
+
+
 def _events(replays, corr=True):
     events, t = [], 0.0
     for r in range(replays):

@@ -6,6 +6,7 @@ import pytest
 from mixed_gemm.compile import build_spec, fatbin_targets, load_bytes
 from mixed_gemm.kernels import family_of
 from mixed_gemm.kernels.dequant_mm import DequantMMConfig
+from mixed_gemm.kernels.moe_sm80 import MoeSm80Config
 from mixed_gemm.kernels.sm80 import Sm80Config
 
 SUBSET = [
@@ -14,6 +15,8 @@ SUBSET = [
     Sm80Config(dtype="bf16", bits=4, zero_mode="float", tile=(128, 256, 64), warps=(2, 4, 1), stages=3),
     Sm80Config(dtype="bf16", bits=8, zero_mode="offset", tile=(16, 128, 128), warps=(1, 2, 2)),
     DequantMMConfig("bf16", 8, "int"),
+    # moe_sm80 fused: A rows gathered in the cp.async loads, fp32 atomics (red.v2 on sm_90), the sort
+    MoeSm80Config(dtype="bf16", bits=4, tile=(128, 128, 64), warps=(2, 2, 1), stages=4, fused=True),
 ]
 
 

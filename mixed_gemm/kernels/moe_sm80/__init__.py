@@ -3,11 +3,13 @@ the sm80 family's multistage mma.sync tile, reading the stacked sm90a-layout exp
 (``ops.experts.PackedExperts``, the one copy ``prepack_experts`` makes on every GPU a grouped family
 runs on), one launch per projection over every expert's rows (templates/moe_sm80/).
 
-A call sorts the (token, slot) pairs by expert on the device and gathers their rows
-(``kernels.moe_route``); a CTA takes one BM-row tile of one expert, found by a search over the
-per-expert tile counts' prefix sums, so no count is read on the host and the call runs under
-CUDA-graph capture. Gate|up is followed by SiLU(gate) * up, down by the top-k weighted sum (one-pass
-kernels of the same fatbin). Compiled for sm_80 and sm_90 like the sm80 family, so the H100 runs it
+A call sorts the (token, slot) pairs by expert on the device (the fatbin's two route kernels, a
+counting sort: ``kernels.moe_route``) and gathers their rows, or, fused configs, reads them by index
+in the tile's cp.async loads; a CTA takes one BM x BN tile of one expert, found by a search over
+the per-expert tile counts' prefix sums (written by the sort), so no count is read on the host and
+the call runs under CUDA-graph capture. Gate|up is followed by SiLU(gate) * up in its epilogue, down
+by the top-k weighted sum (a one-pass kernel of the same fatbin, or, fused, fp32 atomics in the
+down epilogue). Compiled for sm_80 and sm_90 like the sm80 family, so the H100 runs it
 too (its tests do); there ``moe_sm90a``, asked first, takes the same problems.
 """
 from __future__ import annotations
@@ -18,7 +20,8 @@ from ...codegen import render_template
 from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, ZERO_MODES, grouped_constant_checks
 from ..sm90a import layout
-from .abi import COMBINE_ARGS_BYTES, GROUPED_ARGS_BYTES, ROUTE_THREADS, ROUTE_VEC
+from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS
+from .abi import BAND, COMBINE_ARGS_BYTES, GATHER_ARGS_BYTES, GROUPED_ARGS_BYTES, ROUTE_THREADS, ROUTE_VEC
 from .candidates import candidate_schedules
 from .catalog import default_catalog
 from .config import MoeSm80Config
@@ -51,6 +54,11 @@ class MoeSm80Family(GroupedFamily):
             return False, f"gate|up: N = 2I must be even, got N={problem.n}"
         if problem.pairs > MAX_PAIRS:
             return False, f"at most {MAX_PAIRS} (token, slot) pairs (32-bit row indices), got {problem.pairs}"
+        tiles = (-(-problem.pairs // config.tile[0]) + problem.experts) * -(-problem.n // config.tile[1])
+        if tiles > MAX_PAIRS:
+            return False, f"at most {MAX_PAIRS} CTAs in the grouped grid ((ceil(pairs / BM) + E) x N tiles), got {tiles}"
+        if problem.experts > SORT_MAX_EXPERTS:
+            return False, f"at most {SORT_MAX_EXPERTS} experts (the routing sort's one-CTA scan), got {problem.experts}"
         return OK
 
     def catalog(self) -> List[MoeSm80Config]:
@@ -71,7 +79,8 @@ class MoeSm80Family(GroupedFamily):
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, zero_mode_id=ZERO_MODES["int"],
             bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=kernel.stages,
             threads=kernel.threads, smem_bytes=kernel.smem_bytes, grouped_args_bytes=GROUPED_ARGS_BYTES,
-            combine_args_bytes=COMBINE_ARGS_BYTES,
+            combine_args_bytes=COMBINE_ARGS_BYTES, gather_args_bytes=GATHER_ARGS_BYTES, sort_args_bytes=SORT_ARGS_BYTES,
+            sort_threads=SORT_THREADS, sort_max_experts=SORT_MAX_EXPERTS, band=BAND, fused=kernel.fused,
             route_threads=ROUTE_THREADS, route_vec=ROUTE_VEC, constants=grouped_constant_checks(),
         )
 

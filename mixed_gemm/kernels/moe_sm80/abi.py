@@ -1,5 +1,6 @@
 """The moe_sm80 kernels' argument blocks as ctypes structures: Python mirrors of the C++ structs in
-templates/moe_sm80/kernel.cu.j2 (each rendered source static_asserts their sizes against these)."""
+templates/moe_sm80/kernel.cu.j2 (each rendered source static_asserts their sizes against these; the
+route kernels' block is ``kernels.moe_route.SortArgs``)."""
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +16,9 @@ ROUTE_VEC = 8        # activations per 16-byte vector (moe_route::kVec)
 class GroupedArgs(ctypes.Structure):
     """mixed_gemm::moe_sm80::GroupedArgs."""
 
-    _fields_ = [("gemm", GemmArgs), ("offsets", _p), ("counts", _p), ("tile_ends", _p), ("b_stride", _ll),
-                ("p_stride", _ll), ("experts", _i)]
+    _fields_ = [("gemm", GemmArgs), ("offsets", _p), ("counts", _p), ("tile_ends", _p), ("order", _p),
+                ("weights", _p), ("y32", _p), ("b_stride", _ll), ("p_stride", _ll), ("experts", _i), ("a_div", _i),
+                ("top_k", _i)]
 
 
 class CombineArgs(ctypes.Structure):
@@ -25,5 +27,13 @@ class CombineArgs(ctypes.Structure):
     _fields_ = [("o", _p), ("pos", _p), ("weights", _p), ("y", _p), ("hidden", _i), ("top_k", _i)]
 
 
+class GatherArgs(ctypes.Structure):
+    """mixed_gemm::moe_sm80::GatherArgs."""
+
+    _fields_ = [("x", _p), ("order", _p), ("out", _p), ("div", _i), ("cols", _i)]
+
+
+BAND = 8  # mixed_gemm::moe_sm80::kBand: M tiles per band of the grouped grid's tile order
 GROUPED_ARGS_BYTES = ctypes.sizeof(GroupedArgs)
+GATHER_ARGS_BYTES = ctypes.sizeof(GatherArgs)
 COMBINE_ARGS_BYTES = ctypes.sizeof(CombineArgs)

@@ -2,7 +2,12 @@
 of moe_sm90a (which GROUPED_FAMILIES asks first, and which takes these problems on an H100): it runs
 once the routed experts hold ``moe_sm90a.heuristics.MIN_REUSE`` pairs each on average, where
 moe_gemv's expert mode re-reads each expert's weight per chunk of 8-16 rows. Not yet measured on an
-Ampere GPU (none is available): the threshold and the tiles are the H100's, to re-fit there."""
+Ampere GPU (none is available): the threshold and the tiles are the H100's, to re-fit there.
+
+The gate|up kernel of the 128-row tiles is the fused one (x's rows read by index: the gather pass
+and its (pairs, H) copy are gone, and the kernel's rows are the same); the down kernel stays
+unfused (its slot-ordered combine is deterministic, the fused down's fp32 atomics are not for
+top-k > 2): a profile may pick the fused down (``_f``) where it measured faster."""
 from __future__ import annotations
 
 from typing import Optional
@@ -20,4 +25,5 @@ def heuristic_config(problem: MoeProblem) -> Optional[MoeSm80Config]:
     if r < MIN_REUSE:
         return None
     _, tile, warps, stages = next(row for row in ROWS if row[0] is None or r < row[0])
-    return MoeSm80Config(stage=problem.stage, tile=tile, warps=warps, stages=stages, **problem.kind)
+    fused = problem.stage == "w13" and tile[0] == 128
+    return MoeSm80Config(stage=problem.stage, tile=tile, warps=warps, stages=stages, fused=fused, **problem.kind)

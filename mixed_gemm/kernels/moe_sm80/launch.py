@@ -1,24 +1,28 @@
-"""Launching one moe_sm80 config: the routed rows sorted and gathered by expert on the device
-(:class:`~mixed_gemm.kernels.moe_route.SortedGroupedLauncher`), one grouped launch of the sm80 tile
-over every expert's rows (gate|up: its ``_gate_up`` kernel, which stores SiLU(gate) * up), and
-down's route kernel, all from the family's fatbin.
+"""Launching one moe_sm80 config: the routed rows sorted by expert on the device by the fatbin's
+route kernels (:class:`~mixed_gemm.kernels.moe_route.SortedGroupedLauncher`), gathered by its
+gather kernel unless the config is fused (then the tile reads them by index), one grouped launch of
+the sm80 tile over every expert's rows (gate|up: its ``_gate_up`` kernel, which stores
+SiLU(gate) * up), and down's combine kernel, unless fused (then the down epilogue adds the top-k
+sum into an fp32 row per token, rounded once by one copy).
 
-The grid is ``(ceil(pairs / BM) + E, N tiles)``: a bound from shapes alone. The kernel finds each
-CTA's expert in ``tile_ends`` (inclusive prefix sums of ``ceil(count_e / BM)``, written here on the
-device) and CTAs past the last tile exit, so no count is read on the host (capturable).
+The grid is ``(ceil(pairs / BM) + E) x N tiles`` CTAs in one dimension: a bound from shapes alone.
+The kernel finds each CTA's tile (bands of ``abi.BAND`` M tiles, M fastest) and expert in
+``tile_ends`` (inclusive prefix sums of ``ceil(count_e / BM)``, written by the sort) and CTAs past
+the last tile exit, so no count is read on the host (capturable).
 """
 from __future__ import annotations
 
-import torch
+import ctypes
 
 from ...runtime import get_module
 from ..common import PER_CHANNEL_SHIFT
-from ..moe_route import SortedGroupedLauncher
+from ..moe_route import GATHER_VEC, SORT_THREADS, SortArgs, SortedGroupedLauncher
 from ..sm90a import layout as sm90a_layout
-from .abi import ROUTE_THREADS, ROUTE_VEC, CombineArgs, GroupedArgs
+from .abi import ROUTE_THREADS, ROUTE_VEC, CombineArgs, GatherArgs, GroupedArgs
 from .config import MoeSm80Config
 
 _ROUTE_PER_CTA = ROUTE_THREADS * ROUTE_VEC  # columns of one route CTA
+_GATHER_PER_CTA = SORT_THREADS * GATHER_VEC  # columns of one gather CTA
 
 
 class MoeSm80Launcher(SortedGroupedLauncher):
@@ -30,13 +34,18 @@ class MoeSm80Launcher(SortedGroupedLauncher):
         self.config = config
         self.stage = config.stage
         self.device_index = device_index
+        self.fused = config.fused
         name = config.kernel_name
         self.gated = config.stage == "w13"
         self.grouped = module.function(name + ("_gate_up" if self.gated else ""), GroupedArgs, config.threads,
                                        config.smem_bytes)
         self.comb = module.function(name + "_combine", CombineArgs, ROUTE_THREADS)
+        self.count = module.function(name + "_route_count", SortArgs, SORT_THREADS)
+        self.scatter = module.function(name + "_route_scatter", SortArgs, SORT_THREADS)
+        self.gath = module.function(name + "_gather", GatherArgs, SORT_THREADS)
         self.bm, self.bn = config.tile[0], config.tile[1]
-        self._blocks = {}  # stacked weight key -> (argument block, its pointer array's address, grid y)
+        self.tile_rows = self.bm
+        self._blocks = {}  # stacked weight key -> (argument block, its pointer array's address, N tiles)
 
     def _block(self, w):
         """The argument block of the stacked experts ``w``: the fields that depend on the weight."""
@@ -59,14 +68,34 @@ class MoeSm80Launcher(SortedGroupedLauncher):
             blk = self._blocks[key] = (args, argv, -(-n_pad // self.bn))
         return blk
 
-    def gemm(self, rows, w, counts, offsets, out, stream: int) -> None:
-        args, argv, grid_y = self._block(w)
-        tile_ends = torch.cumsum((counts + (self.bm - 1)) // self.bm, 0).to(torch.int32)
-        grid = (-(-rows.shape[0] // self.bm) + w.num_experts, grid_y, 1)
+    def sort_launch(self, args: SortArgs, blocks: int, stream: int) -> None:
+        for fn in (self.count, self.scatter):
+            with fn.lock:
+                ctypes.memmove(ctypes.addressof(fn.args), ctypes.addressof(args), ctypes.sizeof(args))
+                fn.launch((blocks, 1, 1), stream)
+
+    def gather(self, x, order, div: int, out, stream: int) -> None:
+        rows, cols = out.shape
+        if rows == 0:
+            return
+        fn = self.gath
+        with fn.lock:
+            a = fn.args
+            a.x, a.order, a.out, a.div, a.cols = x.data_ptr(), order.data_ptr(), out.data_ptr(), div, cols
+            fn.launch((rows, -(-cols // _GATHER_PER_CTA), 1), stream)
+
+    def gemm(self, rows, w, routing, out, stream: int, a_div: int = 0, y32=None, weights=None, top_k: int = 1) -> None:
+        args, argv, tiles_n = self._block(w)
+        pairs = routing.order.shape[0]
+        grid = ((-(-pairs // self.bm) + w.num_experts) * tiles_n, 1, 1)
         fn = self.grouped
         with fn.lock:
-            args.gemm.a, args.gemm.c, args.gemm.m = rows.data_ptr(), out.data_ptr(), rows.shape[0]
-            args.offsets, args.counts, args.tile_ends = offsets.data_ptr(), counts.data_ptr(), tile_ends.data_ptr()
+            args.gemm.a, args.gemm.c, args.gemm.m = rows.data_ptr(), out.data_ptr(), pairs
+            args.offsets, args.counts = routing.offsets.data_ptr(), routing.counts.data_ptr()
+            args.tile_ends = routing.tile_ends_of(self.bm).data_ptr()
+            args.order, args.a_div, args.top_k = routing.order.data_ptr(), a_div, top_k
+            args.y32 = y32.data_ptr() if y32 is not None else None
+            args.weights = weights.data_ptr() if weights is not None else None
             fn.launch(grid, stream, argv)
 
     def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
@@ -76,3 +105,4 @@ class MoeSm80Launcher(SortedGroupedLauncher):
             a.o, a.pos, a.weights, a.y = o.data_ptr(), pos.data_ptr(), weights.data_ptr(), out.data_ptr()
             a.hidden, a.top_k = hidden, top_k
             fn.launch((tokens, -(-hidden // _ROUTE_PER_CTA), 1), stream)
+

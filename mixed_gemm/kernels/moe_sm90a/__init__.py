@@ -3,9 +3,10 @@ CUTLASS 3.x's ptr-array (grouped) wgmma mixed-input GEMM, one group per expert, 
 sm90a-layout experts (``ops.experts.PackedExperts``: each expert exactly the dense sm90a family's
 weight) once per tile of the rows routed to it (templates/moe_sm90a/).
 
-A call sorts the (token, slot) pairs by expert on the device, gathers their rows, writes the
-per-expert problem sizes and pointers into device arrays and launches the grouped kernel; gate|up
-is followed by SiLU(gate) * up, down by the top-k weighted sum (launch.py). No host sync: it runs
+A call sorts the (token, slot) pairs by expert on the device (the library's two route kernels, a
+counting sort), gathers their rows (TMA reads a contiguous box: no row index), writes the
+per-expert problem sizes and pointers into device arrays (one kernel) and launches the grouped
+kernel; gate|up is followed by SiLU(gate) * up, down by the top-k weighted sum (launch.py). No host sync: it runs
 under CUDA-graph capture. Compiled for ``sm_90a`` only, like the dense sm90a family.
 
 A grouped family (``kernels.GROUPED_FAMILIES``): ``ops.moe_grouped`` asks it first, and its
@@ -20,6 +21,7 @@ from ...codegen import render_template
 from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
+from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import default_catalog
@@ -58,6 +60,8 @@ class MoeSm90aFamily(GroupedFamily):
             return False, f"gate|up: N = 2I must be even, got N={n}"
         if problem.pairs > MAX_PAIRS:
             return False, f"at most {MAX_PAIRS} (token, slot) pairs (32-bit problem sizes), got {problem.pairs}"
+        if problem.experts > SORT_MAX_EXPERTS:
+            return False, f"at most {SORT_MAX_EXPERTS} experts (the routing sort's one-CTA scan), got {problem.experts}"
         return OK
 
     def catalog(self) -> List[MoeSm90aConfig]:
@@ -77,6 +81,7 @@ class MoeSm90aFamily(GroupedFamily):
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], quant=_QUANT_TYPES[kernel.bits], bits=kernel.bits,
             tm=tm, tn=tn, tk=tk, stages=kernel.stages, threads=kernel.threads, abi_version=ABI_VERSION,
+            sort_args_bytes=SORT_ARGS_BYTES, sort_threads=SORT_THREADS, sort_max_experts=SORT_MAX_EXPERTS,
             constants=grouped_constant_checks(),
         )
 

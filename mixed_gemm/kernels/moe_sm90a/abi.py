@@ -10,7 +10,7 @@ import ctypes
 
 from ..sm90a.abi import describe  # the same error codes (sm90a::kErr*) and cutlass::Status
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 # mg_info's fields, in order: then the bytes of one expert's entry in each device array.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k",
                "shape_bytes", "layout_w_bytes", "stride_x_bytes", "stride_s_bytes", "stride_y_bytes")
@@ -24,6 +24,9 @@ SIGNATURES = {
     "mg_prepare": (_I, []),
     "mg_run": (_I, [_I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _LL, _I, _P]),
     "mg_combine": (_I, [_P, _P, _P, _P, _LL, _I, _I, _P]),
+    "mg_route": (_I, [_P, _I, _P]),
+    "mg_gather": (_I, [_P, _P, _I, _P, _LL, _I, _P]),
+    "mg_pointers": (_I, [_I, _P, _P, _P, _I, _I, _P, _LL, _P, _LL, _P, _P, _P]),
 }
 
 

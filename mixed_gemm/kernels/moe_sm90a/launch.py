@@ -2,11 +2,12 @@
 (:class:`~mixed_gemm.kernels.moe_route.SortedGroupedLauncher`: sort, gathers, the route kernels and
 where everything rounds), one grouped GEMM over them through the family's host library.
 
-The sort, the gathers and the pointer arithmetic are torch operations on the current stream (about
-twenty small launches: this family serves many routed rows per expert, where they cost a few
-percent; the decode side is moe_gemv's). The gate|up GEMM's epilogue stores SiLU(gate) * up (the
-library's GateUpEpilogue); down's top-k sum is the library's one-pass kernel
-(templates/common/moe_route.cuh).
+The sort (two launches, templates/common/moe_sort.cuh), the row gather (one), the per-expert problem
+sizes and pointers (one) and down's top-k sum (one, templates/common/moe_route.cuh) are the
+library's kernels on the current stream. The gate|up GEMM's epilogue stores SiLU(gate) * up (the
+library's GateUpEpilogue). TMA loads a box of contiguous rows, so x's rows are gathered into expert
+order first (a fused gather would take TMA's gather4, sm_100 only, or a cp.async producer warp
+group in place of the collective's TMA loads: docs/notes/moe.md).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class _Arrays:
     """The per-expert device arrays that depend only on the stacked weight: its pointers and the
     (identical) strides, built on the device (fills, no host-to-device copy: capturable)."""
 
-    __slots__ = ("w", "s", "z", "layouts_w", "strides_x", "strides_s", "strides_y", "shapes")
+    __slots__ = ("w", "s", "z", "layouts_w", "strides_x", "strides_s", "strides_y")
 
     def __init__(self, lib, info: dict, w, device: torch.device):
         e = w.num_experts
@@ -52,10 +53,6 @@ class _Arrays:
             arrays.append(arr)
             at += size
         self.layouts_w, self.strides_x, self.strides_s, self.strides_y = arrays
-        # (N, T_e, K) per expert: a call copies this and writes its T_e column.
-        self.shapes = torch.zeros((e, 3), dtype=torch.int32, device=device)
-        self.shapes[:, 0] = w.n
-        self.shapes[:, 2] = w.k
 
 
 class MoeSm90aLauncher(SortedGroupedLauncher):
@@ -88,17 +85,36 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
                     arrays = self._arrays[key] = _Arrays(self.lib, self.info, w, w.b.device)
         return arrays
 
-    def gemm(self, rows: torch.Tensor, w, counts: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
-             stream: int) -> None:
-        """``out[r] = rows[r] W_e^T`` for the rows ``[offsets[e], offsets[e] + counts[e])`` of each
-        expert ``e`` (device tensors; rows past the last expert's are left as they are); gate|up:
-        ``silu(gate) * up`` of it, ``out`` ``(rows, I)``."""
+    def sort_launch(self, args, blocks: int, stream: int) -> None:
+        rc = self.lib.mg_route(ctypes.addressof(args), blocks, stream or None)
+        if rc:
+            raise MoeSm90aLaunchError(f"{self.config.name}: the routing sort: {abi.describe(rc)}")
+
+    def gather(self, x, order, div: int, out, stream: int) -> None:
+        rc = self.lib.mg_gather(x.data_ptr(), order.data_ptr(), div, out.data_ptr(), out.shape[0], out.shape[1],
+                                stream or None)
+        if rc:
+            raise MoeSm90aLaunchError(f"{self.config.name}: the row gather: {abi.describe(rc)}")
+
+    def gemm(self, rows: torch.Tensor, w, routing, out: torch.Tensor, stream: int, a_div: int = 0, y32=None,
+             weights=None, top_k: int = 1) -> None:
+        """``out[r] = rows[r] W_e^T`` for the sorted rows ``[offsets[e], offsets[e] + counts[e])`` of
+        each expert ``e`` (``routing``'s device tensors; rows past the last expert's are left as they
+        are); gate|up: ``silu(gate) * up`` of it, ``out`` ``(rows, I)``. Rows are read in place
+        (``a_div`` 0: TMA cannot gather) and ``y32`` is not taken (not fused)."""
+        if a_div or y32 is not None:
+            raise ValueError("a_div, y32: moe_sm90a reads its rows in sorted order and stores them (not fused)")
         arrays = self._weight_arrays(w)
         e = w.num_experts
-        shapes = arrays.shapes.clone()
-        shapes[:, 1] = counts
-        ptr_x = offsets * (rows.shape[1] * rows.element_size()) + rows.data_ptr()
-        ptr_y = offsets * (out.shape[1] * out.element_size()) + out.data_ptr()
+        ptrs = torch.empty(4 * e, dtype=torch.int64, device=rows.device)  # ptr_x, ptr_y, then (N, T_e, K) int32
+        ptr_x, ptr_y = ptrs[:e], ptrs[e:2 * e]
+        shapes = ptrs[2 * e:].view(torch.int32)[:3 * e]
+        rc = self.lib.mg_pointers(e, routing.counts.data_ptr(), routing.offsets.data_ptr(), shapes.data_ptr(), w.n, w.k,
+                                  rows.data_ptr(), rows.shape[1] * rows.element_size(), out.data_ptr(),
+                                  out.shape[1] * out.element_size(), ptr_x.data_ptr(), ptr_y.data_ptr(),
+                                  stream or None)
+        if rc:
+            raise MoeSm90aLaunchError(f"{self.config.name}: the problem arrays: {abi.describe(rc)}")
         ws_bytes = self._ws_bytes.get(e)
         if ws_bytes is None:
             ws_bytes = self._ws_bytes[e] = int(self.lib.mg_workspace_bytes(e, self.sms))
