@@ -14,8 +14,8 @@ Prints a line per plan, then a summary table (the best persistent plan per model
 
 Kernels are JIT-built with ``MIXED_GEMM_JIT=block`` (the default here: an async build would time
 the per-expert stand-in): 4 persistent kernels per dtype (w13 / w2 x 8 / 16 rows) plus those the
-profile selects (moe_gemv and moe_sm90a). Under 4 minutes on an H100 with the default arguments,
-builds included (about half of it on a cold kernel cache). To force the plan of ``mg.moe``
+profile selects (moe_gemv and moe_sm90a). Sized to finish in under 4 minutes on an H100 with the
+default arguments, builds included (18-24 plans per case, 7 rounds; not yet timed on the GPU). To force the plan of ``mg.moe``
 itself elsewhere (``mixed-gemm bench --moe``, an end-to-end run): ``MIXED_GEMM_MOE_SCHEDULE=
 moe_gemv:<w13 schedule>,moe_gemv:<w2 schedule>`` (mixed_gemm/ops/moe_grouped.py).
 """
