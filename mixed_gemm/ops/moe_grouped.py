@@ -2,13 +2,23 @@
 expert stacks, chosen once per ``(w13, w2, top_k, T bucket, device)`` (:func:`grouped_plan`: the
 profile's grouped entries measured near this token count, else the first family whose configs, the
 profile's nearest or its heuristic's, run both projections), and the two launches
-(:func:`run_grouped`). :func:`moe_grouped` forces this path (tests, benchmarks)."""
+(:func:`run_grouped`). :func:`moe_grouped` forces this path (tests, benchmarks).
+
+Forcing the kernels of every plan (sweeps, A/B timings, debugging): ``$MIXED_GEMM_MOE_SCHEDULE`` =
+``"family:gate|up schedule,family:down schedule"`` (``moe_gemv:w13_s1_w4x2_u8_m8_pe_split2,
+moe_gemv:w2_s1_w4x2_u8_m16_pe``; the two families may differ), or :func:`forced_schedules` (a context
+manager, ahead of the variable). Either is read when a plan is made, never on the hot path: set the
+variable before the first ``moe`` call or call :func:`clear_plans` after changing it. A forced plan
+runs outside capture at every T (``pays``), and one that cannot run raises ``ValueError`` naming why.
+The schedule is taken as written: its ``_split<S>`` (none: one K slice) holds at every T."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import threading
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -29,12 +39,14 @@ class GroupedPlan:
     (``configs`` = (gate|up, down)), each of a grouped family (``families``; the two may differ: every
     grouped family hands the down projection ``h`` in the same (pair, I) rows), chosen once
     (:func:`grouped_plan`), their launchers loaded on first use. :meth:`pays` says whether to run
-    them outside capture."""
+    them outside capture. ``source``: where the configs came from (``"override"``, ``"profile"``,
+    ``"heuristic"``, ``"profile+heuristic"`` or ``"configs argument"``)."""
 
-    __slots__ = ("families", "configs", "device_index", "_launchers", "_lock")
+    __slots__ = ("families", "configs", "device_index", "source", "_launchers", "_lock")
 
-    def __init__(self, families, configs, device_index: int):
+    def __init__(self, families, configs, device_index: int, source: str = "heuristic"):
         self.families, self.configs, self.device_index = tuple(families), tuple(configs), device_index
+        self.source = source
         self._launchers = None
         self._lock = threading.Lock()
 
@@ -44,7 +56,7 @@ class GroupedPlan:
         return self.families[0]
 
     def pays(self, tokens: int, top_k: int, experts: int) -> bool:
-        return all(f.pays(tokens, top_k, experts) for f in self.families)
+        return self.source == "override" or all(f.pays(tokens, top_k, experts) for f in self.families)
 
     def launchers(self, capturing: bool = False):
         """``(gate|up launcher, down launcher)``, or None while they are not available: with
@@ -73,12 +85,69 @@ class GroupedPlan:
             return self._launchers
 
     def __repr__(self) -> str:
-        return f"GroupedPlan(schedules={[f'{f.name}:{c.schedule}' for f, c in zip(self.families, self.configs)]!r})"
+        return (f"GroupedPlan(schedules={[f'{f.name}:{c.schedule}' for f, c in zip(self.families, self.configs)]!r}, "
+                f"source={self.source!r})")
 
 
 # (w13 signature, w2 signature, top_k, T bucket) -> GroupedPlan, or the reason no grouped family runs it
 GROUPED: Dict[Tuple, Union[GroupedPlan, str]] = {}
 _GROUPED_LOCK = threading.Lock()
+SCHEDULE_ENV = "MIXED_GEMM_MOE_SCHEDULE"
+_FORCED: List[str] = []  # forced_schedules()' stack of "w13,w2" texts (the innermost last)
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (after changing ``$MIXED_GEMM_MOE_SCHEDULE`` or a profile)."""
+    with _GROUPED_LOCK:
+        GROUPED.clear()
+
+
+@contextlib.contextmanager
+def forced_schedules(w13: str, w2: str):
+    """Inside the block every grouped plan runs ``w13`` (gate|up) and ``w2`` (down), each a
+    ``"family:schedule"`` (module docstring), ahead of ``$MIXED_GEMM_MOE_SCHEDULE``; the cached plans
+    are forgotten on entry and on exit. Process-wide (benchmarks, sweeps), not per thread."""
+    _FORCED.append(f"{w13},{w2}")
+    clear_plans()
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+        clear_plans()
+
+
+def _forced_text() -> Tuple[Optional[str], str]:
+    """The forced ``"w13,w2"`` schedules (or None) and who forced them, for messages."""
+    if _FORCED:
+        return _FORCED[-1], "forced_schedules"
+    return os.environ.get(SCHEDULE_ENV) or None, SCHEDULE_ENV
+
+
+def _forced_plan(text: str, where: str, problems, stacked: Optional[str], device_index: int) -> GroupedPlan:
+    """The plan of the forced schedules, or ``ValueError`` naming ``where`` and why it cannot run."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 2:
+        raise ValueError(f"{where}: expected 'family:gate|up schedule,family:down schedule' "
+                         f"(e.g. moe_gemv:w13_s1_w4x2_u8_m8_pe,moe_gemv:w2_s1_w4x2_u8_m8_pe), got {text!r}")
+    configs = []
+    for part, problem in zip(parts, problems):
+        try:
+            config = parse_schedule(part, **problem.kind)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{where}: {part!r}: {exc}") from None
+        fam = family_of(config)
+        if fam not in GROUPED_FAMILIES:
+            raise ValueError(f"{where}: {part!r} is a {fam.name} schedule, not one of a grouped family "
+                             f"({', '.join(f.name for f in GROUPED_FAMILIES)})")
+        ok, why = fam.supports(device_index)
+        if ok:
+            ok, why = fam.can_implement(config, problem)
+        if ok and stacked is not None:
+            ok, why = False, stacked
+        if not ok:
+            raise ValueError(f"{where}={text}: {fam.name} cannot run the {problem.stage} projection here: {why}")
+        configs.append(config)
+    return GroupedPlan([family_of(c) for c in configs], configs, device_index, source="override")
 
 
 def _problems(tokens: int, top_k: int, w13: PackedExperts, w2: PackedExperts):
@@ -99,7 +168,8 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
                  configs=None) -> Union[GroupedPlan, str]:
     """The :class:`GroupedPlan` for ``moe`` on ``x``'s rows (cached per signatures, ``top_k`` and the
     power-of-two bucket of T), or the reason (a str, one clause per grouped family) none runs it.
-    ``configs`` = (gate|up config, down config) forces the kernels (tests, sweeps; not cached)."""
+    ``configs`` = (gate|up config, down config) forces the kernels (tests, sweeps; not cached); else
+    the forced schedules (module docstring), the profile's, the heuristics'."""
     tokens = x.shape[0]
     device_index = x.device.index if x.is_cuda else 0  # (a CPU x: what device 0 would run, for tests)
     key = (w13.signature, w2.signature, top_k, m_bucket(max(1, tokens)), device_index)
@@ -109,9 +179,13 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
     problems = _problems(m_bucket(max(1, tokens)), top_k, w13, w2)
     profile = device_profile(device_index) if x.is_cuda and configs is None else None
     stacked = _stacked_reason(w13, w2)
-    near = None if configs is not None or stacked is not None else _near_profiled(problems, profile, device_index)
-    if near is not None:  # the profile measured both projections near these tokens: its kernels, whichever families
-        plan = GroupedPlan([family_of(c) for c in near], near, device_index)
+    forced, where = _forced_text() if configs is None else (None, "")
+    near = None if configs is not None or stacked is not None or forced else \
+        _near_profiled(problems, profile, device_index)
+    if forced:
+        plan = _forced_plan(forced, where, problems, stacked, device_index)
+    elif near is not None:  # the profile measured both projections near these tokens: its kernels, whichever families
+        plan = GroupedPlan([family_of(c) for c in near], near, device_index, source="profile")
     else:
         plan = _family_plan(GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),), problems,
                             configs, profile, stacked, device_index)
@@ -129,8 +203,9 @@ def _family_plan(families, problems, configs, profile, stacked: Optional[str],
     for fam in families:
         ok, why = fam.supports(device_index)
         if ok:
+            profiled = [None] * len(problems) if configs is not None else [_profiled(fam, p, profile) for p in problems]
             chosen = configs if configs is not None else \
-                [_profiled(fam, p, profile) or fam.heuristic(p, sm_count(device_index)) for p in problems]
+                [c or fam.heuristic(p, sm_count(device_index)) for c, p in zip(profiled, problems)]
             for config, problem in zip(chosen, problems):
                 ok, why = (False, "its heuristic passes") if config is None else fam.can_implement(config, problem)
                 if not ok:
@@ -138,7 +213,9 @@ def _family_plan(families, problems, configs, profile, stacked: Optional[str],
         if ok and stacked is not None:  # after the family's own rules (layout first: the likelier reason)
             ok, why = False, stacked
         if ok:
-            return GroupedPlan((fam, fam), chosen, device_index)
+            kinds = {"heuristic" if c is None else "profile" for c in profiled}
+            source = "configs argument" if configs is not None else "+".join(sorted(kinds, reverse=True))
+            return GroupedPlan((fam, fam), chosen, device_index, source=source)
         reasons.append(f"{fam.name}: {why}")
     return "; ".join(reasons)
 

@@ -11,8 +11,9 @@
 //      T * top_k pairs by expert in shared memory (counts by shared atomics, one block scan that
 //      also numbers the touched experts in expert order, then a scatter). Pairs whose id lies
 //      outside [0, E) (-1: expert parallelism) go to an extra bucket E. The order inside a bucket is
-//      whatever the atomics give: no output depends on it (a pair's row of an mma tile is computed
-//      the same way in any column; split-K and top-k planes are summed in slice and slot order).
+//      whatever the atomics give, and differs between CTAs: no output depends on it (a pair's row of
+//      an mma tile is computed the same way in any column; split-K and top-k planes are summed in
+//      slice and slot order), and no work is split across CTAs by a position in a bucket (4.).
 //   2. Items: (touched expert a, row tile, K slice) for a < the touched count, walked grid-stride
 //      by a grid the host sizes to the resident CTAs (SMs x occupancy, no more than the items the
 //      routing could make): idle experts cost nothing but their (empty) bucket.
@@ -26,8 +27,11 @@
 //        each pair arrives at its (token, row tile) counter, which expects popc(valid slots) *
 //        slices arrivals; the last adds the token's planes in slot order, then slice order, writes
 //        y and resets the counter. top_k == 1 with one slice writes y directly.
-//   4. Bucket E: gate|up writes its pairs' h rows as zeros; down writes a zero y row for a token
-//      none of whose slots is valid (nobody else writes it). Deterministic throughout.
+//   4. When bucket E is not empty: gate|up writes the h rows of the pairs outside [0, E) as zeros;
+//      down writes a zero y row for a token none of whose slots is valid (nobody else writes it).
+//      Both walk pair / token indices grid-stride and test the ids again (L2 hits): a stride over
+//      bucket E's list would hand some pairs to two CTAs and others to none, as each CTA's list has
+//      its own order. Deterministic throughout.
 //
 // Shared memory is dynamic: expert mode's (reduction, staged slices) plus the chunk's rows, then
 // the routing (route_bytes(E, pairs) in kernels/moe_gemv/config.py mirrors RouteWords).
@@ -192,11 +196,13 @@ struct MoeGemvPersistent {
     int const touched = route(a, smem + kSmemBytes, r);
     Chunk const ch = chunk_area(smem);
     raw* const h = static_cast<raw*>(a.y);
-    // Bucket E: h rows of zeros, one pair per CTA in turn.
-    for (int i = r.offsets[a.experts] + blockIdx.x; i < r.offsets[a.experts + 1]; i += gridDim.x) {
-      raw* row = h + (size_t)r.list[i] * inter;
-      for (int c = threadIdx.x; c < inter; c += kThreads) row[c] = raw(0.f);
-    }
+    // Pairs outside [0, E): h rows of zeros, by pair index (module comment, 4).
+    if (r.offsets[a.experts + 1] > r.offsets[a.experts])
+      for (int p = blockIdx.x; p < a.tokens * a.top_k; p += gridDim.x) {
+        if (PairMode::expert_of(a, p) >= 0) continue;  // uniform across the CTA
+        raw* row = h + (size_t)p * inter;
+        for (int c = threadIdx.x; c < inter; c += kThreads) row[c] = raw(0.f);
+      }
     int const per_expert = row_tiles * splits;
 #pragma unroll 1
     for (int item = blockIdx.x; item < touched * per_expert; item += gridDim.x) {
@@ -260,12 +266,12 @@ struct MoeGemvPersistent {
     int const touched = route(a, smem + kSmemBytes, r);
     Chunk const ch = chunk_area(smem);
     raw* const y = static_cast<raw*>(a.y);
-    // Bucket E: a token none of whose slots is valid gets a zero row (its slot 0 is in the bucket).
-    for (int i = r.offsets[a.experts] + blockIdx.x; i < r.offsets[a.experts + 1]; i += gridDim.x) {
-      int const pair = r.list[i], t = pair / top_k;
-      if (pair % top_k != 0 || valid_slots(a, t) != 0u) continue;  // uniform across the CTA
-      for (int c = threadIdx.x; c < hidden; c += kThreads) y[(size_t)t * hidden + c] = raw(0.f);
-    }
+    // A token none of whose slots is valid gets a zero row, by token index (module comment, 4).
+    if (r.offsets[a.experts + 1] > r.offsets[a.experts])
+      for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+        if (valid_slots(a, t) != 0u) continue;  // uniform across the CTA
+        for (int c = threadIdx.x; c < hidden; c += kThreads) y[(size_t)t * hidden + c] = raw(0.f);
+      }
     bool const direct = top_k == 1 && splits == 1;  // pair p is token p and one slice writes it
     int const per_expert = row_tiles * splits;
 #pragma unroll 1

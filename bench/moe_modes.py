@@ -1,0 +1,181 @@
+"""A/B of moe_gemv's persistent mode against what ``mixed_gemm.moe`` selects today, per MoE preset
+and token count: (a) ``mg.moe`` as selected (override -> the GPU's profile -> heuristics), (b) the
+persistent plan the heuristics pick (``heuristics.persistent_config`` with its launch fields, also
+for Mixtral, whose heuristic keeps pair / expert mode), (c) forced persistent plans: 8 and 16 rows
+per pass, each with a few K splits per projection. Each row: µs and the share of the int4 floor
+(the touched experts' codes, scales and zeros once at 3.0 TB/s: ``benchmark.moe.int4_floor_s``).
+Timed as ``mixed-gemm bench --moe`` times (``benchmark.moe._cold_s``: cold L2, CUDA graph replay
+where capturable, every path alternating, median), on random int4 g128 experts and random softmax
+top-k routing. Each forced plan's output is checked against (a)'s first ("!" marks a mismatch).
+Prints a line per plan, then a summary table (the best persistent plan per model and token count).
+
+    MIXED_GEMM_JIT=block python bench/moe_modes.py            # qwen3, deepseek, mixtral at 1,16,64,256
+    MIXED_GEMM_JIT=block python bench/moe_modes.py --models qwen3-30b-a3b --tokens 16 --json out.json
+
+Kernels are JIT-built with ``MIXED_GEMM_JIT=block`` (the default here: an async build would time
+the per-expert stand-in): 4 persistent kernels per dtype (w13 / w2 x 8 / 16 rows) plus those the
+profile selects (moe_gemv and moe_sm90a). Sized to finish in under 4 minutes on an H100 with the
+default arguments, builds included (18-24 plans per case, 7 rounds; not yet timed on the GPU). To force the plan of ``mg.moe``
+itself elsewhere (``mixed-gemm bench --moe``, an end-to-end run): ``MIXED_GEMM_MOE_SCHEDULE=
+moe_gemv:<w13 schedule>,moe_gemv:<w2 schedule>`` (mixed_gemm/ops/moe_grouped.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("MIXED_GEMM_JIT", "block")
+
+import torch  # noqa: E402
+
+from mixed_gemm.benchmark.moe import (MOE_MODELS, _cold_s, int4_floor_s, packed_expert_bytes,  # noqa: E402
+                                      random_routing, touched_experts)
+from mixed_gemm.kernels.base import sm_count  # noqa: E402
+from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig  # noqa: E402
+from mixed_gemm.kernels.moe_gemv.catalog import persistent_shapes_for  # noqa: E402
+from mixed_gemm.kernels.moe_gemv.heuristics import launch_fields, persistent_config  # noqa: E402
+from mixed_gemm.ops import moe, prepack_experts  # noqa: E402
+from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, grouped_plan, moe_grouped  # noqa: E402
+from mixed_gemm.select import m_bucket  # noqa: E402
+
+DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
+SPLITS = (1, 2, 4)  # forced K splits per projection, beside the heuristic's
+
+
+def packed_layer(name: str, dtype: torch.dtype, group: int = 128):
+    """Random int4 g``group`` experts of preset ``name`` (integer zeros), drawn on the GPU (seeded)."""
+    shape = MOE_MODELS[name]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    stacks = []
+    for n, k, gate_up in ((2 * shape.inter, shape.hidden, True), (shape.hidden, shape.inter, False)):
+        q = torch.randint(0, 16, (shape.experts, n, k), generator=gen, dtype=torch.uint8, device="cuda")
+        s = ((torch.rand(shape.experts, n, k // group, generator=gen, device="cuda") + 0.5) * (2 / (16 * k**0.5)))
+        z = torch.randint(0, 16, (shape.experts, n, k // group), generator=gen, device="cuda")
+        stacks.append(prepack_experts(q, s.to(dtype), z.to(dtype), bits=4, group_size=group, dtype=dtype,
+                                      layout="sm90a", gate_up=gate_up))
+        del q, s, z
+    return shape, stacks[0], stacks[1]
+
+
+def schedules(configs) -> str:
+    return " + ".join(f"{c.family}:{c.schedule}" for c in configs)
+
+
+def persistent_plans(problems, sms: int):
+    """``{label: (w13 config, w2 config)}``: the heuristic's persistent plan, then forced ones (8 / 16
+    rows per pass x K splits per projection, each split as the launch geometry makes it)."""
+    plans = {"pe heuristic": tuple(launch_fields(persistent_config(p), p, sms) for p in problems)}
+    for rows in (8, 16):
+        per_stage = []
+        for p, heur in zip(problems, plans["pe heuristic"]):
+            stage, strips, warps, unroll, tokens = persistent_shapes_for(p.bits, p.stage, rows)[0]
+            base = MoeGemvConfig(stage=stage, strips=strips, warps=warps, unroll=unroll, tokens=tokens,
+                                 persistent=True, **p.kind)
+            seen, configs = set(), []
+            for s in sorted(set(SPLITS) | {heur.splits}):
+                c = base.replace(splits=min(s, base.steps(p.k)))
+                c = c.replace(splits=c.launch_geometry(p.n, p.k)[1])  # the slices that actually run
+                if c.splits not in seen and FAMILY.can_implement(c, p)[0]:
+                    seen.add(c.splits)
+                    configs.append(c)
+            per_stage.append(configs)
+        for c13 in per_stage[0]:
+            for c2 in per_stage[1]:
+                plans.setdefault(f"pe m{rows} s{c13.splits}/{c2.splits}", (c13, c2))
+    unique, seen = {}, set()
+    for label, cfgs in plans.items():  # the heuristic's plan is also one of the forced ones: time it once
+        if cfgs not in seen:
+            seen.add(cfgs)
+            unique[label] = cfgs
+    return unique
+
+
+def agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Within a few fp16 roundings of the layer's scale (the plans add in different orders, and
+    moe_sm90a rounds gate and up to fp16 first)."""
+    ref = ref.float()
+    return bool(torch.isfinite(y).all()) and float((y.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max()) + 1e-4
+
+
+def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print):
+    gen = torch.Generator().manual_seed(1000 + t)
+    x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
+    weights, ids = random_routing(t, shape, gen)
+    touched = touched_experts(ids)
+    floor = int4_floor_s(touched, packed_expert_bytes(w13, w2))
+    plan = grouped_plan(x, w13, w2, shape.top_k)
+    selected = f"{schedules(plan.configs)} ({plan.source})" if isinstance(plan, GroupedPlan) else f"per-expert: {plan}"
+    problems = _problems(m_bucket(t), shape.top_k, w13, w2)
+    plans = persistent_plans(problems, sms)
+    ref = moe(x, w13, w2, weights, ids)
+    fns, labels, bad = {"selected": lambda: moe(x, w13, w2, weights, ids)}, {"selected": selected}, set()
+    for label, cfgs in plans.items():
+        try:
+            y = moe_grouped(x, w13, w2, weights, ids, configs=cfgs)  # builds the kernels (blocking) and checks
+        except ValueError as exc:  # a plan these experts' rules refuse: said, not timed
+            log(f"  {label}: {schedules(cfgs)} cannot run: {exc}")
+            continue
+        if not agrees(y, ref):
+            bad.add(label)
+        fns[label] = (lambda c: lambda: moe_grouped(x, w13, w2, weights, ids, configs=c))(cfgs)
+        labels[label] = schedules(cfgs)
+    timed = _cold_s(fns, reps)
+    log(f"{name} T={t}: {touched} touched experts, int4 floor {floor * 1e6:.1f} µs")
+    rows = []
+    for label, (secs, how) in timed.items():
+        row = dict(model=name, tokens=t, plan=label, schedules=labels[label], us=secs * 1e6, how=how,
+                   floor_us=floor * 1e6, of_floor=floor / secs if secs else 0.0, agrees=label not in bad)
+        rows.append(row)
+        log(f"  {label:<16} {row['us']:8.1f} µs ({how[0]}) {100 * row['of_floor']:4.0f}% of floor"
+            f"{'  !' if label in bad else ''}  {labels[label]}")
+    return rows
+
+
+def summary(rows):
+    out = ["| model | tokens | int4 floor µs | selected µs (% floor) | pe heuristic µs (%) | best persistent µs (%) "
+           "| best persistent plan |", "|---|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
+        case = {r["plan"]: r for r in rows if (r["model"], r["tokens"]) == key}
+        pe = [r for r in case.values() if r["plan"] != "selected" and r["agrees"]]
+        best = min(pe, key=lambda r: r["us"]) if pe else None
+        cell = lambda r: f"{r['us']:.1f} ({100 * r['of_floor']:.0f}%)" if r else "-"  # noqa: E731
+        sel, heur = case.get("selected"), case.get("pe heuristic")
+        out.append(f"| {key[0]} | {key[1]} | {sel['floor_us']:.1f} | {cell(sel)} | {cell(heur)} | {cell(best)} | "
+                   f"{best['schedules'] if best else '-'} |")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--tokens", default="1,16,64,256")
+    ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
+    ap.add_argument("--reps", type=int, default=7, help="timing rounds (median)")
+    ap.add_argument("--json", help="write every row here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("moe_modes: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    sms = sm_count(torch.cuda.current_device())
+    start, rows = time.time(), []
+    print(f"{torch.cuda.get_device_name()}, {sms} SMs, MIXED_GEMM_JIT={os.environ['MIXED_GEMM_JIT']}", flush=True)
+    for name in args.models.split(","):
+        shape, w13, w2 = packed_layer(name, dtype)
+        for t in (int(v) for v in args.tokens.split(",")):
+            rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True))
+        del w13, w2
+        torch.cuda.empty_cache()
+    print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager; % of the int4 floor)")
+    print("\n".join(summary(rows)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
