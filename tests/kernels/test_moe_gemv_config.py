@@ -212,6 +212,9 @@ def test_heuristic_picks_catalog_kernels_that_fit(e, top_k, h, inter, bits):
             assert FAMILY.can_implement(c, p) == (True, "")
             row_tiles, splits, _, _ = c.launch_geometry(p.n, p.k)
             outputs = p.n // 2 if stage == "w13" else p.n
+            assert not c.persistent  # off by default: slower where measured (heuristics.py)
+            c = heuristic_config(p, 132, persistent_mode=True)
+            assert c.kernel_name in IDENTITIES and FAMILY.can_implement(c, p) == (True, "")
             assert c.by_expert == (by_expert(p) and not c.persistent)
             assert c.persistent == (e >= 16 and tokens <= 256)  # many small experts: persistent mode
             if c.tiled:  # planes per (pair, slice): gate|up under split-K, down whenever a token has 2+
@@ -424,13 +427,15 @@ def test_persistent_mode_can_implement_says_why():
 
 @pytest.mark.parametrize("e, top_k, h, inter", [(128, 8, 2048, 768), (64, 6, 2048, 1408)])
 def test_many_small_experts_take_persistent_mode_at_1_to_256_tokens(e, top_k, h, inter):
-    """Qwen3-30B-A3B and DeepSeek-V2-Lite shapes: persistent mode at 1..256 tokens for both projections,
-    8-token passes while a touched expert expects at most PERSISTENT_M8_REUSE pairs, K split so the
-    expected items fill 4 CTAs per SM; above 256 tokens the older modes (kept) take over."""
+    """With persistent mode on (off by default), Qwen3-30B-A3B and DeepSeek-V2-Lite shapes: persistent
+    mode at 1..256 tokens for both projections, 8-token passes while a touched expert expects at most
+    PERSISTENT_M8_REUSE pairs, K split so the expected items fill 4 CTAs per SM; above 256 tokens the
+    older modes (kept) take over."""
     for tokens in (1, 3, 16, 64, 256):
         for stage in ("w13", "w2"):
             p = _problem(stage=stage, tokens=tokens, top_k=top_k, experts=e, h=h, inter=inter)
-            c = FAMILY.heuristic(p, 132)
+            assert not FAMILY.heuristic(p, 132).persistent
+            c = heuristic_config(p, 132, persistent_mode=True)
             assert c.persistent and not c.by_expert and c.kernel_name in IDENTITIES, (tokens, stage, c)
             assert c.tokens == (8 if reuse(p) <= PERSISTENT_M8_REUSE else 16)
             row_tiles, splits, _, _ = c.launch_geometry(p.n, p.k)
@@ -440,9 +445,9 @@ def test_many_small_experts_take_persistent_mode_at_1_to_256_tokens(e, top_k, h,
             names = candidate_schedules(p, 132)
             assert c.schedule in names and any("_pe" in n for n in names)
     big = _problem(tokens=512, top_k=top_k, experts=e, h=h, inter=inter)
-    assert not FAMILY.heuristic(big, 132).persistent
+    assert not heuristic_config(big, 132, persistent_mode=True).persistent
     mixtral = _problem(tokens=1, top_k=2, experts=8, h=4096, inter=14336)
-    assert not FAMILY.heuristic(mixtral, 132).persistent  # few large experts: pair mode
+    assert not heuristic_config(mixtral, 132, persistent_mode=True).persistent  # few large experts: pair mode
     assert any("_pe" in n for n in candidate_schedules(mixtral, 132))  # ... but the profiler may try it
 
 

@@ -12,7 +12,8 @@ import torch
 import mixed_gemm as mg
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
-from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, grouped_plan, moe_grouped
+from mixed_gemm.kernels.moe_gemv.heuristics import heuristic_config
+from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, forced_schedules, grouped_plan, moe_grouped
 from test_moe_gemv_gpu import Experts, ref_h, ref_y, routing, run_stages
 from tolerance import assert_elementwise
 from weights import seed_of
@@ -39,7 +40,8 @@ def configs_for(mode, w13, w2, t, top_k):
     zm = w13.packed.zero_mode
     if mode == "heuristic":
         problems = _problems(t, top_k, w13.packed, w2.packed)
-        cfgs = tuple(FAMILY.heuristic(p, torch.cuda.get_device_properties(0).multi_processor_count) for p in problems)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        cfgs = tuple(heuristic_config(p, sms, persistent_mode=True) for p in problems)
         assert all(c.persistent for c in cfgs), cfgs  # many small experts: persistent mode at 1..256 tokens
         return cfgs
     s13, s2 = {"m8_split3": ("w13_s1_w4x2_u8_m8_pe_split3", "w2_s1_w4x2_u8_m8_pe_split2"),
@@ -123,7 +125,7 @@ def test_minus_one_and_ids_outside_contribute_nothing(name, t, mode):
 @pytest.mark.parametrize("t", [1, 16, 64])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_moe_picks_persistent_mode_and_captures_new_routing(name, t):
-    """``moe`` (its plan: persistent mode for these shapes) captured once; each replay finds new
+    """``moe`` (its plan forced to persistent mode) captured once; each replay finds new
     routing, weights and x in the captured tensors -- random, every slot 0 on one expert, a third of
     the pairs -1 with NaN weights, all -1 -- sorted again on the device; the counters the last
     arrivals reset serve the next replay."""
@@ -131,6 +133,13 @@ def test_moe_picks_persistent_mode_and_captures_new_routing(name, t):
     w13, w2 = layer(name)
     x = torch.randn(t, h, device="cuda").half()
     weights, ids = routing(t, top_k, e, seed_of("pe-graph", name, t, 0))
+    s13, s2 = (c.schedule for c in configs_for("heuristic", w13, w2, t, top_k))
+    with forced_schedules(f"moe_gemv:{s13}", f"moe_gemv:{s2}"):
+        _capture_and_replay(name, t, x, w13, w2, weights, ids)
+
+
+def _capture_and_replay(name, t, x, w13, w2, weights, ids):
+    e, top_k, h, inter = SHAPES[name]
     plan = grouped_plan(x, w13.packed, w2.packed, top_k)
     assert isinstance(plan, GroupedPlan) and all(c.persistent for c in plan.configs), plan
     warm = mg.moe(x, w13.packed, w2.packed, weights, ids)  # eager: kernels loaded, workspaces sized

@@ -26,7 +26,9 @@ measured yet: the numbers follow gemv's, docs/notes/moe.md).
   Each touched expert's bytes then cross HBM once at every T, and the K split fills the GPU from
   the expected touched experts alone (Qwen3-30B-A3B and DeepSeek-V2-Lite at 1-256 tokens; Mixtral's
   8 large experts keep pair / expert mode, whose numbers are measured). 8-token passes while the
-  expected pairs per touched expert are at most ``PERSISTENT_M8_REUSE``, 16 above. Unmeasured.
+  expected pairs per touched expert are at most ``PERSISTENT_M8_REUSE``, 16 above. Off by default
+  (``PERSISTENT_BY_DEFAULT``): measured on the H100 it ran 1.1-7x slower than the pair / expert
+  modes at every preset and token count (docs/notes/moe.md); it stays a profile candidate.
 - ``pays``: ``moe`` takes the grouped path outside capture for every decode-size T (at most
   ``EXPERT_MAX_TOKENS`` tokens: expert mode reads each routed expert about once per 16 of its pairs)
   and, above it, while pair mode's re-reads stay few (``T k <= PAIR_REREAD E``); under CUDA-graph
@@ -57,6 +59,7 @@ EXPERT_MAX_TOKENS = 256   # pays(): the grouped path for every T up to this
 EXPERT_ROWS = (("w13", 4, 8), ("w13", None, 16), ("w2", 4, 8), ("w2", None, 16))
 PERSISTENT_MIN_EXPERTS = 16  # persistent mode from this many experts (unmeasured)
 PERSISTENT_M8_REUSE = 4      # 8-token passes up to this many expected pairs per touched expert
+PERSISTENT_BY_DEFAULT = False  # slower than pair / expert mode everywhere measured (module docstring)
 
 
 def pays(tokens: int, top_k: int, experts: int) -> bool:
@@ -138,9 +141,9 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
     return config.replace(splits=splits, slot_loop=slot_loop)
 
 
-def heuristic_config(problem: MoeProblem, sms: int, persistent_mode: bool = True) -> MoeGemvConfig:
-    """The config for ``problem``; ``persistent_mode=False``: the choice among pair and expert mode
-    alone (what ran before persistent mode: the bench times both)."""
+def heuristic_config(problem: MoeProblem, sms: int, persistent_mode: bool = PERSISTENT_BY_DEFAULT) -> MoeGemvConfig:
+    """The config for ``problem``; ``persistent_mode=True``: persistent mode where its rule holds,
+    else the choice among pair and expert mode alone."""
     if persistent_mode and persistent(problem):
         return launch_fields(persistent_config(problem), problem, sms)
     if by_expert(problem):
