@@ -9,7 +9,8 @@
 //   [kArChunkFlagsOffset], [kArChunkCountersOffset]: the same for the GEMM-fused all-reduce, per
 //                       chunk of output columns (allreduce/gemv_allreduce.cuh)
 //   [kArDataOffset]     slots[parity][source rank] slot_bytes each: what source rank pushed here
-//   then                the GEMM-fused all-reduce's slots[parity][source rank], slot_bytes each
+//   then                the GEMM-fused all-reduce's slots[parity][source rank], slot_bytes each,
+//                       token t's output n at t * kArFusedRow + n whatever N (gemv_allreduce.cuh)
 //
 // A call pushes this rank's values into the peers' slots (remote stores travel one way; the
 // reads that follow are local), then meets the peers at a per-block barrier, then reduces from
@@ -54,6 +55,7 @@ constexpr int kArCountersOffset = kArMaxBlocks * kArMaxRanks * 8;   // 4096
 // chunk of kArChunk output columns, and its own two parities of slots after the ones above.
 constexpr int kArChunk = 16;             // output columns per arrival flag: divides every gemv CTA's rows
 constexpr int kArMaxChunks = 1024;       // N <= 16384
+constexpr int kArFusedRow = kArMaxChunks * kArChunk;  // a token's row in a fused slot, for every N
 constexpr int kArChunkFlagsOffset = 8192;                                                   // [chunk][source]
 constexpr int kArChunkCountersOffset = kArChunkFlagsOffset + kArMaxChunks * kArMaxRanks * 8;  // [2][chunk]
 constexpr int kArDataOffset = kArChunkCountersOffset + 2 * kArMaxChunks * 8;  // 90112: slots, 16-byte aligned

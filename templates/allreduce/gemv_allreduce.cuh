@@ -25,7 +25,11 @@
 // Parities: chunk c of call number e uses the fused slots of parity e & 1. A rank writes chunk c
 // of parity p again (number e + 2) only after its launch of number e + 1 completed, whose reducers
 // saw every rank's chunk-c flag of e + 1, so every rank had started e + 1 and finished e (stream
-// order). Separate slots from the one-shot's: their parities follow another sequence.
+// order). Separate slots from the one-shot's: their parities follow another sequence. The argument
+// is per chunk, so a chunk's values must live where no other chunk's ever do: token t's output n
+// sits at t * kArFusedRow + n of a slot, never at t * N + n (with N changing between calls, chunks
+// of different counts, so different parities, would share places, and an early rank could
+// overwrite a place a late rank still reads).
 #pragma once
 
 #include "allreduce/allreduce.cuh"
@@ -35,7 +39,7 @@ namespace mixed_gemm {
 struct GemvAllReduceArgs {
   GemvArgs gemv;              // y: the sum (this rank's partial goes to the slots only)
   void* peers[kArMaxRanks];   // every rank's buffer, by rank
-  long long slot_bytes;       // bytes of one slot, >= m * n * sizeof(element)
+  long long slot_bytes;       // bytes of one slot, >= m * kArFusedRow * sizeof(element)
   int rank;
   int reducers;               // CTAs of the last grid row that reduce (<= gridDim.x)
   unsigned long long timeout_ns;  // a reducer that waits longer traps; 0: wait forever
@@ -102,7 +106,7 @@ struct GemvAllReduce {
       int const token = i / per_row, v = i % per_row;
       uint4 const value = *reinterpret_cast<uint4 const*>(tile + token * kRows + v * kVec);
       int const parity = static_cast<int>(epochs[v * kVec / kArChunk] & 1);
-      long long const at = (static_cast<long long>(token) * p.n + row0) / kVec + v;  // in vectors
+      long long const at = (static_cast<long long>(token) * kArFusedRow + row0) / kVec + v;  // in vectors
 #pragma unroll
       for (int s = 0; s < W; ++s) ar_fused_slot<uint4>(a.peers[s], a.slot_bytes, parity, W, a.rank)[at] = value;
     }
@@ -187,12 +191,12 @@ struct GemvAllReduce {
         int const token = r / kChunkVecs, col = (first + c * stride) * kArChunk + (r % kChunkVecs) * kVec;
         if (col >= p.n) continue;
         int const parity = static_cast<int>(epochs[c] & 1);
-        long long const at = (static_cast<long long>(token) * p.n + col) / kVec;
+        long long const at = (static_cast<long long>(token) * kArFusedRow + col) / kVec;
         ArVector<raw> sum;
         sum.clear();
 #pragma unroll
         for (int s = 0; s < W; ++s) sum.add(ar_load_slot(ar_fused_slot<uint4>(self, a.slot_bytes, parity, W, s) + at));
-        y[at] = sum.rounded();
+        y[(static_cast<long long>(token) * p.n + col) / kVec] = sum.rounded();
       }
       __syncthreads();  // epochs[] is rewritten by the next batch
     }

@@ -46,7 +46,9 @@ def test_the_fused_kernel_is_opt_in_and_falls_back_outside_its_sizes():
         (dict(dtype="f32"), "f32: the gemv kernels take f16 and bf16"),
         (dict(n=H + 4), "N=8196: the fused kernel takes multiples of 8 up to 16384"),
         (dict(n=MAX_CHUNKS * CHUNK + 8), "up to 16384"),
-        (dict(m=32, slot=32 * H), "524288 bytes: above the 262144-byte buffers"),
+        (dict(m=32, slot=32 * H), "M=32: the fused slots hold 16384 outputs per row, 1048576 bytes, above the "
+                                  "262144-byte buffers"),
+        (dict(m=16, n=1024, slot=16 * 2 * 1024), "524288 bytes"),  # a row is 16384 outputs whatever N
         (dict(layout="sm80", m=17), "take 1 to 16 rows"),
         (dict(layout="lowbit", bits=2, m=9), "take 1 to 8 rows"),
     ]
@@ -137,6 +139,8 @@ def test_can_implement():
 def test_reducers_take_at_most_half_the_sms():
     assert reducers_for(64, 132) == 64 and reducers_for(128, 132) == 66 and reducers_for(512, 58) == 29
     assert reducers_for(1, 132) == 1 and reducers_for(8, 1) == 1
+    # ranks sharing one GPU (emulated) share its half: 2 x 33, 5 x 13 of 132 SMs
+    assert reducers_for(512, 132, 2) == 33 and reducers_for(512, 132, 5) == 13 and reducers_for(8, 4, 4) == 1
 
 
 @pytest.mark.nvcc

@@ -6,6 +6,12 @@ float32 reference; split K, several gemv configs per rank (ranks pair by chunks,
 bias and residual on rank 0, N not a multiple of a CTA's rows, bf16, 2..5 ranks, a late rank,
 the chunk counters and parities over calls of changing N and M, and CUDA-graph replays between
 eager calls. NVLink ordering needs two GPUs: test_tp_allreduce_gpu.py.
+
+The emulation's own rule: every rank's kernel, argument block and workspace are made before any
+rank launches (GemvAllReduceLauncher.prepare). Loading a module or allocating synchronizes the
+device, and once one rank's kernel runs that waits for its reducers, which wait for the ranks not
+launched yet: a hang until the timeout traps. A short timeout makes such a hang fail fast.
+
 Run: python -m pytest -m gpu tests/integrations/test_tp_gemm_allreduce_emulated_gpu.py
 """
 from types import SimpleNamespace
@@ -16,13 +22,13 @@ import torch
 import mixed_gemm as mg
 from mixed_gemm.kernels.allreduce import FAMILY as AR, AllReduceConfig, buffer_bytes
 from mixed_gemm.kernels.allreduce.gemv import FAMILY, GemvAllReduceConfig
-from mixed_gemm.kernels.base import sm_count
 from mixed_gemm.kernels.gemv.config import GemvConfig
 from mixed_gemm.reference import dequantize
 
 pytestmark = [pytest.mark.gpu]
 
 SLOT = 2 << 20
+TIMEOUT_NS = 10 * 10**9  # a waiting kernel traps after this: a hang fails in seconds
 G = 128
 BITS16 = {torch.float16: torch.int16, torch.bfloat16: torch.int16}
 DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -48,26 +54,29 @@ class Ranks:
         self.bufs = [torch.zeros(buffer_bytes(world, SLOT), dtype=torch.uint8, device=self.device) for _ in range(world)]
         self.streams = [torch.cuda.Stream(self.device) for _ in range(world)]
         peers = [b.data_ptr() for b in self.bufs]
-        self.comms = [SimpleNamespace(peers=peers, rank=r, slot_bytes=SLOT, timeout_ns=60 * 10**9) for r in range(world)]
+        self.comms = [SimpleNamespace(peers=peers, rank=r, slot_bytes=SLOT, timeout_ns=TIMEOUT_NS)
+                      for r in range(world)]
         self._launchers, self._one_shot = {}, {}
+        torch.cuda._sleep(1)  # loads the late ranks' sleep kernel now, not between two ranks' launches
 
     def launcher(self, gemv: GemvConfig):
-        key = gemv.kernel
-        if key not in self._launchers:
-            self._launchers[key] = FAMILY.launcher(GemvAllReduceConfig(gemv, self.world), self.device.index)
-        return self._launchers[key]
+        """The launcher of ``gemv`` as given: keyed by the whole config, splits included (a
+        launcher runs its config's splits; configs of one kernel differ in them)."""
+        if gemv not in self._launchers:
+            self._launchers[gemv] = FAMILY.launcher(GemvAllReduceConfig(gemv, self.world), self.device.index)
+        return self._launchers[gemv]
 
     def fused(self, configs, xs, ws, ys, extras=None, sleep=None):
-        """One fused call: rank r runs ``configs[r]`` on its stream. The emulated ranks share one
-        GPU, so their reducers together stay below half the SMs (each rank's own cap is that)."""
-        for r in range(self.world):
-            launcher = self.launcher(configs[r])
+        """One fused call: rank r runs ``configs[r]`` on its stream. Every rank is prepared before
+        any launches (see the module docstring); the emulated ranks share one GPU, so each rank's
+        reducers take 1/world of the usual share (all of them together: half the SMs)."""
+        launchers = [self.launcher(c) for c in configs]
+        for r, launcher in enumerate(launchers):
+            launcher.prepare(ws[r], xs[r].numel() // ws[r].k, self.streams[r].cuda_stream, self.comms[r], self.world)
+        for r, launcher in enumerate(launchers):
             with torch.cuda.stream(self.streams[r]):
                 if sleep and sleep[r]:
                     torch.cuda._sleep(sleep[r])
-                key = (ws[r].parts["sm90a"].key, self.comms[r].peers[r])
-                blk = launcher._blocks.get(key) or launcher._block(ws[r], self.comms[r])
-                blk[0].reducers = max(1, min(blk[0].reducers, sm_count(self.device.index) // (2 * self.world)))
                 extra = (extras or [{}] * self.world)[r]
                 launcher(xs[r], ws[r], extra.get("bias"), ys[r], xs[r].numel() // ws[r].k,
                          self.streams[r].cuda_stream, extra.get("residual"), self.comms[r])
@@ -82,7 +91,7 @@ class Ranks:
                 args, argv = launcher.block()
                 for i, b in enumerate(self.bufs):
                     args.peers[i] = b.data_ptr()
-                args.rank, args.slot_bytes, args.timeout_ns = r, SLOT, 60 * 10**9
+                args.rank, args.slot_bytes, args.timeout_ns = r, SLOT, TIMEOUT_NS
                 blocks.append((args, argv))
             self._one_shot[name] = (launcher, blocks)
         launcher, blocks = self._one_shot[name]
@@ -200,6 +209,9 @@ def test_cuda_graph_replays_with_eager_calls_between():
         ranks.fused(cfg, xs, ws, ys, extras)
     ranks.join()
     torch.cuda.synchronize()
+    # The two graphs replay at once and share the device's graph workspace: safe here because at
+    # most one rank's kernel of a call splits K, and a rank's call ends only after every rank's
+    # producers of that call published (which is after their split-K work).
     graphs = []
     for r in range(world):  # one graph per emulated rank, captured on its own stream
         g = torch.cuda.CUDAGraph()

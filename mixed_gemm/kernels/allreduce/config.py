@@ -27,6 +27,7 @@ COUNTERS_OFFSET = MAX_BLOCKS * MAX_RANKS * 8  # kArCountersOffset (64-bit flags:
 # (templates/allreduce/gemv_allreduce.cuh).
 CHUNK = 16              # kArChunk: a gemv strip, so it divides every gemv CTA's rows
 MAX_CHUNKS = 1024       # kArMaxChunks: N <= 16384
+FUSED_ROW = MAX_CHUNKS * CHUNK  # kArFusedRow: a token's row in a fused slot, whatever N
 CHUNK_FLAGS_OFFSET = 8192                                         # kArChunkFlagsOffset
 CHUNK_COUNTERS_OFFSET = CHUNK_FLAGS_OFFSET + MAX_CHUNKS * MAX_RANKS * 8  # kArChunkCountersOffset
 DATA_OFFSET = CHUNK_COUNTERS_OFFSET + 2 * MAX_CHUNKS * 8          # kArDataOffset: 90112, the header's end
@@ -39,6 +40,7 @@ def constant_checks() -> List[Tuple[str, int]]:
     return [("mixed_gemm::kArMaxRanks", MAX_RANKS), ("mixed_gemm::kArMaxBlocks", MAX_BLOCKS),
             ("mixed_gemm::kArFlagsOffset", FLAGS_OFFSET), ("mixed_gemm::kArCountersOffset", COUNTERS_OFFSET),
             ("mixed_gemm::kArChunk", CHUNK), ("mixed_gemm::kArMaxChunks", MAX_CHUNKS),
+            ("mixed_gemm::kArFusedRow", FUSED_ROW),
             ("mixed_gemm::kArChunkFlagsOffset", CHUNK_FLAGS_OFFSET),
             ("mixed_gemm::kArChunkCountersOffset", CHUNK_COUNTERS_OFFSET),
             ("mixed_gemm::kArDataOffset", DATA_OFFSET), ("mixed_gemm::kArVectorBytes", VECTOR_BYTES)]

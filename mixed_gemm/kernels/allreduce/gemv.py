@@ -132,10 +132,12 @@ class GemvAllReduceFamily(Family):
         return GemvAllReduceLauncher(config, self.build_spec(config), device_index)
 
 
-def reducers_for(row_tiles: int, sms: int) -> int:
+def reducers_for(row_tiles: int, sms: int, ranks_per_gpu: int = 1) -> int:
     """CTAs of the reducing grid row: at most one per two SMs, so the waiting reducers never take
-    every CTA slot from the producers they wait for (each reducer loops over its chunks)."""
-    return max(1, min(row_tiles, sms // 2))
+    every CTA slot from the producers they wait for (each reducer loops over its chunks); where
+    ``ranks_per_gpu`` ranks share one GPU (emulated ranks), that share of it, so all of their
+    waiting reducers together still leave half the SMs to every rank's producers."""
+    return max(1, min(row_tiles, sms // (2 * ranks_per_gpu)))
 
 
 class GemvAllReduceLauncher:
@@ -162,15 +164,28 @@ class GemvAllReduceLauncher:
         self._blocks[(w.parts[self.config.gemv.layout].key, comm.peers[comm.rank])] = blk
         return blk
 
-    def __call__(self, x, w, bias, y, m: int, stream: int, residual, comm) -> None:
+    def _resources(self, w, m: int, stream: int, comm):
         blk = self._blocks.get((w.parts[self.config.gemv.layout].key, comm.peers[comm.rank]))
         if blk is None:
             blk = self._block(w, comm)
-        a, argv, grid, splits, smem = blk
         ws = cnt = 0
-        if splits > 1:
-            ws = workspace(self.device_index, stream, splits * m * w.n)
-            cnt = semaphores(self.device_index, stream, grid[0])
+        if blk[3] > 1:  # split K
+            ws = workspace(self.device_index, stream, blk[3] * m * w.n)
+            cnt = semaphores(self.device_index, stream, blk[2][0])
+        return blk, ws, cnt
+
+    def prepare(self, w, m: int, stream: int, comm, ranks_per_gpu: int = 1) -> None:
+        """Make what a call of ``w`` at ``m`` rows on ``stream`` over ``comm`` needs (the argument
+        block, split-K workspace and semaphores), launching nothing. Making them may synchronize
+        the device (allocation, module loading). Ranks that share one GPU (emulated ranks) must
+        prepare every rank before launching any: a synchronization after one rank's launch waits
+        for its reducers, which wait for the ranks not launched yet, forever. ``ranks_per_gpu``:
+        how many ranks share the GPU (:func:`reducers_for`)."""
+        (args, _, grid, _, _), _, _ = self._resources(w, m, stream, comm)
+        args.reducers = reducers_for(grid[0], sm_count(self.device_index), ranks_per_gpu)
+
+    def __call__(self, x, w, bias, y, m: int, stream: int, residual, comm) -> None:
+        (a, argv, grid, splits, smem), ws, cnt = self._resources(w, m, stream, comm)
         fn = self.fn
         with fn.lock:
             g = a.gemv

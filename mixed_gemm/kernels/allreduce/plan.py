@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from .config import CHUNK, MAX_CHUNKS, MAX_RANKS, VECTOR_BYTES
+from .config import CHUNK, FUSED_ROW, MAX_CHUNKS, MAX_RANKS, VECTOR_BYTES
 
 MODES = ("auto", "nccl", "one_shot", "two_shot", "fused")
 NCCL = "nccl"
@@ -84,6 +84,9 @@ def choose_gemm_fused(m: int, n: int, world_size: int, dtype: str, layout: str, 
     vec = VECTOR_BYTES // 2
     if n % vec or n > MAX_CHUNKS * CHUNK:
         return False, f"N={n}: the fused kernel takes multiples of {vec} up to {MAX_CHUNKS * CHUNK}"
-    if 2 * m * n > slot_bytes:
-        return False, f"{2 * m * n} bytes: above the {slot_bytes}-byte buffers (MIXED_GEMM_ALLREDUCE_MAX_BYTES)"
+    # A token's outputs take a fixed row of FUSED_ROW in the fused slots, whatever N (the
+    # per-chunk parities need each chunk's own places: templates/allreduce/gemv_allreduce.cuh).
+    if 2 * m * FUSED_ROW > slot_bytes:
+        return False, (f"M={m}: the fused slots hold {FUSED_ROW} outputs per row, {2 * m * FUSED_ROW} bytes, above "
+                       f"the {slot_bytes}-byte buffers (MIXED_GEMM_ALLREDUCE_MAX_BYTES)")
     return True, "GEMM fused with the all-reduce (gemv epilogue pushes, last grid row reduces)"
