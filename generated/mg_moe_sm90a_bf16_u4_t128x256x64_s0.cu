@@ -11,10 +11,14 @@
 #include "common/constants.cuh"
 #include "moe_sm90a/grouped_sm90a.cuh"
 #include "common/moe_route.cuh"
+#include "common/moe_sort.cuh"
 
 using G = mixed_gemm::moe_sm90a::GroupedGemm<cutlass::bfloat16_t, cutlass::int4b_t, 128, 256, 64, 0>;
 static_assert(G::kBits == 4, "bits: MoeSm90aConfig and kernel disagree");
 static_assert(G::GemmKernel::MaxThreadsPerBlock == 384, "threads: MoeSm90aConfig and kernel disagree");
+static_assert(sizeof(mixed_gemm::moe_sort::SortArgs) == 88, "SortArgs: Python mirror out of date");
+static_assert(mixed_gemm::moe_sort::kThreads == 512, "sort threads: Python mirror out of date");
+static_assert(mixed_gemm::moe_sort::kMaxExperts == 511, "sort experts: Python mirror out of date");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");
 static_assert(int(mixed_gemm::ZeroMode::kInteger) == 1, "int(mixed_gemm::ZeroMode::kInteger): mixed_gemm/kernels/common.py disagrees");
@@ -39,8 +43,37 @@ mg_moe_sm90a_bf16_u4_t128x256x64_s0(CUTLASS_GRID_CONSTANT G::Params const params
 }
 
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)
-mg_combine(G::MmaType const* o, int64_t const* pos, float const* weights, G::MmaType* y, int hidden, int top_k) {
+mg_combine(G::MmaType const* o, int const* pos, float const* weights, G::MmaType* y, int hidden, int top_k) {
   mixed_gemm::moe_route::combine(o, pos, weights, y, hidden, top_k);
+}
+
+extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
+mg_route_count(mixed_gemm::moe_sort::SortArgs const a) {
+  mixed_gemm::moe_sort::count(a);
+}
+
+extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
+mg_route_scatter(mixed_gemm::moe_sort::SortArgs const a) {
+  mixed_gemm::moe_sort::scatter(a);
+}
+
+extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
+mg_gather(void const* x, int const* order, int div, void* out, int cols) {
+  mixed_gemm::moe_sort::gather_rows(x, order, div, out, cols);
+}
+
+// The per-expert problem sizes (N, T_e, K) and x / y row pointers of one grouped launch, from the
+// sort's counts and offsets (one launch where torch took four).
+extern "C" __global__ void __launch_bounds__(128)
+mg_pointers(int groups, int64_t const* counts, int64_t const* offsets, int* shapes, int n, int k, char const* x,
+            long long x_row, char* y, long long y_row, int64_t* ptr_x, int64_t* ptr_y) {
+  int const e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= groups) return;
+  shapes[3 * e] = n;
+  shapes[3 * e + 1] = int(counts[e]);
+  shapes[3 * e + 2] = k;
+  ptr_x[e] = reinterpret_cast<int64_t>(x + offsets[e] * x_row);
+  ptr_y[e] = reinterpret_cast<int64_t>(y + offsets[e] * y_row);
 }
 #endif  // !MIXED_GEMM_HOST_PASS
 
@@ -50,7 +83,8 @@ extern "C" const unsigned char mg_fatbin[];
 namespace {
 struct Loaded {
   cudaLibrary_t library = nullptr;
-  cudaKernel_t kernel = nullptr, combine = nullptr;
+  cudaKernel_t kernel = nullptr, combine = nullptr, count = nullptr, scatter = nullptr, gather = nullptr,
+               pointers = nullptr;
   cudaError_t error = cudaSuccess;
 };
 Loaded const& loaded() {
@@ -59,6 +93,10 @@ Loaded const& loaded() {
     r.error = cudaLibraryLoadData(&r.library, mg_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.kernel, r.library, "mg_moe_sm90a_bf16_u4_t128x256x64_s0");
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.combine, r.library, "mg_combine");
+    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.count, r.library, "mg_route_count");
+    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.scatter, r.library, "mg_route_scatter");
+    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.gather, r.library, "mg_gather");
+    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.pointers, r.library, "mg_pointers");
     return r;
   }();
   return l;
@@ -81,7 +119,7 @@ extern "C" {
 // tile K, then the bytes of one group's entry in each device array: problem shape, weight layout,
 // x stride, scale stride, y stride].
 int mg_info(long long* out, int count) {
-  long long v[] = {3, (long long)sizeof(G::Params), (long long)G::GemmKernel::SharedStorageSize,
+  long long v[] = {4, (long long)sizeof(G::Params), (long long)G::GemmKernel::SharedStorageSize,
                    (long long)G::GemmKernel::MaxThreadsPerBlock, (long long)G::LibraryMainloop::DispatchPolicy::Stages,
                    G::kBits, 128, 256, 64, (long long)sizeof(G::Shape3), (long long)sizeof(G::LayoutW),
                    (long long)sizeof(G::StrideX), (long long)sizeof(G::StrideS), (long long)sizeof(G::StrideY)};
@@ -135,12 +173,46 @@ int mg_run(int groups, void* shapes, const void* w, const void* layouts_w, const
                                           static_cast<cudaStream_t>(stream));
 }
 
-// After the down GEMM: y[t] = sum_j weights[t, j] o[pos[t k + j]] over the top-k slots in order (pos
-// < 0: nothing), on `stream`.
+// After the down GEMM: y[t] = sum_j weights[t, j] o[pos[t k + j]] over the top-k slots in order (pos,
+// int32, < 0: nothing), on `stream`.
 int mg_combine(const void* o, const void* pos, const void* weights, void* y, long long tokens, int hidden, int top_k,
                void* stream) {
   void* args[] = {&o, &pos, &weights, &y, &hidden, &top_k};
   return route_launch(loaded().combine, tokens, hidden, args, stream);
+}
+
+// The pairs sorted by expert (templates/common/moe_sort.cuh): the count and scatter kernels over
+// `blocks` CTAs with the argument block `args` (a SortArgs), on `stream`.
+int mg_route(const void* args, int blocks, void* stream) {
+  Loaded const& l = loaded();
+  if (l.error != cudaSuccess) return mixed_gemm::sm90a::kErrLoad;
+  void* argv[] = {const_cast<void*>(args)};
+  for (cudaKernel_t k : {l.count, l.scatter}) {
+    cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(k), dim3(unsigned(blocks)),
+                                     dim3(mixed_gemm::moe_sort::kThreads), argv, 0, static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) return mixed_gemm::sm90a::kErrLaunch;
+  }
+  return 0;
+}
+
+// out[r] = x[order[r] / div] for r < rows (cols 16-bit activations a row), on `stream`.
+int mg_gather(const void* x, const void* order, int div, void* out, long long rows, int cols, void* stream) {
+  if (rows <= 0) return 0;
+  constexpr int per_cta = mixed_gemm::moe_sort::kThreads * 8;
+  void* args[] = {&x, &order, &div, &out, &cols};
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(loaded().gather),
+                                   dim3(unsigned(rows), unsigned((cols + per_cta - 1) / per_cta)),
+                                   dim3(mixed_gemm::moe_sort::kThreads), args, 0, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? 0 : mixed_gemm::sm90a::kErrLaunch;
+}
+
+// mg_pointers' device arrays for one launch (see the kernel), on `stream`.
+int mg_pointers(int groups, const void* counts, const void* offsets, void* shapes, int n, int k, const void* x,
+                long long x_row, void* y, long long y_row, void* ptr_x, void* ptr_y, void* stream) {
+  void* args[] = {&groups, &counts, &offsets, &shapes, &n, &k, &x, &x_row, &y, &y_row, &ptr_x, &ptr_y};
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(loaded().pointers), dim3(unsigned((groups + 127) / 128)),
+                                   dim3(128), args, 0, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? 0 : mixed_gemm::sm90a::kErrLaunch;
 }
 
 }  // extern "C"
