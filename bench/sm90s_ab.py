@@ -5,7 +5,10 @@ every sm90s catalog kernel of the weight kind, timed alternately (cold L2, CUDA 
     python bench/sm90s_ab.py [--ms 16,32,64,128,256] [--rounds 3] [--dtype f16] [--group 128]
                              [--decompositions auto] [--models llama3-8b,llama3-70b] [--out FILE]
 
-Kernels are built on first use (JIT; about 15 s each). The current selection is what
+Every kernel the table needs (the sm90s schedules and what the current selection picks) is built
+first, in parallel (``--jobs``, default all cores; sm90s kernels take about 15 s each, sm90a
+ones a minute or more), then timed; a run on a fresh machine spends most of its first minutes
+there. The current selection is what
 ``mg.matmul`` picks with no override (``MIXED_GEMM_SM90S`` unset: sm90s is only taken where a
 profile names it). Prints one row per (shape, M): the fp16 time, the current selection's time and
 speedup, each sm90s schedule's speedup over fp16, and the best sm90s schedule; then the geomean
@@ -19,13 +22,17 @@ import os
 import statistics
 from typing import Dict, List
 
-import torch
+# Time the kernels selection picks, not a stand-in that runs while they compile.
+os.environ.setdefault("MIXED_GEMM_JIT", "block")
 
-import mixed_gemm as mg
-from mixed_gemm.kernels import family
-from mixed_gemm.profiler.problems import MODELS, parse_ints
-from mixed_gemm.profiler.timing import copies_for, time_graph
-from mixed_gemm.profiler.workload import TORCH_DTYPES, packed_bytes, random_weights
+import torch  # noqa: E402
+
+import mixed_gemm as mg  # noqa: E402
+from mixed_gemm.compile import blocking, build_many  # noqa: E402
+from mixed_gemm.kernels import family, family_of  # noqa: E402
+from mixed_gemm.profiler.problems import MODELS, parse_ints  # noqa: E402
+from mixed_gemm.profiler.timing import copies_for, time_graph  # noqa: E402
+from mixed_gemm.profiler.workload import TORCH_DTYPES, packed_bytes, random_weights  # noqa: E402
 
 MAX_ERR = 1e-2  # max |y - ref| / max |ref|: a wrong kernel is reported, not timed
 
@@ -51,6 +58,20 @@ def short(schedule: str) -> str:
     tm, tn, tk = schedule.split("_")[0][1:].split("x")
     parts = schedule.split("_")
     return f"{tn}x{tk}{parts[2]}{'' if parts[-1] == 'auto' else ' ' + parts[-1]}"
+
+
+def prebuild(shapes, ms: List[int], dtype: str, bits: int, group: int, configs, jobs: int) -> None:
+    """Build every kernel the table times, in parallel: the sm90s configs' and the current selection's."""
+    kernels = {c.kernel for c in configs}
+    for _, n, k in shapes:
+        w = random_weights(n, k, bits=bits, group_size=group, dtype=dtype)[0]
+        kernels |= {mg.explain(m, w).config.kernel for m in ms}
+        del w
+    specs = [family_of(c).build_spec(c) for c in kernels]
+    print(f"building {len(specs)} kernels ({jobs} jobs) ...", flush=True)
+    with blocking():
+        build_many([(spec.name, spec.source(), dict(arch_flags=spec.arch_flags, output=spec.output)) for spec in specs],
+                   jobs=jobs, progress=False)
 
 
 def bench_shape(label: str, n: int, k: int, ms: List[int], dtype: str, bits: int, group: int, configs,
@@ -139,6 +160,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128, help="group size (-1: per channel)")
     ap.add_argument("--decompositions", default="auto", help="comma-separated: auto, dp, split<S>")
     ap.add_argument("--models", default="llama3-8b,llama3-70b")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc processes for the builds")
     ap.add_argument("--out", default=None, help="also write the table here")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -149,12 +171,13 @@ def main() -> None:
     configs = sm90s_configs(a.dtype, a.bits, [d.strip() for d in a.decompositions.split(",") if d.strip()])
     print(f"{torch.cuda.get_device_name(0)}; {a.dtype} u{a.bits} g{a.group}; {len(configs)} sm90s schedules; "
           f"{a.rounds} rounds")
+    shapes = [(f"{model.replace('llama3-', '')} {layer} {n}x{k}", n, k) for model in a.models.split(",")
+              for layer, n, k in MODELS[model]]
+    prebuild(shapes, ms, a.dtype, a.bits, a.group, configs, a.jobs)
     print(header(configs), flush=True)
     rows = []
-    for model in a.models.split(","):
-        for layer, n, k in MODELS[model]:
-            label = f"{model.replace('llama3-', '')} {layer} {n}x{k}"
-            rows += bench_shape(label, n, k, ms, a.dtype, a.bits, a.group, configs, a.rounds)
+    for label, n, k in shapes:
+        rows += bench_shape(label, n, k, ms, a.dtype, a.bits, a.group, configs, a.rounds)
     lines = summary(rows, ms, configs)
     print("\n".join(lines))
     if a.out:

@@ -57,6 +57,11 @@ class Sm90sFamily(Family):
     def heuristic(self, problem: Problem, sms: int):
         return heuristic_config(problem, sms) if self._reads(problem) else None
 
+    def packaged(self, capability) -> List[Sm90sConfig]:
+        """The whole catalog on the GPUs it runs on: its heuristic is off by default (see
+        :mod:`.heuristics`), and a package must serve the switch and profiles that name it."""
+        return self.catalog() if self.runs_on(capability)[0] else []
+
     def render(self, config: Sm90sConfig) -> str:
         kernel = config.kernel
         tm, tn, tk = kernel.tile
