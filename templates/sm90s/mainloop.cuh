@@ -283,17 +283,42 @@ struct Mainloop {
       consumers_sync();
       if (!*last_flag) return;
       __threadfence();
+      // The sum in slice order, the same bits whichever slice arrived last.
+      if constexpr (kAcc <= 64) {
+        // This slice's own partial comes from its registers (one read fewer): a second set of
+        // sums fits beside up to 64 accumulators.
+        float sum[kAcc];
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-      for (int sp = 0; sp < p.splits; ++sp) {  // split order, whichever split arrived last
-        float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
+        for (int i = 0; i < kAcc; ++i) sum[i] = 0.f;
+        int const me = blockIdx.x;
+        for (int sp = 0; sp < p.splits; ++sp) {
+          float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
 #pragma unroll
-        for (int q = 0; q < kAcc / 4; ++q) {
-          float4 const v = __ldcg(src + q * kConsumerThreads + ct);
-          acc[4 * q] += v.x;
-          acc[4 * q + 1] += v.y;
-          acc[4 * q + 2] += v.z;
-          acc[4 * q + 3] += v.w;
+          for (int q = 0; q < kAcc / 4; ++q) {
+            float4 const v = sp == me ? make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3])
+                                      : __ldcg(src + q * kConsumerThreads + ct);
+            sum[4 * q] += v.x;
+            sum[4 * q + 1] += v.y;
+            sum[4 * q + 2] += v.z;
+            sum[4 * q + 3] += v.w;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = sum[i];
+      } else {
+        // 128 accumulators leave no room for a second set: every partial is read back.
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+        for (int sp = 0; sp < p.splits; ++sp) {
+          float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
+#pragma unroll
+          for (int q = 0; q < kAcc / 4; ++q) {
+            float4 const v = __ldcg(src + q * kConsumerThreads + ct);
+            acc[4 * q] += v.x;
+            acc[4 * q + 1] += v.y;
+            acc[4 * q + 2] += v.z;
+            acc[4 * q + 3] += v.w;
+          }
         }
       }
     }
