@@ -144,8 +144,10 @@ def summary(rows: List[Dict], ms: List[int], configs) -> List[str]:
                          for c in configs)
         lines.append(f"  M={m:4d}: current {geomean([r['current'] for r in at]):.2f}x | best sm90s "
                      f"{geomean([r['best_speedup'] for r in at if r['best']]):.2f}x | {each}")
-    lines.append("  current schedules: " + ", ".join(sorted({f"{r['label']} m={r['m']}: {r['current_schedule']}"
-                                                            for r in rows})))
+    lines.append("current selection:")
+    for label in dict.fromkeys(r["label"] for r in rows):
+        lines.append(f"  {label}: " + ", ".join(f"m={r['m']} {r['current_schedule']}" for r in rows
+                                                 if r["label"] == label))
     return lines
 
 
