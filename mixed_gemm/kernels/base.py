@@ -162,6 +162,13 @@ class Family:
         """This family's config for ``problem`` when no profile covers it, or None to pass."""
         return None
 
+    def packaged(self, capability: Tuple[int, int]) -> List:
+        """Compiled configs a kernel package for GPUs of ``capability`` holds besides what selection
+        picks there without a user profile: a family whose heuristic is off by default ships its
+        catalog, so that switching it on, or a user profile naming it, finds its kernels without
+        nvcc. Default: none."""
+        return []
+
     def pays(self, tokens: int, top_k: int, experts: int) -> bool:
         """Grouped families (``GROUPED_FAMILIES``): worth running for ``tokens`` x ``top_k`` pairs over
         ``experts`` outside CUDA-graph capture, where ``moe`` has its per-expert path to fall back on?"""

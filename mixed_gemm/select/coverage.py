@@ -7,7 +7,8 @@ every weight kind the kernels serve (fp16/bf16; int4/int8 symmetric, integer zer
 offsets; the low-bit widths; groups 32/64/128 and per-channel), a grid of shapes (the profiled Llama-3 shapes and others around them:
 a borrowed profile entry or a heuristic picks by shape) and every M bucket. Added to that: the
 stand-ins an asynchronous cold call may run while the chosen kernel compiles (every family's
-heuristic pick, and dequantize + cuBLAS for each weight kind and layout).
+heuristic pick, and dequantize + cuBLAS for each weight kind and layout), and what each family
+ships besides (``Family.packaged``: the sm90s catalog, whose heuristic is off by default).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import json
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .._paths import profiles_dir
-from ..kernels import ALL_FAMILIES, GROUPED_FAMILIES, LAYOUTS, Family, Problem, family, layout_on
+from ..kernels import ALL_FAMILIES, FAMILIES, GROUPED_FAMILIES, LAYOUTS, Family, Problem, family, layout_on
 from ..kernels.common import DTYPES, ZERO_MODES
 from .heuristics import heuristic_choice
 from .profiles import Profile
@@ -106,8 +107,9 @@ def selectable_on(device_index: int = 0) -> List[Tuple[Family, object]]:
 def selectable_for(capability: Tuple[int, int], sms: int, profile, shapes=SHAPES,
                    m_buckets=M_BUCKETS, grouped: bool = False) -> List[Tuple[Family, object]]:
     """The kernels selection can pick on a GPU of ``capability`` with ``sms`` SMs and ``profile``
-    (a Profile, None, or a list of profiles: what any of them picks), and with ``grouped`` the
-    grouped families' catalogs (see :func:`selectable`)."""
+    (a Profile, None, or a list of profiles: what any of them picks), what each dense family ships
+    besides (``Family.packaged``), and with ``grouped`` the grouped families' catalogs (see
+    :func:`selectable`)."""
     found: Dict[str, Tuple[Family, object]] = {}
 
     def add(fam: Family, config) -> None:
@@ -129,6 +131,9 @@ def selectable_for(capability: Tuple[int, int], sms: int, profile, shapes=SHAPES
         if picked is not None:
             add(*picked)
         add(dequant, dequant.heuristic(p, sms))
+    for fam in FAMILIES:
+        for config in fam.packaged(capability):
+            add(fam, config)
     for fam in GROUPED_FAMILIES if grouped else ():
         if fam.runs_on(capability)[0]:
             for config in fam.catalog():

@@ -49,9 +49,10 @@ def test_walk_takes_the_first_family_that_wants_and_can(monkeypatch):
     (fam, config), _ = heuristic_choice(Problem(m=4096, **p), 0)
     assert fam.name == "dequant_mm" and config.dtype == "bf16"
     picked, why = heuristic_choice(Problem(m=16, **dict(p, layout="x")), 0)
-    assert picked is None and len(why) == 4 and all("layout" in w for w in why[2:])
-    assert why[1] == "gemv: its heuristic leaves M=16 to other families"
-    assert why[0].startswith("sm90a: needs compute capability 9.0")
+    assert picked is None and len(why) == 5 and all("layout" in w for w in why[3:])
+    assert why[2] == "gemv: its heuristic leaves M=16 to other families"
+    assert why[0].startswith("sm90s: needs compute capability 9.0")
+    assert why[1].startswith("sm90a: needs compute capability 9.0")
 
 
 def _p(m, n, k):

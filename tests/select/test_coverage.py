@@ -20,3 +20,13 @@ def test_a_package_holds_what_every_shipped_profile_of_the_arch_picks():
     picks = {p.path.name: names(coverage.selectable_for((9, 0), 132, p, SHAPES, MS)) for p in profiles}
     assert all(found <= packaged for found in picks.values())
     assert picks["h200.json"] - picks["h100.json"], "the H200 picks nothing of its own here: the test proves nothing"
+
+
+def test_a_sm90a_package_holds_the_sm90s_catalog_and_an_sm80_one_does_not():
+    """sm90s's heuristic is off by default, so selection alone never picks it: the package ships
+    its catalog (Family.packaged) for the switch and for profiles that name it."""
+    from mixed_gemm.kernels import family
+
+    catalog = {c.kernel_name for c in family("sm90s").catalog()}
+    assert catalog <= names(coverage.selectable("sm90a", shapes=SHAPES[:1], m_buckets=(16,)))
+    assert not catalog & names(coverage.selectable("sm80", shapes=SHAPES[:1], m_buckets=(16,)))

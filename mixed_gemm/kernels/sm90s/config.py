@@ -1,0 +1,169 @@
+"""``Sm90sConfig``: the frozen configuration of the sm90s family, its single source of truth.
+
+Name, rendered source, build-cache key and profile key all derive from a config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass
+from typing import Tuple
+
+from ..common import check_weight_kind, hash_once, raise_on
+
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)_(dp|auto|split(\d+))$")
+TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
+TILE_NS = (16, 32, 64, 128, 256)
+TILE_KS = (64, 128)
+THREADS = 384           # one producer warpgroup, two consumer warpgroups
+MAX_STAGES = 12
+AUTO_STAGES = 8         # the deepest ring stages=0 picks
+MAX_SPLITS = 16
+MIN_K_TILES = 2         # k-tiles each split keeps at least (auto)
+# Shared memory one CTA may take (H100: 227 KB opt-in; two CTAs share 228 KB, less 1 KB each).
+SMEM_PER_CTA = {1: 227 * 1024, 2: 228 * 1024 // 2 - 1024}
+BARRIER_BYTES = 256     # Geometry::kBarrierBytes
+ALIGN_SLACK = 1024      # the dynamic shared memory base aligned up to 1024 bytes (x swizzle)
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+@hash_once
+@dataclass(frozen=True)
+class Sm90sConfig:
+    """One launch configuration of the sm90s kernel (templates/sm90s/, the serving-regime mainloop
+    of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
+
+    Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, TN tokens in
+    {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1); x multicast over two row tiles
+    is a later step), ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2
+    only at TN <= 32, where the registers allow it) and ``stages`` (0: as many as fit the shared
+    memory of ``ctas_per_sm`` CTAs, at most 8). At launch: ``decomposition``, ``"dp"`` (one CTA
+    per output tile), ``"split"`` with ``splits`` K slices, or ``"auto"`` (the split factor chosen
+    per shape to fill the SMs, :meth:`launch_splits`); slices are summed in the kernel by the last
+    one to finish, in slice order, with no memset per launch.
+
+    ``zero_mode`` is not compiled in: every mode is the additive zero of the sm90a layout. The
+    schedule (``t128x64x128_c1x1_o1_s0_auto``) is what profiles store (as ``sm90s:<schedule>``).
+    """
+
+    dtype: str = "f16"
+    bits: int = 4
+    zero_mode: str = "int"
+    tile: Tuple[int, int, int] = (128, 64, 128)
+    cluster: Tuple[int, int] = (1, 1)
+    ctas_per_sm: int = 1
+    stages: int = 0
+    decomposition: str = "auto"
+    splits: int = 1
+
+    family = "sm90s"
+
+    def __post_init__(self) -> None:
+        tm, tn, tk = self.tile
+        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
+            (tm == TILE_M, "tile M (weight rows) must be 128: two consumer warpgroups of 64 rows (wgmma m64)"),
+            (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
+            (tk in TILE_KS, f"tile K must be one of {TILE_KS} (64-element swizzle panels of x)"),
+            (self.cluster == (1, 1), "cluster must be (1, 1) (x multicast is not built yet)"),
+            (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
+            (self.ctas_per_sm == 1 or tn <= 32, "two CTAs per SM only at TN <= 32 (registers)"),
+            (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
+            (self.decomposition in ("dp", "auto", "split"), "decomposition must be dp, auto or split"),
+            ((self.decomposition == "split") == (self.splits > 1), "splits > 1 exactly with decomposition 'split'"),
+            (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+        ], f"Sm90sConfig {self.tile}")
+        raise_on([(self.smem_bytes <= SMEM_PER_CTA[self.ctas_per_sm],
+                   f"shared memory {self.smem_bytes} B above {SMEM_PER_CTA[self.ctas_per_sm]} B per CTA at "
+                   f"{self.ctas_per_sm} CTA(s) per SM: fewer stages")], f"Sm90sConfig {self.tile}")
+
+    # ---- shared memory (templates/sm90s/params.cuh, Geometry: the rendered source asserts equality) ----
+    @property
+    def stage_bytes(self) -> int:
+        """One ring stage: x (TN x TK halves), the weight atoms, up to TK/32 scale and zero rows."""
+        _, tn, tk = self.tile
+        return _round_up(tn * tk * 2 + TILE_M * tk * self.bits // 8 + 2 * (tk // 32) * TILE_M * 2, 1024)
+
+    @property
+    def pipeline_stages(self) -> int:
+        """``stages``, or for 0 as many as fit (at most AUTO_STAGES)."""
+        if self.stages:
+            return self.stages
+        fit = (SMEM_PER_CTA[self.ctas_per_sm] - BARRIER_BYTES - ALIGN_SLACK) // self.stage_bytes
+        return max(2, min(AUTO_STAGES, fit))
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.pipeline_stages * self.stage_bytes + BARRIER_BYTES + ALIGN_SLACK
+
+    @property
+    def threads(self) -> int:
+        return THREADS
+
+    # ---- identity ----
+    @functools.cached_property
+    def kernel(self) -> "Sm90sConfig":
+        """The compiled identity: zero mode folded (any), launch-time fields at their defaults."""
+        return dataclasses.replace(self, zero_mode="int", decomposition="auto", splits=1)
+
+    @functools.cached_property
+    def _tile_schedule(self) -> str:
+        tm, tn, tk = self.tile
+        cm, cn = self.cluster
+        return f"t{tm}x{tn}x{tk}_c{cm}x{cn}_o{self.ctas_per_sm}_s{self.stages}"
+
+    @functools.cached_property
+    def kernel_name(self) -> str:
+        return f"mg_sm90s_{self.dtype}_u{self.bits}_{self._tile_schedule}"
+
+    @functools.cached_property
+    def schedule(self) -> str:
+        tail = f"split{self.splits}" if self.decomposition == "split" else self.decomposition
+        return f"{self._tile_schedule}_{tail}"
+
+    @functools.cached_property
+    def name(self) -> str:
+        return f"mg_sm90s_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self.schedule}"
+
+    @classmethod
+    def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "Sm90sConfig":
+        m = _SCHEDULE.match(schedule)
+        if m is None:
+            raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
+                             "t128x<TN>x<TK>_c1x1_o<1|2>_s<stages>_<dp|auto|split<S>>")
+        tm, tn, tk, cm, cn, o, st, tail, sp = m.groups()
+        decomposition = "split" if sp else tail
+        return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
+                   cluster=(int(cm), int(cn)), ctas_per_sm=int(o), stages=int(st), decomposition=decomposition,
+                   splits=int(sp or 1))
+
+    def replace(self, **changes) -> "Sm90sConfig":
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    # ---- launch geometry ----
+    def tiles(self, m: int, n: int) -> int:
+        """Output tiles: weight-row tiles x token tiles."""
+        _, tn, _ = self.tile
+        return -(-n // TILE_M) * -(-m // tn)
+
+    def k_tiles(self, k: int) -> int:
+        return -(-_round_up(k, 16) // self.tile[2])
+
+    def launch_splits(self, m: int, n: int, k: int, sms: int) -> int:
+        """The K slices of a launch (the kernel library drops slices that would get no k-tile).
+        ``"auto"``: as many as keep every CTA in the first wave (``sms x ctas_per_sm`` slots), with
+        at least MIN_K_TILES k-tiles each: 32 tiles of a 4096-row weight run as 4 x 32 CTAs on 132
+        SMs; 112 tiles stay whole (a second slice would start a second wave of small CTAs, whose
+        ring fills and partial sums the wave count does not see)."""
+        if self.decomposition == "dp":
+            return 1
+        if self.decomposition == "split":
+            return self.splits
+        slots = sms * self.ctas_per_sm
+        return max(1, min(slots // self.tiles(m, n), self.k_tiles(k) // MIN_K_TILES, MAX_SPLITS))

@@ -1,0 +1,162 @@
+// The sm90s family's host side: TMA descriptors encoded once per (weight, M) into a cached
+// Params, re-targeted per call, and the launch. Host pass only (kernel.cu.j2); plain CUDA runtime
+// and driver entry points, no CUTLASS host code.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "sm90s/params.cuh"
+
+namespace mixed_gemm {
+namespace sm90s {
+
+// Error codes of the C ABI (mixed_gemm/kernels/sm90s/abi.py mirrors them).
+enum : int { kErrNoDriver = -1, kErrEncodeW = -2, kErrEncodeS = -3, kErrEncodeZ = -4, kErrEncodeX = -5,
+             kErrReplaceX = -6, kErrSetup = -7, kErrLaunch = -8, kErrLoad = -9, kErrShape = -10 };
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, cuuint64_t const*,
+                                   cuuint64_t const*, cuuint32_t const*, cuuint32_t const*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+using ReplaceAddressFn = CUresult (*)(CUtensorMap*, void*);
+
+// Driver entry points through the runtime (no -lcuda link needed).
+template <class Fn>
+inline Fn driver_fn(char const* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    p = nullptr;
+  }
+  return reinterpret_cast<Fn>(p);
+}
+inline EncodeTiledFn encode_fn() {
+  static EncodeTiledFn fn = driver_fn<EncodeTiledFn>("cuTensorMapEncodeTiled");
+  return fn;
+}
+inline ReplaceAddressFn replace_fn() {
+  static ReplaceAddressFn fn = driver_fn<ReplaceAddressFn>("cuTensorMapReplaceAddress");
+  return fn;
+}
+
+// One cached launch: the parameters (descriptors encoded for one weight and M) and the grid.
+struct Slot {
+  alignas(64) Params params;
+  dim3 grid;
+  void const* x = nullptr;  // the address the x descriptor holds
+  int m = -1;
+};
+
+// x (M, K) 16-bit, row-major: box (64, TN), 128-byte swizzle, zero fill beyond K and M.
+template <class Geo>
+int encode_x(Params& p, void const* x, int m, int k) {
+  cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(m)};
+  cuuint64_t strides[1] = {cuuint64_t(k) * 2};
+  cuuint32_t box[2] = {64, cuuint32_t(Geo::kTN)};
+  cuuint32_t unit[2] = {1, 1};
+  CUresult r = encode_fn()(&p.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(x), dims, strides, box, unit,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? 0 : kErrEncodeX;
+}
+
+// Scales or zeros, (groups, N_pad) 16-bit row-major: box (128 rows, the stage's scale rows).
+inline int encode_params(CUtensorMap* map, void const* t, int n_pad, int groups, int rows) {
+  cuuint64_t dims[2] = {cuuint64_t(n_pad), cuuint64_t(groups)};
+  cuuint64_t strides[1] = {cuuint64_t(n_pad) * 2};
+  cuuint32_t box[2] = {cuuint32_t(kTileM), cuuint32_t(rows)};
+  cuuint32_t unit[2] = {1, 1};
+  CUresult r = encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(t), dims, strides, box, unit,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? 0 : 1;
+}
+
+// splits: the K slices asked for (1: none); clamped so that every slice gets a k-tile.
+template <class Geo>
+int init(Slot* slot, void const* w, void const* s, void const* z, void const* x, int m, int n, int n_pad, int k,
+         int group, int groups, int splits) {
+  if (!encode_fn()) return kErrNoDriver;
+  if (m < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1) return kErrShape;
+  constexpr int TK = Geo::kTK;
+  // One group per column: every k-tile reads scale row 0.
+  int const g = groups == 1 ? (1 << 30) : group;
+  if (groups > 1 && !(g % TK == 0 || (TK % g == 0 && g % 32 == 0))) return kErrShape;
+  int const rows = g >= TK ? 1 : TK / g;
+  int kb_shift = 0;
+  while ((16 << kb_shift) < (g < TK ? g : TK)) ++kb_shift;
+
+  Params& p = slot->params;
+  std::memset(&p, 0, sizeof(Params));
+  int const k16 = (k + 15) / 16 * 16;
+  {
+    cuuint64_t dims[3] = {cuuint64_t(Geo::kAtomWords), cuuint64_t(n_pad / kAtomRows), cuuint64_t(k16 / 16)};
+    cuuint64_t strides[2] = {cuuint64_t(Geo::kAtomBytes), cuuint64_t(n_pad / kAtomRows) * Geo::kAtomBytes};
+    cuuint32_t box[3] = {cuuint32_t(Geo::kAtomWords), cuuint32_t(kTileM / kAtomRows), cuuint32_t(Geo::kKBlocks)};
+    cuuint32_t unit[3] = {1, 1, 1};
+    CUresult r = encode_fn()(&p.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<void*>(w), dims, strides, box, unit,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return kErrEncodeW;
+  }
+  if (encode_params(&p.s, s, n_pad, groups, rows)) return kErrEncodeS;
+  if (encode_params(&p.z, z, n_pad, groups, rows)) return kErrEncodeZ;
+  if (int rc = encode_x<Geo>(p, x, m, k)) return rc;
+
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.group = g;
+  p.k_tiles = (k16 + TK - 1) / TK;
+  int const asked = splits < p.k_tiles ? splits : p.k_tiles;
+  p.split_tiles = (p.k_tiles + asked - 1) / asked;
+  p.splits = (p.k_tiles + p.split_tiles - 1) / p.split_tiles;
+  p.kb_shift = kb_shift;
+  p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * kTileM * rows * 2;
+  slot->x = x;
+  slot->grid = dim3(p.splits, (n + kTileM - 1) / kTileM, (m + Geo::kTN - 1) / Geo::kTN);
+  slot->m = m;
+  return 0;
+}
+
+// Split-K scratch of the slot's launch: fp32 partials (0 without split-K) and tile counters.
+template <class Geo>
+long long workspace_floats(Slot const* slot) {
+  if (slot->params.splits < 2) return 0;
+  return (long long)slot->grid.x * slot->grid.y * slot->grid.z * kConsumerThreads * (Geo::kTN / 2);
+}
+inline long long tile_count(Slot const* slot) { return (long long)slot->grid.y * slot->grid.z; }
+
+template <class Geo>
+int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias, void const* residual, void* workspace,
+        void* counters, cudaStream_t stream) {
+  Params& p = slot->params;
+  // The descriptor holds x's address; bias, residual, y and the scratch are plain pointers.
+  if (x != slot->x) {
+    ReplaceAddressFn replace = replace_fn();
+    if (!replace) return kErrNoDriver;
+    if (replace(&p.x, const_cast<void*>(x)) != CUDA_SUCCESS) return kErrReplaceX;
+    slot->x = x;
+  }
+  p.y = y;
+  p.bias = bias;
+  p.residual = residual;
+  p.workspace = static_cast<float*>(workspace);
+  p.counters = static_cast<int*>(counters);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = slot->grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Geo::kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = nullptr;
+  cfg.numAttrs = 0;
+  void* args[] = {&p};
+  // The Params are copied into the launch (a captured graph node owns its copy).
+  return cudaLaunchKernelExC(&cfg, kernel, args) == cudaSuccess ? 0 : kErrLaunch;
+}
+
+}  // namespace sm90s
+}  // namespace mixed_gemm

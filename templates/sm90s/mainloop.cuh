@@ -1,0 +1,353 @@
+// The sm90s kernel: y^T = W x^T with W as wgmma's register operand A (64 weight rows per
+// warpgroup instruction) and the tokens as wgmma N (16..256), for the serving regime. Device side
+// only (the host pass never sees it). Design: docs/notes/serving-mainloop.md.
+//
+// CTA = one producer warpgroup (one thread issues the TMAs of a ring of stages) + two consumer
+// warpgroups; consumer warpgroup c owns weight rows 64c..64c+63 of the CTA's 128, both read the
+// same x stage. Per k-tile a consumer thread loads one 32-bit word (int4; 64-bit for int8) per
+// k16 block from the stage's weight atoms, converts it with lop3 (atoms/sm90a.cuh) straight into
+// its A-fragment registers, applies scale and additive zero with one fma per register pair
+// (loaded once per group, not per k16 block), and issues TK/16 wgmmas. With kDoubleBuffer the
+// next k-tile is converted while this one's wgmmas run: one wgmma wait per k-tile.
+//
+// Split-K: each split writes its fp32 partial to the workspace, and the last split of a tile to
+// arrive (an atomic counter, reset by it) sums all partials in split order (deterministic) and
+// runs the epilogue. No memset per launch: the counters are zero between launches.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "cute/arch/mma_sm90_gmma.hpp"
+
+#include "atoms/sm90a.cuh"
+#include "sm90s/params.cuh"
+
+namespace mixed_gemm {
+namespace sm90s {
+
+// wgmma m64nNk16, A from registers, both operands K-major, fp32 accumulators.
+template <class Element, int N>
+struct RsOp;
+#define MG_SM90S_RS_OP(N)                                                                                     \
+  template <>                                                                                                \
+  struct RsOp<cutlass::half_t, N> {                                                                          \
+    using type = cute::SM90::GMMA::MMA_64x##N##x16_F32F16F16_RS<cute::SM90::GMMA::Major::K,                  \
+                                                               cute::SM90::GMMA::Major::K>;                  \
+  };                                                                                                         \
+  template <>                                                                                                \
+  struct RsOp<cutlass::bfloat16_t, N> {                                                                      \
+    using type = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,                \
+                                                                 cute::SM90::GMMA::Major::K>;                \
+  };
+MG_SM90S_RS_OP(16)
+MG_SM90S_RS_OP(32)
+MG_SM90S_RS_OP(64)
+MG_SM90S_RS_OP(128)
+MG_SM90S_RS_OP(256)
+#undef MG_SM90S_RS_OP
+
+template <class Op, size_t... I>
+__device__ __forceinline__ void wgmma_rs(uint32_t const (&a)[4], uint64_t desc, float (&d)[sizeof...(I)],
+                                         std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], desc, d[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+
+// ---- PTX: shared-memory barriers, TMA ----
+__device__ __forceinline__ uint32_t smem_u32(void const* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
+// L2 policies of the TMA loads: the weight streams once, x is re-read by every row tile.
+constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;
+constexpr uint64_t kEvictLast = 0x14F0000000000000ull;
+
+__device__ __forceinline__ void tma_2d(CUtensorMap const* map, uint64_t* bar, void* dst, int c0, int c1, uint64_t hint) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "l"(hint)
+      : "memory");
+}
+__device__ __forceinline__ void tma_3d(CUtensorMap const* map, uint64_t* bar, void* dst, int c0, int c1, int c2,
+                                       uint64_t hint) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1),
+      "r"(c2), "l"(hint)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory"); }
+
+// wgmma's shared-memory descriptor of a K-major, 128-byte-swizzled B tile (8-row groups 1024
+// bytes apart); a k16 step inside a 64-element panel advances the start address by 32 bytes.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+template <class Element, class Geo>
+struct Mainloop {
+  static constexpr int TN = Geo::kTN;
+  static constexpr int TK = Geo::kTK;
+  static constexpr int KB = Geo::kKBlocks;
+  static constexpr int kAcc = TN / 2;
+  static constexpr int kBits = Geo::kBitsW;
+  static constexpr int kWords = kBits / 4;  // 32-bit words of one lane's atom slice
+  using Op = typename RsOp<Element, TN>::type;
+  using Frag = uint32_t[KB][4];
+
+  // One k-tile's A fragments for this warp's 16 rows: LDS, lop3 conversion, q' s + z'.
+  static __device__ __forceinline__ void convert(char const* stage, Params const& p, int atom_row, int lane,
+                                                 Frag& a) {
+    uint32_t const* w = reinterpret_cast<uint32_t const*>(stage + Geo::kXBytes);
+    uint16_t const* sc = reinterpret_cast<uint16_t const*>(stage + Geo::kXBytes + Geo::kWBytes);
+    uint16_t const* ze = sc + Geo::kMaxScaleRows * kTileM;
+    int const row = kAtomRows * atom_row + (lane >> 2);  // rows g and g + 8 of the warp's 16
+    uint32_t s[2], z[2];
+    int const kpg_mask = (1 << p.kb_shift) - 1;
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+      if ((kb & kpg_mask) == 0) {  // a new scale row: once per group inside the k-tile
+        int const r = (kb >> p.kb_shift) * kTileM + row;
+        s[0] = uint32_t(sc[r]) * 0x10001u;
+        s[1] = uint32_t(sc[r + 8]) * 0x10001u;
+        z[0] = uint32_t(ze[r]) * 0x10001u;
+        z[1] = uint32_t(ze[r + 8]) * 0x10001u;
+      }
+      uint32_t codes[kWords];
+      uint32_t const* src = w + (atom_row + (kTileM / kAtomRows) * kb) * Geo::kAtomWords + lane * kWords;
+      if constexpr (kWords == 1) {
+        codes[0] = *src;
+      } else {
+        uint2 const v = *reinterpret_cast<uint2 const*>(src);
+        codes[0] = v.x;
+        codes[1] = v.y;
+      }
+      AtomConvert<Element, kBits>::run(codes, a[kb]);
+      atom_scale<Element>(a[kb], s, z);
+    }
+  }
+
+  static __device__ __forceinline__ void fence(float (&acc)[kAcc]) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+  }
+
+  static __device__ __forceinline__ void mma(char const* stage, Frag& a, float (&acc)[kAcc]) {
+    uint32_t const x = smem_u32(stage);
+    fence(acc);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+      uint64_t const desc = desc_sw128(x + (kb / 4) * TN * 128 + (kb % 4) * 32);
+      wgmma_rs<Op>(a[kb], desc, acc, std::make_index_sequence<kAcc>{});
+    }
+    cute::warpgroup_commit_batch();
+    fence(acc);
+  }
+
+  static __device__ void run(Params const& p, char* smem_raw) {
+    char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes);
+    uint64_t* empty = full + Geo::kStages;
+    int* last_flag = reinterpret_cast<int*>(empty + Geo::kStages);
+    int const warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < Geo::kStages; ++s) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], kConsumerThreads / 32);  // one arrival per consumer warp
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    int const split = blockIdx.x;
+    int const kt0 = split * p.split_tiles;
+    int const nk = min(p.k_tiles, kt0 + p.split_tiles) - kt0;  // >= 1 (the host drops empty splits)
+    int const row0 = blockIdx.y * kTileM;
+    int const tok0 = blockIdx.z * TN;
+
+    if (warpgroup == 0) {  // producer
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Geo::kProducerRegs));
+      if (threadIdx.x == 0) {
+        prefetch_map(&p.w);
+        prefetch_map(&p.x);
+        prefetch_map(&p.s);
+        prefetch_map(&p.z);
+        for (int i = 0; i < nk; ++i) {
+          int const s = i % Geo::kStages;
+          mbar_wait(&empty[s], ((i / Geo::kStages) & 1) ^ 1);  // a fresh barrier passes parity 1
+          mbar_expect_tx(&full[s], p.stage_tx);
+          char* stage = smem + s * Geo::kStageBytes;
+          int const kt = kt0 + i;
+#pragma unroll
+          for (int panel = 0; panel < Geo::kPanels; ++panel)
+            tma_2d(&p.x, &full[s], stage + panel * TN * 128, kt * TK + 64 * panel, tok0, kEvictLast);
+          tma_3d(&p.w, &full[s], stage + Geo::kXBytes, 0, row0 / kAtomRows, kt * KB, kEvictFirst);
+          int const srow = (kt * TK) / p.group;
+          tma_2d(&p.s, &full[s], stage + Geo::kXBytes + Geo::kWBytes, row0, srow, kEvictFirst);
+          tma_2d(&p.z, &full[s], stage + Geo::kXBytes + Geo::kWBytes + Geo::kSBytes, row0, srow, kEvictFirst);
+        }
+      }
+      return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Geo::kConsumerRegs));
+    int const ct = int(threadIdx.x) - 128;  // 0..255
+    int const cw = warpgroup - 1;
+    int const warp = (ct / 32) % 4;
+    int const lane = ct % 32;
+    int const atom_row = 4 * cw + warp;
+
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+
+    if constexpr (Geo::kDoubleBuffer) {
+      Frag a0, a1;
+      mbar_wait(&full[0], 0);
+      convert(smem, p, atom_row, lane, a0);
+      for (int i = 0; i < nk; i += 2) {
+        step(p, smem, full, empty, i, nk, atom_row, lane, a0, a1, acc);
+        if (i + 1 < nk) step(p, smem, full, empty, i + 1, nk, atom_row, lane, a1, a0, acc);
+      }
+    } else {
+      Frag a;
+      for (int i = 0; i < nk; ++i) {
+        int const s = i % Geo::kStages;
+        char const* stage = smem + s * Geo::kStageBytes;
+        mbar_wait(&full[s], (i / Geo::kStages) & 1);
+        convert(stage, p, atom_row, lane, a);
+        mma(stage, a, acc);
+        cute::warpgroup_wait<0>();
+        fence(acc);
+        if (lane == 0) mbar_arrive(&empty[s]);
+      }
+    }
+
+    epilogue(p, acc, ct, cw, warp, lane, row0, tok0, last_flag);
+  }
+
+  // k-tile i: its wgmmas from `cur`, then (while they run) the next k-tile converted into `next`.
+  static __device__ __forceinline__ void step(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int i,
+                                              int nk, int atom_row, int lane, Frag& cur, Frag& next,
+                                              float (&acc)[kAcc]) {
+    int const s = i % Geo::kStages;
+    mma(smem + s * Geo::kStageBytes, cur, acc);
+    if (i + 1 < nk) {
+      int const s1 = (i + 1) % Geo::kStages;
+      mbar_wait(&full[s1], ((i + 1) / Geo::kStages) & 1);
+      convert(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next);
+    }
+    cute::warpgroup_wait<0>();
+    fence(acc);
+    if (lane == 0) mbar_arrive(&empty[s]);
+  }
+
+  static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], int ct, int cw, int warp,
+                                                  int lane, int row0, int tok0, int* last_flag) {
+    if (p.splits > 1) {
+      int const tile = blockIdx.y + gridDim.y * blockIdx.z;
+      // Partials as [TN/8 float4][256 threads]: each warp's float4 stores cover 512 contiguous bytes.
+      float4* base = reinterpret_cast<float4*>(p.workspace) + size_t(tile) * p.splits * (kConsumerThreads * kAcc / 4);
+      float4* mine = base + size_t(blockIdx.x) * (kConsumerThreads * kAcc / 4);
+#pragma unroll
+      for (int q = 0; q < kAcc / 4; ++q)
+        mine[q * kConsumerThreads + ct] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+      __threadfence();
+      consumers_sync();
+      if (ct == 0) {
+        int const last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
+        if (last) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
+        *last_flag = last;
+      }
+      consumers_sync();
+      if (!*last_flag) return;
+      __threadfence();
+      // The sum in slice order, the same bits whichever slice arrived last.
+      if constexpr (kAcc <= 64) {
+        // This slice's own partial comes from its registers (one read fewer): a second set of
+        // sums fits beside up to 64 accumulators.
+        float sum[kAcc];
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) sum[i] = 0.f;
+        int const me = blockIdx.x;
+        for (int sp = 0; sp < p.splits; ++sp) {
+          float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
+#pragma unroll
+          for (int q = 0; q < kAcc / 4; ++q) {
+            float4 const v = sp == me ? make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3])
+                                      : __ldcg(src + q * kConsumerThreads + ct);
+            sum[4 * q] += v.x;
+            sum[4 * q + 1] += v.y;
+            sum[4 * q + 2] += v.z;
+            sum[4 * q + 3] += v.w;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = sum[i];
+      } else {
+        // 128 accumulators leave no room for a second set: every partial is read back.
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+        for (int sp = 0; sp < p.splits; ++sp) {
+          float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
+#pragma unroll
+          for (int q = 0; q < kAcc / 4; ++q) {
+            float4 const v = __ldcg(src + q * kConsumerThreads + ct);
+            acc[4 * q] += v.x;
+            acc[4 * q + 1] += v.y;
+            acc[4 * q + 2] += v.z;
+            acc[4 * q + 3] += v.w;
+          }
+        }
+      }
+    }
+    using Raw = typename Pair<Element>::raw;
+    Raw const* bias = static_cast<Raw const*>(p.bias);
+    Raw const* residual = static_cast<Raw const*>(p.residual);
+    Raw* y = static_cast<Raw*>(p.y);
+    // Accumulator i of a thread: weight row 16 warp + g + 8 ((i / 2) % 2) of its warpgroup's 64,
+    // token 8 (i / 4) + 2 (lane % 4) + i % 2.
+    int const rbase = row0 + 64 * cw + kAtomRows * warp + (lane >> 2);
+    float bias_v[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int const row = rbase + 8 * h;
+      if (bias != nullptr && row < p.n) bias_v[h] = float(bias[row]);
+    }
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      int const row = rbase + 8 * ((i >> 1) & 1);
+      int const tok = tok0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+      if (row < p.n && tok < p.m) {
+        size_t const at = size_t(tok) * p.n + row;
+        float v = acc[i] + bias_v[(i >> 1) & 1];
+        if (residual != nullptr) v += float(residual[at]);
+        y[at] = Raw(v);
+      }
+    }
+  }
+};
+
+}  // namespace sm90s
+}  // namespace mixed_gemm

@@ -1,0 +1,81 @@
+// The sm90s family's launch parameters and shared-memory geometry, seen by both passes of the build
+// (the device pass's kernel and the host pass's parameter builder, kernel.cu.j2). Design and cycle
+// budget: docs/notes/serving-mainloop.md; the weight layout it reads: mixed_gemm/kernels/sm90a/layout.py.
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>
+
+namespace mixed_gemm {
+namespace sm90s {
+
+constexpr int kTileM = 128;           // weight rows per CTA: 64 per consumer warpgroup
+constexpr int kThreads = 384;         // one producer warpgroup, two consumer warpgroups
+constexpr int kConsumerThreads = 256;
+constexpr int kAtomRows = 16;         // the sm90a layout's 16 x 16 atoms
+constexpr int kMaxStages = 12;
+
+// One stage of the ring holds, each where its reader wants it (no shared-to-shared copies):
+//   x:      TK/64 panels of TN token rows x 128 bytes, TMA 128-byte swizzled (wgmma's K-major B);
+//   w:      TM/16 x TK/16 atoms of the sm90a layout, atom (nb, kb) at byte kAtomBytes (nb + 8 kb);
+//   scales, zeros: up to TK/32 rows of TM values (one per group the k-tile touches, groups >= 32).
+// The x panels come first: each starts 1024-byte aligned, as the swizzle pattern requires.
+template <int kBits, int TN, int TK, int Stages, int CtasPerSm>
+struct Geometry {
+  static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
+  static_assert(TN % 16 == 0 && TN >= 16 && TN <= 256, "TN: wgmma N, a multiple of 16 up to 256");
+  static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
+  static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");
+  static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && TN <= 32), "two CTAs per SM only with TN <= 32 (registers)");
+  static constexpr int kBitsW = kBits;
+  static constexpr int kTN = TN;
+  static constexpr int kTK = TK;
+  static constexpr int kStages = Stages;
+  static constexpr int kCtasPerSm = CtasPerSm;
+  static constexpr int kKBlocks = TK / 16;
+  static constexpr int kPanels = TK / 64;
+  static constexpr int kAtomBytes = 32 * kBits;                    // 16 x 16 codes
+  static constexpr int kAtomWords = kAtomBytes / 4;
+  static constexpr int kXBytes = TN * TK * 2;
+  static constexpr int kWBytes = kTileM * TK * kBits / 8;
+  static constexpr int kMaxScaleRows = TK / 32;
+  static constexpr int kSBytes = kMaxScaleRows * kTileM * 2;
+  static constexpr int kStageBytes = (kXBytes + kWBytes + 2 * kSBytes + 1023) / 1024 * 1024;
+  static constexpr int kBarrierBytes = 256;                        // full[], empty[], the split-K flag
+  static_assert(2 * kMaxStages * 8 + 16 <= kBarrierBytes, "barrier area");
+  // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel aligns it up.
+  static constexpr int kSmemBytes = Stages * kStageBytes + kBarrierBytes + 1024;
+  // setmaxnreg: the producer warpgroup gives registers to the consumers (multiples of 8; per CTA
+  // at most 65536 / CtasPerSm, what __launch_bounds__(384, CtasPerSm) leaves each thread x 384).
+  static constexpr int kLaunchRegs = (65536 / (kThreads * CtasPerSm)) / 8 * 8;
+  static constexpr int kProducerRegs = CtasPerSm == 1 ? 40 : 24;
+  static constexpr int kConsumerRegs = ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumerThreads) / 8 * 8;
+  // The converted A fragments of the next k-tile are built while this one's wgmmas run, except at
+  // TN = 256, where 128 accumulators leave no room for a second set (the other warpgroup overlaps).
+  static constexpr bool kDoubleBuffer = TN <= 128;
+};
+
+// Everything the kernel reads, passed by value (__grid_constant__: the TMA descriptors must live
+// in parameter, constant or global memory). x, y, bias, residual and the split-K scratch change
+// per call: mg_run patches them (the x descriptor with cuTensorMapReplaceAddress).
+struct Params {
+  CUtensorMap w;   // int32 words (8*bits per atom, N_pad/16 atoms, K16/16 columns), box (all, 8, TK/16)
+  CUtensorMap s;   // (G, N_pad) 16-bit, box (128, scale rows)
+  CUtensorMap z;   // the additive zeros z', as s
+  CUtensorMap x;   // (M, K) 16-bit, box (64, TN), 128-byte swizzle
+  void const* bias;
+  void const* residual;
+  void* y;
+  float* workspace;   // split-K partials: tiles x splits x 256 threads x TN/2 floats
+  int* counters;      // one per output tile, zero between launches (the last split resets it)
+  int m, n, k;
+  int group;          // K rows per scale row (1 << 30 for one group per column)
+  int k_tiles;        // TK-tiles covering K
+  int split_tiles;    // k-tiles per split (every split gets at least one)
+  int splits;
+  int kb_shift;       // log2(k16 blocks per scale row inside a k-tile)
+  int stage_tx;       // bytes the TMAs of one stage deliver (boxes are whole, zero-filled out of bounds)
+};
+
+}  // namespace sm90s
+}  // namespace mixed_gemm

@@ -1,0 +1,143 @@
+"""The sm90s family without a GPU: config rules, names and schedules, the shared-memory mirror of
+templates/sm90s/params.cuh, the catalog, can_implement's reasons, the split factor chosen per
+shape, the profiler's candidates, and the heuristic's switch."""
+import pytest
+
+from mixed_gemm.kernels import FAMILIES, Problem, family, parse_schedule, qualified
+from mixed_gemm.kernels.sm90s import FAMILY, SWITCH_ENV, Sm90sConfig
+from mixed_gemm.kernels.sm90s.candidates import candidate_schedules
+from mixed_gemm.kernels.sm90s.catalog import default_catalog
+
+
+def _problem(**kw):
+    base = dict(m=16, n=4096, k=4096, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
+    return Problem(**dict(base, **kw))
+
+
+def test_registered_first_reads_the_sm90a_layout_and_sets_none():
+    assert family("sm90s") is FAMILY and FAMILIES[0] is FAMILY
+    assert FAMILY.layout == "sm90a" and not FAMILY.sets_layout
+    assert FAMILY.arch_flags == ("-gencode=arch=compute_90a,code=sm_90a",) and FAMILY.output == "shared"
+    assert FAMILY.runs_on((9, 0)) == (True, "") and not FAMILY.runs_on((8, 0))[0] and not FAMILY.runs_on((10, 0))[0]
+
+
+def test_names_schedules_and_round_trip():
+    c = Sm90sConfig(dtype="bf16", tile=(128, 64, 128), decomposition="split", splits=4, zero_mode="float")
+    assert c.schedule == "t128x64x128_c1x1_o1_s0_split4"
+    assert c.kernel_name == "mg_sm90s_bf16_u4_t128x64x128_c1x1_o1_s0"
+    assert c.name == "mg_sm90s_bf16_u4_zfloat_t128x64x128_c1x1_o1_s0_split4"
+    assert c.kernel == Sm90sConfig(dtype="bf16", tile=(128, 64, 128))  # zero mode and split folded
+    for sched in ("t128x16x128_c1x1_o2_s0_auto", "t128x256x64_c1x1_o1_s3_dp", "t128x32x128_c1x1_o1_s6_split16"):
+        again = parse_schedule(f"sm90s:{sched}", dtype="f16", bits=8, zero_mode="sym")
+        assert again.schedule == sched and qualified(again) == f"sm90s:{sched}" and again.bits == 8
+    with pytest.raises(ValueError, match="is not an sm90s schedule"):
+        Sm90sConfig.from_schedule("t128x64x128_coop_c1x1_s0_dp")
+
+
+@pytest.mark.parametrize("kw,rule", [
+    (dict(tile=(64, 64, 128)), "tile M"),
+    (dict(tile=(128, 48, 128)), "tile N"),
+    (dict(tile=(128, 64, 32)), "tile K"),
+    (dict(cluster=(2, 1)), "cluster"),
+    (dict(tile=(128, 64, 128), ctas_per_sm=2), "two CTAs per SM only at TN <= 32"),
+    (dict(stages=1), "stages"),
+    (dict(decomposition="split"), "splits > 1 exactly"),
+    (dict(decomposition="dp", splits=2), "splits > 1 exactly"),
+    (dict(decomposition="split", splits=17), "splits must be in"),
+    (dict(decomposition="sk"), "decomposition"),
+    (dict(bits=3), "bits"),
+    (dict(tile=(128, 256, 128), stages=4), "shared memory"),
+    (dict(tile=(128, 16, 128), ctas_per_sm=2, stages=8), "shared memory"),
+])
+def test_rules_name_what_is_wrong(kw, rule):
+    with pytest.raises(ValueError, match=rule):
+        Sm90sConfig(**kw)
+
+
+@pytest.mark.parametrize("tile,ctas,stages", [((128, 16, 128), 1, 8), ((128, 16, 128), 2, 7),
+                                               ((128, 64, 128), 1, 8), ((128, 128, 128), 1, 5),
+                                               ((128, 256, 128), 1, 3), ((128, 256, 64), 1, 6)])
+def test_auto_stages_fill_the_shared_memory(tile, ctas, stages):
+    c = Sm90sConfig(tile=tile, ctas_per_sm=ctas)
+    assert c.pipeline_stages == stages
+    assert c.smem_bytes <= {1: 227 * 1024, 2: 113 * 1024}[ctas]
+    assert c.replace(stages=stages).smem_bytes == c.smem_bytes
+    src = FAMILY.render(c)  # the kernel static_asserts the same number
+    assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src
+    assert f"Geometry<4, {tile[1]}, {tile[2]}, {stages}, {ctas}>" in src
+
+
+def test_catalog_covers_the_token_tiles_of_both_dtypes():
+    cat = default_catalog()
+    assert len({c.kernel_name for c in cat}) == len(cat)
+    for dtype in ("f16", "bf16"):
+        tns = {c.tile[1] for c in cat if c.dtype == dtype and c.bits == 4}
+        assert tns == {16, 32, 64, 128, 256}
+        assert any(c.dtype == dtype and c.bits == 8 for c in cat)
+    assert all(c == c.kernel and c.decomposition == "auto" for c in cat)
+
+
+@pytest.mark.parametrize("g,k,ok", [(32, 4096, True), (64, 4096, True), (128, 4096, True), (256, 4096, True),
+                                    (4096, 4096, True), (4000, 4000, True), (16, 4096, False), (96, 4032, False)])
+def test_can_implement_group_sizes(g, k, ok):
+    c = Sm90sConfig(tile=(128, 16, 128))
+    got, why = FAMILY.can_implement(c, _problem(group_size=g, k=k))
+    assert got is ok
+    assert ok or f"group size {g}" in why
+
+
+def test_can_implement_reasons():
+    c = Sm90sConfig(tile=(128, 64, 128))
+    ok, why = FAMILY.can_implement(c, _problem(k=4100, group_size=4100))
+    assert not ok and "K=4100 is not a multiple of 8" in why
+    ok, why = FAMILY.can_implement(c, _problem(layout="sm80"))
+    assert not ok and "'sm90a' weight layout" in why
+    ok, why = FAMILY.can_implement(c, _problem(dtype="bf16"))
+    assert not ok and "bf16" in why
+    # Any N and any M: rows are stored with bounds checks, M > TN loops token tiles.
+    assert FAMILY.can_implement(c, _problem(n=4100, m=1000)) == (True, "")
+    assert FAMILY.can_implement(c, _problem(layout="sm80+sm90a")) == (True, "")
+
+
+def test_auto_splits_fill_the_sms():
+    c = Sm90sConfig(tile=(128, 16, 128))
+    assert c.launch_splits(16, 4096, 4096, 132) == 4        # 32 tiles -> 128 CTAs
+    assert c.launch_splits(16, 14336, 4096, 132) == 1       # 112 tiles: a second slice is a second wave
+    assert c.launch_splits(16, 4096, 14336, 132) == 4
+    assert c.launch_splits(16, 57344, 8192, 132) == 1
+    assert c.launch_splits(16, 1024, 256, 132) == 1         # 2 k-tiles: nothing to split
+    two = Sm90sConfig(tile=(128, 16, 128), ctas_per_sm=2)
+    assert two.launch_splits(16, 14336, 4096, 132) == 2     # 112 tiles on 264 slots
+    assert c.replace(decomposition="dp").launch_splits(16, 4096, 4096, 132) == 1
+    assert c.replace(decomposition="split", splits=3).launch_splits(16, 4096, 4096, 132) == 3
+    for n in (1024, 4096, 6144, 14336, 28672):
+        s = c.launch_splits(64, n, 8192, 132)
+        assert 1 <= s <= 16 and c.k_tiles(8192) // s >= 2
+
+
+def test_candidates_parse_and_fit_m():
+    assert candidate_schedules(8, 4096, 4096, 132) == [] and candidate_schedules(600, 4096, 4096, 132) == []
+    for m in (9, 16, 33, 64, 100, 256, 512):
+        scheds = FAMILY.candidates(_problem(m=m), 132)
+        assert scheds
+        tns = {Sm90sConfig.from_schedule(s).tile[1] for s in scheds}
+        assert max(tns) >= min(m, 256) and len(tns) <= 2
+        for s in scheds:
+            config = Sm90sConfig.from_schedule(s)
+            assert config.kernel in default_catalog()
+    assert any(s.endswith("_dp") for s in candidate_schedules(64, 57344, 8192, 132))
+
+
+def test_heuristic_passes_unless_switched_on(monkeypatch):
+    monkeypatch.delenv(SWITCH_ENV, raising=False)
+    for m in (1, 16, 64, 256, 1024):
+        assert FAMILY.heuristic(_problem(m=m), 132) is None
+    monkeypatch.setenv(SWITCH_ENV, "1")
+    assert FAMILY.heuristic(_problem(m=8), 132) is None and FAMILY.heuristic(_problem(m=257), 132) is None
+    for m, tn in ((9, 16), (16, 16), (17, 32), (64, 64), (65, 128), (256, 256)):
+        c = FAMILY.heuristic(_problem(m=m, dtype="bf16", zero_mode="offset"), 132)
+        assert c.tile[1] == tn and c.dtype == "bf16" and c.zero_mode == "offset" and c.kernel in default_catalog()
+        assert FAMILY.can_implement(c, _problem(m=m, dtype="bf16", zero_mode="offset"))[0]
+    for m in (9, 64, 256):
+        c = FAMILY.heuristic(_problem(m=m, bits=8), 132)
+        assert c.bits == 8 and c.kernel in default_catalog()

@@ -1,0 +1,156 @@
+"""The sm90s family on an sm_90 GPU: every catalog kernel against the float32 reference
+(element-wise, fresh seeded inputs, NaN-poisoned outputs) at M in {9, 16, 33, 64, 128, 256} on
+model shapes; group sizes, zero modes, ragged shapes, decompositions, bias and residual on small
+ones; split-K determinism, tile counters left at zero, and CUDA-graph replay.
+
+    python -m pytest -m gpu tests/kernels/test_sm90s_gpu.py
+"""
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mixed_gemm as mg
+from mixed_gemm.kernels import base, sm90s
+from mixed_gemm.kernels.sm90s.config import Sm90sConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))  # weights.py: rel_err, seed_of
+from weights import deterministic_and_replayable, rel_err, seed_of  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or base.compute_capability(0) != (9, 0),
+                                 reason="the sm90s family runs on compute capability 9.0 only")]
+
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+CATALOG = sm90s.FAMILY.catalog()
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
+MS = (9, 16, 33, 64, 128, 256)
+
+
+def make_case(bits, zero, group, n, k, seed):
+    """Random canonical weight of a zero kind, and the (format, zero_mode) that carries it."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = 1 if group == -1 else k // group
+    q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
+    s = (torch.rand(n, groups, generator=gen) + 0.5) * (2.0 / (2**bits * k**0.5))
+    if zero == "sym":
+        return q, s, None, "gptq", "int"
+    if zero == "int":
+        return q, s, torch.randint(0, 2**bits, (n, groups), generator=gen).float(), "plain", "int"
+    if zero == "float":  # HQQ: fractional zero points
+        return q, s, torch.rand(n, groups, generator=gen) * (2**bits - 1), "plain", "float"
+    return q, s, -(torch.rand(n, groups, generator=gen) * 2**bits) * s, "plain", "offset"  # w = q s + m
+
+
+@functools.lru_cache(maxsize=None)
+def weight(dtype, bits, zero, group, n, k):
+    """(PackedWeight on the GPU, reference closure) for one weight; cached across the M sweep."""
+    q, s, z, fmt, zm = make_case(bits, zero, group, n, k, seed_of("w", dtype, bits, zero, group, n, k))
+    td = DTYPES[dtype]
+    s_t, z_t = s.to(td), None if z is None else z.to(td)
+    packed = mg.pack(q, s_t, z_t, format=fmt, bits=bits, group_size=group, zero_mode=zm)
+    w = mg.prepack(*(None if t is None else t.cuda() for t in packed), format=fmt, bits=bits, group_size=group,
+                   zero_mode=zm, dtype=td)
+    assert w.layout == "sm90a"  # the H100's one copy: the layout sm90s reads
+    qc, sc, zc = q.cuda(), s_t.cuda(), None if z_t is None else z_t.cuda()
+    ref_mode = "offset" if zero == "offset" else "int"
+
+    def ref(x, bias=None):
+        return mg.reference.matmul(x, qc, sc, zc, group_size=group, bits=bits, bias=bias, zero_mode=ref_mode)
+
+    return w, ref
+
+
+def run_case(config, dtype, bits, zero, group, m, n, k, bias=False, residual=False):
+    w, ref = weight(dtype, bits, zero, group, n, k)
+    td = DTYPES[dtype]
+    gen = torch.Generator(device="cuda").manual_seed(seed_of(config.schedule, dtype, bits, zero, group, m, n, k))
+    x = torch.randn(m, k, device="cuda", generator=gen).to(td)
+    b = torch.randn(n, device="cuda", generator=gen).to(td) if bias else None
+    r = torch.randn(m, n, device="cuda", generator=gen).to(td) if residual else None
+    cfg = config.replace(zero_mode=w.zero_mode)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=td)
+    mg.matmul(x, w, bias=b, config=cfg, out=out, residual=r)
+    want = ref(x, b)
+    if r is not None:
+        want = want + r.float()
+    torch.cuda.synchronize()
+    return out, want
+
+
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("n,k", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("config", CATALOG, ids=lambda c: c.kernel_name)
+def test_every_catalog_kernel_on_model_shapes(config, n, k, m):
+    """Each kernel at its default decomposition (the split factor chosen per shape); M beyond the
+    token tile loops token tiles."""
+    out, want = run_case(config, config.dtype, config.bits, "int", 128, m, n, k)
+    assert rel_err(out, want, k) <= (2e-3 if config.dtype == "f16" else 1e-2)
+
+
+def _small_cases():
+    cases = []
+    tiles = [c for c in CATALOG if c.dtype == "f16" and c.bits == 4]
+    # (zero, group, N, K): N not a multiple of 16 or of the 128-row tile; K ending in a partial
+    # k-tile (a partial group of k16 blocks, and for per-channel a partial k16 block).
+    kinds = [("sym", 128, 200, 1152), ("int", 32, 1048, 800), ("float", 64, 4100, 832), ("offset", -1, 136, 776),
+             ("int", 256, 520, 1280)]
+    decomps = [dict(decomposition="dp"), dict(decomposition="auto"), dict(decomposition="split", splits=3),
+               dict(decomposition="split", splits=7)]
+    i = 0
+    for c in tiles:
+        for zero, group, n, k in kinds:
+            d = decomps[i % len(decomps)]
+            m = (7, 16, 77)[i % 3]
+            tail = d["decomposition"] + (str(d["splits"]) if "splits" in d else "")
+            cases.append(pytest.param(c.replace(**d), zero, group, n, k, m,
+                                      id=f"{c.kernel_name}-{tail}-{zero}-g{group}-m{m}n{n}k{k}"))
+            i += 1
+    return cases
+
+
+@pytest.mark.parametrize("config,zero,group,n,k,m", _small_cases())
+def test_group_sizes_zero_modes_ragged_shapes_and_decompositions(config, zero, group, n, k, m):
+    for dtype in ("f16", "bf16"):
+        c = config.replace(dtype=dtype)
+        out, want = run_case(c, dtype, 4, zero, group, m, n, k, bias=True, residual=m % 2 == 1)
+        assert rel_err(out, want, k) <= (2e-3 if dtype == "f16" else 1e-2)
+
+
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.bits == 8], ids=lambda c: c.kernel_name)
+def test_int8_kernels_with_zero_modes(config):
+    for zero, group in (("int", 128), ("sym", -1), ("offset", 64)):
+        out, want = run_case(config.replace(decomposition="split", splits=2), config.dtype, 8, zero, group, 40, 1040, 2048,
+                             bias=True)
+        assert rel_err(out, want, 2048) <= (2e-3 if config.dtype == "f16" else 1e-2)
+
+
+@pytest.mark.parametrize("schedule", ["t128x16x128_c1x1_o1_s0_split8", "t128x64x128_c1x1_o1_s0_auto",
+                                      "t128x16x128_c1x1_o2_s0_split4"])
+def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
+    """Split-K partials are summed in slice order: bit-identical results, across eager calls and
+    CUDA-graph replays (the tile counters are left at zero for the next launch)."""
+    w, ref = weight("f16", 4, "int", 128, 2048, 4096)
+    cfg = Sm90sConfig.from_schedule(schedule)
+    x = torch.randn(24, 4096, device="cuda").half()
+    first = deterministic_and_replayable(x, w, cfg)
+    assert rel_err(first, ref(x), 4096) <= 2e-3
+    for m in (24, 20, 24, 3):  # new M in the launcher's bucket, and back: parameters re-encoded
+        x = torch.randn(m, 4096, device="cuda").half()
+        assert rel_err(mg.matmul(x, w, config=cfg), ref(x), 4096) <= 2e-3
+
+
+def test_default_selection_is_unchanged_without_the_switch(monkeypatch):
+    """Until the H100 profile says where sm90s wins, selection keeps its measured defaults."""
+    from mixed_gemm.select.selection import clear_selection
+
+    w, _ = weight("f16", 4, "int", 128, 4096, 4096)
+    monkeypatch.delenv(sm90s.SWITCH_ENV, raising=False)
+    clear_selection()
+    try:
+        for m in (16, 64, 256):
+            assert mg.explain(m, w).family.name != "sm90s"
+    finally:
+        clear_selection()
