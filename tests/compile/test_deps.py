@@ -13,15 +13,21 @@ from mixed_gemm.kernels import ALL_FAMILIES
 
 
 def _nvcc_deps(tmp_path, source: str, arch_flags) -> set:
+    """Headers nvcc reads for ``source``: the device pass and, where the source has one, the host
+    library's pass (``MIXED_GEMM_HOST_PASS``: sm90s's host.cuh is included only there)."""
     src = tmp_path / "k.cu"
     src.write_text(source)
     flags = [f for f in compile_flags(arch_flags=arch_flags) if f.startswith(("-I", "-std", "--expt", "-D"))]
-    out = subprocess.run([str(find_nvcc()), "-M", *flags, *arch_flags[:1], str(src)], capture_output=True,
-                         text=True, check=True).stdout
+    passes = [[]] + ([["-DMIXED_GEMM_HOST_PASS"]] if "MIXED_GEMM_HOST_PASS" in source else [])
     root = _paths.templates_dir().resolve()
-    files = out.replace("\\\n", " ").split(":", 1)[1].split()
-    paths = [Path(f).resolve() for f in files]
-    return {p.relative_to(root).as_posix() for p in paths if root in p.parents}
+    deps = set()
+    for extra in passes:
+        out = subprocess.run([str(find_nvcc()), "-M", *flags, *extra, *arch_flags[:1], str(src)], capture_output=True,
+                             text=True, check=True).stdout
+        files = out.replace("\\\n", " ").split(":", 1)[1].split()
+        paths = [Path(f).resolve() for f in files]
+        deps |= {p.relative_to(root).as_posix() for p in paths if root in p.parents}
+    return deps
 
 
 @pytest.mark.nvcc
