@@ -4,10 +4,15 @@ persistent plan the heuristics pick (``heuristics.persistent_config`` with its l
 for Mixtral, whose heuristic keeps pair / expert mode), (c) forced persistent plans: 8 and 16 rows
 per pass, each with a few K splits per projection. Each row: µs and the share of the int4 floor
 (the touched experts' codes, scales and zeros once at 3.0 TB/s: ``benchmark.moe.int4_floor_s``).
-Timed as ``mixed-gemm bench --moe`` times (``benchmark.moe._cold_s``: cold L2, CUDA graph replay
-where capturable, every path alternating, median), on random int4 g128 experts and random softmax
-top-k routing. Each forced plan's output is checked against (a)'s first ("!" marks a mismatch).
-Prints a line per plan, then a summary table (the best persistent plan per model and token count).
+Every plan is timed the same way (``benchmark.moe._cold_s`` with ``eager=False``: cold L2, each plan
+called once eagerly, then captured in a CUDA graph and timed from its replay only, every plan
+alternating, median), so host time counts for none of them; a plan that cannot be captured is timed
+eagerly, marked (e), with the reason printed beside it. Each forced plan runs first through
+``mg.moe`` inside ``forced_schedules`` (the MIXED_GEMM_MOE_SCHEDULE path: builds its kernels, sizes
+the workspaces), and its output is checked against (a)'s ("!" marks a mismatch); it is then timed
+as ``moe_grouped(configs=...)`` of the same configs (a cached plan: the same two launches). On
+random int4 g128 experts and random softmax top-k routing. Prints a line per plan, then a summary
+table (the best persistent plan per model and token count).
 
     MIXED_GEMM_JIT=block python bench/moe_modes.py            # qwen3, deepseek, mixtral at 1,16,64,256
     MIXED_GEMM_JIT=block python bench/moe_modes.py --models qwen3-30b-a3b --tokens 16 --json out.json
@@ -15,7 +20,7 @@ Prints a line per plan, then a summary table (the best persistent plan per model
 Kernels are JIT-built with ``MIXED_GEMM_JIT=block`` (the default here: an async build would time
 the per-expert stand-in): 4 persistent kernels per dtype (w13 / w2 x 8 / 16 rows) plus those the
 profile selects (moe_gemv and moe_sm90a). Sized to finish in under 4 minutes on an H100 with the
-default arguments, builds included (18-24 plans per case, 7 rounds; not yet timed on the GPU). To force the plan of ``mg.moe``
+default arguments, builds included (18-24 plans per case, 7 rounds). To force the plan of ``mg.moe``
 itself elsewhere (``mixed-gemm bench --moe``, an end-to-end run): ``MIXED_GEMM_MOE_SCHEDULE=
 moe_gemv:<w13 schedule>,moe_gemv:<w2 schedule>`` (mixed_gemm/ops/moe_grouped.py).
 """
@@ -38,7 +43,8 @@ from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig  # noqa: E402
 from mixed_gemm.kernels.moe_gemv.catalog import persistent_shapes_for  # noqa: E402
 from mixed_gemm.kernels.moe_gemv.heuristics import launch_fields, persistent_config  # noqa: E402
 from mixed_gemm.ops import moe, prepack_experts  # noqa: E402
-from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, grouped_plan, moe_grouped  # noqa: E402
+from mixed_gemm.ops.moe_grouped import (GroupedPlan, _problems, forced_schedules, grouped_plan,  # noqa: E402
+                                        moe_grouped)
 from mixed_gemm.select import m_bucket  # noqa: E402
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
@@ -113,24 +119,37 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     ref = moe(x, w13, w2, weights, ids)
     fns, labels, bad = {"selected": lambda: moe(x, w13, w2, weights, ids)}, {"selected": selected}, set()
     for label, cfgs in plans.items():
+        # Through mg.moe with the plan forced (the MIXED_GEMM_MOE_SCHEDULE path): builds the kernels
+        # (blocking), loads the launchers, sizes the workspaces, and checks the output.
         try:
-            y = moe_grouped(x, w13, w2, weights, ids, configs=cfgs)  # builds the kernels (blocking) and checks
+            with forced_schedules(*(f"{c.family}:{c.schedule}" for c in cfgs)):
+                y = moe(x, w13, w2, weights, ids)
+                forced = grouped_plan(x, w13, w2, shape.top_k)
         except ValueError as exc:  # a plan these experts' rules refuse: said, not timed
             log(f"  {label}: {schedules(cfgs)} cannot run: {exc}")
             continue
+        cfgs = forced.configs
         if not agrees(y, ref):
             bad.add(label)
+        # Timed as the same launches with the configs pinned (moe_grouped caches their plan, so a
+        # call is the same host path as mg.moe's: a dict lookup, two launches; capturable).
         fns[label] = (lambda c: lambda: moe_grouped(x, w13, w2, weights, ids, configs=c))(cfgs)
+        if not torch.equal(fns[label](), y):
+            bad.add(label)
         labels[label] = schedules(cfgs)
-    timed = _cold_s(fns, reps)
+    uncaptured = {}
+    timed = _cold_s(fns, reps, eager=False, uncaptured=uncaptured)  # every capturable plan: its graph only
     log(f"{name} T={t}: {touched} touched experts, int4 floor {floor * 1e6:.1f} µs")
     rows = []
     for label, (secs, how) in timed.items():
         row = dict(model=name, tokens=t, plan=label, schedules=labels[label], us=secs * 1e6, how=how,
                    floor_us=floor * 1e6, of_floor=floor / secs if secs else 0.0, agrees=label not in bad)
+        if label in uncaptured:
+            row["uncaptured"] = uncaptured[label]
         rows.append(row)
         log(f"  {label:<16} {row['us']:8.1f} µs ({how[0]}) {100 * row['of_floor']:4.0f}% of floor"
-            f"{'  !' if label in bad else ''}  {labels[label]}")
+            f"{'  !' if label in bad else ''}  {labels[label]}"
+            + (f"  [not captured: {uncaptured[label]}]" if label in uncaptured else ""))
     return rows
 
 
@@ -141,7 +160,7 @@ def summary(rows):
         case = {r["plan"]: r for r in rows if (r["model"], r["tokens"]) == key}
         pe = [r for r in case.values() if r["plan"] != "selected" and r["agrees"]]
         best = min(pe, key=lambda r: r["us"]) if pe else None
-        cell = lambda r: f"{r['us']:.1f} ({100 * r['of_floor']:.0f}%)" if r else "-"  # noqa: E731
+        cell = lambda r: f"{r['us']:.1f} ({r['how'][0]}, {100 * r['of_floor']:.0f}%)" if r else "-"  # noqa: E731
         sel, heur = case.get("selected"), case.get("pe heuristic")
         out.append(f"| {key[0]} | {key[1]} | {sel['floor_us']:.1f} | {cell(sel)} | {cell(heur)} | {cell(best)} | "
                    f"{best['schedules'] if best else '-'} |")
@@ -169,7 +188,8 @@ def main(argv=None) -> int:
             rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True))
         del w13, w2
         torch.cuda.empty_cache()
-    print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager; % of the int4 floor)")
+    print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager, only where a plan could "
+          "not be captured (the reason is printed beside it); % of the int4 floor)")
     print("\n".join(summary(rows)))
     if args.json:
         with open(args.json, "w") as f:

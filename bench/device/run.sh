@@ -95,6 +95,10 @@ for step in "$@"; do
       with_pkg timeout "${BENCH_TIMEOUT:-400}" $MG bench --moe "${MOE_MODELS:-mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite}" \
         --tokens "${MOE_TOKENS:-1,4,16,64,256,4096}" ${MOE_ARGS---compare --breakdown} --out "$OUT/bench-moe.md" \
         --json "$OUT/bench-moe.json" 2>&1 | grep -vE "$QUIET" | tail -"${MOE_TAIL:-90}" ;;
+    moe-modes)  # bench/moe_modes.py: persistent plans against the selected one, every plan from its graph (MODES_MODELS, MODES_TOKENS)
+      MIXED_GEMM_JIT=block timeout "${MODES_TIMEOUT:-560}" python3 bench/moe_modes.py \
+        --models "${MODES_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b}" --tokens "${MODES_TOKENS:-1,16,64,256}" \
+        --json "$OUT/moe-modes.json" 2>&1 | grep -vE "$QUIET" | tee "$OUT/moe-modes.txt" | tail -"${MOE_TAIL:-90}" ;;
     build-moe)  # the grouped kernels bench-moe can pick (f16 int4: moe_gemv and moe_sm90a), so none compiles while it times
       $MG build --all --filter mg_moe_f16_u4 --quiet && $MG build --all --filter mg_moe_sm90a_f16_u4 --quiet ;;
     e2e)  # mixed-gemm e2e: E2E_MODEL, E2E_LAYERS, E2E_BATCHES (default 1: one batch per call keeps 32 layers under 10 minutes), E2E_ARGS

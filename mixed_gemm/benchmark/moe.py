@@ -130,17 +130,19 @@ def dense_gathered(x, w13, w2, weights, ids):
 GATHER_LIMIT = 4 << 30  # bytes of gathered expert weights above which dense_gathered is not timed
 
 
-def graph_of(fn: Callable[[], object], reps: int):
+def graph_of(fn: Callable[[], object], reps: int, why: Optional[List[str]] = None):
     """``reps`` calls of ``fn`` captured in one CUDA graph, or None where it cannot be (mg.moe's
-    per-expert path reads the routing on the host; the dense loop too)."""
+    per-expert path reads the routing on the host; the dense loop too); ``why`` gets the reason."""
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(reps):
                 fn()
         return graph
-    except (RuntimeError, ValueError, AssertionError):  # a peer checks with assert
+    except (RuntimeError, ValueError, AssertionError) as exc:  # a peer checks with assert
         torch.cuda.synchronize()
+        if why is not None:
+            why.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
         return None
 
 
@@ -153,14 +155,18 @@ def _elapsed_s(run: Callable[[], object]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def _cold_s(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10) -> Dict[str, tuple]:
+def _cold_s(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10,
+            eager: bool = True, uncaptured: Optional[Dict[str, str]] = None) -> Dict[str, tuple]:
     """``(seconds, how)`` per fn: one call on a cold L2, the median over ``rounds`` of ``calls``
     calls each preceded by a write of a buffer twice the L2, less the same number of writes alone
     (so neither the graph launch nor the event timing is counted in a call). Replayed from a
     CUDA graph where the fn can be captured, else eager (``how`` says which; a capturable fn is
     timed both ways and keeps the faster: mg.moe under capture always takes its grouped kernels,
-    eager it may take its per-expert path). Eager, the flushes run while the host issues the next
-    call, which hides up to a flush's time of host work: in the dense paths' favour. Fns alternate."""
+    eager it may take its per-expert path; ``eager=False``: a capturable fn is timed from its graph
+    only, the A/B of kernels where host time must not count). Eager, the flushes run while the host
+    issues the next call, which hides up to a flush's time of host work: in the dense paths' favour.
+    Each fn is called once eagerly before its capture (kernels built, plans and workspaces sized);
+    ``uncaptured`` gets, per fn that could not be captured, why. Fns alternate."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
 
@@ -170,18 +176,22 @@ def _cold_s(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10) 
             fn()
         return call
 
-    def eager(fn):
+    def eager_calls(fn):
         return lambda: [fn() for _ in range(calls)]
 
-    runs: Dict[tuple, Callable[[], object]] = {("flush", "eager"): eager(flush.zero_)}
+    runs: Dict[tuple, Callable[[], object]] = {("flush", "eager"): eager_calls(flush.zero_)}
     flush_graph = graph_of(flush.zero_, calls)
     runs[("flush", "graph")] = flush_graph.replay
     for name, fn in fns.items():
         fn()
-        runs[(name, "eager")] = eager(flushed(fn))
-        graph = graph_of(flushed(fn), calls)
+        why: List[str] = []
+        graph = graph_of(flushed(fn), calls, why)
+        if why and uncaptured is not None:
+            uncaptured[name] = why[0]
         if graph is not None:
             runs[(name, "graph")] = graph.replay
+        if graph is None or eager:
+            runs[(name, "eager")] = eager_calls(flushed(fn))
     samples: Dict[tuple, List[float]] = {key: [] for key in runs}
     for rep in range(rounds):
         for key, run in (list(runs.items()) if rep % 2 == 0 else list(reversed(runs.items()))):

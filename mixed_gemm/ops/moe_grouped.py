@@ -89,7 +89,8 @@ class GroupedPlan:
                 f"source={self.source!r})")
 
 
-# (w13 signature, w2 signature, top_k, T bucket) -> GroupedPlan, or the reason no grouped family runs it
+# (w13 signature, w2 signature, top_k, T bucket, device[, forced configs]) -> GroupedPlan, or the
+# reason no grouped family runs it
 GROUPED: Dict[Tuple, Union[GroupedPlan, str]] = {}
 _GROUPED_LOCK = threading.Lock()
 SCHEDULE_ENV = "MIXED_GEMM_MOE_SCHEDULE"
@@ -168,12 +169,16 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
                  configs=None) -> Union[GroupedPlan, str]:
     """The :class:`GroupedPlan` for ``moe`` on ``x``'s rows (cached per signatures, ``top_k`` and the
     power-of-two bucket of T), or the reason (a str, one clause per grouped family) none runs it.
-    ``configs`` = (gate|up config, down config) forces the kernels (tests, sweeps; not cached); else
-    the forced schedules (module docstring), the profile's, the heuristics'."""
+    ``configs`` = (gate|up config, down config) forces the kernels (tests, sweeps; cached with them,
+    so a forced call loads its launchers once and captures like ``moe``'s); else the forced
+    schedules (module docstring), the profile's, the heuristics'."""
     tokens = x.shape[0]
     device_index = x.device.index if x.is_cuda else 0  # (a CPU x: what device 0 would run, for tests)
     key = (w13.signature, w2.signature, top_k, m_bucket(max(1, tokens)), device_index)
-    plan = GROUPED.get(key) if configs is None else None
+    if configs is not None:
+        configs = tuple(configs)
+        key += (configs,)
+    plan = GROUPED.get(key)
     if plan is not None:
         return plan
     problems = _problems(m_bucket(max(1, tokens)), top_k, w13, w2)
@@ -189,10 +194,8 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
     else:
         plan = _family_plan(GROUPED_FAMILIES if configs is None else (_family_of_configs(configs),), problems,
                             configs, profile, stacked, device_index)
-    if configs is None:
-        with _GROUPED_LOCK:
-            plan = GROUPED.setdefault(key, plan)
-    return plan
+    with _GROUPED_LOCK:
+        return GROUPED.setdefault(key, plan)
 
 
 def _family_plan(families, problems, configs, profile, stacked: Optional[str],

@@ -34,13 +34,20 @@ def check(result, what: str):
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
+_LIVE = set()  # devices whose primary context torch has made (it never destroys it)
+
+
 @contextlib.contextmanager
 def primary_context(device_index: int):
-    """Make torch's (primary) context of ``device_index`` current for the duration of the block."""
+    """Make torch's (primary) context of ``device_index`` current for the duration of the block.
+    No host sync after the first use on a device: occupancy queries and loads run inside it while
+    other work is in flight, and under CUDA-graph capture, where a synchronize is illegal."""
     drv = driver()
-    torch.cuda.init()
-    # torch creates the primary context lazily; touching the device guarantees it exists.
-    torch.cuda.synchronize(device_index)
+    if device_index not in _LIVE:
+        torch.cuda.init()
+        # torch creates the primary context lazily; touching the device guarantees it exists.
+        torch.cuda.synchronize(device_index)
+        _LIVE.add(device_index)
     dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
     ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")

@@ -65,7 +65,8 @@ class Function:
 
     def occupancy(self, smem: int = 0) -> int:
         """CTAs of this kernel one multiprocessor holds at once with ``smem`` bytes of dynamic
-        shared memory (the driver's occupancy calculator: registers, shared memory, threads)."""
+        shared memory (the driver's occupancy calculator: registers, shared memory, threads). No host
+        sync (the module's load made the context): callable while kernels run and under capture."""
         drv = driver()
         with primary_context(self.device_index):
             return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._function, self._threads, smem),

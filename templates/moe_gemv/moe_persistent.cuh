@@ -86,6 +86,26 @@ struct MoeGemvPersistent {
     return e < 0 ? a.experts : e;
   }
 
+  // f(p, bucket of p) for this thread's pairs p = threadIdx.x + i kThreads. The ids are loaded
+  // kRouteBatch at a time before any is used: one L2 round trip per batch instead of one per pair
+  // (every CTA routes before its first weight load, so this latency delays the whole kernel).
+  static constexpr int kRouteBatch = 4;
+  template <typename F>
+  static __device__ __forceinline__ void for_each_bucket(MoeGemvArgs const& a, int pairs, F const& f) {
+#pragma unroll 1
+    for (int p0 = threadIdx.x; p0 < pairs; p0 += kRouteBatch * kThreads) {
+      int b[kRouteBatch];
+#pragma unroll
+      for (int i = 0; i < kRouteBatch; ++i) {
+        int const p = p0 + i * kThreads;
+        b[i] = p < pairs ? bucket(a, p) : -1;
+      }
+#pragma unroll
+      for (int i = 0; i < kRouteBatch; ++i)
+        if (b[i] >= 0) f(p0 + i * kThreads, b[i]);
+    }
+  }
+
   // The counting sort (module comment, 1). Returns the touched experts' count; every thread sees
   // the whole routing afterwards.
   static __device__ int route(MoeGemvArgs const& a, char* area, Route& r) {
@@ -99,7 +119,7 @@ struct MoeGemvPersistent {
     r.list = r.scratch + 2 * kMaxWarps + 2;
     for (int b = threadIdx.x; b <= experts; b += kThreads) r.cursor[b] = 0;
     __syncthreads();
-    for (int p = threadIdx.x; p < pairs; p += kThreads) atomicAdd(r.cursor + bucket(a, p), 1);
+    for_each_bucket(a, pairs, [&](int p, int b) { atomicAdd(r.cursor + b, 1); });
     __syncthreads();
     // Exclusive prefix of the counts over buckets 0..E and of "touched" over experts 0..E-1: each
     // thread a run of consecutive buckets, warp scans, the warps' totals in warp order.
@@ -143,7 +163,7 @@ struct MoeGemvPersistent {
     __syncthreads();
     for (int b = threadIdx.x; b <= experts; b += kThreads) r.cursor[b] = r.offsets[b];
     __syncthreads();
-    for (int p = threadIdx.x; p < pairs; p += kThreads) r.list[atomicAdd(r.cursor + bucket(a, p), 1)] = p;
+    for_each_bucket(a, pairs, [&](int p, int b) { r.list[atomicAdd(r.cursor + b, 1)] = p; });
     __syncthreads();
     return r.scratch[2 * kMaxWarps];
   }

@@ -379,6 +379,8 @@ def test_moe_picks_the_grouped_kernels_where_they_fit(monkeypatch):
     assert grouped_plan(torch.zeros(4, h, dtype=torch.float16), w13, w2, 2) is plan  # the same bucket
     forced = (MoeGemvConfig(stage="w13", splits=2), MoeGemvConfig(stage="w2", slot_loop=True))
     assert grouped_plan(x, w13, w2, 2, forced).configs == forced
+    assert grouped_plan(x, w13, w2, 2, list(forced)) is grouped_plan(x, w13, w2, 2, forced)  # cached: launchers once
+    assert grouped_plan(x, w13, w2, 2) is plan  # beside the plan moe picks
     with pytest.raises(ValueError, match=r"configs: expected \(gate\|up config, down config\)"):
         grouped_plan(x, w13, w2, 2, (mg.kernels.gemv.GemvConfig(), MoeGemvConfig(stage="w2")))
     bad = grouped_plan(x, w13, w2, 2, (forced[1], forced[0]))
@@ -469,8 +471,10 @@ def test_persistent_launch_sizes_grid_smem_and_workspace_from_shapes(monkeypatch
     config = MoeGemvConfig(stage=stage, strips=1, warps=(4, 2), tokens=8, persistent=True, splits=splits)
     launcher = launch_mod.MoeGemvLauncher.__new__(launch_mod.MoeGemvLauncher)
     launcher.config, launcher.device_index, launcher._blocks, launcher._resident = config, 0, {}, {}
+    launcher._persistent = {}
     fake = launcher.fn = _FakeKernel()
-    fake.occupancy = lambda smem: 2
+    occupancy_asked = []
+    fake.occupancy = lambda smem: occupancy_asked.append(smem) or 2
     sizes = []
     fake.launch = lambda grid, stream, argv, smem=None: (sizes.append(smem), fake.launches.append((grid, {
         f: getattr(fake.current, f) for f, _ in MoeGemvArgs._fields_})))
@@ -500,5 +504,7 @@ def test_persistent_launch_sizes_grid_smem_and_workspace_from_shapes(monkeypatch
     else:
         want = (pairs * s * n, tokens * row_tiles) if top_k * s > 1 else None
     assert (None if not asked else (asked["planes"], asked["counters"])) == want
+    launcher(x, w, ids, weights, out, tokens, top_k, stream=0)  # again: the same launch, nothing asked anew
+    assert fake.launches[1] == fake.launches[0] and sizes[1] == sizes[0] and len(occupancy_asked) == 1
     launcher(x[:0], w, ids[:0], None if weights is None else weights[:0], out[:0], 0, top_k, stream=0)
-    assert len(fake.launches) == 1  # T = 0: no launch
+    assert len(fake.launches) == 2  # T = 0: no launch

@@ -27,8 +27,9 @@ measured yet: the numbers follow gemv's, docs/notes/moe.md).
   the expected touched experts alone (Qwen3-30B-A3B and DeepSeek-V2-Lite at 1-256 tokens; Mixtral's
   8 large experts keep pair / expert mode, whose numbers are measured). 8-token passes while the
   expected pairs per touched expert are at most ``PERSISTENT_M8_REUSE``, 16 above. Off by default
-  (``PERSISTENT_BY_DEFAULT``): measured on the H100 it ran 1.1-7x slower than the pair / expert
-  modes at every preset and token count (docs/notes/moe.md); it stays a profile candidate.
+  (``PERSISTENT_BY_DEFAULT``) until a graph-timed A/B decides: its first H100 timings were eager
+  against the other modes' graph replays, host syncs included, so inconclusive (docs/notes/moe.md);
+  it stays a profile candidate.
 - ``pays``: ``moe`` takes the grouped path outside capture for every decode-size T (at most
   ``EXPERT_MAX_TOKENS`` tokens: expert mode reads each routed expert about once per 16 of its pairs)
   and, above it, while pair mode's re-reads stay few (``T k <= PAIR_REREAD E``); under CUDA-graph
@@ -59,7 +60,7 @@ EXPERT_MAX_TOKENS = 256   # pays(): the grouped path for every T up to this
 EXPERT_ROWS = (("w13", 4, 8), ("w13", None, 16), ("w2", 4, 8), ("w2", None, 16))
 PERSISTENT_MIN_EXPERTS = 16  # persistent mode from this many experts (unmeasured)
 PERSISTENT_M8_REUSE = 4      # 8-token passes up to this many expected pairs per touched expert
-PERSISTENT_BY_DEFAULT = False  # slower than pair / expert mode everywhere measured (module docstring)
+PERSISTENT_BY_DEFAULT = False  # until a graph-timed bench/moe_modes.py run decides (module docstring)
 
 
 def pays(tokens: int, top_k: int, experts: int) -> bool:

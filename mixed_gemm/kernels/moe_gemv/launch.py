@@ -30,6 +30,7 @@ class MoeGemvLauncher:
         self.fn = module.function(config.kernel_name, MoeGemvArgs, config.threads, config.max_smem)
         self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
         self._resident = {}  # persistent mode: dynamic shared memory -> resident CTAs on the device
+        self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
 
     def _block(self, w, key):
         args, argv = self.fn.block()
@@ -69,7 +70,7 @@ class MoeGemvLauncher:
             self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream)
             return
         if self.config.persistent:
-            self._launch_persistent(blk, x, w, ids, weights, out, tokens, top_k, stream)
+            self._launch_persistent(blk, x, w, ids, weights, out, tokens, top_k, stream, key)
             return
         if self.config.gated:  # grid (row tiles, splits, pairs)
             z, slots, grid_y = tokens * top_k, 1, splits
@@ -115,23 +116,33 @@ class MoeGemvLauncher:
             ctas = self._resident[smem] = max(1, self.fn.occupancy(smem)) * sm_count(self.device_index)
         return ctas
 
-    def _launch_persistent(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int) -> None:
-        """Persistent mode: one launch, grid (resident CTAs, at most the items, 1, 1), sized from
-        shapes only; the routing's shared memory per launch (``launch_smem``). fp32 planes per (pair,
-        slice) and arrival counters: gate|up with split-K (counted per (pair, row tile)), down whenever
-        a token has more than one plane (top_k x splits; counted per (token, row tile))."""
-        a, argv, row_tiles, splits = blk
+    def _persistent_launch(self, key, w, tokens: int, top_k: int, splits: int, row_tiles: int):
+        """``(grid x, dynamic shared memory, planes, counters)`` of a persistent launch, from shapes
+        only, computed once per (experts, tokens, top_k): the hot path is a dict lookup."""
         pairs = tokens * top_k
-        if pairs == 0:
-            return
         if self.config.gated:
             planes, counters = (pairs * splits * w.n, pairs * row_tiles) if splits > 1 else (0, 0)
         else:
             planes, counters = (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
         smem = self.config.launch_smem(w.num_experts, pairs)
         items = self.config.persistent_items(tokens, top_k, w.num_experts, w.n, w.k)
+        shape = self._persistent[(key, tokens, top_k)] = (min(items, self.resident_ctas(smem)), smem, planes, counters)
+        return shape
+
+    def _launch_persistent(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int, key) -> None:
+        """Persistent mode: one launch, grid (resident CTAs, at most the items, 1, 1), sized from
+        shapes only; the routing's shared memory per launch (``launch_smem``). fp32 planes per (pair,
+        slice) and arrival counters: gate|up with split-K (counted per (pair, row tile)), down whenever
+        a token has more than one plane (top_k x splits; counted per (token, row tile))."""
+        a, argv, row_tiles, splits = blk
+        if tokens * top_k == 0:
+            return
+        shape = self._persistent.get((key, tokens, top_k))
+        if shape is None:
+            shape = self._persistent_launch(key, w, tokens, top_k, splits, row_tiles)
+        grid, smem, planes, counters = shape
         fn = self.fn
         with fn.lock:
             self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream)
             a.z0, a.chunks = 0, 1
-            fn.launch((min(items, self.resident_ctas(smem)), 1, 1), stream, argv, smem)
+            fn.launch((grid, 1, 1), stream, argv, smem)
