@@ -30,8 +30,9 @@ Sets ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (no NVLin
 ``MIXED_GEMM_JIT=block`` unless already set: a first run compiles the GEMM kernels of every shape
 and batch (minutes for batch 64's sm90a kernels), later runs find them in the kernel cache.
 ``MIXED_GEMM_ALLREDUCE`` is left alone: the modes above choose per layer. Every rank stops itself
-after ``--time-limit`` seconds. Exit status 1 on a failed check. Run from the repository root (or
-with mixed_gemm installed).
+after ``--time-limit`` seconds. Exit status 1 on a failed check. Each part's rows are printed as
+``row: | ... |`` lines as soon as it has them (a run cut short keeps what it measured), and the
+whole table at the end. Run from the repository root (or with mixed_gemm installed).
 """
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_k
 def log(*a):
     if dist.get_rank() == 0:
         print(*a, flush=True)
+
+
+def emit(rows):
+    """Table rows as soon as a part has them (the whole table repeats at the end): a run that
+    meets --time-limit or its caller's timeout still leaves what it measured."""
+    for r in rows:
+        log("row: | " + " | ".join(r) + " |")
 
 
 def shapes(preset: str) -> dict:
@@ -418,6 +426,7 @@ def step_rows(args, cfg, rank, device, tp_size):
         if compiled and not COMPILED:
             compile_layers()
         for batch in args.batches:
+            first = len(rows)
             x = torch.randn(batch, cfg["hidden_size"], device=device).half()
             for mode in modes:
                 model.set_mode("nccl" if mode == "plain" else mode, compiled)
@@ -437,6 +446,7 @@ def step_rows(args, cfg, rank, device, tp_size):
                     share = (results[(compiled, batch, mode)] - none) * 1000 / args.layers
                     rows.append((f"all-reduce share, {mode}", f"batch {batch}, {'compiled' if compiled else 'plain'}",
                                  f"{share:.1f} µs/layer (2 all-reduces; step without them {none:.3f} ms)", ""))
+            emit(rows[first:])
     model = None  # noqa: F841 - freed before the next model is built
     gc.collect()
     torch.cuda.empty_cache()
@@ -488,11 +498,16 @@ def main(argv=None):
     if "check" not in skip:
         r, ok = check(args, cfg, rank, device)
         rows += r
+        emit(r)
     if device.type == "cuda":
         if "micro" not in skip:
-            rows += micro(args, cfg, device)
+            r = micro(args, cfg, device)
+            rows += r
+            emit(r)
         if "gemm" not in skip:
-            rows += micro_gemm(args, cfg, rank, device)
+            r = micro_gemm(args, cfg, rank, device)
+            rows += r
+            emit(r)
         tp1 = {}
         if "tp1" not in skip:  # one GPU holds the whole model; the other rank waits
             if rank == 0:

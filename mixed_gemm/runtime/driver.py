@@ -34,28 +34,51 @@ def check(result, what: str):
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
-_LIVE = set()  # devices whose primary context torch has made (it never destroys it)
+@functools.lru_cache(maxsize=None)
+def _primary(device_index: int):
+    """The primary context of ``device_index`` (torch's: the CUDA runtime only uses primary
+    contexts), retained once for the life of the process and never released.
+
+    Nothing here synchronizes the device. A lazy module load or workspace growth runs during eager
+    decode while kernels run, and between emulated tensor-parallel ranks' launches, where a kernel
+    waits for a peer not launched yet: a device-wide synchronization there stalls decode, or waits
+    forever. Retaining the context creates it where torch has not yet (the runtime adopts the same
+    primary context later); keeping that reference means no release can ever drop the count to
+    zero and destroy the context under torch, which is why nothing has to touch torch's device first."""
+    drv = driver()
+    torch.cuda.init()  # torch's lazy CUDA state (device count, fork checks); launches nothing
+    dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
+    return check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
 
 
 @contextlib.contextmanager
 def primary_context(device_index: int):
-    """Make torch's (primary) context of ``device_index`` current for the duration of the block.
-    No host sync after the first use on a device: occupancy queries and loads run inside it while
-    other work is in flight, and under CUDA-graph capture, where a synchronize is illegal."""
+    """Make torch's (primary) context of ``device_index`` current for the duration of the block;
+    never synchronizes (see :func:`_primary`)."""
     drv = driver()
-    if device_index not in _LIVE:
-        torch.cuda.init()
-        # torch creates the primary context lazily; touching the device guarantees it exists.
-        torch.cuda.synchronize(device_index)
-        _LIVE.add(device_index)
-    dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
-    ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    ctx = _primary(device_index)
     check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
     try:
         yield ctx
     finally:
         check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
-        check(drv.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+
+
+def load_function(function) -> None:
+    """Finish loading ``function`` now. Under lazy loading (torch sets CUDA_MODULE_LOADING=LAZY) a
+    handle may be only partly loaded, and the driver then loads it at the first launch, which may
+    synchronize the context: a kernel whose first launch comes while a peer's kernel waits for it
+    (emulated tensor-parallel ranks on one GPU) would wait for that wait. ``cuFuncLoad`` (driver
+    12.4+) loads it explicitly; an older driver loads it for an attribute query."""
+    drv = driver()
+    load = getattr(drv, "cuFuncLoad", None)
+    if load is not None:
+        try:
+            if load(function)[0] == drv.CUresult.CUDA_SUCCESS:
+                return
+        except RuntimeError:  # the driver lacks the entry point
+            pass
+    check(drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function), "cuFuncGetAttribute")
 
 
 @functools.lru_cache(maxsize=1)

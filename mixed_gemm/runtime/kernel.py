@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..compile import BuildSpec, build_spec, load_bytes
-from .driver import CudaDriverError, check, driver, primary_context, raw_launch
+from .driver import CudaDriverError, check, driver, load_function, primary_context, raw_launch
 
 
 def _stream_handle(device_index: int) -> int:
@@ -35,6 +35,7 @@ class Function:
         self.name = name
         self.device_index = device_index
         self._function = check(drv.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+        load_function(self._function)  # now, not at a first launch (see load_function)
         if smem > 0:  # dynamic shared memory: opt in to it (static + dynamic above 48 KB needs it)
             attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
             optin = check(drv.cuDeviceGetAttribute(attr, device_index), "cuDeviceGetAttribute")
@@ -97,6 +98,12 @@ class Module:
 
     The runtime knows no kernel families: it gets the kernel's :class:`~mixed_gemm.compile.BuildSpec`
     (name, a thunk that renders its source only when a key or a build needs it, arch flags).
+
+    Loading never synchronizes the device on our side (:func:`.driver.primary_context`), so a lazy
+    load during eager decode does not wait for the kernels in flight. The driver itself may still
+    wait inside ``cuModuleLoadData`` (it can need context synchronization to place code): callers
+    whose kernels wait for each other on one GPU (emulated tensor-parallel ranks) load every
+    kernel before launching any.
     """
 
     def __init__(self, spec: BuildSpec, device_index: int):

@@ -36,7 +36,8 @@ def open_library(spec: BuildSpec, bind: Callable[[ctypes.CDLL], ctypes.CDLL], in
     """``(library, its mg_info fields)`` for a kernel library family's launcher: loaded (:func:`get_library`),
     checked against ``abi_version`` and the ``expected`` mg_info fields (a field expected as 0 is not
     checked), and prepared on ``device_index`` (``mg_prepare``: module load, shared-memory opt-in;
-    it synchronizes the device, so launchers are made before any capture). ``LibraryMismatch``
+    the CUDA runtime may synchronize the context to load a module, and neither belongs in a
+    capture, so launchers are made before any capture). ``LibraryMismatch``
     names the library and the field that disagrees."""
     from .driver import primary_context
 

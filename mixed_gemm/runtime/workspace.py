@@ -16,6 +16,15 @@ dequant_mm runs, the largest dense weight it has dequantized. Buffers only grow 
 buffer is retired, never freed: kernels still in flight,
 or recorded in a CUDA graph, keep valid memory without any host synchronization. Semaphores are
 zeroed once; the split-K kernels leave them at zero.
+
+Growing never synchronizes the device: a first call of a larger size during eager decode must
+not wait for the kernels in flight, and emulated tensor-parallel ranks on one GPU grow their
+workspaces while a peer's kernel may wait for them. New semaphores are zeroed by
+``cuMemsetD8Async`` on the calling stream, so the kernels this call launches there see zeros
+(the synchronous ``cuMemsetD8`` runs on the legacy default stream, and waiting for it meant a
+context synchronization). The graph slot is zeroed on the same stream: a capture begins after a
+device synchronization (``torch.cuda.graph`` and CUDA-graph trees make one), so its kernels see
+zeros too.
 """
 from __future__ import annotations
 
@@ -36,13 +45,12 @@ class _Buffer:
 
     __slots__ = ("ptr", "nbytes", "device_index", "_tensor", "__cuda_array_interface__")
 
-    def __init__(self, device_index: int, nbytes: int, zero: bool):
+    def __init__(self, device_index: int, nbytes: int, zero: bool, stream: int):
         drv = driver()
         with primary_context(device_index):
             self.ptr = int(check(drv.cuMemAlloc(nbytes), "cuMemAlloc"))
-            if zero:
-                check(drv.cuMemsetD8(self.ptr, 0, nbytes), "cuMemsetD8")
-                check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+            if zero:  # ordered before what the caller launches on ``stream``; no host wait
+                check(drv.cuMemsetD8Async(self.ptr, 0, nbytes, stream), "cuMemsetD8Async")
         self.nbytes, self.device_index, self._tensor = nbytes, device_index, None
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False),
                                          "version": 3, "strides": None, "stream": None}
@@ -58,7 +66,7 @@ _BUFFERS: Dict[Tuple[int, object, str], _Buffer] = {}
 _RETIRED: List[_Buffer] = []
 
 
-def _grow(key: Tuple[int, object, str], nbytes: int, zero: bool) -> _Buffer:
+def _grow(key: Tuple[int, object, str], nbytes: int, zero: bool, stream: int) -> _Buffer:
     old = _BUFFERS.get(key)
     if old is not None and old.nbytes >= nbytes:
         return old
@@ -66,7 +74,7 @@ def _grow(key: Tuple[int, object, str], nbytes: int, zero: bool) -> _Buffer:
     # largest N x K seen, since doubling a 1 GB weight would waste a gigabyte.
     doubled = 0 if old is None or key[2] == "dense" else 2 * old.nbytes
     size = max(nbytes, _MIN_BYTES[key[2]], doubled)
-    buf = _BUFFERS[key] = _Buffer(key[0], size, zero)
+    buf = _BUFFERS[key] = _Buffer(key[0], size, zero, stream)
     if old is not None:
         _RETIRED.append(old)
     return buf
@@ -89,8 +97,8 @@ def _get(device_index: int, stream: int, kind: str, nbytes: int, zero: bool) -> 
                 "any eager call has used; memory cannot be allocated while a stream captures. Run the same "
                 "call once eagerly (a warm-up) before capturing it.")
         with _LOCK:
-            buf = _grow(key, nbytes, zero)
-            _grow((device_index, GRAPH, kind), buf.nbytes, zero)  # what a later capture of this call needs
+            buf = _grow(key, nbytes, zero, stream)
+            _grow((device_index, GRAPH, kind), buf.nbytes, zero, stream)  # what a later capture of this call needs
     return buf
 
 

@@ -1,28 +1,45 @@
 """The row-parallel gemv fused with its all-reduce on ONE GPU: W emulated ranks, each with its own
 stream, buffer and K slice of the weight (the peers' addresses are plain device pointers, as
 symmetric memory's would be). Checks: the fused result is bit-identical on every rank to each
-rank's gemv (the same config) followed by the project's one-shot all-reduce, and close to the
-float32 reference; split K, several gemv configs per rank (ranks pair by chunks, not tiles),
-bias and residual on rank 0, N not a multiple of a CTA's rows, bf16, 2..5 ranks, a late rank,
-the chunk counters and parities over calls of changing N and M, and CUDA-graph replays between
-eager calls. NVLink ordering needs two GPUs: test_tp_allreduce_gpu.py.
+rank's gemv (the same config) followed by the one-shot all-reduce's sum (fp32 from -0.0 in rank
+order, rounded once: test_tp_allreduce_emulated_gpu.py checks the kernel against it bit for bit),
+and close to the float32 reference; split K, several gemv configs per rank (ranks pair by chunks,
+not tiles), bias and residual on rank 0, N not a multiple of a CTA's rows, bf16, 2..5 ranks, a
+late rank, the chunk counters and parities over calls of changing N and M, and CUDA-graph
+replays between eager calls. NVLink ordering needs two GPUs: test_tp_allreduce_gpu.py.
 
-The emulation's own rule: every rank's kernel, argument block and workspace are made before any
-rank launches (GemvAllReduceLauncher.prepare). Loading a module or allocating synchronizes the
-device, and once one rank's kernel runs that waits for its reducers, which wait for the ranks not
-launched yet: a hang until the timeout traps. A short timeout makes such a hang fail fast.
+The emulation's own rules:
+- Every kernel a test runs is compiled before the test launches anything (in parallel), and
+  every rank's kernel, argument block and workspace are made before any rank launches
+  (GemvAllReduceLauncher.prepare). The runtime no longer synchronizes the device for either, but
+  the driver may (a module load, an allocation), and once one rank's kernel runs, its reducers
+  wait for the ranks not launched yet: a hang until the timeout traps. A short timeout makes such
+  a hang fail fast.
+- The fused kernels of a call finish on their own (a synchronization) before the unfused
+  reference runs, so a failure names the fused kernels alone.
+- The one-shot kernel is not the reference here: its blocks wait for every rank's same block, so
+  all ranks' blocks must be resident at once (64 blocks of 512 threads per rank at M=32: 5 ranks
+  need more CTA slots than an H100 holds), a different guarantee from the fused kernel's.
 
-Run: python -m pytest -m gpu tests/integrations/test_tp_gemm_allreduce_emulated_gpu.py
+A watchdog prints every thread's Python stack when a test runs longer than WATCHDOG_S seconds
+after its kernels were built (to stderr: run with -s to see it live, or into the file named by
+$MIXED_GEMM_TEST_HANG_DUMP), so a host-side hang shows where it waits.
+
+Run: MIXED_GEMM_TEST_FUSED_ALLREDUCE=1 python -m pytest -s -m gpu tests/integrations/test_tp_gemm_allreduce_emulated_gpu.py
 """
+import faulthandler
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import mixed_gemm as mg
-from mixed_gemm.kernels.allreduce import FAMILY as AR, AllReduceConfig, buffer_bytes
+from mixed_gemm.compile import build_many
+from mixed_gemm.kernels.allreduce import buffer_bytes
 from mixed_gemm.kernels.allreduce.gemv import FAMILY, GemvAllReduceConfig
+from mixed_gemm.kernels.gemv import FAMILY as GEMV
 from mixed_gemm.kernels.gemv.config import GemvConfig
 from mixed_gemm.reference import dequantize
 
@@ -34,9 +51,34 @@ pytestmark = [pytest.mark.gpu,
 
 SLOT = 2 << 20
 TIMEOUT_NS = 10 * 10**9  # a waiting kernel traps after this: a hang fails in seconds
+WATCHDOG_S = 90  # a test's launches and checks take seconds once its kernels are built
 G = 128
 BITS16 = {torch.float16: torch.int16, torch.bfloat16: torch.int16}
 DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+@pytest.fixture
+def watchdog():
+    """``arm()``: from now on, dump every thread's stack once the test has run WATCHDOG_S seconds
+    more (see the module docstring); disarmed when the test ends."""
+    path = os.environ.get("MIXED_GEMM_TEST_HANG_DUMP")
+    out = open(path, "a") if path else sys.__stderr__
+    yield lambda: faulthandler.dump_traceback_later(WATCHDOG_S, file=out)
+    faulthandler.cancel_dump_traceback_later()
+    if path:
+        out.close()
+
+
+def _build(configs, world):
+    """Compile (or find in the cache) the fused kernel of every config at ``world`` and its unfused
+    gemv kernel, several nvcc at once, before the test launches anything: a kernel built on first
+    use takes nvcc's seconds between two calls, and many of them looked like a hang."""
+    specs = {}
+    for c in configs:
+        for spec in (FAMILY.build_spec(GemvAllReduceConfig(c, world)), GEMV.build_spec(c)):
+            specs[spec.name] = spec
+    build_many([(s.name, s.source(), dict(arch_flags=s.arch_flags, output=s.output)) for s in specs.values()],
+               progress=False)
 
 
 def _gen(seed):
@@ -61,7 +103,7 @@ class Ranks:
         peers = [b.data_ptr() for b in self.bufs]
         self.comms = [SimpleNamespace(peers=peers, rank=r, slot_bytes=SLOT, timeout_ns=TIMEOUT_NS)
                       for r in range(world)]
-        self._launchers, self._one_shot = {}, {}
+        self._launchers = {}
         torch.cuda._sleep(1)  # loads the late ranks' sleep kernel now, not between two ranks' launches
 
     def launcher(self, gemv: GemvConfig):
@@ -86,25 +128,6 @@ class Ranks:
                 launcher(xs[r], ws[r], extra.get("bias"), ys[r], xs[r].numel() // ws[r].k,
                          self.streams[r].cuda_stream, extra.get("residual"), self.comms[r])
 
-    def one_shot(self, parts, outs):
-        """The project's one-shot all-reduce of ``parts`` (rank r's on its stream)."""
-        name = DTYPES[parts[0].dtype]
-        if name not in self._one_shot:
-            launcher = AR.launcher(AllReduceConfig("one_shot", name, self.world), self.device.index)
-            blocks = []
-            for r in range(self.world):
-                args, argv = launcher.block()
-                for i, b in enumerate(self.bufs):
-                    args.peers[i] = b.data_ptr()
-                args.rank, args.slot_bytes, args.timeout_ns = r, SLOT, TIMEOUT_NS
-                blocks.append((args, argv))
-            self._one_shot[name] = (launcher, blocks)
-        launcher, blocks = self._one_shot[name]
-        for r, (args, argv) in enumerate(blocks):
-            args.in_, args.out, args.numel, args.rows = parts[r].data_ptr(), outs[r].data_ptr(), parts[r].numel(), 1
-            args.active_blocks = launcher.config.active_blocks(parts[r].numel())
-            launcher.launch(argv, self.streams[r].cuda_stream)
-
     def fork(self):
         for s in self.streams:
             s.wait_stream(torch.cuda.current_stream())
@@ -116,6 +139,14 @@ class Ranks:
 
 def _same_bits(a, b):
     return torch.equal(a.view(BITS16[a.dtype]), b.view(BITS16[b.dtype]))
+
+
+def _one_shot_sum(parts):
+    """The one-shot all-reduce's result: fp32 from -0.0, ranks in order, rounded once."""
+    acc = torch.full(parts[0].shape, -0.0, dtype=torch.float32, device=parts[0].device)
+    for p in parts:
+        acc = acc + p.float()
+    return acc.to(parts[0].dtype)
 
 
 def _case(world, m, n, k_full, dtype, seed, bias=False, residual=False):
@@ -144,18 +175,19 @@ def _check(ranks, configs, xs, ws, extras, want, where, sleep=None):
     n = ws[0].n
     ys = [torch.full((x.shape[0], n), float("nan"), dtype=dtype, device="cuda") for x in xs]
     parts = [torch.full_like(y, float("nan")) for y in ys]
-    sums = [torch.full_like(y, float("nan")) for y in ys]
+    print(where, file=sys.stderr, flush=True)  # the last case reached, with -s or in a failure's report
     ranks.fork()
     ranks.fused(configs, xs, ws, ys, extras, sleep=sleep)
-    for r in range(world):  # the unfused path: each rank's gemv (same config), then the one-shot
-        with torch.cuda.stream(ranks.streams[r]):
-            e = extras[r]
-            mg.matmul(xs[r], ws[r], bias=e.get("bias"), residual=e.get("residual"), config=configs[r], out=parts[r])
-    ranks.one_shot(parts, sums)
     ranks.join()
+    torch.cuda.synchronize()  # the fused kernels finish on their own
+    for r in range(world):  # the unfused path: each rank's gemv (same config), then the one-shot's sum
+        e = extras[r]
+        mg.matmul(xs[r], ws[r], bias=e.get("bias"), residual=e.get("residual"), config=configs[r], out=parts[r])
+    want_bits = _one_shot_sum(parts)
     torch.cuda.synchronize()
     for r in range(world):
-        assert _same_bits(ys[r], sums[0]), f"{where} rank {r}: max|d| {(ys[r].float() - sums[0].float()).abs().max()}"
+        assert _same_bits(ys[r], want_bits), \
+            f"{where} rank {r}: max|d| {(ys[r].float() - want_bits.float()).abs().max()}"
     tol = 1e-2 if dtype == torch.float16 else 4e-2
     err = ((ys[0].float() - want).norm() / want.norm()).item()
     assert err < tol, f"{where}: relative error {err:.2e} against the float32 reference"
@@ -167,8 +199,7 @@ def _configs(schedules, dtype, splits):
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fused_equals_gemv_then_one_shot(world, dtype):
-    ranks = Ranks(world)
+def test_fused_equals_gemv_then_one_shot(world, dtype, watchdog):
     # (M, N, full K, a schedule per rank, splits per rank)
     cases = [
         (1, 8192, 8192 * world // 2, ["m1_s2_w4x2_u8"] * world, [1] * world),
@@ -178,18 +209,23 @@ def test_fused_equals_gemv_then_one_shot(world, dtype):
         (32, 8192, 512 * world, ["m32_s1_w4x2_u4"] * world, [2] * world),
         (5, 8192 + 24, 1024 * world, ["m8_s2_w4x2_u8", "m8_s1_w2x4_u16"] * world, [1, 2] * world),  # a partial tile and chunk
     ]
-    for i, (m, n, k_full, schedules, splits) in enumerate(cases):
+    configs = [_configs(schedules[:world], dtype, splits[:world]) for _, _, _, schedules, splits in cases]
+    _build([c for per_rank in configs for c in per_rank], world)
+    ranks = Ranks(world)
+    watchdog()
+    for i, (m, n, k_full, schedules, _) in enumerate(cases):
         xs, ws, extras, want = _case(world, m, n, k_full, dtype, 100 * i + world, bias=i % 2 == 1, residual=i % 3 == 0)
-        configs = _configs(schedules[:world], dtype, splits[:world])
-        _check(ranks, configs, xs, ws, extras, want, f"{DTYPES[dtype]} W={world} M={m} N={n} {schedules[:world]}")
+        _check(ranks, configs[i], xs, ws, extras, want, f"{DTYPES[dtype]} W={world} M={m} N={n} {schedules[:world]}")
 
 
-def test_calls_of_changing_sizes_with_a_late_rank():
+def test_calls_of_changing_sizes_with_a_late_rank(watchdog):
     """The chunk counters and parities across calls whose N (so chunk count) and M change, a
     different rank delayed each time: the early rank pushes the next call's parity while its
     peer still sums."""
     world, dtype = 2, torch.float16
+    _build(_configs(["m1_s2_w4x2_u8", "m8_s1_w4x2_u4", "m16_s1_w4x2_u4", "m32_s1_w4x2_u4"], dtype, [1] * 4), world)
     ranks = Ranks(world)
+    watchdog()
     gen = torch.Generator().manual_seed(3)
     shapes = [(1, 8192), (16, 4096), (4, 8192), (32, 1024), (2, 16384), (8, 8192)]
     for i in range(24):
@@ -202,9 +238,11 @@ def test_calls_of_changing_sizes_with_a_late_rank():
         _check(ranks, configs, xs, ws, extras, want, f"call {i} M={m} N={n}", sleep=sleep)
 
 
-def test_cuda_graph_replays_with_eager_calls_between():
+def test_cuda_graph_replays_with_eager_calls_between(watchdog):
     world, dtype = 2, torch.float16
+    _build(_configs(["m1_s2_w4x2_u8", "m16_s2_w4x2_u8", "m4_s2_w4x2_u4", "m2_s2_w4x2_u8"], dtype, [1] * 4), world)
     ranks = Ranks(world)
+    watchdog()
     cases = [_case(world, m, n, 4096, dtype, 50 + m) for m, n in ((1, 8192), (16, 8192), (3, 4096))]
     configs = [_configs(["m1_s2_w4x2_u8"] * 2, dtype, [1, 2]), _configs(["m16_s2_w4x2_u8"] * 2, dtype, [2, 1]),
                _configs(["m4_s2_w4x2_u4"] * 2, dtype, [1, 1])]

@@ -176,11 +176,13 @@ class GemvAllReduceLauncher:
 
     def prepare(self, w, m: int, stream: int, comm, ranks_per_gpu: int = 1) -> None:
         """Make what a call of ``w`` at ``m`` rows on ``stream`` over ``comm`` needs (the argument
-        block, split-K workspace and semaphores), launching nothing. Making them may synchronize
-        the device (allocation, module loading). Ranks that share one GPU (emulated ranks) must
-        prepare every rank before launching any: a synchronization after one rank's launch waits
-        for its reducers, which wait for the ranks not launched yet, forever. ``ranks_per_gpu``:
-        how many ranks share the GPU (:func:`reducers_for`)."""
+        block, split-K workspace and semaphores), launching nothing. The runtime does this without
+        a device synchronization, but the driver may still serialize the GPU's streams for a
+        ``cuMemAlloc`` or a module load (the launcher's module is loaded when it is made). Ranks
+        that share one GPU (emulated ranks) therefore make every rank's launcher and prepare
+        every rank before launching any: a synchronization after one rank's launch waits for its
+        reducers, which wait for the ranks not launched yet, until the timeout traps.
+        ``ranks_per_gpu``: how many ranks share the GPU (:func:`reducers_for`)."""
         (args, _, grid, _, _), _, _ = self._resources(w, m, stream, comm)
         args.reducers = reducers_for(grid[0], sm_count(self.device_index), ranks_per_gpu)
 

@@ -87,7 +87,8 @@ class MoeSm90aFamily(GroupedFamily):
 
     def launcher(self, config: MoeSm90aConfig, device_index: int) -> MoeSm90aLauncher:
         """One launcher per (config, device), kept: it holds the per-weight device arrays, and making
-        one synchronizes the device (module setup), which a CUDA-graph capture must not see."""
+        one sets the module up (the driver may synchronize the context to load it), which a CUDA-graph
+        capture must not see."""
         key = (config, device_index)
         launcher = self._launchers.get(key)
         if launcher is None:
