@@ -305,6 +305,33 @@ class _FakeKernel:
         self.launches.append((grid, {f: getattr(a, f) for f, _ in MoeGemvArgs._fields_}))
 
 
+def _fake_launcher(config):
+    """A MoeGemvLauncher over a fake kernel that records each launch's grid and argument block."""
+    from mixed_gemm.kernels.moe_gemv.launch import MoeGemvLauncher
+
+    launcher = MoeGemvLauncher.__new__(MoeGemvLauncher)
+    launcher.config, launcher.device_index, launcher._blocks = config, 0, {}
+    fake = launcher.fn = _FakeKernel()
+    orig_block = fake.block
+
+    def block():
+        args, argv = orig_block()
+        fake.current = args
+        return args, argv
+
+    fake.block = block
+    return launcher, fake
+
+
+def _call_args(stage, tokens, top_k, k, h, inter):
+    """(x, ids, weights, out) of one projection's launch (contents unused)."""
+    x = torch.zeros(tokens * (top_k if stage == "w2" else 1), k, dtype=torch.float16)
+    ids = torch.zeros(tokens, top_k, dtype=torch.int32)
+    weights = torch.ones(tokens, top_k) if stage == "w2" else None
+    out = torch.zeros(tokens * top_k, inter) if stage == "w13" else torch.zeros(tokens, h)
+    return x, ids, weights, out
+
+
 @pytest.mark.parametrize("stage, splits, top_k", [("w13", 1, 2), ("w13", 3, 2), ("w2", 1, 1), ("w2", 1, 8),
                                                   ("w2", 2, 1)])
 def test_expert_mode_launch_sizes_grid_and_workspace_from_shapes(monkeypatch, stage, splits, top_k):
@@ -319,21 +346,8 @@ def test_expert_mode_launch_sizes_grid_and_workspace_from_shapes(monkeypatch, st
     n, k = (2 * inter, h) if stage == "w13" else (h, inter)
     w = _experts(n, k, layout="sm90a", e=e, group=64)
     config = MoeGemvConfig(stage=stage, strips=1, warps=(4, 2), tokens=16, by_expert=True, splits=splits)
-    launcher = launch_mod.MoeGemvLauncher.__new__(launch_mod.MoeGemvLauncher)
-    launcher.config, launcher.device_index, launcher._blocks = config, 0, {}
-    fake = launcher.fn = _FakeKernel()
-    orig_block = fake.block
-
-    def block():
-        args, argv = orig_block()
-        fake.current = args
-        return args, argv
-
-    fake.block = block
-    x = torch.zeros(tokens * (top_k if stage == "w2" else 1), k, dtype=torch.float16)
-    ids = torch.zeros(tokens, top_k, dtype=torch.int32)
-    weights = torch.ones(tokens, top_k) if stage == "w2" else None
-    out = torch.zeros(tokens * top_k, inter) if stage == "w13" else torch.zeros(tokens, h)
+    launcher, fake = _fake_launcher(config)
+    x, ids, weights, out = _call_args(stage, tokens, top_k, k, h, inter)
     launcher(x, w, ids, weights, out, tokens, top_k, stream=0)
     row_tiles, s, _, _ = config.launch_geometry(n, k)
     assert [g for g, _ in fake.launches] == [(row_tiles, s, e * 2)]  # ceil(20 / 16) chunk slots per expert
@@ -469,27 +483,14 @@ def test_persistent_launch_sizes_grid_smem_and_workspace_from_shapes(monkeypatch
     n, k = (2 * inter, h) if stage == "w13" else (h, inter)
     w = _experts(n, k, layout="sm90a", e=e, group=64)
     config = MoeGemvConfig(stage=stage, strips=1, warps=(4, 2), tokens=8, persistent=True, splits=splits)
-    launcher = launch_mod.MoeGemvLauncher.__new__(launch_mod.MoeGemvLauncher)
-    launcher.config, launcher.device_index, launcher._blocks, launcher._resident = config, 0, {}, {}
-    launcher._persistent = {}
-    fake = launcher.fn = _FakeKernel()
+    launcher, fake = _fake_launcher(config)
+    launcher._resident, launcher._persistent = {}, {}
     occupancy_asked = []
     fake.occupancy = lambda smem: occupancy_asked.append(smem) or 2
     sizes = []
     fake.launch = lambda grid, stream, argv, smem=None: (sizes.append(smem), fake.launches.append((grid, {
         f: getattr(fake.current, f) for f, _ in MoeGemvArgs._fields_})))
-    orig_block = fake.block
-
-    def block():
-        args, argv = orig_block()
-        fake.current = args
-        return args, argv
-
-    fake.block = block
-    x = torch.zeros(tokens * (top_k if stage == "w2" else 1), k, dtype=torch.float16)
-    ids = torch.zeros(tokens, top_k, dtype=torch.int32)
-    weights = torch.ones(tokens, top_k) if stage == "w2" else None
-    out = torch.zeros(tokens * top_k, inter) if stage == "w13" else torch.zeros(tokens, h)
+    x, ids, weights, out = _call_args(stage, tokens, top_k, k, h, inter)
     launcher(x, w, ids, weights, out, tokens, top_k, stream=0)
     row_tiles, s, _, _ = config.launch_geometry(n, k)
     pairs = tokens * top_k
