@@ -303,7 +303,8 @@ struct Mainloop {
         }
         if constexpr (Geo::kClusterM > 1) {
           // The releases of the last k-tiles (the peer's remote arrivals included) have landed.
-          for (int i = nk; i < nk + Geo::kStages; ++i) mbar_wait(&empty[i % Geo::kStages], ((i / Geo::kStages) & 1) ^ 1);
+          for (int i = nk; i < nk + Geo::kStages; ++i)
+            mbar_wait(&empty[i % Geo::kStages], ((i / Geo::kStages) & 1) ^ 1);
         }
       }
       return;

@@ -46,7 +46,8 @@ def shapes_for(bits: int):
 
 
 def kernel_of(tile, ctas_per_sm, cluster=C1, phased=False, *, dtype: str, bits: int) -> Sm90sConfig:
-    return Sm90sConfig(dtype=dtype, bits=bits, tile=tile, ctas_per_sm=ctas_per_sm, cluster=cluster, phased=phased).kernel
+    return Sm90sConfig(dtype=dtype, bits=bits, tile=tile, ctas_per_sm=ctas_per_sm, cluster=cluster,
+                       phased=phased).kernel
 
 
 def default_catalog() -> List[Sm90sConfig]:
