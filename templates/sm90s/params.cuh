@@ -40,6 +40,9 @@ struct Geometry {
   static constexpr int kClusterM = ClusterM;
   static constexpr bool kPhased = Phased;
   static constexpr int kXBoxRows = TN / ClusterM;                  // token rows of x one CTA loads
+  // A CTA's half box lands kXBoxRows 128-byte rows into each panel: whole 8-row (1024-byte)
+  // swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives them.
+  static_assert(kXBoxRows % 8 == 0, "cluster: each CTA's x rows must fill whole 128-byte swizzle atoms");
   static constexpr int kKBlocks = TK / 16;
   static constexpr int kPanels = TK / 64;
   static constexpr int kAtomBytes = 32 * kBits;                    // 16 x 16 codes
