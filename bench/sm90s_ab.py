@@ -3,7 +3,8 @@ every sm90s catalog kernel of the weight kind, timed alternately (cold L2, CUDA 
 ``--rounds``), each checked against the dequantized weight first.
 
     python bench/sm90s_ab.py [--ms 16,32,64,128,256] [--rounds 3] [--dtype f16] [--group 128]
-                             [--decompositions auto] [--models llama3-8b,llama3-70b] [--out FILE]
+                             [--decompositions auto] [--models llama3-8b,llama3-70b] [--only c2x1]
+                             [--out FILE]
 
 Every kernel the table needs (the sm90s schedules and what the current selection picks) is built
 first, in parallel (``--jobs``, default all cores; sm90s kernels take about 15 s each, sm90a
@@ -41,11 +42,13 @@ def geomean(values: List[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def sm90s_configs(dtype: str, bits: int, decompositions: List[str]):
+def sm90s_configs(dtype: str, bits: int, decompositions: List[str], only: str = ""):
+    """The catalog kernels of the weight kind (those whose schedule contains ``only``), each with
+    every decomposition asked for."""
     fam = family("sm90s")
     out = []
     for kernel in fam.catalog():
-        if kernel.dtype != dtype or kernel.bits != bits:
+        if kernel.dtype != dtype or kernel.bits != bits or only not in kernel.schedule:
             continue
         for d in decompositions:
             out.append(kernel.replace(decomposition="split", splits=int(d[5:])) if d.startswith("split")
@@ -54,10 +57,13 @@ def sm90s_configs(dtype: str, bits: int, decompositions: List[str]):
 
 
 def short(schedule: str) -> str:
-    """t128x64x128_c1x1_o1_s0_auto -> 64x128o1 auto (the column header)."""
+    """t128x64x128_c1x1_o1_s0_auto -> 64x128o1 auto, t128x64x128_c2x1_o1_s0_ph_split2 ->
+    64x128o1c2ph split2 (the column header)."""
     tm, tn, tk = schedule.split("_")[0][1:].split("x")
     parts = schedule.split("_")
-    return f"{tn}x{tk}{parts[2]}{'' if parts[-1] == 'auto' else ' ' + parts[-1]}"
+    cluster = "" if parts[1] == "c1x1" else parts[1][:2]
+    phased = "ph" if "ph" in parts[4:-1] else ""
+    return f"{tn}x{tk}{parts[2]}{cluster}{phased}{'' if parts[-1] == 'auto' else ' ' + parts[-1]}"
 
 
 def prebuild(shapes, ms: List[int], dtype: str, bits: int, group: int, configs, jobs: int) -> None:
@@ -162,6 +168,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128, help="group size (-1: per channel)")
     ap.add_argument("--decompositions", default="auto", help="comma-separated: auto, dp, split<S>")
     ap.add_argument("--models", default="llama3-8b,llama3-70b")
+    ap.add_argument("--only", default="", help="only sm90s schedules containing this text (e.g. c2x1, x128x128)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc processes for the builds")
     ap.add_argument("--out", default=None, help="also write the table here")
     a = ap.parse_args()
@@ -170,7 +177,7 @@ def main() -> None:
     if os.environ.get("MIXED_GEMM_SM90S"):
         print("note: MIXED_GEMM_SM90S is set, so 'current' may itself be sm90s")
     ms = parse_ints(a.ms, "--ms")
-    configs = sm90s_configs(a.dtype, a.bits, [d.strip() for d in a.decompositions.split(",") if d.strip()])
+    configs = sm90s_configs(a.dtype, a.bits, [d.strip() for d in a.decompositions.split(",") if d.strip()], a.only)
     print(f"{torch.cuda.get_device_name(0)}; {a.dtype} u{a.bits} g{a.group}; {len(configs)} sm90s schedules; "
           f"{a.rounds} rounds")
     shapes = [(f"{model.replace('llama3-', '')} {layer} {n}x{k}", n, k) for model in a.models.split(",")

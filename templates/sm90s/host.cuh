@@ -50,12 +50,12 @@ struct Slot {
   int m = -1;
 };
 
-// x (M, K) 16-bit, row-major: box (64, TN), 128-byte swizzle, zero fill beyond K and M.
+// x (M, K) 16-bit, row-major: box (64, TN / cluster M), 128-byte swizzle, zero fill beyond K and M.
 template <class Geo>
 int encode_x(Params& p, void const* x, int m, int k) {
   cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(m)};
   cuuint64_t strides[1] = {cuuint64_t(k) * 2};
-  cuuint32_t box[2] = {64, cuuint32_t(Geo::kTN)};
+  cuuint32_t box[2] = {64, cuuint32_t(Geo::kXBoxRows)};
   cuuint32_t unit[2] = {1, 1};
   CUresult r = encode_fn()(&p.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(x), dims, strides, box, unit,
                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
@@ -117,7 +117,10 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   p.kb_shift = kb_shift;
   p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * kTileM * rows * 2;
   slot->x = x;
-  slot->grid = dim3(p.splits, (n + kTileM - 1) / kTileM, (m + Geo::kTN - 1) / Geo::kTN);
+  // Row tiles rounded up to whole clusters: a CTA past N still loads its half of x for its peer
+  // (its weight boxes are out of bounds, zero-filled) and stores nothing.
+  int const row_tiles = (n + kTileM * Geo::kClusterM - 1) / (kTileM * Geo::kClusterM) * Geo::kClusterM;
+  slot->grid = dim3(p.splits, row_tiles, (m + Geo::kTN - 1) / Geo::kTN);
   slot->m = m;
   return 0;
 }
@@ -151,8 +154,14 @@ int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = Geo::kSmemBytes;
   cfg.stream = stream;
-  cfg.attrs = nullptr;
-  cfg.numAttrs = 0;
+  // A 2x1 cluster pairs the CTAs of adjacent row tiles (grid y) of one K slice and token tile.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = Geo::kClusterM;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = Geo::kClusterM > 1 ? attr : nullptr;
+  cfg.numAttrs = Geo::kClusterM > 1 ? 1 : 0;
   void* args[] = {&p};
   // The Params are copied into the launch (a captured graph node owns its copy).
   return cudaLaunchKernelExC(&cfg, kernel, args) == cudaSuccess ? 0 : kErrLaunch;

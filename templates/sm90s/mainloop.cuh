@@ -13,6 +13,18 @@
 // Split-K: each split writes its fp32 partial to the workspace, and the last split of a tile to
 // arrive (an atomic counter, reset by it) sums all partials in split order (deterministic) and
 // runs the epilogue. No memset per launch: the counters are zero between launches.
+//
+// 2x1 cluster (Geo::kClusterM == 2): the two CTAs take adjacent row tiles of one K slice and token
+// tile, so their x stages are equal. Each producer loads TN/2 token rows of x with TMA multicast
+// into both CTAs' stage (same offset, and complete_tx on both CTAs' full barrier, which expects the
+// whole stage), its own weight, scales and zeros without. A stage may be refilled only when both
+// CTAs have read it: every consumer warp releases it on its own CTA's empty barrier and on the
+// peer's (16 arrivals a phase). Before the producer exits it waits for the last releases, so no
+// peer arrival targets an exited CTA's shared memory.
+//
+// Phased (Geo::kPhased): the consumer warpgroups take turns issuing their k-tile's wgmmas (two
+// named barriers, warpgroup 0 first), so one warpgroup's wgmmas run while the other converts and
+// waits, instead of both batches landing on the tensor cores at once.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +77,24 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, int bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+// Arrive on the barrier at the same offset in cluster CTA `cta`'s shared memory.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_u32(bar)), "r"(cta) : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of both CTAs: the barrier inits are visible cluster-wide past it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n"
@@ -85,6 +115,16 @@ __device__ __forceinline__ void tma_2d(CUtensorMap const* map, uint64_t* bar, vo
       " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "l"(hint)
       : "memory");
 }
+// The box lands at the same offset in every CTA of `mask`, each CTA's barrier at `bar`'s offset
+// receiving its bytes.
+__device__ __forceinline__ void tma_2d_multicast(CUtensorMap const* map, uint64_t* bar, void* dst, int c0, int c1,
+                                                 uint16_t mask, uint64_t hint) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint"
+      " [%0], [%1, {%4, %5}], [%2], %3, %6;\n" ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "h"(mask), "r"(c0),
+      "r"(c1), "l"(hint)
+      : "memory");
+}
 __device__ __forceinline__ void tma_3d(CUtensorMap const* map, uint64_t* bar, void* dst, int c0, int c1, int c2,
                                        uint64_t hint) {
   asm volatile(
@@ -97,6 +137,16 @@ __device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory"); }
+// The phase offset's turn barriers (ids 2 and 3): one warpgroup syncs, the other arrives.
+// (Immediate ids: ptxas then reserves 4 hardware barriers, not all 16.)
+template <int Id>
+__device__ __forceinline__ void turn_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(kConsumerThreads) : "memory");
+}
+template <int Id>
+__device__ __forceinline__ void turn_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(Id), "n"(kConsumerThreads) : "memory");
+}
 
 // wgmma's shared-memory descriptor of a K-major, 128-byte-swizzled B tile (8-row groups 1024
 // bytes apart); a k16 step inside a 64-element panel advances the start address by 32 bytes.
@@ -147,6 +197,37 @@ struct Mainloop {
     }
   }
 
+  // Phased: warpgroup cw issues k-tile i's wgmmas after the other one issued its k-tile i - 1 + cw
+  // (turn barrier 2 + cw), then hands the turn over (barrier 3 - cw). Warpgroup 1 opens with a hand-over
+  // and skips its last, so every sync meets exactly one arrival.
+  static __device__ __forceinline__ void turn_take(int cw) {
+    if constexpr (Geo::kPhased) {
+      if (cw == 0) {
+        turn_sync<2>();
+      } else {
+        turn_sync<3>();
+      }
+    }
+  }
+  static __device__ __forceinline__ void turn_pass(int cw, bool last) {
+    if constexpr (Geo::kPhased) {
+      if (cw == 0) {
+        turn_arrive<3>();
+      } else if (!last) {
+        turn_arrive<2>();
+      }
+    }
+  }
+
+  // Release stage s: to this CTA's producer, and under a cluster to the peer's (its multicast
+  // writes this CTA's x stage too).
+  static __device__ __forceinline__ void release(uint64_t* empty, int s, int lane) {
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if constexpr (Geo::kClusterM > 1) {
+      if (lane == 1) mbar_arrive_cluster(&empty[s], cluster_rank() ^ 1u);
+    }
+  }
+
   static __device__ __forceinline__ void fence(float (&acc)[kAcc]) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -174,11 +255,15 @@ struct Mainloop {
     if (threadIdx.x == 0) {
       for (int s = 0; s < Geo::kStages; ++s) {
         mbar_init(&full[s], 1);
-        mbar_init(&empty[s], kConsumerThreads / 32);  // one arrival per consumer warp
+        mbar_init(&empty[s], Geo::kClusterM * kConsumerThreads / 32);  // one per consumer warp of the cluster
       }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (Geo::kClusterM > 1) {
+      cluster_sync();  // the peer multicasts to and arrives on this CTA's barriers
+    } else {
+      __syncthreads();
+    }
 
     int const split = blockIdx.x;
     int const kt0 = split * p.split_tiles;
@@ -199,13 +284,27 @@ struct Mainloop {
           mbar_expect_tx(&full[s], p.stage_tx);
           char* stage = smem + s * Geo::kStageBytes;
           int const kt = kt0 + i;
+          if constexpr (Geo::kClusterM > 1) {
+            // This CTA's half of the token rows, into both CTAs' stage.
+            int const half = int(cluster_rank()) * Geo::kXBoxRows;
 #pragma unroll
-          for (int panel = 0; panel < Geo::kPanels; ++panel)
-            tma_2d(&p.x, &full[s], stage + panel * TN * 128, kt * TK + 64 * panel, tok0, kEvictLast);
+            for (int panel = 0; panel < Geo::kPanels; ++panel)
+              tma_2d_multicast(&p.x, &full[s], stage + panel * TN * 128 + half * 128, kt * TK + 64 * panel, tok0 + half,
+                               uint16_t((1u << Geo::kClusterM) - 1), kEvictLast);
+          } else {
+#pragma unroll
+            for (int panel = 0; panel < Geo::kPanels; ++panel)
+              tma_2d(&p.x, &full[s], stage + panel * TN * 128, kt * TK + 64 * panel, tok0, kEvictLast);
+          }
           tma_3d(&p.w, &full[s], stage + Geo::kXBytes, 0, row0 / kAtomRows, kt * KB, kEvictFirst);
           int const srow = (kt * TK) / p.group;
           tma_2d(&p.s, &full[s], stage + Geo::kXBytes + Geo::kWBytes, row0, srow, kEvictFirst);
           tma_2d(&p.z, &full[s], stage + Geo::kXBytes + Geo::kWBytes + Geo::kSBytes, row0, srow, kEvictFirst);
+        }
+        if constexpr (Geo::kClusterM > 1) {
+          // The releases of the last k-tiles (the peer's remote arrivals included) have landed.
+          for (int i = nk; i < nk + Geo::kStages; ++i)
+            mbar_wait(&empty[i % Geo::kStages], ((i / Geo::kStages) & 1) ^ 1);
         }
       }
       return;
@@ -222,13 +321,16 @@ struct Mainloop {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
+    if constexpr (Geo::kPhased) {
+      if (cw == 1) turn_arrive<2>();  // warpgroup 0 issues first
+    }
     if constexpr (Geo::kDoubleBuffer) {
       Frag a0, a1;
       mbar_wait(&full[0], 0);
       convert(smem, p, atom_row, lane, a0);
       for (int i = 0; i < nk; i += 2) {
-        step(p, smem, full, empty, i, nk, atom_row, lane, a0, a1, acc);
-        if (i + 1 < nk) step(p, smem, full, empty, i + 1, nk, atom_row, lane, a1, a0, acc);
+        step(p, smem, full, empty, i, nk, cw, atom_row, lane, a0, a1, acc);
+        if (i + 1 < nk) step(p, smem, full, empty, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
       }
     } else {
       Frag a;
@@ -237,10 +339,12 @@ struct Mainloop {
         char const* stage = smem + s * Geo::kStageBytes;
         mbar_wait(&full[s], (i / Geo::kStages) & 1);
         convert(stage, p, atom_row, lane, a);
+        turn_take(cw);
         mma(stage, a, acc);
+        turn_pass(cw, i + 1 == nk);
         cute::warpgroup_wait<0>();
         fence(acc);
-        if (lane == 0) mbar_arrive(&empty[s]);
+        release(empty, s, lane);
       }
     }
 
@@ -249,10 +353,12 @@ struct Mainloop {
 
   // k-tile i: its wgmmas from `cur`, then (while they run) the next k-tile converted into `next`.
   static __device__ __forceinline__ void step(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int i,
-                                              int nk, int atom_row, int lane, Frag& cur, Frag& next,
+                                              int nk, int cw, int atom_row, int lane, Frag& cur, Frag& next,
                                               float (&acc)[kAcc]) {
     int const s = i % Geo::kStages;
+    turn_take(cw);
     mma(smem + s * Geo::kStageBytes, cur, acc);
+    turn_pass(cw, i + 1 == nk);
     if (i + 1 < nk) {
       int const s1 = (i + 1) % Geo::kStages;
       mbar_wait(&full[s1], ((i + 1) / Geo::kStages) & 1);
@@ -260,7 +366,7 @@ struct Mainloop {
     }
     cute::warpgroup_wait<0>();
     fence(acc);
-    if (lane == 0) mbar_arrive(&empty[s]);
+    release(empty, s, lane);
   }
 
   static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], int ct, int cw, int warp,

@@ -20,18 +20,29 @@ constexpr int kMaxStages = 12;
 //   w:      TM/16 x TK/16 atoms of the sm90a layout, atom (nb, kb) at byte kAtomBytes (nb + 8 kb);
 //   scales, zeros: up to TK/32 rows of TM values (one per group the k-tile touches, groups >= 32).
 // The x panels come first: each starts 1024-byte aligned, as the swizzle pattern requires.
-template <int kBits, int TN, int TK, int Stages, int CtasPerSm>
+//
+// ClusterM = 2: the two CTAs of a cluster take adjacent 128-row tiles of the same K slice and token
+// tile, so their x stages are equal; each loads TN/2 token rows of it with TMA multicast into both.
+// Phased: the two consumer warpgroups take turns issuing their wgmmas (an ordered barrier).
+template <int kBits, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TN % 16 == 0 && TN >= 16 && TN <= 256, "TN: wgmma N, a multiple of 16 up to 256");
   static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
   static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");
   static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && TN <= 32), "two CTAs per SM only with TN <= 32 (registers)");
+  static_assert(ClusterM == 1 || ClusterM == 2, "cluster: 1 or 2 row tiles share an x tile");
   static constexpr int kBitsW = kBits;
   static constexpr int kTN = TN;
   static constexpr int kTK = TK;
   static constexpr int kStages = Stages;
   static constexpr int kCtasPerSm = CtasPerSm;
+  static constexpr int kClusterM = ClusterM;
+  static constexpr bool kPhased = Phased;
+  static constexpr int kXBoxRows = TN / ClusterM;                  // token rows of x one CTA loads
+  // A CTA's half box lands kXBoxRows 128-byte rows into each panel: whole 8-row (1024-byte)
+  // swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives them.
+  static_assert(kXBoxRows % 8 == 0, "cluster: each CTA's x rows must fill whole 128-byte swizzle atoms");
   static constexpr int kKBlocks = TK / 16;
   static constexpr int kPanels = TK / 64;
   static constexpr int kAtomBytes = 32 * kBits;                    // 16 x 16 codes
@@ -62,7 +73,7 @@ struct Params {
   CUtensorMap w;   // int32 words (8*bits per atom, N_pad/16 atoms, K16/16 columns), box (all, 8, TK/16)
   CUtensorMap s;   // (G, N_pad) 16-bit, box (128, scale rows)
   CUtensorMap z;   // the additive zeros z', as s
-  CUtensorMap x;   // (M, K) 16-bit, box (64, TN), 128-byte swizzle
+  CUtensorMap x;   // (M, K) 16-bit, box (64, TN / cluster M), 128-byte swizzle
   void const* bias;
   void const* residual;
   void* y;
@@ -74,7 +85,8 @@ struct Params {
   int split_tiles;    // k-tiles per split (every split gets at least one)
   int splits;
   int kb_shift;       // log2(k16 blocks per scale row inside a k-tile)
-  int stage_tx;       // bytes the TMAs of one stage deliver (boxes are whole, zero-filled out of bounds)
+  int stage_tx;       // bytes the TMAs of one stage deliver to each CTA (boxes are whole, zero-filled out of
+                      // bounds; with a cluster, half of x comes from the peer's multicast)
 };
 
 }  // namespace sm90s

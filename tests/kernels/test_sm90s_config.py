@@ -27,7 +27,8 @@ def test_names_schedules_and_round_trip():
     assert c.kernel_name == "mg_sm90s_bf16_u4_t128x64x128_c1x1_o1_s0"
     assert c.name == "mg_sm90s_bf16_u4_zfloat_t128x64x128_c1x1_o1_s0_split4"
     assert c.kernel == Sm90sConfig(dtype="bf16", tile=(128, 64, 128))  # zero mode and split folded
-    for sched in ("t128x16x128_c1x1_o2_s0_auto", "t128x256x64_c1x1_o1_s3_dp", "t128x32x128_c1x1_o1_s6_split16"):
+    for sched in ("t128x16x128_c1x1_o2_s0_auto", "t128x256x64_c1x1_o1_s3_dp", "t128x32x128_c1x1_o1_s6_split16",
+                  "t128x128x128_c2x1_o1_s0_ph_auto", "t128x64x128_c2x1_o1_s0_split3"):
         again = parse_schedule(f"sm90s:{sched}", dtype="f16", bits=8, zero_mode="sym")
         assert again.schedule == sched and qualified(again) == f"sm90s:{sched}" and again.bits == 8
     with pytest.raises(ValueError, match="is not an sm90s schedule"):
@@ -38,7 +39,9 @@ def test_names_schedules_and_round_trip():
     (dict(tile=(64, 64, 128)), "tile M"),
     (dict(tile=(128, 48, 128)), "tile N"),
     (dict(tile=(128, 64, 32)), "tile K"),
-    (dict(cluster=(2, 1)), "cluster"),
+    (dict(cluster=(1, 2)), "cluster"),
+    (dict(cluster=(4, 1)), "cluster"),
+    (dict(phased=1), "phased"),
     (dict(tile=(128, 64, 128), ctas_per_sm=2), "two CTAs per SM only at TN <= 32"),
     (dict(stages=1), "stages"),
     (dict(decomposition="split"), "splits > 1 exactly"),
@@ -64,7 +67,19 @@ def test_auto_stages_fill_the_shared_memory(tile, ctas, stages):
     assert c.replace(stages=stages).smem_bytes == c.smem_bytes
     src = FAMILY.render(c)  # the kernel static_asserts the same number
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src
-    assert f"Geometry<4, {tile[1]}, {tile[2]}, {stages}, {ctas}>" in src
+    assert f"Geometry<4, {tile[1]}, {tile[2]}, {stages}, {ctas}, 1, false>" in src
+
+
+def test_cluster_and_phase_offset_are_compiled_in():
+    c = Sm90sConfig(tile=(128, 128, 128), cluster=(2, 1), phased=True)
+    assert c.schedule == "t128x128x128_c2x1_o1_s0_ph_auto"
+    assert c.kernel_name == "mg_sm90s_f16_u4_t128x128x128_c2x1_o1_s0_ph"
+    assert c.kernel_name != c.replace(phased=False).kernel_name != c.replace(cluster=(1, 1), phased=False).kernel_name
+    assert c.smem_bytes == c.replace(cluster=(1, 1)).smem_bytes  # the same ring, half of x from the peer
+    assert "Geometry<4, 128, 128, 5, 1, 2, true>" in FAMILY.render(c)
+    # Row tiles are launched in whole clusters: 33 row tiles take 34 CTAs per token tile and slice.
+    assert c.tiles(16, 4224) == 34 and c.replace(cluster=(1, 1)).tiles(16, 4224) == 33
+    assert c.tiles(200, 4096) == 64 and c.replace(tile=(128, 64, 128)).tiles(200, 4096) == 128
 
 
 def test_catalog_covers_the_token_tiles_of_both_dtypes():
@@ -74,6 +89,12 @@ def test_catalog_covers_the_token_tiles_of_both_dtypes():
         tns = {c.tile[1] for c in cat if c.dtype == dtype and c.bits == 4}
         assert tns == {16, 32, 64, 128, 256}
         assert any(c.dtype == dtype and c.bits == 8 for c in cat)
+        # x multicast over 2x1 clusters from TN = 64 on, beside the c1x1 kernels, with and without
+        # the phase offset.
+        for tn in (64, 128, 256):
+            kinds = {(c.cluster, c.phased) for c in cat if c.dtype == dtype and c.bits == 4 and c.tile[1] == tn}
+            assert kinds == {((1, 1), False), ((2, 1), False), ((2, 1), True)}
+        assert any(c.dtype == dtype and c.bits == 8 and c.cluster == (2, 1) for c in cat)
     assert all(c == c.kernel and c.decomposition == "auto" for c in cat)
 
 
@@ -126,6 +147,8 @@ def test_candidates_parse_and_fit_m():
             config = Sm90sConfig.from_schedule(s)
             assert config.kernel in default_catalog()
     assert any(s.endswith("_dp") for s in candidate_schedules(64, 57344, 8192, 132))
+    at128 = candidate_schedules(128, 4096, 4096, 132)
+    assert {"t128x128x128_c1x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_ph_auto"} <= set(at128)
 
 
 def test_heuristic_passes_unless_switched_on(monkeypatch):

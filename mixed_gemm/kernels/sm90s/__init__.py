@@ -69,7 +69,8 @@ class Sm90sFamily(Family):
             "sm90s/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
-            stages=kernel.pipeline_stages, ctas_per_sm=kernel.ctas_per_sm, smem_bytes=kernel.smem_bytes,
+            stages=kernel.pipeline_stages, ctas_per_sm=kernel.ctas_per_sm, cluster_m=kernel.cluster[0],
+            phased="true" if kernel.phased else "false", smem_bytes=kernel.smem_bytes,
             threads=kernel.threads, abi_version=ABI_VERSION, constants=constant_checks(),
         )
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 # mg_info's fields, in order.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k",
-               "ctas_per_sm")
+               "ctas_per_sm", "cluster_m", "phased")
 # Negative return codes of mg_init / mg_run / mg_prepare (templates/sm90s/host.cuh).
 ERRORS = {-1: "driver entry points (cuTensorMapEncodeTiled / cuTensorMapReplaceAddress) unavailable",
           -2: "encoding the weight descriptor failed", -3: "encoding the scales descriptor failed",

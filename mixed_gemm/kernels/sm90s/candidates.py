@@ -1,7 +1,8 @@
 """The sm90s schedules ``mixed-gemm profile`` tries for one problem: for 9 <= M <= 512, the
 catalog token tiles that M fills (the smallest TN >= M, capped at 256, and the one below it),
-each with the split factor chosen per shape (``auto``) and, where the tiles alone give at least
-two waves, one CTA per tile (``dp``)."""
+every catalog kernel of those tiles (CTAs per SM, cluster, phase offset), each with the split
+factor chosen per shape (``auto``) and, where the tiles alone give at least two waves, one CTA
+per tile (``dp``)."""
 from __future__ import annotations
 
 from typing import List
@@ -16,14 +17,14 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
     if not FROM_M <= m <= TO_M:
         return []
     shapes = shapes_for(bits)
-    tns = sorted({tile[1] for tile, _ in shapes})
+    tns = sorted({shape[0][1] for shape in shapes})
     fit = next((tn for tn in tns if tn >= m), tns[-1])
     keep = {fit} | {tn for tn in tns if tn < fit and tns.index(tn) == tns.index(fit) - 1}
     out: List[str] = []
-    for tile, ctas in shapes:
+    for tile, ctas, cluster, phased in shapes:
         if tile[1] not in keep:
             continue
-        base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas)
+        base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased)
         out.append(base.schedule)  # auto
         if base.tiles(m, n) >= 2 * sms * ctas:
             out.append(base.replace(decomposition="dp").schedule)

@@ -8,23 +8,35 @@ from typing import List
 from ..common import DTYPES
 from .config import Sm90sConfig
 
-# (tile (TM, TN tokens, TK), CTAs per SM), from small M to large M. Every group size the sm90a
-# layout holds (powers of two >= 32, per-channel) runs with TK = 128: a k-tile loads one scale
-# row per group it touches.
+# (tile (TM, TN tokens, TK), CTAs per SM, cluster, phased), from small M to large M. Every group
+# size the sm90a layout holds (powers of two >= 32, per-channel) runs with TK = 128: a k-tile loads
+# one scale row per group it touches.
+C1, C2 = (1, 1), (2, 1)
 SHAPES = (
-    ((128, 16, 128), 1),
-    ((128, 16, 128), 2),    # two CTAs per SM: four converting warpgroups for the memory-bound range
-                            # (not at TN = 32: 104 registers per consumer thread spill there)
-    ((128, 32, 128), 1),
-    ((128, 64, 128), 1),
-    ((128, 128, 128), 1),
-    ((128, 256, 128), 1),
+    ((128, 16, 128), 1, C1, False),
+    ((128, 16, 128), 2, C1, False),   # two CTAs per SM: four converting warpgroups for the memory-bound
+                                      # range (not at TN = 32: 104 registers per consumer thread spill there)
+    ((128, 32, 128), 1, C1, False),
+    ((128, 64, 128), 1, C1, False),
+    ((128, 128, 128), 1, C1, False),
+    ((128, 256, 128), 1, C1, False),
+    # From TN = 64 on, x from L2 costs as much as the weight from HBM per CTA (docs/notes/
+    # serving-mainloop.md, cycle budget): a 2x1 cluster multicasts each x tile to two row tiles,
+    # with and without the warpgroups' phase offset (tensor-bound at TN >= 128).
+    ((128, 64, 128), 1, C2, False),
+    ((128, 64, 128), 1, C2, True),
+    ((128, 128, 128), 1, C2, False),
+    ((128, 128, 128), 1, C2, True),
+    ((128, 256, 128), 1, C2, False),
+    ((128, 256, 128), 1, C2, True),
 )
 # 8-bit weights: the same kernel with the 64-bit atom slices (AtomConvert<., 8>), on fewer tiles.
 SHAPES_U8 = (
-    ((128, 16, 128), 1),
-    ((128, 64, 128), 1),
-    ((128, 256, 64), 1),    # TK = 128 would leave room for 2 stages of 82 KB
+    ((128, 16, 128), 1, C1, False),
+    ((128, 64, 128), 1, C1, False),
+    ((128, 256, 64), 1, C1, False),   # TK = 128 would leave room for 2 stages of 82 KB
+    ((128, 64, 128), 1, C2, False),
+    ((128, 256, 64), 1, C2, False),
 )
 BITS = (4, 8)
 
@@ -33,8 +45,9 @@ def shapes_for(bits: int):
     return SHAPES if bits == 4 else SHAPES_U8
 
 
-def kernel_of(tile, ctas_per_sm, *, dtype: str, bits: int) -> Sm90sConfig:
-    return Sm90sConfig(dtype=dtype, bits=bits, tile=tile, ctas_per_sm=ctas_per_sm).kernel
+def kernel_of(tile, ctas_per_sm, cluster=C1, phased=False, *, dtype: str, bits: int) -> Sm90sConfig:
+    return Sm90sConfig(dtype=dtype, bits=bits, tile=tile, ctas_per_sm=ctas_per_sm, cluster=cluster,
+                       phased=phased).kernel
 
 
 def default_catalog() -> List[Sm90sConfig]:

@@ -12,10 +12,11 @@ from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)_(dp|auto|split(\d+))$")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?_(dp|auto|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
 TILE_NS = (16, 32, 64, 128, 256)
 TILE_KS = (64, 128)
+CLUSTERS = ((1, 1), (2, 1))  # (2, 1): two adjacent row tiles share their x tile (TMA multicast)
 THREADS = 384           # one producer warpgroup, two consumer warpgroups
 MAX_STAGES = 12
 AUTO_STAGES = 8         # the deepest ring stages=0 picks
@@ -38,10 +39,13 @@ class Sm90sConfig:
     of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, TN tokens in
-    {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1); x multicast over two row tiles
-    is a later step), ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2
-    only at TN <= 32, where the registers allow it) and ``stages`` (0: as many as fit the shared
-    memory of ``ctas_per_sm`` CTAs, at most 8). At launch: ``decomposition``, ``"dp"`` (one CTA
+    {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), or (2, 1): two CTAs of adjacent
+    weight-row tiles share one x tile, each loading half of it with TMA multicast into both),
+    ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 32,
+    where the registers allow it), ``stages`` (0: as many as fit the shared memory of
+    ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
+    consumer warpgroups take turns issuing their wgmmas, so one converts while the other's run). At
+    launch: ``decomposition``, ``"dp"`` (one CTA
     per output tile), ``"split"`` with ``splits`` K slices, or ``"auto"`` (the split factor chosen
     per shape to fill the SMs, :meth:`launch_splits`); slices are summed in the kernel by the last
     one to finish, in slice order, with no memset per launch.
@@ -57,6 +61,7 @@ class Sm90sConfig:
     cluster: Tuple[int, int] = (1, 1)
     ctas_per_sm: int = 1
     stages: int = 0
+    phased: bool = False
     decomposition: str = "auto"
     splits: int = 1
 
@@ -68,7 +73,8 @@ class Sm90sConfig:
             (tm == TILE_M, "tile M (weight rows) must be 128: two consumer warpgroups of 64 rows (wgmma m64)"),
             (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
             (tk in TILE_KS, f"tile K must be one of {TILE_KS} (64-element swizzle panels of x)"),
-            (self.cluster == (1, 1), "cluster must be (1, 1) (x multicast is not built yet)"),
+            (self.cluster in CLUSTERS, "cluster must be (1, 1) or (2, 1) (x multicast over two row tiles)"),
+            (isinstance(self.phased, bool), "phased must be a bool"),
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
             (self.ctas_per_sm == 1 or tn <= 32, "two CTAs per SM only at TN <= 32 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
@@ -113,7 +119,7 @@ class Sm90sConfig:
     def _tile_schedule(self) -> str:
         tm, tn, tk = self.tile
         cm, cn = self.cluster
-        return f"t{tm}x{tn}x{tk}_c{cm}x{cn}_o{self.ctas_per_sm}_s{self.stages}"
+        return f"t{tm}x{tn}x{tk}_c{cm}x{cn}_o{self.ctas_per_sm}_s{self.stages}{'_ph' if self.phased else ''}"
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -133,11 +139,12 @@ class Sm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t128x<TN>x<TK>_c1x1_o<1|2>_s<stages>_<dp|auto|split<S>>")
-        tm, tn, tk, cm, cn, o, st, tail, sp = m.groups()
+                             "t128x<TN>x<TK>_c<1|2>x1_o<1|2>_s<stages>[_ph]_<dp|auto|split<S>>")
+        tm, tn, tk, cm, cn, o, st, ph, tail, sp = m.groups()
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
-                   cluster=(int(cm), int(cn)), ctas_per_sm=int(o), stages=int(st), decomposition=decomposition,
+                   cluster=(int(cm), int(cn)), ctas_per_sm=int(o), stages=int(st), phased=bool(ph),
+                   decomposition=decomposition,
                    splits=int(sp or 1))
 
     def replace(self, **changes) -> "Sm90sConfig":
@@ -148,9 +155,11 @@ class Sm90sConfig:
 
     # ---- launch geometry ----
     def tiles(self, m: int, n: int) -> int:
-        """Output tiles: weight-row tiles x token tiles."""
+        """Output tiles (CTAs of one K slice): weight-row tiles, rounded up to whole clusters, x
+        token tiles."""
         _, tn, _ = self.tile
-        return -(-n // TILE_M) * -(-m // tn)
+        cm = self.cluster[0]
+        return -(-n // (TILE_M * cm)) * cm * -(-m // tn)
 
     def k_tiles(self, k: int) -> int:
         return -(-_round_up(k, 16) // self.tile[2])

@@ -34,6 +34,7 @@ class Sm90sLauncher:
         self.lib, self.info = open_library(spec, abi.bind, abi.info, abi.ABI_VERSION,
                                            dict(tile_m=tm, tile_n=tn, tile_k=tk, bits=config.bits,
                                                 stages=config.pipeline_stages, ctas_per_sm=config.ctas_per_sm,
+                                                cluster_m=config.cluster[0], phased=int(config.phased),
                                                 smem_bytes=config.smem_bytes), device_index, abi.describe)
         self.sms = sm_count(device_index)
         self.lock = threading.Lock()
