@@ -27,6 +27,18 @@ def get_library(spec: BuildSpec, bind: Callable[[ctypes.CDLL], ctypes.CDLL]) -> 
     return lib
 
 
+def signature_binder(signatures: Dict[str, tuple]) -> Callable[[ctypes.CDLL], ctypes.CDLL]:
+    """A ``bind`` for :func:`get_library`: sets ``restype, argtypes = signatures[name]`` on each named
+    function of a loaded kernel library (each family's ABI module lists its C functions)."""
+    def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+        for name, (res, args) in signatures.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        return lib
+
+    return bind
+
+
 class LibraryMismatch(RuntimeError):
     """A kernel library that is not what its config says (ABI, shape): a stale cache entry or a bug."""
 

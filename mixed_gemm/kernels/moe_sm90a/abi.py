@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 
+from ...runtime.library import signature_binder
+
 from ..sm90a.abi import describe  # the same error codes (sm90a::kErr*) and cutlass::Status
 
 ABI_VERSION = 4
@@ -30,12 +32,7 @@ SIGNATURES = {
 }
 
 
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set restype/argtypes of every function of ``lib`` (a loaded kernel library)."""
-    for name, (res, args) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
+bind = signature_binder(SIGNATURES)  # sets restype/argtypes of every function of a loaded library
 
 
 def info(lib: ctypes.CDLL) -> dict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 
+from ...runtime.library import signature_binder
+
 ABI_VERSION = 3
 RASTERS = {"h": 0, "m": 1, "n": 2}  # tile order: CUTLASS's heuristic, weight tiles first, token tiles first
 # mg_info's fields, in order.
@@ -37,12 +39,7 @@ SIGNATURES = {
 }
 
 
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set restype/argtypes of every function of ``lib`` (a loaded kernel library)."""
-    for name, (res, args) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
+bind = signature_binder(SIGNATURES)  # sets restype/argtypes of every function of a loaded library
 
 
 def describe(rc: int) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 
+from ...runtime.library import signature_binder
+
 ABI_VERSION = 2
 # mg_info's fields, in order.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k",
@@ -35,12 +37,7 @@ SIGNATURES = {
 }
 
 
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set restype/argtypes of every function of ``lib`` (a loaded kernel library)."""
-    for name, (res, args) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
+bind = signature_binder(SIGNATURES)  # sets restype/argtypes of every function of a loaded library
 
 
 def describe(rc: int) -> str:
