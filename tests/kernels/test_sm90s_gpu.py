@@ -17,6 +17,7 @@ from mixed_gemm.kernels import base, sm90s
 from mixed_gemm.kernels.sm90s.config import Sm90sConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))  # weights.py: rel_err, seed_of
+from test_sm90a_gpu import make_case  # noqa: E402  (the canonical weight of each zero kind)
 from weights import deterministic_and_replayable, rel_err, seed_of  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -27,21 +28,6 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 CATALOG = sm90s.FAMILY.catalog()
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K)
 MS = (9, 16, 33, 64, 128, 256)
-
-
-def make_case(bits, zero, group, n, k, seed):
-    """Random canonical weight of a zero kind, and the (format, zero_mode) that carries it."""
-    gen = torch.Generator().manual_seed(seed)
-    groups = 1 if group == -1 else k // group
-    q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
-    s = (torch.rand(n, groups, generator=gen) + 0.5) * (2.0 / (2**bits * k**0.5))
-    if zero == "sym":
-        return q, s, None, "gptq", "int"
-    if zero == "int":
-        return q, s, torch.randint(0, 2**bits, (n, groups), generator=gen).float(), "plain", "int"
-    if zero == "float":  # HQQ: fractional zero points
-        return q, s, torch.rand(n, groups, generator=gen) * (2**bits - 1), "plain", "float"
-    return q, s, -(torch.rand(n, groups, generator=gen) * 2**bits) * s, "plain", "offset"  # w = q s + m
 
 
 @functools.lru_cache(maxsize=None)
