@@ -1,10 +1,10 @@
 """The sm90s family's choice when no profile covers a problem, kept as data.
 
-Off by default: the family is new and unmeasured, so selection keeps its measured defaults (gemv,
-the sm80 16-token tiles, sm90a) until the H100 profile says where sm90s wins. Setting
-``MIXED_GEMM_SM90S=1`` lets the heuristic take 9 <= M <= 256 (for A/B runs before the defaults are
-flipped; TODO: flip after the H100 measurements of bench/sm90s_ab.py). Profiles that name
-``sm90s:`` schedules are used either way.
+Off by default: the H100 profile picks sm90s where it measured faster (M = 16-64 on the Llama-3
+shapes, docs/notes/serving-mainloop.md); on shapes no profile names, selection keeps the measured
+defaults (gemv, the sm80 16-token tiles, sm90a) until a held-out check (bench/heldout_check.py)
+shows these rows within reach of the sweep's best. ``MIXED_GEMM_SM90S=1`` lets the heuristic take
+9 <= M <= 256 (A/B runs). Profiles that name ``sm90s:`` schedules are used either way.
 """
 from __future__ import annotations
 
