@@ -12,7 +12,8 @@ from .compile.background import wait as wait_for_builds
 from .formats import pack, quantize, sparsify_quantize, unpack
 from .kernels.dequant_mm import DequantMMConfig
 from .kernels.sm80 import Sm80Config
-from .ops import PackedExperts, PackedWeight, dequantize, explain, matmul, moe, prepack, prepack_experts, silu_mul_matmul
+from .ops import (PackedExperts, PackedWeight, dequantize, explain, matmul, moe, prebuild, prepack, prepack_experts,
+                  silu_mul_matmul)
 from .version import __version__
 
 KernelConfig = Sm80Config  # the sm80 family's config under its historical name
@@ -33,6 +34,7 @@ __all__ = [
     "matmul",
     "moe",
     "pack",
+    "prebuild",
     "prepack",
     "prepack_experts",
     "quantize",

@@ -27,7 +27,34 @@ def _skip_nvcc_tests_without_nvcc(items):
             item.add_marker(skip)
 
 
+SHARD_ENV = "MIXED_GEMM_TEST_SHARD"
+
+
+def _keep_shard(config, items):
+    """``$MIXED_GEMM_TEST_SHARD=i/n`` keeps the i-th of n disjoint parts of the collected tests (by a
+    hash of each node id, so a part is the same on every machine): a suite longer than one GPU
+    call runs as n calls whose parts add up to the whole."""
+    raw = os.environ.get(SHARD_ENV)
+    if not raw:
+        return
+    import zlib
+
+    try:
+        index, count = (int(v) for v in raw.split("/"))
+        if not 1 <= index <= count:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(f"{SHARD_ENV}={raw!r}: expected i/n with 1 <= i <= n") from None
+    keep, drop = [], []
+    for item in items:
+        (keep if zlib.crc32(item.nodeid.encode()) % count == index - 1 else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    _keep_shard(config, items)
     _skip_nvcc_tests_without_nvcc(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:

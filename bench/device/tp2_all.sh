@@ -77,13 +77,8 @@ if want build; then
 import os, sys, time
 import torch
 import mixed_gemm as mg
-from mixed_gemm.compile import blocking, build_many
 from mixed_gemm.integrations.e2e import PRESETS
-from mixed_gemm.kernels.allreduce import ALGOS, FAMILY as AR, GEMM_FUSED_MAX_M, AllReduceConfig
-from mixed_gemm.kernels.allreduce.gemv import FAMILY as GAR, GemvAllReduceConfig, gemv_config_for
-from mixed_gemm.kernels.base import sm_count
-from mixed_gemm.ops.matmul import problem
-from mixed_gemm.select import m_bucket
+from mixed_gemm.ops.prebuild import all_reduce_specs, build_specs
 
 t0 = time.time()
 p = PRESETS["llama3-70b"]
@@ -92,13 +87,7 @@ d = h // heads
 ms = {1, 2, 4, 8, 16, 32, 64}
 for var in ("TP2_BATCHES", "TP2_MORE_BATCHES"):
     ms |= {int(b) for b in os.environ.get(var, "").split(",") if b}
-specs = {}
-
-
-def add(spec):
-    specs[spec.name] = spec
-
-
+weights, rows = [], []
 for tp in (1, 2):
     for n, k, row in (((heads + 2 * kv) * d // tp, h, False), (h, heads * d // tp, True), (2 * inter // tp, h, False),
                       (h, inter // tp, True)):
@@ -107,25 +96,12 @@ for tp in (1, 2):
         s = torch.rand(n, k // 128, generator=gen, device="cuda").half() * 0.01 + 0.001
         z = torch.randint(0, 16, (n, k // 128), generator=gen, device="cuda").half()
         w = mg.prepack(q, s, z, format="plain", bits=4, group_size=128, dtype=torch.float16)
+        (rows if tp == 2 and row else weights).append(w)
         del q, s, z
-        for m in sorted(ms):
-            choice = mg.explain(m, w)
-            add(choice.family.build_spec(choice.config))
-            if tp == 2 and row and m <= GEMM_FUSED_MAX_M:
-                chosen = choice.config if choice.family.name == "gemv" else None
-                gemv = gemv_config_for(problem(w, m_bucket(m)), sm_count(0), chosen)
-                if gemv is not None:
-                    add(GAR.build_spec(GemvAllReduceConfig(gemv, 2)))
-        del w
-        torch.cuda.empty_cache()
-for dtype in ("f16", "bf16", "f32"):
-    for algo in ALGOS:
-        add(AR.build_spec(AllReduceConfig(algo, dtype, 2)))
-print(f"building {len(specs)} kernels ({sys.argv[1]} jobs), chosen in {time.time() - t0:.0f} s", flush=True)
-with blocking():
-    build_many([(s.name, s.source(), dict(arch_flags=s.arch_flags, output=s.output)) for s in specs.values()],
-               jobs=int(sys.argv[1]), progress=False)
-print(f"built {len(specs)} kernels in {time.time() - t0:.0f} s")
+jobs = int(sys.argv[1])
+built = mg.prebuild(weights, sorted(ms), world=2, row_parallel=rows, jobs=jobs)
+built += build_specs(all_reduce_specs((torch.float16, torch.bfloat16, torch.float32), 2), jobs)
+print(f"built {built} kernels in {time.time() - t0:.0f} s")
 EOF
   rc=${PIPESTATUS[0]}
   note "build: rc $rc, $((SECONDS - s)) s; $(tail -1 "$OUT/tp2-build.log")"

@@ -92,13 +92,16 @@ def split_replays(events: Sequence[Tuple[str, float, float, int]], replays: int)
 
 def summarize(replays: Sequence[Sequence[Tuple[str, float, float]]]) -> Dict:
     """Per stage the median µs and the kernels per call; their sum (so that the stages' shares add
-    up to 100%) and the span of a call."""
+    up to 100%) and the span of a call; per replay its kernels' sum and its span (a sum of
+    per-stage medians can exceed the median span when replays vary, one replay's sum cannot
+    exceed its own span: its kernels run one after another)."""
     per = [classify([(n, e - s) for n, s, e in r]) for r in replays]
     stages = {st: statistics.median(p[st][0] for p in per) for st in STAGES}
     counts = {st: per[0][st][1] for st in STAGES}
+    spans = [r[-1][2] - r[0][1] for r in replays if r]
     return dict(stage_us=stages, stage_kernels=counts, kernels=sum(counts.values()),
-                sum_us=sum(stages.values()),
-                span_us=statistics.median(r[-1][2] - r[0][1] for r in replays if r),
+                sum_us=sum(stages.values()), span_us=statistics.median(spans),
+                replay_sum_us=[sum(e - s for _, s, e in r) for r in replays if r], replay_span_us=spans,
                 names=sorted({n for n, _, _ in replays[0]}))
 
 

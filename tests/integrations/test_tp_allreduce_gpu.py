@@ -362,5 +362,26 @@ def _gemm_fused(rank):
                 assert _key(fused.linear.packed(), 1) in comm.gemm_fused
 
 
+def _prebuild_gemm_fused():
+    """Build every kernel ``_gemm_fused`` runs (both dtypes, every M, TP=1 and the row shard, the fused
+    and all-reduce kernels) side by side before the ranks start: built one by one on first use
+    inside the ranks they took longer than the whole two-GPU run was given."""
+    import mixed_gemm as mg
+    from mixed_gemm.integrations.shard import shard_linear
+
+    n, k = 8192, 2 * 1792
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    s = ((torch.rand(n, k // 128, generator=gen) + 0.5) * (2.0 / (16 * k**0.5))).half()
+    z = torch.randint(0, 16, (n, k // 128), generator=gen).half()
+    whole, shards = [], []
+    for dtype in (torch.float16, torch.bfloat16):
+        kw = dict(style="row", format="plain", bits=4, group_size=128, dtype=dtype, device=torch.device("cuda", 0))
+        whole.append(shard_linear(q, s, z, tp_rank=0, tp_size=1, **kw).linear.packed())
+        shards.append(shard_linear(q, s, z, tp_rank=0, tp_size=WORLD, all_reduce="nccl", **kw).linear.packed())
+    mg.prebuild(whole + shards, (1, 2, 5, 8, 16, 32, 64), world=WORLD, row_parallel=shards)
+
+
 def test_gemm_fused_all_reduce(tmp_path):
+    _prebuild_gemm_fused()
     _spawn(_gemm_fused, tmp_path)

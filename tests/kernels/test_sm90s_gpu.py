@@ -147,12 +147,14 @@ def test_cluster_edges(config):
 
 
 def test_heuristic_leaves_sm90s_alone_without_the_switch(monkeypatch):
-    """On a shape no profile names (3072 x 2048), the heuristic keeps its measured defaults; sm90s is
-    picked where the H100 profile measured it faster (or with the switch)."""
+    """With no profile (the shipped one picks sm90s for shapes it measured, and the nearest profiled shape
+    for others), the heuristic keeps its measured defaults unless the switch is on."""
+    from mixed_gemm.select import selection
     from mixed_gemm.select.selection import clear_selection
 
     w, _ = weight("f16", 4, "int", 128, 3072, 2048)
     monkeypatch.delenv(sm90s.SWITCH_ENV, raising=False)
+    monkeypatch.setattr(selection, "device_profile", lambda i: None)
     clear_selection()
     try:
         for m in (16, 64, 256):
