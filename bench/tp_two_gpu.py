@@ -95,9 +95,12 @@ def fill_replicated(model, device, broadcast: bool):
         set_tensor(model, name, t)
 
 
-def build(cfg, weights, *, tp_rank, tp_size, device, fuse=True):
-    """The model with this rank's shards cut from ``weights`` (whole CPU tensors per module)."""
+def build(cfg, weights, *, tp_rank, tp_size, device, fuse=True, norms=False):
+    """The model with this rank's shards cut from ``weights`` (whole CPU tensors per module).
+    ``norms``: the skip connections and norms fused too: at TP=1 into the projections' epilogues
+    (``fuse_projections(residual=True)``), at TP=2 into the all-reduces (``fuse_all_reduce_norms``)."""
     from mixed_gemm.integrations.fuse import fuse_projections
+    from mixed_gemm.integrations.tp_fuse import fuse_all_reduce_norms
     from mixed_gemm.integrations.tp import shard_projections
     from mixed_gemm.integrations.loading import empty_model, finish_loading
 
@@ -107,7 +110,9 @@ def build(cfg, weights, *, tp_rank, tp_size, device, fuse=True):
     fill_replicated(model, device, broadcast=tp_size > 1)
     finish_loading(model, False, device, "random weights")
     if fuse:
-        fuse_projections(model)
+        fuse_projections(model, residual=norms and tp_size == 1)
+    if norms and tp_size > 1:
+        fuse_all_reduce_norms(model)
     return model.eval()
 
 
@@ -233,8 +238,8 @@ def logits_and_speed(args, rank, device):
         shape = _shape(cfg, name)
         weights[name] = random_plain(*shape, torch.Generator().manual_seed(seed(name)))
     log(f"random weights for {args.layers} layers: {time.time() - t0:.1f} s")
-    tp1 = build(cfg, weights, tp_rank=0, tp_size=1, device=device)
-    tp2 = build(cfg, weights, tp_rank=rank, tp_size=2, device=device)
+    tp1 = build(cfg, weights, tp_rank=0, tp_size=1, device=device, norms=args.norms)
+    tp2 = build(cfg, weights, tp_rank=rank, tp_size=2, device=device, norms=args.norms)
     del weights
     gc.collect()
     ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3)).to(device)
@@ -242,7 +247,8 @@ def logits_and_speed(args, rank, device):
     rel = ((got - want).norm() / want.norm()).item()
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     ok = rel < 1e-2
-    rows = [("logits, TP=2 vs TP=1", f"{args.layers} layers, 2x16 tokens",
+    fused = ", norms fused" if args.norms else ""
+    rows = [("logits, TP=2 vs TP=1", f"{args.layers} layers, 2x16 tokens{fused}",
              f"rel {rel:.2e}, max|d| {(got - want).abs().max().item():.3g}, argmax agree {agree:.1%}",
              "PASS" if ok else "FAIL")]
     for compiled in args.compile if device.type == "cuda" else ():
@@ -251,7 +257,7 @@ def logits_and_speed(args, rank, device):
                 detail = args.breakdown and stack
                 a, how_a, parts_a = step_ms(tp1, batch, stack, device, compiled, detail)
                 b, how_b, parts_b = step_ms(tp2, batch, stack, device, compiled, detail)
-                what = "decoder stack" if stack else "whole step (+ lm_head, replicated)"
+                what = ("decoder stack" if stack else "whole step (+ lm_head, replicated)") + fused
                 rows.append((f"decode step, batch {batch}", f"{what}, {args.layers} layers",
                              f"TP=1 {a:.3f} ms, TP=2 {b:.3f} ms ({how_a}/{how_b})", f"{a / b:.2f}x"))
                 if detail:
@@ -327,6 +333,8 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4, help="decoder layers for the logits and timing runs")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--compile", default="0,1", help="timing runs: 0 plain, 1 torch.compile, 0,1 both")
+    ap.add_argument("--norms", type=int, choices=(0, 1), default=1,
+                    help="1: skip connections and norms fused (TP=1 into the projections, TP=2 into the all-reduces)")
     ap.add_argument("--breakdown", action="store_true", help="per-layer GPU time by kernel class (profiler)")
     ap.add_argument("--mem-layers", type=int, default=80, help="layers of the memory run (0: skip it)")
     ap.add_argument("--mem-budget", type=float, default=120.0, help="seconds for building the memory model")

@@ -89,6 +89,7 @@ def _act_order(model, group):
 def _model(rank, ckpt, kinds):
     from mixed_gemm.integrations.fuse import fuse_projections
     from mixed_gemm.integrations.tp import load_quantized_tp
+    from mixed_gemm.integrations.tp_fuse import fuse_all_reduce_norms
     from mixed_gemm.integrations.transformers import load_quantized
     from mixed_gemm.nn.parallel import ColumnParallelQuantLinear, RowParallelQuantLinear
 
@@ -107,6 +108,13 @@ def _model(rank, ckpt, kinds):
         n = fuse_projections(tp)
         assert n == (0 if kinds["act_order"] else 4)  # act-order layers keep their own K permutation
         assert_elementwise(tp(ids).logits, want, 128)
+        assert fuse_all_reduce_norms(tp) == 2  # all-reduce + skip + next norm as one op
+        first, last = (layer._mg_tp for layer in tp.model.layers)
+        assert first.next_slot is last.slot and last.next_norm is None
+        assert not attn.o_proj.reduce_results and not mlp.down_proj.reduce_results
+        for _ in range(2):  # the hand-over is consumed, so a second forward starts clean
+            assert_elementwise(tp(ids).logits, want, 128)
+            assert last.slot.value is None
         other = torch.empty_like(got)
         dist.broadcast(other.copy_(got), src=0)
         assert torch.equal(other, got)  # every rank computes the same logits

@@ -259,6 +259,7 @@ def test_tp_mlp_matches_tp1_eager_graph_and_compiled(tmp_path):
 
 def _llama(rank, ckpt):
     from mixed_gemm.integrations.tp import load_quantized_tp
+    from mixed_gemm.integrations.tp_fuse import fuse_all_reduce_norms
     from mixed_gemm.integrations.transformers import load_quantized
     from mixed_gemm.ops.allreduce import communicator
 
@@ -278,6 +279,14 @@ def _llama(rank, ckpt):
             rel = ((got[mode].float() - want).norm() / want.norm()).item()
             assert rel <= 2e-3, f"{mode}: TP=2 logits vs TP=1 rel {rel:.2e}"
         assert torch.equal(got["auto"], got["nccl"])
+        for m in rows:
+            m.all_reduce = "auto"
+        assert fuse_all_reduce_norms(tp) == 2  # all-reduce + skip connection + next RMSNorm, one kernel
+        for _ in range(2):
+            fused = tp(ids, use_cache=False).logits.float()
+            rel = ((fused - want).norm() / want.norm()).item()
+            assert rel <= 2e-3, f"norms fused: TP=2 logits vs TP=1 rel {rel:.2e}"
+            assert (fused.argmax(-1) == want.argmax(-1)).float().mean() >= 0.97
 
 
 def test_load_quantized_tp_logits_match_tp1(tmp_path):
