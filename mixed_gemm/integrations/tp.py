@@ -23,6 +23,7 @@ Usage, one process per GPU (``torchrun --nproc-per-node 2 script.py``; importing
     torch.cuda.set_device(rank)
     model = load_quantized_tp("Llama-3-70B-AWQ", device=f"cuda:{rank}")   # this rank's shards
     fuse_projections(model)                                              # per rank
+    fuse_all_reduce_norms(model)   # all-reduce + skip + next RMSNorm as one kernel (integrations.tp_fuse)
     logits = model(ids.to(model.device)).logits                         # the same on every rank
 """
 from __future__ import annotations
