@@ -12,9 +12,10 @@ never disagree: a rank running the fused kernel while its peer runs GEMM + one-s
 forever. A CUDA-graph capture that meets a problem no eager call prepared runs GEMM + all-reduce,
 on every rank alike.
 
-Which gemv configuration a rank runs is its own choice (what selection picked for the unfused
-GEMM when that is a gemv kernel, so the result is the unfused path's bit for bit; else the gemv
-heuristic's): the kernels pair ranks by chunks of outputs, not by CTA tiles.
+Which gemv configuration a rank runs is its own choice: what selection picked for the unfused GEMM,
+so the result is the unfused path's bit for bit (the kernels pair ranks by chunks of outputs, not by
+CTA tiles). Where selection picks another family (a tile at 16-32 rows), the problem runs GEMM +
+all-reduce: a gemv in its place measured 2x slower than the tile + one-shot.
 
 ``torch.ops.mixed_gemm.gemm_all_reduce`` is the call as a custom op (fake implementation for
 Dynamo). Design and expected numbers: docs/notes/tensor-parallel-allreduce.md.
@@ -69,8 +70,12 @@ def _prepare(comm: Communicator, w: PackedWeight, key: tuple) -> None:
     try:
         prob = problem(w, bucket)
         choice = selected(w.signature, bucket, prob, index)
-        chosen = choice.config if choice.family.name == "gemv" else None
-        gemv = gemv_config_for(prob, sm_count(index), chosen)
+        if choice.family.name != "gemv":
+            # Measured on two H100s (docs/notes/tensor-parallel-allreduce.md): at 16 rows the gemv
+            # carrying the all-reduce took 2x the selected tile + one-shot.
+            raise ValueError(f"selection runs the {choice.family.name} family at M={bucket}; only a gemv "
+                             "GEMM carries the all-reduce without losing to the selected kernel")
+        gemv = gemv_config_for(prob, sm_count(index), choice.config)
         if gemv is None:
             raise ValueError(f"no gemv kernel reads this {w.layout} weight at M={bucket}")
         launcher = FAMILY.launcher(GemvAllReduceConfig(gemv, comm.world_size), index)

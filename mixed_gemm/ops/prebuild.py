@@ -40,15 +40,17 @@ def selection_specs(w: PackedWeight, ms: Iterable[int]) -> List:
 
 
 def gemm_all_reduce_specs(w: PackedWeight, ms: Iterable[int], world: int) -> List:
-    """The fused gemv all-reduce kernels (and their plain gemv twins, which the fused path's
-    checks and fallback run) of a row-parallel shard ``w`` over ``world`` ranks, at each ``m``
-    within the fused kernels' rows: the configuration the fused path picks
+    """The fused gemv all-reduce kernels (and their plain gemv twins) of a row-parallel shard ``w``
+    over ``world`` ranks, at each ``m`` within the fused kernels' rows where selection runs a gemv
+    (elsewhere the fused path runs GEMM + all-reduce): the configuration the fused path picks
     (:func:`mixed_gemm.kernels.allreduce.gemv.gemv_config_for`)."""
     specs = []
     for bucket in sorted({m_bucket(m) for m in ms if m <= GEMM_FUSED_MAX_M}):
         prob = problem(w, bucket)
         choice = selected(w.signature, bucket, prob, w.device.index)
-        gemv = gemv_config_for(prob, sm_count(w.device.index), choice.config if choice.family.name == "gemv" else None)
+        if choice.family.name != "gemv":  # the fused path runs GEMM + all-reduce there
+            continue
+        gemv = gemv_config_for(prob, sm_count(w.device.index), choice.config)
         if gemv is not None:
             specs += [GEMV_ALL_REDUCE.build_spec(GemvAllReduceConfig(gemv, world)), GEMV.build_spec(gemv)]
     return specs

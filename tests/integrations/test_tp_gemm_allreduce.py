@@ -2,6 +2,8 @@
 configuration each rank runs, the compiled identity and its rendering, the agreement between
 ranks, the layer's switch and the custom op's fake. The kernels themselves:
 test_tp_allreduce_emulated_gpu.py (one GPU) and test_tp_allreduce_gpu.py (two)."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -210,6 +212,17 @@ def test_a_rank_that_cannot_load_keeps_every_rank_unfused(plan):
     comm, w = _comm(), _Weight()
     assert gar.fused_plan(comm, w, 1, FUSED) == (None, "fused kernel: rank 1: RuntimeError: nvcc not found")
     assert gar.fused_plan(comm, w, 1, FUSED)[0] is None and len(plan["exchanges"]) == 1  # remembered
+
+
+def test_a_tile_selection_keeps_the_problem_unfused(plan, monkeypatch):
+    class _Tile:
+        family = SimpleNamespace(name="sm90s")
+        config = None
+
+    monkeypatch.setattr(gar, "selected", lambda sig, bucket, prob, index: _Tile())
+    launcher, why = gar.fused_plan(_comm(), _Weight(), 16, FUSED)
+    assert launcher is None and "selection runs the sm90s family at M=16" in why
+    assert plan["exchanges"] == [why.partition("rank 0: ")[2]] and plan["loads"] == []  # agreed, nothing loaded
 
 
 def test_capture_without_an_eager_call_stays_unfused_on_every_rank(plan):
