@@ -195,14 +195,20 @@ def _residual_forward(self, hidden_states, *args, **kwargs):
     return self.mlp(_norm(norms[1], h))
 
 
-def _residual_fusable(layer: nn.Module) -> bool:
+def decoder_projections(layer: nn.Module):
+    """``(o_proj, down_proj)`` of a pre-norm decoder layer (:data:`RESIDUAL_LAYERS`, with its norms,
+    attention and MLP) whose forward is still its class's, else None."""
     if type(layer).__name__ not in RESIDUAL_LAYERS or "forward" in vars(layer):
-        return False
+        return None
     parts = [getattr(layer, n, None) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")]
     if any(p is None for p in parts):
-        return False
-    o, down = getattr(parts[1], "o_proj", None), getattr(parts[3], "down_proj", None)
-    return isinstance(o, QuantLinear) and isinstance(down, QuantLinear)
+        return None
+    return getattr(parts[1], "o_proj", None), getattr(parts[3], "down_proj", None)
+
+
+def _residual_fusable(layer: nn.Module) -> bool:
+    rows = decoder_projections(layer)
+    return rows is not None and all(isinstance(r, QuantLinear) for r in rows)
 
 
 def fuse_residual(model: nn.Module) -> int:

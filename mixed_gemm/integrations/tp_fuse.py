@@ -34,7 +34,7 @@ from torch import nn
 
 from ..nn.parallel import RowParallelQuantLinear, all_reduce_residual_rms_norm, tensor_parallel_all_reduce
 from ..ops.allreduce import group_name
-from .fuse import RESIDUAL_LAYERS, Slot, _norm, _one_kernel_norm
+from .fuse import Slot, _norm, _one_kernel_norm, decoder_projections
 
 
 class _TPState:
@@ -74,16 +74,11 @@ def _forward(self, hidden_states, *args, **kwargs):
 
 
 def _qualifies(layer: nn.Module) -> bool:
-    if type(layer).__name__ not in RESIDUAL_LAYERS or "forward" in vars(layer):
+    rows = decoder_projections(layer)
+    if rows is None or not all(isinstance(r, RowParallelQuantLinear) and r.tp_size > 1 and r.reduce_results
+                               and not r.fuse_all_reduce for r in rows):
         return False
-    parts = [getattr(layer, n, None) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")]
-    if any(p is None for p in parts):
-        return False
-    rows = [getattr(parts[1], "o_proj", None), getattr(parts[3], "down_proj", None)]
-    if not all(isinstance(r, RowParallelQuantLinear) and r.tp_size > 1 and r.reduce_results
-               and not r.fuse_all_reduce for r in rows):
-        return False
-    return _one_kernel_norm(parts[0]) and _one_kernel_norm(parts[2])
+    return _one_kernel_norm(layer.input_layernorm) and _one_kernel_norm(layer.post_attention_layernorm)
 
 
 def fuse_all_reduce_norms(model: nn.Module) -> int:
