@@ -55,7 +55,7 @@ for step in "$@"; do
       nvidia-smi topo -m 2>&1 | head -5
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout "${TP_TIMEOUT:-500}" python3 -m pytest -q -s -m gpu \
         tests/integrations/test_tp_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/tp2.log" | grep -vE "$QUIET" | tail -30 ;;
-    tp2-all)  # two GPUs: build, the two-GPU tests, tp_decode check/sizes/layers, the 80-layer step table (bench/device/tp2_all.sh, TP2_* knobs)
+    tp2-all)  # two GPUs: build, the two-GPU tests, tp_decode check/sizes/layers, the 80-layer step table (bench/device/tp2_all.sh, TP2_* knobs; TP2_WORLD=4: TP=4 on four GPUs)
       bash bench/device/tp2_all.sh ;;
 
     # --- builds and what a call carries back ---

@@ -3,14 +3,18 @@
 # minutes: build the kernels, the two-GPU tests, bench/tp_decode.py's check + all-reduce sizes +
 # row-parallel layers, then its decode-step table (80 layers of Llama-3-70B), and a second table
 # (batch 64, torch.compile) only if time remains. NVLink multicast off. Everything is tee'd into
-# $OUT; a short summary comes last.
+# $OUT; a short summary comes last. TP2_WORLD=4 runs the same at TP=4 on a four-GPU machine
+# (nvidia-h100-x4); the tests part stays the two-GPU tests, whose TP=2 kernels the build part then
+# leaves to the JIT (TP2_PARTS=build,bench,step,more skips them).
 #
 #   source bench/device/env.sh && bash bench/device/tp2_all.sh      # from the repository root
+#   TP2_WORLD=4 bash bench/device/tp2_all.sh                         # TP=4 (four GPUs)
 #
 # Knobs (environment, with defaults):
+#   TP2_WORLD=2             the tensor-parallel size: torchrun's --nproc-per-node, the GPUs needed
 #   TP2_BUDGET=540          seconds for the whole script; each part gets at most what is left
 #   TP2_PARTS=build,tests,bench,step,more   the parts to run, in this order
-#   TP2_BUILD_TIMEOUT=150   kernels for the TP=1/TP=2 shapes at M 1..64, the all-reduce kernels
+#   TP2_BUILD_TIMEOUT=150   kernels for the TP=1/TP=$TP2_WORLD shapes at M 1..64, the all-reduce kernels
 #                           (f16/bf16/f32) and the fused gemv all-reduce kernels, TP2_JOBS nvcc at once
 #   TP2_TESTS="tests/integrations/test_tp_allreduce_gpu.py tests/integrations/test_tp_gpu.py"
 #   TP2_TEST_TIMEOUT=200    the two-GPU pytest run
@@ -30,6 +34,8 @@ export MIXED_GEMM_JIT=block  # compile what selection picks before running it, n
 QUIET='Warning|warn\('
 PROGRESS='^[.sxFE]+ *\['
 
+WORLD=${TP2_WORLD:-2}
+[[ $WORLD =~ ^[0-9]+$ ]] && [ "$WORLD" -ge 2 ] || { echo "tp2_all: TP2_WORLD must be an integer >= 2, got $WORLD"; exit 2; }
 BUDGET=${TP2_BUDGET:-540}
 PARTS=",${TP2_PARTS:-build,tests,bench,step,more},"
 LAYERS=${TP2_LAYERS:-80}
@@ -52,28 +58,28 @@ want() {
 note() { SUMMARY+=("$1"); echo "-- $1"; }
 
 # shellcheck disable=SC2086  # TP2_DECODE_ARGS is a list of arguments
-torchrun_decode() {  # torchrun_decode LOG TIMEOUT ARGS...: bench/tp_decode.py on both GPUs
+torchrun_decode() {  # torchrun_decode LOG TIMEOUT ARGS...: bench/tp_decode.py on $WORLD GPUs
   local log=$1 t=$2
   shift 2
-  timeout "$t" python3 -m torch.distributed.run --nproc-per-node 2 bench/tp_decode.py \
+  timeout "$t" python3 -m torch.distributed.run --nproc-per-node "$WORLD" bench/tp_decode.py \
     --time-limit $((t - 5)) "$@" ${TP2_DECODE_ARGS:-} 2>&1 | grep -vE "$QUIET" | tee "$OUT/$log"
   return "${PIPESTATUS[0]}"
 }
 
-echo "== tp2_all: budget $BUDGET s, parts ${PARTS//,/ }"
+echo "== tp2_all: TP=$WORLD, budget $BUDGET s, parts ${PARTS//,/ }"
 nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader
 nvidia-smi topo -m 2>&1 | head -4
-[ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "tp2_all: needs two GPUs (the nvidia-h100-x2 kind)"; exit 2; }
+[ "$(nvidia-smi -L | wc -l)" -ge "$WORLD" ] || { echo "tp2_all: TP2_WORLD=$WORLD needs $WORLD GPUs (two: the nvidia-h100-x2 kind, four: nvidia-h100-x4)"; exit 2; }
 
 if want build; then
   s=$SECONDS
   echo "== build"
   TP2_BATCHES=$BATCHES TP2_MORE_BATCHES=${TP2_MORE_BATCHES:-64} timeout "$(limit "${TP2_BUILD_TIMEOUT:-150}")" \
-    python3 - "${TP2_JOBS:-16}" <<'EOF' 2>&1 | grep -vE "$QUIET" | tee "$OUT/tp2-build.log"
+    python3 - "${TP2_JOBS:-16}" "$WORLD" <<'EOF' 2>&1 | grep -vE "$QUIET" | tee "$OUT/tp2-build.log"
 # The kernels the two-GPU tests and bench/tp_decode.py select, built in parallel before anything
-# times them: the Llama-3-70B projections at TP=1 and TP=2 (int4 g128 fp16, the layout prepack
+# times them: the Llama-3-70B projections at TP=1 and TP=world (int4 g128 fp16, the layout prepack
 # picks here) at M 1..64 and the runs' batches, the fused gemv all-reduce kernels of the
-# row-parallel ones (TP=2), and every all-reduce kernel of two ranks.
+# row-parallel ones (TP=world), and every all-reduce kernel of world ranks.
 import os, sys, time
 import torch
 import mixed_gemm as mg
@@ -87,8 +93,9 @@ d = h // heads
 ms = {1, 2, 4, 8, 16, 32, 64}
 for var in ("TP2_BATCHES", "TP2_MORE_BATCHES"):
     ms |= {int(b) for b in os.environ.get(var, "").split(",") if b}
+jobs, world = int(sys.argv[1]), int(sys.argv[2])
 weights, rows = [], []
-for tp in (1, 2):
+for tp in (1, world):
     for n, k, row in (((heads + 2 * kv) * d // tp, h, False), (h, heads * d // tp, True), (2 * inter // tp, h, False),
                       (h, inter // tp, True)):
         gen = torch.Generator(device="cuda").manual_seed(n + k)
@@ -96,11 +103,10 @@ for tp in (1, 2):
         s = torch.rand(n, k // 128, generator=gen, device="cuda").half() * 0.01 + 0.001
         z = torch.randint(0, 16, (n, k // 128), generator=gen, device="cuda").half()
         w = mg.prepack(q, s, z, format="plain", bits=4, group_size=128, dtype=torch.float16)
-        (rows if tp == 2 and row else weights).append(w)
+        (rows if tp == world and row else weights).append(w)
         del q, s, z
-jobs = int(sys.argv[1])
-built = mg.prebuild(weights, sorted(ms), world=2, row_parallel=rows, jobs=jobs)
-built += build_specs(all_reduce_specs((torch.float16, torch.bfloat16, torch.float32), 2), jobs)
+built = mg.prebuild(weights, sorted(ms), world=world, row_parallel=rows, jobs=jobs)
+built += build_specs(all_reduce_specs((torch.float16, torch.bfloat16, torch.float32), world), jobs)
 print(f"built {built} kernels in {time.time() - t0:.0f} s")
 EOF
   rc=${PIPESTATUS[0]}
@@ -134,7 +140,7 @@ if want step; then
   t=$(limit "$(left)")
   echo "== step: $LAYERS layers, batches $BATCHES, compile ${TP2_COMPILE:-0} ($t s)"
   torchrun_decode tp2-step.log "$t" --skip "${TP2_STEP_SKIP:-check,micro,gemm}" --layers "$LAYERS" \
-    --batches "$BATCHES" --compile "${TP2_COMPILE:-0}" --modes "$MODES" | grep -E "built|^row: |^\| TP=2 .* speedup|PASS|FAIL|Error"
+    --batches "$BATCHES" --compile "${TP2_COMPILE:-0}" --modes "$MODES" | grep -E "built|^row: |^\| TP=$WORLD .* speedup|PASS|FAIL|Error"
   rc=${PIPESTATUS[0]}
   note "step: rc $rc, $((SECONDS - s)) s"
 fi
@@ -146,7 +152,7 @@ if want more; then
     echo "== more: $LAYERS layers, batches ${TP2_MORE_BATCHES:-64}, compile ${TP2_MORE_COMPILE:-0,1} ($t s)"
     torchrun_decode tp2-more.log "$t" --skip "${TP2_MORE_SKIP:-check,micro,gemm,tp1}" --layers "$LAYERS" \
       --batches "${TP2_MORE_BATCHES:-64}" --compile "${TP2_MORE_COMPILE:-0,1}" --modes "$MODES" \
-      | grep -E "built|^row: |^\| TP=2 .* speedup|PASS|FAIL|Error"
+      | grep -E "built|^row: |^\| TP=$WORLD .* speedup|PASS|FAIL|Error"
     rc=${PIPESTATUS[0]}
     note "more: rc $rc, $((SECONDS - s)) s"
   else
@@ -158,7 +164,7 @@ echo
 echo "== summary ($SECONDS s; logs in $OUT/tp2-*.log)"
 for line in "${SUMMARY[@]}"; do echo "$line"; done
 # The rows that answer the questions: checks, the 16 KB all-reduce, fused layers, step and shares.
-# (TP=1/TP=2 speedups come only with the final table, when a run finishes.)
+# (TP=1/TP=N speedups come only with the final table, when a run finishes.)
 cat "$OUT"/tp2-bench.log "$OUT"/tp2-step.log "$OUT"/tp2-more.log 2>/dev/null \
-  | grep -E "^row: \| (check|all-reduce 16 KB|o_proj|down_proj|decode step|all-reduce share)|^\| TP=2 .* speedup" \
+  | grep -E "^row: \| (check|all-reduce 16 KB|o_proj|down_proj|decode step|all-reduce share)|^\| TP=$WORLD .* speedup" \
   | sed 's/^row: //' | cut -c1-200

@@ -1,7 +1,7 @@
 """bench/tp_two_gpu.py and bench/tp_decode.py through torchrun: on two GPUs (NCCL, 70B shapes:
 logits / outputs TP=2 vs TP=1, decode-step timing, 80-layer memory; our all-reduce against NCCL),
-and as CPU dry runs (gloo, tiny shapes) so the scripts themselves stay runnable where there is no
-GPU."""
+and as CPU dry runs (gloo, tiny shapes; tp_decode.py also at four ranks) so the scripts themselves
+stay runnable where there is no GPU."""
 import os
 import subprocess
 import sys
@@ -17,8 +17,8 @@ SCRIPT = ROOT / "bench" / "tp_two_gpu.py"
 DECODE = ROOT / "bench" / "tp_decode.py"
 
 
-def _torchrun(*args, env=None, timeout=330, script=SCRIPT):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), *args]
+def _torchrun(*args, env=None, timeout=330, script=SCRIPT, nproc=2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), str(script), *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -43,6 +43,14 @@ def test_decode_bench_dry_run_on_cpu():
     out = _torchrun("--preset", "tiny", "--layers", "2", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120, script=DECODE)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "| check, TP=2 fused vs TP=1 |" in out.stdout and "PASS" in out.stdout.splitlines()[-1]
+
+
+def test_decode_bench_dry_run_at_four_ranks_on_cpu():
+    """The TP size is the world size: four gloo ranks (one thread each) split the tiny preset."""
+    out = _torchrun("--preset", "tiny", "--layers", "2", env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+                    timeout=120, script=DECODE, nproc=4)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "| check, TP=4 fused vs TP=1 |" in out.stdout and "PASS" in out.stdout.splitlines()[-1]
 
 
 @pytest.mark.gpu
