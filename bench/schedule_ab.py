@@ -16,9 +16,9 @@ floor and the relative error. ``--pack`` instead builds the cases' kernels (wher
 their kernel-cache entries to one xz tar, which bench/device/env.sh unpacks on the GPU machine: a
 call then carries the few kernels it times instead of the whole cache. ``--pack-all DIR`` packs every
 catalog kernel as built for the current sources (``mixed-gemm build --all``, which builds the missing
-ones first; entries of stale sources stay out) into DIR: rest.txz (every fatbin) and
-kcache90.txz.part-* (the sm90a libraries, mostly the same static cudart, which xz over one tar
-dedupes) in parts under the 16 MB a device call may carry per file.
+ones first, two nvcc at a time: about an hour from empty here; entries of stale sources stay out)
+into DIR: libs.txz, gemv.txz and tiles.txz, each small enough to carry in one device call beside
+the checkout (the whole cache does not fit one: carry one archive per call on a warm machine).
 """
 from __future__ import annotations
 
@@ -92,26 +92,31 @@ def tar_xz(entries: List[str], xz_args: List[str], target: Path) -> None:
             raise RuntimeError(f"tar | xz of {len(entries)} cache entries into {target} failed")
 
 
-def pack_all(out_dir: str, part_bytes: int = 15 << 20) -> None:
-    """Every catalog kernel's cache entry for the current sources into ``out_dir``: rest.txz and
-    kcache90.txz.part-aa, -ab, ... (bench/device/env.sh concatenates the parts in name order)."""
+# Archives of --pack-all, by what their entries are: each stays under what one device call may
+# carry beside the checkout and the wheels (64 MB in all), so a whole cache arrives over a few calls.
+PACK_GROUPS = (("libs", lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_"))),  # kernel libraries
+               ("gemv", lambda e: e.startswith("mg_gemv")),
+               ("tiles", lambda e: True))  # sm80, dequant_mm, moe_gemv, moe_sm80 fatbins
+
+
+def pack_all(out_dir: str) -> None:
+    """Every catalog kernel's cache entry for the current sources into ``out_dir`` as one xz tar per
+    group of :data:`PACK_GROUPS` (``libs.txz``: the kernel libraries, mostly the same static cudart,
+    which xz over one tar dedupes; ``gemv.txz``; ``tiles.txz``), for bench/device/env.sh to unpack."""
     built = subprocess.run([sys.executable, "-m", "mixed_gemm.cli", "build", "--all", "--filter", "mg_", "--jobs", "2"],
                            stdout=subprocess.PIPE, text=True, check=True).stdout
     # "name  path" per kernel; the path's directory is its cache entry
     entries = sorted({Path(line.split()[1]).parent.name for line in built.splitlines() if len(line.split()) == 2})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for old in [out / "rest.txz", *out.glob("kcache90.txz.part-*"), *out.glob("kcache.tgz.part-*")]:
-        old.unlink(missing_ok=True)
-    sm90a = [e for e in entries if e.startswith("mg_sm90a_")]
-    tar_xz([e for e in entries if e not in sm90a], ["-9", "-T0"], out / "rest.txz")
-    whole = out / "kcache90.txz"
-    tar_xz(sm90a, ["-9", "-T0"], whole)
-    with open(whole, "rb") as f:
-        for n, part in enumerate(iter(lambda: f.read(part_bytes), b"")):
-            (out / f"kcache90.txz.part-{chr(97 + n // 26)}{chr(97 + n % 26)}").write_bytes(part)
-    whole.unlink()
-    print(f"{len(entries)} entries ({len(sm90a)} sm90a) -> {out_dir}")
+    for old in [*out.glob("*.txz"), *out.glob("kcache90.txz.part-*"), *out.glob("kcache.tgz.part-*")]:
+        old.unlink()
+    left = entries
+    for name, member in PACK_GROUPS:
+        group = [e for e in left if member(e)]
+        left = [e for e in left if not member(e)]
+        tar_xz(group, ["-9", "-T0"], out / f"{name}.txz")
+    print(f"{len(entries)} entries -> {out_dir}")
     for f in sorted(out.iterdir()):
         print(f"{f.stat().st_size:>12} {f.name}")
 
