@@ -26,13 +26,13 @@ for step in "$@"; do
   s=$SECONDS
   case $step in
     # --- tests ---
-    suite)  # the GPU suite but the packaged test: SUITE_WORKERS pytest-xdist workers, each test at most SUITE_TEST_TIMEOUT s, SUITE_SHARD=i/n one part; after build-all
+    suite)  # the whole GPU suite (the packaged JIT-off test builds its package from the cache): SUITE_WORKERS pytest-xdist workers, each test at most SUITE_TEST_TIMEOUT s, SUITE_SHARD=i/n one part; after build-all
       # Worksteal: tests start in file order on each worker (fixtures and kernels stay warm) and an
       # idle worker takes the tail of a busy one. A hung test fails alone (pytest-timeout) instead of
       # eating the call. The whole suite is ~10 worker-minutes x 14 on an H100: two shards fit two calls.
       MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_TIMEOUT:-570}" python3 -m pytest -q -m gpu tests \
-        -p no:cacheprovider --ignore=tests/ops/test_packaged_gpu.py -n "${SUITE_WORKERS:-14}" --dist worksteal \
-        --timeout "${SUITE_TEST_TIMEOUT:-300}" --durations 30 -rfE 2>&1 | tee "$OUT/suite.log" \
+        -p no:cacheprovider -n "${SUITE_WORKERS:-14}" --dist worksteal \
+        --timeout "${SUITE_TEST_TIMEOUT:-480}" --durations 30 -rfE 2>&1 | tee "$OUT/suite.log" \
         | grep -vE "$PROGRESS" | tail -60
       grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20 ;;
     tests)  # GPU tests of TESTS (default: all), stopping at the first failure
