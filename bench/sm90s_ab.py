@@ -29,7 +29,7 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 import torch  # noqa: E402
 
 import mixed_gemm as mg  # noqa: E402
-from mixed_gemm.compile import blocking, build_many  # noqa: E402
+from mixed_gemm.compile import blocking, build_specs  # noqa: E402
 from mixed_gemm.kernels import family, family_of  # noqa: E402
 from mixed_gemm.profiler.problems import MODELS, parse_ints  # noqa: E402
 from mixed_gemm.profiler.timing import copies_for, time_graph  # noqa: E402
@@ -76,8 +76,7 @@ def prebuild(shapes, ms: List[int], dtype: str, bits: int, group: int, configs, 
     specs = [family_of(c).build_spec(c) for c in kernels]
     print(f"building {len(specs)} kernels ({jobs} jobs) ...", flush=True)
     with blocking():
-        build_many([(spec.name, spec.source(), dict(arch_flags=spec.arch_flags, output=spec.output)) for spec in specs],
-                   jobs=jobs, progress=False)
+        build_specs(specs, jobs=jobs)
 
 
 def bench_shape(label: str, n: int, k: int, ms: List[int], dtype: str, bits: int, group: int, configs,

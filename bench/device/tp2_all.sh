@@ -84,7 +84,8 @@ import os, sys, time
 import torch
 import mixed_gemm as mg
 from mixed_gemm.integrations.e2e import PRESETS
-from mixed_gemm.ops.prebuild import all_reduce_specs, build_specs
+from mixed_gemm.compile import blocking, build_specs
+from mixed_gemm.ops.prebuild import all_reduce_specs
 
 t0 = time.time()
 p = PRESETS["llama3-70b"]
@@ -106,7 +107,8 @@ for tp in (1, world):
         (rows if tp == world and row else weights).append(w)
         del q, s, z
 built = mg.prebuild(weights, sorted(ms), world=world, row_parallel=rows, jobs=jobs)
-built += build_specs(all_reduce_specs((torch.float16, torch.bfloat16, torch.float32), world), jobs)
+with blocking():
+    built += len(build_specs(all_reduce_specs((torch.float16, torch.bfloat16, torch.float32), world), jobs=jobs))
 print(f"built {built} kernels in {time.time() - t0:.0f} s")
 EOF
   rc=${PIPESTATUS[0]}

@@ -7,7 +7,7 @@ template folders their source includes.
 from __future__ import annotations
 
 from . import background, packages
-from .cache import BuildSpec, build_fatbin, build_many, build_spec, cache_key, load_bytes, lookup, toolchain
+from .cache import BuildSpec, build_fatbin, build_many, build_spec, build_specs, cache_key, load_bytes, lookup, toolchain
 from .errors import BuildError
 from .policy import JIT_ENV, JitDisabledError, blocking, jit_mode
 from .fatbin import FATBIN_MAGIC, fatbin_targets
@@ -31,6 +31,7 @@ __all__ = [
     "background",
     "blocking",
     "build_spec",
+    "build_specs",
     "jit_mode",
     "lookup",
     "packages",

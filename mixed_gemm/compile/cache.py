@@ -318,3 +318,13 @@ def build_many(
 def load_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of a built fatbin (for ``cuModuleLoadData``/``cuLibraryLoadData``)."""
     return Path(path).read_bytes()
+
+
+def build_specs(specs: Iterable[BuildSpec], *, jobs: int | None = None, progress: bool = False) -> dict[str, Path]:
+    """:func:`build_many` of :class:`BuildSpec` s, each name once: ``{name: binary}``."""
+    unique = {}
+    for spec in specs:
+        unique.setdefault(spec.name, spec)
+    paths = build_many([(s.name, s.source(), dict(arch_flags=s.arch_flags, output=s.output)) for s in unique.values()],
+                       jobs=jobs, progress=progress)
+    return dict(zip(unique, paths))

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ..compile import build_many
+from ..compile import build_specs
 from ..kernels.allreduce import (ALGOS, FAMILY, MAX_RANKS, MODES, NCCL, TORCH_DTYPES, VECTOR_BYTES,
                                  AllReduceConfig, AllReduceProblem, buffer_bytes, check_mode, choose)
 from ..kernels.allreduce.config import DATA_OFFSET
@@ -259,8 +259,7 @@ class Communicator:
         try:
             configs = [AllReduceConfig(algo=algo, dtype=name, world_size=self.world_size) for algo in ALGOS]
             specs = [FAMILY.build_spec(c) for c in configs]  # built side by side (seconds each), then loaded
-            build_many([(s.name, s.source(), dict(arch_flags=s.arch_flags, output=s.output)) for s in specs],
-                       progress=False)
+            build_specs(specs)
             for config in configs:
                 launcher = FAMILY.launcher(config, self.device.index)
                 args, argv = launcher.block()

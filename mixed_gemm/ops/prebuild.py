@@ -7,16 +7,16 @@ group (whose peer then waits at the all-reduce) pays them one kernel after anoth
 asks selection what each weight runs at each M (as :func:`~mixed_gemm.explain` does: override,
 profile, heuristics), adds the row-parallel fused gemv all-reduce kernels where a group of
 ``world`` ranks would run them and the all-reduce kernels of the activations' dtypes, and builds
-them side by side (:func:`mixed_gemm.compile.build_many`); kernels already in the cache or in an
+them side by side (:func:`mixed_gemm.compile.build_specs`); kernels already in the cache or in an
 installed kernel package cost a lookup.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 import torch
 
-from ..compile import blocking, build_many
+from ..compile import blocking, build_specs
 from ..kernels.allreduce import ALGOS, GEMM_FUSED_MAX_M, AllReduceConfig
 from ..kernels.allreduce import FAMILY as ALL_REDUCE
 from ..kernels.allreduce.gemv import FAMILY as GEMV_ALL_REDUCE
@@ -67,17 +67,6 @@ def all_reduce_specs(dtypes: Iterable[torch.dtype], world: int) -> List:
             for algo in ALGOS]
 
 
-def build_specs(specs: Iterable, jobs: Optional[int] = None) -> int:
-    """Build (or find) every spec once, ``jobs`` nvcc at a time; the number of distinct kernels."""
-    unique: Dict[str, object] = {}
-    for spec in specs:
-        unique.setdefault(spec.name, spec)
-    with blocking():
-        build_many([(s.name, s.source(), dict(arch_flags=s.arch_flags, output=s.output)) for s in unique.values()],
-                   jobs=jobs, progress=False)
-    return len(unique)
-
-
 def prebuild(weights: Sequence[PackedWeight], ms: Iterable[int], *, world: Optional[int] = None,
              row_parallel: Sequence[PackedWeight] = (), jobs: Optional[int] = None) -> int:
     """Build the kernels ``matmul`` selects for every weight in ``weights`` at every ``m`` in
@@ -102,4 +91,5 @@ def prebuild(weights: Sequence[PackedWeight], ms: Iterable[int], *, world: Optio
     if world is not None:
         specs += [s for w in row_parallel for s in gemm_all_reduce_specs(w, ms, world)]
         specs += all_reduce_specs({w.dtype for w in row_parallel} or {torch.float16}, world)
-    return build_specs(specs, jobs)
+    with blocking():
+        return len(build_specs(specs, jobs=jobs))
