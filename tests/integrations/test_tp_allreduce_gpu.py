@@ -329,6 +329,9 @@ def _gemm_fused(rank):
         tp1 = shard_linear(q, s, z, style="row", tp_rank=0, tp_size=1, format="plain", bits=4, group_size=128,
                            dtype=dtype, device=dev)
         comm = communicator(None, dev)
+        # One specialization per M (dynamic=False): 7 per dtype, under dynamo's recompile limit of 8
+        # only if each dtype starts from a fresh cache (fullgraph turns the limit into an error).
+        torch._dynamo.reset()
         compiled = torch.compile(lambda x, r: fused(x, residual=r), fullgraph=True, dynamic=False)
         with torch.no_grad():
             for m in (1, 2, 5, 8, 16, 32, 64):
