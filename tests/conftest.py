@@ -12,6 +12,28 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/tolerance.py
 # while that kernel compiles (tests of the asynchronous path set the mode themselves).
 os.environ.setdefault("MIXED_GEMM_JIT", "block")
 
+GPUS_ENV = "MIXED_GEMM_TEST_GPUS"
+
+
+def _spread_workers_over_gpus():
+    """``$MIXED_GEMM_TEST_GPUS=n`` under pytest-xdist: worker ``gwK`` sees only GPU ``K mod n``, so
+    one call of a machine with n GPUs runs n times the workers a single GPU holds. Set here, at
+    import, before anything initializes CUDA (which reads ``CUDA_VISIBLE_DEVICES`` once); tests that
+    need several GPUs then skip and run in a call of their own, without the setting."""
+    raw, worker = os.environ.get(GPUS_ENV), os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not raw or not worker.startswith("gw"):
+        return
+    try:
+        count = int(raw)
+        if count < 1:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(f"{GPUS_ENV}={raw!r}: expected a whole number of GPUs >= 1") from None
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % count)
+
+
+_spread_workers_over_gpus()
+
 
 def _skip_nvcc_tests_without_nvcc(items):
     nvcc_items = [item for item in items if item.get_closest_marker("nvcc") is not None]

@@ -26,15 +26,23 @@ for step in "$@"; do
   s=$SECONDS
   case $step in
     # --- tests ---
-    suite)  # the whole GPU suite (the packaged JIT-off test builds its package from the cache): SUITE_WORKERS pytest-xdist workers, each test at most SUITE_TEST_TIMEOUT s, SUITE_SHARD=i/n one part; after build-all
+    suite)  # the whole GPU suite (the packaged JIT-off test builds its package from the cache): SUITE_WORKERS pytest-xdist workers per GPU, each test at most SUITE_TEST_TIMEOUT s, SUITE_SHARD=i/n one part; on a machine of several GPUs the workers spread over them, then the multi-GPU tests run alone
       # Worksteal: tests start in file order on each worker (fixtures and kernels stay warm) and an
       # idle worker takes the tail of a busy one. A hung test fails alone (pytest-timeout) instead of
-      # eating the call. The whole suite is ~10 worker-minutes x 14 on an H100: two shards fit two calls.
-      MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_TIMEOUT:-570}" python3 -m pytest -q -m gpu tests \
-        -p no:cacheprovider -n "${SUITE_WORKERS:-14}" --dist worksteal \
+      # eating the call. The whole suite is ~16 worker-minutes x 14 on one H100: two shards fit two
+      # calls of one GPU, or one call of a machine of two or four (MIXED_GEMM_TEST_GPUS: worker gwK on GPU K mod n).
+      gpus=$(nvidia-smi -L | wc -l)
+      MIXED_GEMM_TEST_GPUS=$gpus MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_TIMEOUT:-570}" \
+        python3 -m pytest -q -m gpu tests -p no:cacheprovider -n $(( ${SUITE_WORKERS:-14} * gpus )) --dist worksteal \
         --timeout "${SUITE_TEST_TIMEOUT:-480}" --durations 30 -rfE 2>&1 | tee "$OUT/suite.log" \
         | grep -vE "$PROGRESS" | tail -60
-      grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20 ;;
+      grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20
+      if [ "$gpus" -ge 2 ]; then  # what skipped above for want of a second GPU
+        echo "-- the multi-GPU tests"
+        MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_MULTI_TIMEOUT:-400}" python3 -m pytest -q -m gpu \
+          -p no:cacheprovider -rfE tests/integrations/test_tp_allreduce_gpu.py tests/integrations/test_tp_gpu.py 2>&1 \
+          | tee "$OUT/suite-multi.log" | grep -vE "$PROGRESS" | tail -12
+      fi ;;
     tests)  # GPU tests of TESTS (default: all), stopping at the first failure
       # shellcheck disable=SC2086  # TESTS is a list of paths
       timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -x -m gpu ${TESTS:-tests} -p no:cacheprovider 2>&1 \
