@@ -77,18 +77,24 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, int bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
-// Arrive on the barrier at the same offset in cluster CTA `cta`'s shared memory.
+// Arrive on the barrier at the same offset in cluster CTA `cta`'s shared memory. CTA-scope release
+// (PTX's default, as CUTLASS's ClusterBarrier::arrive): with `.release.cluster` ptxas puts
+// MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR before the arrive, a round trip through the loaded memory
+// system on every consumer warp's path to its next wgmma, each k-tile. Nothing needs it: what
+// the arrive orders before the peer's multicast are this CTA's reads of the stage, all complete
+// by then (wgmma.wait_group 0, and the LDS results were consumed by the conversion).
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "mbarrier.arrive.release.cta.shared::cluster.b64 _, [remote];\n"
       "}\n" ::"r"(smem_u32(bar)), "r"(cta) : "memory");
 }
+// Not volatile: a constant of the CTA, so the compiler may hoist it out of the k-tile loop.
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
 }
 // Every thread of both CTAs: the barrier inits are visible cluster-wide past it.

@@ -1,8 +1,14 @@
 """The sm90s family without a GPU: config rules, names and schedules, the shared-memory mirror of
 templates/sm90s/params.cuh, the catalog, can_implement's reasons, the split factor chosen per
-shape, the profiler's candidates, and the heuristic's switch."""
+shape, the profiler's candidates, the heuristic's switch, and the cluster release's scope in the
+compiled PTX."""
+import re
+import subprocess
+
 import pytest
 
+from mixed_gemm import _paths
+from mixed_gemm.compile import cutlass_include_dir, find_nvcc
 from mixed_gemm.kernels import FAMILIES, Problem, family, parse_schedule, qualified
 from mixed_gemm.kernels.sm90s import FAMILY, SWITCH_ENV, Sm90sConfig
 from mixed_gemm.kernels.sm90s.candidates import candidate_schedules
@@ -164,3 +170,19 @@ def test_heuristic_passes_unless_switched_on(monkeypatch):
     for m in (9, 64, 256):
         c = FAMILY.heuristic(_problem(m=m, bits=8), 132)
         assert c.bits == 8 and c.kernel in default_catalog()
+
+
+@pytest.mark.nvcc
+def test_cluster_release_is_not_a_gpu_fence(tmp_path):
+    """A consumer warp releases each stage to the peer CTA with a CTA-scope arrive. At cluster scope
+    ptxas puts MEMBAR.ALL.GPU before it, on every warp's path to its next wgmma, every k-tile
+    (docs/notes/serving-mainloop.md, "c2x1 measured: slower, and why")."""
+    c = Sm90sConfig(tile=(128, 64, 128), cluster=(2, 1))
+    src = tmp_path / "k.cu"
+    src.write_text(FAMILY.render(c))
+    ptx = tmp_path / "k.ptx"
+    subprocess.run([str(find_nvcc()), "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG",
+                    f"-I{cutlass_include_dir()}", f"-I{_paths.templates_dir()}", "-arch=sm_90a", "--ptx",
+                    "-o", str(ptx), str(src)], check=True, capture_output=True, text=True)
+    arrives = re.findall(r"mbarrier\.arrive[.\w:]*shared::cluster\.b64", ptx.read_text())
+    assert arrives and set(arrives) == {"mbarrier.arrive.release.cta.shared::cluster.b64"}
