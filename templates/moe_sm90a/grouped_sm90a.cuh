@@ -177,7 +177,10 @@ struct AdaptedOp<cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAd
   using type = Op;
 };
 
-template <class MmaType_, class QuantType_, int TM, int TN, int TK, int Stages>
+// ClusterM: CTAs per cluster along the weight rows (1 or 2). A pair takes adjacent weight tiles of
+// one expert (CUTLASS's group scheduler rounds each group's weight tiles up to the cluster) and the
+// routed rows' tile, the same for both, is read from L2 once and TMA-multicast into both CTAs.
+template <class MmaType_, class QuantType_, int TM, int TN, int TK, int Stages, int ClusterM = 1>
 struct GroupedGemm {
   using MmaType = MmaType_;
   using QuantType = QuantType_;
@@ -193,7 +196,9 @@ struct GroupedGemm {
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (N, T_e, K) per expert
   using TileShape = Shape<Int<TM>, Int<TN>, Int<TK>>;
-  using ClusterShape = Shape<_1, _1, _1>;
+  static_assert(ClusterM == 1 || ClusterM == 2, "clusters of 1 or 2 CTAs along the weight rows");
+  static constexpr int kClusterM = ClusterM;
+  using ClusterShape = Shape<Int<ClusterM>, _1, _1>;
   // Cooperative: two consumer warpgroups split the tile's weight rows (TM >= 128).
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   // Register stores, so that one thread can pair gate and up (GateUpEpilogue); no shared memory,
@@ -258,10 +263,13 @@ struct GroupedGemm {
 
   // The arguments of one launch over `groups` experts: every pointer is a device array of one
   // entry per expert, `shapes` the (N, T_e, K) triples. gate_up: y is h (T_e rows of N / 2 per
-  // group), SiLU(gate) * up of the gate|up stack's product (GateUpEpilogue).
+  // group), SiLU(gate) * up of the gate|up stack's product (GateUpEpilogue). raster_n: the group
+  // scheduler walks a group's routed-row tiles first (else its weight tiles, CUTLASS's default); its
+  // swizzle stays 1, which would round every group's tile counts up to the swizzle (empty tiles
+  // that still run the main loop) for groups of a few tiles.
   static Arguments make_args(int groups, void* shapes, void const* w, void const* layouts_w, void const* x,
                              void const* strides_x, void const* s, void const* strides_s, void const* z, void* y,
-                             void const* strides_y, int group_size, int sm_count, int gate_up) {
+                             void const* strides_y, int group_size, int sm_count, int gate_up, int raster_n) {
     typename CollectiveEpilogue::Arguments epilogue{};
     epilogue.ptr_D = as<MmaType*>(y);
     epilogue.dD = as<StrideY>(strides_y);
@@ -274,6 +282,11 @@ struct GroupedGemm {
                     as<MmaType const*>(s), as<StrideS>(strides_s), group_size, as<MmaType const*>(z)},
                    epilogue};
     args.hw_info.sm_count = sm_count;  // given: otherwise every call queries the device
+    // Clusters of two: max_active_clusters stays 0 and the scheduler's grid is its GPC estimate, all
+    // SMs for pairs (SMs come in pairs, TPCs, on Hopper).
+    using Raster = typename GemmKernel::TileScheduler::RasterOrderOptions;
+    args.scheduler.raster_order = raster_n ? Raster::AlongN : Raster::AlongM;
+    args.scheduler.max_swizzle_size = 1;
     return args;
   }
 };
@@ -295,7 +308,7 @@ int launch(typename G::Arguments const& args, void* workspace, size_t workspace_
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.x = G::kClusterM;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;

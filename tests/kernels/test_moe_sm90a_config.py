@@ -5,8 +5,8 @@ import torch
 
 from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, family, parse_schedule, qualified
 from mixed_gemm.kernels.moe_sm90a import FAMILY, MoeSm90aConfig, abi
-from mixed_gemm.kernels.moe_sm90a.candidates import candidate_schedules
-from mixed_gemm.kernels.moe_sm90a.catalog import TILES
+from mixed_gemm.kernels.moe_sm90a.candidates import MANY_TOKENS, candidate_schedules
+from mixed_gemm.kernels.moe_sm90a.catalog import MANY_TOKEN_KERNELS, TILES, kernels_for
 from mixed_gemm.kernels.moe_sm90a.heuristics import MIN_REUSE, heuristic_config, reuse
 
 # (E, top_k, H, I): Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite (mixed_gemm/benchmark/moe.py)
@@ -20,19 +20,26 @@ def _problem(stage="w13", tokens=256, top_k=2, experts=8, h=4096, inter=1024, **
     return MoeProblem(**dict(base, **kw))
 
 
-@pytest.mark.parametrize("schedule", ["w13_t128x64x64_s0", "w2_t128x32x64_s0", "w2_t256x128x128_s4"])
+@pytest.mark.parametrize("schedule", ["w13_t128x64x64_s0", "w2_t128x32x64_s0", "w2_t256x128x128_s4",
+                                      "w13_t128x256x64_s0_c2", "w2_t128x128x64_s0_c2_rn", "w13_t256x128x64_s0_rn"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeSm90aConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_sm90a:{schedule}"
     assert parse_schedule(qualified(c), dtype="bf16", bits=8, zero_mode="float") == c
     k = c.kernel
-    assert (k.stage, k.zero_mode) == ("w13", "int") and k.kernel == k  # the stage is a launch-time choice
-    assert c.kernel_name == k.kernel_name == "mg_moe_sm90a_bf16_u8_" + schedule.split("_", 1)[1]
+    # The stage and the raster order are launch-time choices: one binary serves both.
+    assert (k.stage, k.zero_mode, k.raster) == ("w13", "int", "m") and k.kernel == k
+    assert (c.cluster == 2) == ("_c2" in schedule) and (c.raster == "n") == schedule.endswith("_rn")
+    assert c.kernel_name == k.kernel_name == "mg_moe_sm90a_bf16_u8_" + schedule.split("_", 1)[1].replace("_rn", "")
     assert c.name == f"mg_moe_sm90a_bf16_u8_zfloat_{schedule}"
     assert family("moe_sm90a") is FAMILY and GROUPED_FAMILIES[0] is FAMILY  # asked before moe_gemv
-    for bad in ("t128x64x64_s0", "w13_t128x64x64", "w13_s2_w4x1_u8"):
+    for bad in ("t128x64x64_s0", "w13_t128x64x64", "w13_s2_w4x1_u8", "w13_t128x64x64_s0_rm_c2", "w13_t128x64x64_s0_rk"):
         with pytest.raises(ValueError, match="not a moe_sm90a schedule"):
             MoeSm90aConfig.from_schedule(bad)
+    # One spelling per config: the defaults (cluster 1, raster m) are left out of the name.
+    for other in ("w13_t128x64x64_s0_c1", "w13_t128x64x64_s0_rm", "w13_t128x64x64_s0_c1_rn"):
+        with pytest.raises(ValueError, match="not a moe_sm90a schedule's spelling"):
+            MoeSm90aConfig.from_schedule(other)
 
 
 @pytest.mark.parametrize("kw, rule", [
@@ -42,6 +49,8 @@ def test_schedule_round_trip_and_names(schedule):
     (dict(tile=(128, 64, 32)), "tile K must be 64 or 128"),
     (dict(stages=1), "stages must be 0"),
     (dict(bits=3), "bits must be one of"),
+    (dict(cluster=4), r"cluster \(CTAs along the weight rows\) must be one of \(1, 2\)"),
+    (dict(raster="k"), r"raster must be one of \('m', 'n'\)"),
 ])
 def test_config_rules_name_the_field(kw, rule):
     with pytest.raises(ValueError, match=rule):
@@ -50,10 +59,18 @@ def test_config_rules_name_the_field(kw, rule):
 
 def test_catalog_renders_the_grouped_kernel():
     cat = FAMILY.catalog()
-    assert len(cat) == 24 and {c.tile for c in cat} == set(TILES)
+    assert len(cat) == 32 and len({c.kernel_name for c in cat}) == 32 and all(c.kernel == c for c in cat)
+    assert {(c.tile, c.cluster) for c in cat} == set(kernels_for(4)) and {c.tile for c in cat if c.bits == 8} == set(TILES)
+    # The many-token kernels are int4's (the weights measured), per activation dtype.
+    assert {(c.dtype, c.tile, c.cluster) for c in cat if c.cluster == 2 or c.tile[0] == 256} == {
+        (d, t, k) for d in ("f16", "bf16") for t, k in MANY_TOKEN_KERNELS}
     src = FAMILY.render(cat[0])
     assert '#include "moe_sm90a/grouped_sm90a.cuh"' in src
-    assert f"GroupedGemm<cutlass::half_t, cutlass::int4b_t, {', '.join(map(str, cat[0].tile))}, 0>" in src
+    assert f"GroupedGemm<cutlass::half_t, cutlass::int4b_t, {', '.join(map(str, cat[0].tile))}, 0, 1>" in src
+    c2 = next(c for c in cat if c.cluster == 2)
+    assert f"{', '.join(map(str, c2.tile))}, 0, 2>" in FAMILY.render(c2)
+    # The raster order is a launch argument (mg_run's raster_n), not a kernel: the same source.
+    assert FAMILY.render(c2.replace(raster="n")) == FAMILY.render(c2) and "int raster_n" in src
     assert f"{{{abi.ABI_VERSION}, " in src and "mg_strides" in src and "mg_run" in src
     # The routing (counting sort), the row gather and the per-expert arrays are the library's kernels.
     from mixed_gemm.kernels.moe_route import SORT_ARGS_BYTES
@@ -63,6 +80,8 @@ def test_catalog_renders_the_grouped_kernel():
     assert set(abi.SIGNATURES) >= {"mg_route", "mg_gather", "mg_pointers"}
     assert FAMILY.arch_flags == ("-gencode=arch=compute_90a,code=sm_90a",) and FAMILY.output == "shared"
     assert abi.STRIDE_FIELDS == ("layout_w_bytes", "stride_x_bytes", "stride_s_bytes", "stride_y_bytes")
+    assert abi.INFO_FIELDS[6:10] == ("tile_m", "tile_n", "tile_k", "cluster_m")
+    assert "G::kClusterM, (long long)sizeof(G::Shape3)" in src  # mg_info's order, mirrored
 
 
 def test_can_implement_reasons():
@@ -91,6 +110,7 @@ def test_heuristic_passes_below_the_reuse_and_widens_the_tile():
             if c is not None:
                 assert FAMILY.can_implement(c, p)[0] and c.kernel in FAMILY.catalog()
     assert candidate_schedules(_problem(stage="w2")) == [f"w2_t{m}x{n}x{k}_s0" for m, n, k in TILES]
+    assert candidate_schedules(_problem(stage="w2", tokens=MANY_TOKENS - 1)) == candidate_schedules(_problem(stage="w2"))
     assert FAMILY.heuristic(object(), 132) is None and FAMILY.candidates(object(), 132) == []
 
 
@@ -121,3 +141,37 @@ def test_launcher_arrays_follow_the_stacked_weight(monkeypatch):
     assert a.layouts_w.tolist() == [[4, 0]] * e and a.strides_x.tolist() == [[k, 0]] * e
     assert a.strides_s.tolist() == [[64, 0]] * e and a.strides_y.tolist() == [[n]] * e
     assert not hasattr(a, "shapes")  # per call: the library's mg_pointers kernel writes (N, T_e, K)
+
+
+@pytest.mark.parametrize("stage", ["w13", "w2"])
+def test_many_token_candidates(stage):
+    """From MANY_TOKENS tokens on, the profiler also times the clusters of two and the 256-row tile,
+    and every kernel with the routed-row tiles first; all of them catalog kernels (built by
+    ``build --all``) that can run the presets' projections. The heuristic picks none of them."""
+    for e, k, h, i in PRESETS:
+        for t in (MANY_TOKENS, 4096):
+            p = _problem(stage=stage, tokens=t, experts=e, top_k=k, h=h, inter=i)
+            names = candidate_schedules(p)
+            assert len(names) == len(set(names)) == 2 * len(kernels_for(4))
+            configs = [MoeSm90aConfig.from_schedule(n) for n in names]
+            assert {(c.tile, c.cluster, c.raster) for c in configs} == {
+                (t_, c_, r) for t_, c_ in kernels_for(4) for r in ("m", "n")}
+            assert all(c.stage == stage and c.kernel in FAMILY.catalog() for c in configs)
+            assert all(FAMILY.can_implement(c, p) == (True, "") for c in configs)
+            assert FAMILY.candidates(p, 132) == names
+            h_ = heuristic_config(p)
+            assert h_ is not None and (h_.cluster, h_.raster, h_.tile[0]) == (1, "m", 128)
+        p8 = _problem(stage=stage, tokens=4096, experts=e, top_k=k, h=h, inter=i, bits=8)
+        assert {MoeSm90aConfig.from_schedule(n, bits=8).tile for n in candidate_schedules(p8)} == set(TILES)
+
+
+def test_many_token_kernels_follow_the_group_rules():
+    """The new kernels keep the family's rules: a group must be a multiple of TK; clusters and the
+    256-row tile refuse nothing a 128-row tile takes (a partial or odd last weight tile is TMA's zero
+    fill, the cluster's partner CTA of an odd count a tile past the weight rows)."""
+    for tile, cluster in MANY_TOKEN_KERNELS:
+        c = MoeSm90aConfig(stage="w2", tile=tile, cluster=cluster)
+        assert FAMILY.can_implement(c, _problem(stage="w2", tokens=4096, group_size=64))[0] == (tile[2] == 64)
+        assert FAMILY.can_implement(c, _problem(stage="w2", tokens=4096, h=4104)) == (True, "")  # 32.06 weight tiles
+        ok, why = FAMILY.can_implement(c, _problem(stage="w2", tokens=4096, group_size=32))
+        assert not ok and f"group size 32 is not a multiple of the tile's K={tile[2]}" in why

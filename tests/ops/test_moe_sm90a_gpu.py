@@ -1,5 +1,6 @@
 """The grouped wgmma MoE kernels (moe_sm90a: CUTLASS's ptr-array mixed-input GEMM, one group per
-expert) on an H100: every catalog tile for both stages against the float32 reference over weight
+expert) on an H100: every catalog kernel (tiles, clusters of two) in both stages and both raster
+orders of the group scheduler against the float32 reference over weight
 kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros / offsets, groups 64/128/per-channel;
 group 32 is refused with its reason), top-k 1/2/6/8, token counts from 1 to 300, random routing and
 every token on one expert (experts without tokens), ids out of range, no tokens, determinism, and
@@ -14,7 +15,7 @@ import torch
 import mixed_gemm as mg
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90a import MoeSm90aConfig
-from mixed_gemm.kernels.moe_sm90a.catalog import TILES
+from mixed_gemm.kernels.moe_sm90a.catalog import kernels_for
 from mixed_gemm.ops.moe_grouped import _problems, grouped_plan
 from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
 from test_moe_gemv_gpu import TOP_KS, layer, routing
@@ -30,16 +31,18 @@ GROUPS = (64, 128, -1)
 
 
 def _sweep_params():
-    """Every catalog tile in both stages, per dtype and width (each gate|up tile with itself and with
-    the tile three further down the catalog: all 24 kernels run in both stages); zero kind x group
-    rotate through all combinations (group 64 only with TK = 64 tiles), top-k and T rotate, the
-    routing is random or puts every token's slot 0 on one expert."""
+    """Every catalog kernel in both stages, per dtype and width (each gate|up kernel with itself and
+    with the kernel three further down the catalog: all 32 kernels run in both stages), the raster
+    order rotating so that each kernel runs with both; zero kind x group rotate through all
+    combinations (group 64 only with TK = 64 tiles), top-k and T rotate, the routing is random or
+    puts every token's slot 0 on one expert."""
     rng = random.Random(90)
     cases, seen = [], []
     for dtype in DTYPES:
         for bits in (4, 8):
-            for i, a in enumerate(TILES):
-                for b in (TILES[i], TILES[(i + 3) % len(TILES)]):
+            kernels = kernels_for(bits)
+            for i, (a, ca) in enumerate(kernels):
+                for b, cb in (kernels[i], kernels[(i + 3) % len(kernels)]):
                     c = len(cases)
                     groups = GROUPS if a[2] == b[2] == 64 else (128, -1)
                     zero = ZERO_KINDS[c % 4]
@@ -52,16 +55,23 @@ def _sweep_params():
                         h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
                     else:
                         h, inter = group * rng.randrange(1, 8), group * rng.randrange(1, 5)
-                    s13 = MoeSm90aConfig(stage="w13", tile=a).schedule
-                    s2 = MoeSm90aConfig(stage="w2", tile=b).schedule
+                    r13, r2 = "mn"[c % 2], "mn"[(c // 2 + dtype.startswith("b")) % 2]
+                    s13 = MoeSm90aConfig(stage="w13", tile=a, cluster=ca, raster=r13).schedule
+                    s2 = MoeSm90aConfig(stage="w2", tile=b, cluster=cb, raster=r2).schedule
                     ids32 = rng.random() < 0.3
                     cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route,
                                               id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}"
                                                  f"-h{h}-i{inter}-{route}" + ("-ids32" if ids32 else "")))
     assert {p.values[6] for p in cases} == set(TOP_KS) and {p.values[7] for p in cases} == {1, 16, 64, 300}
     assert {(p.values[4], p.values[5]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
-    assert {p.values[2].split("_", 1)[1] for p in cases} == {p.values[3].split("_", 1)[1] for p in cases} \
-        == {MoeSm90aConfig(tile=t).schedule.split("_", 1)[1] for t in TILES}
+    def kernel(schedule):
+        c = MoeSm90aConfig.from_schedule(schedule)
+        return c.tile, c.cluster, c.raster
+
+    for at in (2, 3):  # every catalog kernel in each stage
+        assert {(p.values[0], p.values[1], kernel(p.values[at])[:2]) for p in cases} == {
+            (d, b, k) for d in DTYPES for b in (4, 8) for k in kernels_for(b)}
+    assert {kernel(s) for p in cases for s in p.values[2:4]} == {(t, k, r) for t, k in kernels_for(4) for r in "mn"}
     return cases
 
 

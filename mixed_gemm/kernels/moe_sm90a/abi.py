@@ -12,11 +12,11 @@ from ...runtime.library import signature_binder
 
 from ..sm90a.abi import describe  # the same error codes (sm90a::kErr*) and cutlass::Status
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 # mg_info's fields, in order: then the bytes of one expert's entry in each device array.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k",
-               "shape_bytes", "layout_w_bytes", "stride_x_bytes", "stride_s_bytes", "stride_y_bytes")
-STRIDE_FIELDS = INFO_FIELDS[10:]  # the order mg_strides writes them in
+               "cluster_m", "shape_bytes", "layout_w_bytes", "stride_x_bytes", "stride_s_bytes", "stride_y_bytes")
+STRIDE_FIELDS = INFO_FIELDS[11:]  # the order mg_strides writes them in
 
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 SIGNATURES = {
@@ -24,7 +24,7 @@ SIGNATURES = {
     "mg_strides": (_I, [_P, _I, _I, _I]),
     "mg_workspace_bytes": (_LL, [_I, _I]),
     "mg_prepare": (_I, []),
-    "mg_run": (_I, [_I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _LL, _I, _P]),
+    "mg_run": (_I, [_I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P, _LL, _I, _I, _P]),
     "mg_combine": (_I, [_P, _P, _P, _P, _LL, _I, _I, _P]),
     "mg_route": (_I, [_P, _I, _P]),
     "mg_gather": (_I, [_P, _P, _I, _P, _LL, _I, _P]),

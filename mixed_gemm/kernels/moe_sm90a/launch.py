@@ -65,11 +65,12 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
     def __init__(self, config: MoeSm90aConfig, spec, device_index: int):
         self.config = config
         self.stage = config.stage
+        self.raster_n = int(config.raster == "n")  # the group scheduler's walk: routed-row tiles first
         self.device_index = device_index
         tm, tn, tk = config.tile
         self.lib, self.info = open_library(spec, abi.bind, abi.info, abi.ABI_VERSION,
                                            dict(tile_m=tm, tile_n=tn, tile_k=tk, bits=config.bits,
-                                                stages=config.stages), device_index, abi.describe)
+                                                stages=config.stages, cluster_m=config.cluster), device_index, abi.describe)
         self.sms = sm_count(device_index)
         self.lock = threading.Lock()
         self._arrays = {}  # stacked weight key -> _Arrays
@@ -122,7 +123,7 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
         rc = self.lib.mg_run(e, shapes.data_ptr(), arrays.w.data_ptr(), arrays.layouts_w.data_ptr(), ptr_x.data_ptr(),
                              arrays.strides_x.data_ptr(), arrays.s.data_ptr(), arrays.strides_s.data_ptr(),
                              arrays.z.data_ptr(), ptr_y.data_ptr(), arrays.strides_y.data_ptr(), w.group_size,
-                             self.sms, ws or None, ws_bytes, int(self.stage == "w13"), stream or None)
+                             self.sms, ws or None, ws_bytes, int(self.stage == "w13"), self.raster_n, stream or None)
         if rc:
             raise MoeSm90aLaunchError(f"{self.config.name}: mg_run(E={e}, N={w.n}, K={w.k}, group={w.group_size}): "
                                       f"{abi.describe(rc)}")
