@@ -50,7 +50,8 @@ struct Slot {
   int m = -1;
 };
 
-// x (M, K) 16-bit, row-major: box (64, TN / cluster M), 128-byte swizzle, zero fill beyond K and M.
+// x (M, K) 16-bit, row-major: box (64, TN / cluster M), 128-byte swizzle, zero fill beyond K and M
+// (a cluster CTA whose token rows lie wholly past M loads a box of zeros, counted like any other).
 template <class Geo>
 int encode_x(Params& p, void const* x, int m, int k) {
   cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(m)};
@@ -117,7 +118,7 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   p.kb_shift = kb_shift;
   p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * kTileM * rows * 2;
   slot->x = x;
-  // Row tiles rounded up to whole clusters: a CTA past N still loads its half of x for its peer
+  // Row tiles rounded up to whole clusters: a CTA past N still loads its part of x for its peers
   // (its weight boxes are out of bounds, zero-filled) and stores nothing.
   int const row_tiles = (n + kTileM * Geo::kClusterM - 1) / (kTileM * Geo::kClusterM) * Geo::kClusterM;
   slot->grid = dim3(p.splits, row_tiles, (m + Geo::kTN - 1) / Geo::kTN);
@@ -154,7 +155,8 @@ int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = Geo::kSmemBytes;
   cfg.stream = stream;
-  // A 2x1 cluster pairs the CTAs of adjacent row tiles (grid y) of one K slice and token tile.
+  // A Cx1 cluster groups the C CTAs of adjacent row tiles (grid y) of one K slice and token tile
+  // (grid y is a multiple of C, above).
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;

@@ -115,7 +115,8 @@ def test_int8_kernels_with_zero_modes(config):
 
 @pytest.mark.parametrize("schedule", ["t128x16x128_c1x1_o1_s0_split8", "t128x64x128_c1x1_o1_s0_auto",
                                       "t128x16x128_c1x1_o2_s0_split4", "t128x64x128_c2x1_o1_s0_split4",
-                                      "t128x128x128_c2x1_o1_s0_ph_split3"])
+                                      "t128x128x128_c2x1_o1_s0_ph_split3", "t128x64x128_c4x1_o1_s0_split4",
+                                      "t128x128x128_c4x1_o1_s0_ph_split3"])
 def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
     """Split-K partials are summed in slice order: bit-identical results, across eager calls and
     CUDA-graph replays (the tile counters are left at zero for the next launch)."""
@@ -129,18 +130,23 @@ def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
         assert rel_err(mg.matmul(x, w, config=cfg), ref(x), 4096) <= 2e-3
 
 
-@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster == (2, 1) and c.dtype == "f16"],
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster != (1, 1) and c.dtype == "f16"],
                          ids=lambda c: c.kernel_name)
 def test_cluster_edges(config):
-    """2x1 clusters: an odd number of row tiles (the last cluster's second CTA lies past N, loads
-    only its half of x for its peer and stores nothing), token halves past M (the second CTA's x
-    box wholly out of bounds), one k-tile per slice (the producers' tails with fewer k-tiles than
-    stages), and many slices."""
-    tn = config.tile[1]
-    for m, n, k, d in ((tn // 2 - 3, 1152, 1024, dict(decomposition="dp")),
+    """Cx1 clusters (C = 2, 4): row tiles not a multiple of C (the last cluster holds 1, 2 or 3 row
+    tiles in N; its other CTAs lie past N, load only their part of x for their peers and store
+    nothing), token parts past M (M below TN/C: every CTA but the first has its x box wholly out of
+    bounds; a second token tile of 5 rows), one k-tile per slice (the producers' tails with fewer
+    k-tiles than stages), and many slices."""
+    tn, c = config.tile[1], config.cluster[0]
+    # (M, N, K, decomposition); N in row tiles (last cluster, C = 4 | C = 2): 9 (1 | 1), 33 (1 | 1),
+    # 3 (3 | 1), 5 (1 | 1), 10 with a partial tenth (2 | 2, even), 11 with a partial eleventh (3 | 1).
+    for m, n, k, d in ((tn // c - 3, 1152, 1024, dict(decomposition="dp")),
                        (tn + 5, 4224, 512, dict(decomposition="split", splits=4)),
                        (tn, 384, 2048, dict(decomposition="split", splits=16)),
-                       (3, 640, 256, dict(decomposition="auto"))):
+                       (3, 640, 256, dict(decomposition="auto")),
+                       (tn // c + 5, 1272, 768, dict(decomposition="split", splits=3)),
+                       (tn // 2 + 1, 1400, 1024, dict(decomposition="dp"))):
         out, want = run_case(config.replace(**d), "f16", config.bits, "int", 128, max(m, 1), n, k, bias=True,
                              residual=True)
         assert rel_err(out, want, k) <= 2e-3, (m, n, k, d)
