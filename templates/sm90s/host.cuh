@@ -126,6 +126,27 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   return 0;
 }
 
+// Clusters of this kernel that run at once (cudaOccupancyMaxActiveClusters; 0 without a cluster).
+// A cluster's CTAs share a GPC, so at one CTA per SM whole clusters of 4 may leave SMs of a GPC idle:
+// the split factor of "auto" counts these slots, not the SMs (mixed_gemm/kernels/sm90s/launch.py).
+template <class Geo>
+int max_active_clusters(void const* kernel) {
+  if (Geo::kClusterM == 1) return 0;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, Geo::kClusterM, 1);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Geo::kSmemBytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = Geo::kClusterM;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0 ? clusters : kErrSetup;
+}
+
 // Split-K scratch of the slot's launch: fp32 partials (0 without split-K) and tile counters.
 template <class Geo>
 long long workspace_floats(Slot const* slot) {

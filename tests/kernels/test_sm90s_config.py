@@ -108,6 +108,9 @@ def test_four_cta_cluster():
     assert c.tiles(64, 4096) == 32 and c.tiles(64, 4096 + 128) == 36 and c.tiles(200, 640) == 8 * 4
     assert c.launch_splits(64, 4096, 4096, 132) == 4      # 8B o: 4 slices of 32 row tiles, 128 CTAs
     assert c.launch_splits(64, 8192, 28672, 132) == 2     # 70B down: 2 slices of 64 row tiles
+    # The launcher counts whole clusters that fit the GPCs (cudaOccupancyMaxActiveClusters x 4): with
+    # 30 of them, 8B o takes 3 slices (96 CTAs in one wave), not 4 (128 CTAs, a second wave of 8).
+    assert c.launch_splits(64, 4096, 4096, 132, slots=30 * 4) == 3
 
 
 def test_catalog_covers_the_token_tiles_of_both_dtypes():

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
@@ -171,15 +171,17 @@ class Sm90sConfig:
     def k_tiles(self, k: int) -> int:
         return -(-_round_up(k, 16) // self.tile[2])
 
-    def launch_splits(self, m: int, n: int, k: int, sms: int) -> int:
+    def launch_splits(self, m: int, n: int, k: int, sms: int, slots: Optional[int] = None) -> int:
         """The K slices of a launch (the kernel library drops slices that would get no k-tile).
-        ``"auto"``: as many as keep every CTA in the first wave (``sms x ctas_per_sm`` slots), with
-        at least MIN_K_TILES k-tiles each: 32 tiles of a 4096-row weight run as 4 x 32 CTAs on 132
-        SMs; 112 tiles stay whole (a second slice would start a second wave of small CTAs, whose
-        ring fills and partial sums the wave count does not see)."""
+        ``"auto"``: as many as keep every CTA in the first wave, with at least MIN_K_TILES k-tiles
+        each: 32 tiles of a 4096-row weight run as 4 x 32 CTAs on 132 SMs; 112 tiles stay whole (a
+        second slice would start a second wave of small CTAs, whose ring fills and partial sums the
+        wave count does not see). ``slots``: the CTAs that run at once, by default ``sms x
+        ctas_per_sm``; a cluster kernel's launcher passes whole clusters x C (a cluster's CTAs share
+        a GPC, so clusters of 4 may leave some of a GPC's SMs idle)."""
         if self.decomposition == "dp":
             return 1
         if self.decomposition == "split":
             return self.splits
-        slots = sms * self.ctas_per_sm
+        slots = slots or sms * self.ctas_per_sm
         return max(1, min(slots // self.tiles(m, n), self.k_tiles(k) // MIN_K_TILES, MAX_SPLITS))
