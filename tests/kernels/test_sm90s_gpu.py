@@ -1,7 +1,8 @@
 """The sm90s family on an sm_90 GPU: every catalog kernel against the float32 reference
 (element-wise, fresh seeded inputs, NaN-poisoned outputs) at M in {9, 16, 33, 64, 128, 256} on
 model shapes; group sizes, zero modes, ragged shapes, decompositions, bias and residual on small
-ones; split-K determinism, tile counters left at zero, and CUDA-graph replay.
+ones; the cluster kernels' edges (C = 2, 4) and wave size; split-K determinism, tile counters left
+at zero, and CUDA-graph replay.
 
     python -m pytest -m gpu tests/kernels/test_sm90s_gpu.py
 """
@@ -150,6 +151,18 @@ def test_cluster_edges(config):
         out, want = run_case(config.replace(**d), "f16", config.bits, "int", 128, max(m, 1), n, k, bias=True,
                              residual=True)
         assert rel_err(out, want, k) <= 2e-3, (m, n, k, d)
+
+
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster != (1, 1) and c.dtype == "f16" and c.bits == 4
+                                    and not c.phased], ids=lambda c: c.kernel_name)
+def test_cluster_slots_are_whole_clusters_on_the_sms(config):
+    """The launcher's wave (the split factor of ``auto``) counts the clusters that fit the GPCs at
+    once, C CTAs each: at most one CTA per SM. Printed (``-s``): the number the c4x1 predictions of
+    docs/notes/serving-mainloop.md assume to be 128."""
+    launcher = sm90s.FAMILY.launcher(config, 0)
+    c = config.cluster[0]
+    print(f"{config.kernel_name}: {launcher.slots // c} clusters of {c} at once on {launcher.sms} SMs")
+    assert 0 < launcher.slots <= launcher.sms and launcher.slots % c == 0
 
 
 def test_heuristic_leaves_sm90s_alone_without_the_switch(monkeypatch):
