@@ -70,7 +70,7 @@ extern "C" {
 // [abi version, sizeof(Params), shared memory bytes, threads, stages, bits, tile M, tile N, tile K, CTAs per SM,
 //  cluster M, phased]
 int mg_info(long long* out, int count) {
-  long long v[] = {2, (long long)sizeof(s90::Params), (long long)Geo::kSmemBytes, s90::kThreads,
+  long long v[] = {3, (long long)sizeof(s90::Params), (long long)Geo::kSmemBytes, s90::kThreads,
                    Geo::kStages, Geo::kBitsW, s90::kTileM, Geo::kTN, Geo::kTK, Geo::kCtasPerSm, Geo::kClusterM,
                    Geo::kPhased ? 1 : 0};
   int total = int(sizeof(v) / sizeof(v[0]));
@@ -88,6 +88,13 @@ int mg_prepare() {
   void const* k = reinterpret_cast<void const*>(l.kernel);
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Geo::kSmemBytes));
   return e == cudaSuccess ? 0 : s90::kErrSetup;
+}
+
+// After mg_prepare, on the device's context: whole clusters that run at once (0 without a cluster).
+int mg_max_active_clusters() {
+  Loaded const& l = loaded();
+  if (l.error != cudaSuccess) return s90::kErrLoad;
+  return s90::max_active_clusters<Geo>(reinterpret_cast<void const*>(l.kernel));
 }
 
 int mg_init(void* slot, const void* w, const void* s, const void* z, const void* x, int m, int n, int n_pad, int k,

@@ -50,7 +50,8 @@ struct Slot {
   int m = -1;
 };
 
-// x (M, K) 16-bit, row-major: box (64, TN / cluster M), 128-byte swizzle, zero fill beyond K and M.
+// x (M, K) 16-bit, row-major: box (64, TN / cluster M), 128-byte swizzle, zero fill beyond K and M
+// (a cluster CTA whose token rows lie wholly past M loads a box of zeros, counted like any other).
 template <class Geo>
 int encode_x(Params& p, void const* x, int m, int k) {
   cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(m)};
@@ -117,12 +118,33 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   p.kb_shift = kb_shift;
   p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * kTileM * rows * 2;
   slot->x = x;
-  // Row tiles rounded up to whole clusters: a CTA past N still loads its half of x for its peer
+  // Row tiles rounded up to whole clusters: a CTA past N still loads its part of x for its peers
   // (its weight boxes are out of bounds, zero-filled) and stores nothing.
   int const row_tiles = (n + kTileM * Geo::kClusterM - 1) / (kTileM * Geo::kClusterM) * Geo::kClusterM;
   slot->grid = dim3(p.splits, row_tiles, (m + Geo::kTN - 1) / Geo::kTN);
   slot->m = m;
   return 0;
+}
+
+// Clusters of this kernel that run at once (cudaOccupancyMaxActiveClusters; 0 without a cluster).
+// A cluster's CTAs share a GPC, so at one CTA per SM whole clusters of 4 may leave SMs of a GPC idle:
+// the split factor of "auto" counts these slots, not the SMs (mixed_gemm/kernels/sm90s/launch.py).
+template <class Geo>
+int max_active_clusters(void const* kernel) {
+  if (Geo::kClusterM == 1) return 0;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, Geo::kClusterM, 1);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Geo::kSmemBytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = Geo::kClusterM;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0 ? clusters : kErrSetup;
 }
 
 // Split-K scratch of the slot's launch: fp32 partials (0 without split-K) and tile counters.
@@ -154,7 +176,8 @@ int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = Geo::kSmemBytes;
   cfg.stream = stream;
-  // A 2x1 cluster pairs the CTAs of adjacent row tiles (grid y) of one K slice and token tile.
+  // A Cx1 cluster groups the C CTAs of adjacent row tiles (grid y) of one K slice and token tile
+  // (grid y is a multiple of C, above).
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;

@@ -14,13 +14,14 @@
 // arrive (an atomic counter, reset by it) sums all partials in split order (deterministic) and
 // runs the epilogue. No memset per launch: the counters are zero between launches.
 //
-// 2x1 cluster (Geo::kClusterM == 2): the two CTAs take adjacent row tiles of one K slice and token
-// tile, so their x stages are equal. Each producer loads TN/2 token rows of x with TMA multicast
-// into both CTAs' stage (same offset, and complete_tx on both CTAs' full barrier, which expects the
-// whole stage), its own weight, scales and zeros without. A stage may be refilled only when both
-// CTAs have read it: every consumer warp releases it on its own CTA's empty barrier and on the
-// peer's (16 arrivals a phase). Before the producer exits it waits for the last releases, so no
-// peer arrival targets an exited CTA's shared memory.
+// Cx1 cluster (Geo::kClusterM = C, 2 or 4): the C CTAs take adjacent row tiles of one K slice and
+// token tile, so their x stages are equal. Producer r loads token rows [r TN/C, (r+1) TN/C) of x with
+// TMA multicast into all C CTAs' stage (same offset, and complete_tx on each CTA's full barrier,
+// which expects the whole stage), its own weight, scales and zeros without. A stage may be refilled
+// only when all C CTAs have read it: every consumer warp releases it on each CTA's empty barrier,
+// lane j on CTA rank ^ j (8 C arrivals a phase). Before the producer exits it waits for the last
+// releases, so no peer arrival targets an exited CTA's shared memory; the multicasts into a CTA are
+// all awaited by its own consumers.
 //
 // Phased (Geo::kPhased): the consumer warpgroups take turns issuing their k-tile's wgmmas (two
 // named barriers, warpgroup 0 first), so one warpgroup's wgmmas run while the other converts and
@@ -97,7 +98,7 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
 }
-// Every thread of both CTAs: the barrier inits are visible cluster-wide past it.
+// Every thread of the cluster's CTAs: the barrier inits are visible cluster-wide past it.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
@@ -225,12 +226,13 @@ struct Mainloop {
     }
   }
 
-  // Release stage s: to this CTA's producer, and under a cluster to the peer's (its multicast
-  // writes this CTA's x stage too).
+  // Release stage s: to this CTA's producer (lane 0), and under a cluster to every peer's (their
+  // multicasts write this CTA's x stage too): lane j in 1..C-1 arrives on CTA rank ^ j, so the C - 1
+  // remote arrivals are one predicated instruction of the warp.
   static __device__ __forceinline__ void release(uint64_t* empty, int s, int lane) {
     if (lane == 0) mbar_arrive(&empty[s]);
     if constexpr (Geo::kClusterM > 1) {
-      if (lane == 1) mbar_arrive_cluster(&empty[s], cluster_rank() ^ 1u);
+      if (lane >= 1 && lane < Geo::kClusterM) mbar_arrive_cluster(&empty[s], cluster_rank() ^ uint32_t(lane));
     }
   }
 
@@ -266,7 +268,7 @@ struct Mainloop {
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     if constexpr (Geo::kClusterM > 1) {
-      cluster_sync();  // the peer multicasts to and arrives on this CTA's barriers
+      cluster_sync();  // the peers multicast to and arrive on this CTA's barriers
     } else {
       __syncthreads();
     }
@@ -291,11 +293,12 @@ struct Mainloop {
           char* stage = smem + s * Geo::kStageBytes;
           int const kt = kt0 + i;
           if constexpr (Geo::kClusterM > 1) {
-            // This CTA's half of the token rows, into both CTAs' stage.
-            int const half = int(cluster_rank()) * Geo::kXBoxRows;
+            // This CTA's part of the token rows, into every CTA's stage (rows past M: zero fill,
+            // still counted, so a CTA whose part lies wholly past M loads zeros for its peers).
+            int const part = int(cluster_rank()) * Geo::kXBoxRows;
 #pragma unroll
             for (int panel = 0; panel < Geo::kPanels; ++panel)
-              tma_2d_multicast(&p.x, &full[s], stage + panel * TN * 128 + half * 128, kt * TK + 64 * panel, tok0 + half,
+              tma_2d_multicast(&p.x, &full[s], stage + panel * TN * 128 + part * 128, kt * TK + 64 * panel, tok0 + part,
                                uint16_t((1u << Geo::kClusterM) - 1), kEvictLast);
           } else {
 #pragma unroll
@@ -308,7 +311,7 @@ struct Mainloop {
           tma_2d(&p.z, &full[s], stage + Geo::kXBytes + Geo::kWBytes + Geo::kSBytes, row0, srow, kEvictFirst);
         }
         if constexpr (Geo::kClusterM > 1) {
-          // The releases of the last k-tiles (the peer's remote arrivals included) have landed.
+          // The releases of the last k-tiles (the peers' remote arrivals included) have landed.
           for (int i = nk; i < nk + Geo::kStages; ++i)
             mbar_wait(&empty[i % Geo::kStages], ((i / Geo::kStages) & 1) ^ 1);
         }

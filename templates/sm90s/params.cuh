@@ -21,8 +21,9 @@ constexpr int kMaxStages = 12;
 //   scales, zeros: up to TK/32 rows of TM values (one per group the k-tile touches, groups >= 32).
 // The x panels come first: each starts 1024-byte aligned, as the swizzle pattern requires.
 //
-// ClusterM = 2: the two CTAs of a cluster take adjacent 128-row tiles of the same K slice and token
-// tile, so their x stages are equal; each loads TN/2 token rows of it with TMA multicast into both.
+// ClusterM = 2 or 4: the CTAs of a cluster take adjacent 128-row tiles of the same K slice and token
+// tile, so their x stages are equal; each loads TN/ClusterM token rows of it with TMA multicast into
+// all of them.
 // Phased: the two consumer warpgroups take turns issuing their wgmmas (an ordered barrier).
 template <int kBits, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false>
 struct Geometry {
@@ -31,7 +32,7 @@ struct Geometry {
   static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
   static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");
   static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && TN <= 32), "two CTAs per SM only with TN <= 32 (registers)");
-  static_assert(ClusterM == 1 || ClusterM == 2, "cluster: 1 or 2 row tiles share an x tile");
+  static_assert(ClusterM == 1 || ClusterM == 2 || ClusterM == 4, "cluster: 1, 2 or 4 row tiles share an x tile");
   static constexpr int kBitsW = kBits;
   static constexpr int kTN = TN;
   static constexpr int kTK = TK;
@@ -40,8 +41,9 @@ struct Geometry {
   static constexpr int kClusterM = ClusterM;
   static constexpr bool kPhased = Phased;
   static constexpr int kXBoxRows = TN / ClusterM;                  // token rows of x one CTA loads
-  // A CTA's half box lands kXBoxRows 128-byte rows into each panel: whole 8-row (1024-byte)
-  // swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives them.
+  // CTA r's part of the box lands r * kXBoxRows 128-byte rows into each panel: whole 8-row
+  // (1024-byte) swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives
+  // them (hence TN >= 16 at ClusterM = 2, TN >= 32 at 4; Sm90sConfig checks the same).
   static_assert(kXBoxRows % 8 == 0, "cluster: each CTA's x rows must fill whole 128-byte swizzle atoms");
   static constexpr int kKBlocks = TK / 16;
   static constexpr int kPanels = TK / 64;
@@ -86,7 +88,7 @@ struct Params {
   int splits;
   int kb_shift;       // log2(k16 blocks per scale row inside a k-tile)
   int stage_tx;       // bytes the TMAs of one stage deliver to each CTA (boxes are whole, zero-filled out of
-                      // bounds; with a cluster, half of x comes from the peer's multicast)
+                      // bounds; with a cluster, the other CTAs' parts of x come from their multicasts)
 };
 
 }  // namespace sm90s

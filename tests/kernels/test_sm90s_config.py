@@ -34,7 +34,8 @@ def test_names_schedules_and_round_trip():
     assert c.name == "mg_sm90s_bf16_u4_zfloat_t128x64x128_c1x1_o1_s0_split4"
     assert c.kernel == Sm90sConfig(dtype="bf16", tile=(128, 64, 128))  # zero mode and split folded
     for sched in ("t128x16x128_c1x1_o2_s0_auto", "t128x256x64_c1x1_o1_s3_dp", "t128x32x128_c1x1_o1_s6_split16",
-                  "t128x128x128_c2x1_o1_s0_ph_auto", "t128x64x128_c2x1_o1_s0_split3"):
+                  "t128x128x128_c2x1_o1_s0_ph_auto", "t128x64x128_c2x1_o1_s0_split3",
+                  "t128x256x128_c4x1_o1_s0_dp", "t128x32x128_c4x1_o1_s0_ph_split2"):
         again = parse_schedule(f"sm90s:{sched}", dtype="f16", bits=8, zero_mode="sym")
         assert again.schedule == sched and qualified(again) == f"sm90s:{sched}" and again.bits == 8
     with pytest.raises(ValueError, match="is not an sm90s schedule"):
@@ -46,7 +47,9 @@ def test_names_schedules_and_round_trip():
     (dict(tile=(128, 48, 128)), "tile N"),
     (dict(tile=(128, 64, 32)), "tile K"),
     (dict(cluster=(1, 2)), "cluster"),
-    (dict(cluster=(4, 1)), "cluster"),
+    (dict(cluster=(8, 1)), "cluster"),
+    (dict(cluster=(3, 1)), "cluster"),
+    (dict(tile=(128, 16, 128), cluster=(4, 1)), r"cluster \(4, 1\) needs tile N a multiple of 32"),
     (dict(phased=1), "phased"),
     (dict(tile=(128, 64, 128), ctas_per_sm=2), "two CTAs per SM only at TN <= 32"),
     (dict(stages=1), "stages"),
@@ -88,6 +91,28 @@ def test_cluster_and_phase_offset_are_compiled_in():
     assert c.tiles(200, 4096) == 64 and c.replace(tile=(128, 64, 128)).tiles(200, 4096) == 128
 
 
+def test_four_cta_cluster():
+    """c4x1: four row tiles share an x tile, each CTA loading TN/4 token rows (whole 8-row swizzle
+    atoms: TN >= 32); the ring is c1x1's; row tiles launch in whole clusters of four."""
+    c = Sm90sConfig(tile=(128, 64, 128), cluster=(4, 1))
+    assert c.schedule == "t128x64x128_c4x1_o1_s0_auto" and c.kernel_name == "mg_sm90s_f16_u4_t128x64x128_c4x1_o1_s0"
+    assert Sm90sConfig.from_schedule(c.schedule) == c
+    assert c.smem_bytes == c.replace(cluster=(1, 1)).smem_bytes
+    assert "Geometry<4, 64, 128, 8, 1, 4, false>" in FAMILY.render(c)
+    assert "Geometry<4, 32, 128, 8, 1, 4, true>" in FAMILY.render(c.replace(tile=(128, 32, 128), phased=True))
+    assert Sm90sConfig(tile=(128, 256, 128), cluster=(4, 1)).pipeline_stages == 3
+    # 33 row tiles take 36 CTAs per token tile and slice (the last cluster: one tile in N, three past it),
+    # 34, 35 and 36 row tiles too.
+    for n in (4224, 4352, 4480, 4608):
+        assert c.tiles(16, n) == 36
+    assert c.tiles(64, 4096) == 32 and c.tiles(64, 4096 + 128) == 36 and c.tiles(200, 640) == 8 * 4
+    assert c.launch_splits(64, 4096, 4096, 132) == 4      # 8B o: 4 slices of 32 row tiles, 128 CTAs
+    assert c.launch_splits(64, 8192, 28672, 132) == 2     # 70B down: 2 slices of 64 row tiles
+    # The launcher counts whole clusters that fit the GPCs (cudaOccupancyMaxActiveClusters x 4): with
+    # 30 of them, 8B o takes 3 slices (96 CTAs in one wave), not 4 (128 CTAs, a second wave of 8).
+    assert c.launch_splits(64, 4096, 4096, 132, slots=30 * 4) == 3
+
+
 def test_catalog_covers_the_token_tiles_of_both_dtypes():
     cat = default_catalog()
     assert len({c.kernel_name for c in cat}) == len(cat)
@@ -96,10 +121,10 @@ def test_catalog_covers_the_token_tiles_of_both_dtypes():
         assert tns == {16, 32, 64, 128, 256}
         assert any(c.dtype == dtype and c.bits == 8 for c in cat)
         # x multicast over 2x1 clusters from TN = 64 on, beside the c1x1 kernels, with and without
-        # the phase offset.
+        # the phase offset, and over 4x1 clusters.
         for tn in (64, 128, 256):
             kinds = {(c.cluster, c.phased) for c in cat if c.dtype == dtype and c.bits == 4 and c.tile[1] == tn}
-            assert kinds == {((1, 1), False), ((2, 1), False), ((2, 1), True)}
+            assert kinds == {((1, 1), False), ((2, 1), False), ((2, 1), True), ((4, 1), False)}
         assert any(c.dtype == dtype and c.bits == 8 and c.cluster == (2, 1) for c in cat)
     assert all(c == c.kernel and c.decomposition == "auto" for c in cat)
 
@@ -154,7 +179,8 @@ def test_candidates_parse_and_fit_m():
             assert config.kernel in default_catalog()
     assert any(s.endswith("_dp") for s in candidate_schedules(64, 57344, 8192, 132))
     at128 = candidate_schedules(128, 4096, 4096, 132)
-    assert {"t128x128x128_c1x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_ph_auto"} <= set(at128)
+    assert {"t128x128x128_c1x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_ph_auto",
+            "t128x128x128_c4x1_o1_s0_auto"} <= set(at128)
 
 
 def test_heuristic_passes_unless_switched_on(monkeypatch):
@@ -173,11 +199,12 @@ def test_heuristic_passes_unless_switched_on(monkeypatch):
 
 
 @pytest.mark.nvcc
-def test_cluster_release_is_not_a_gpu_fence(tmp_path):
-    """A consumer warp releases each stage to the peer CTA with a CTA-scope arrive. At cluster scope
+@pytest.mark.parametrize("cluster", [(2, 1), (4, 1)])
+def test_cluster_release_is_not_a_gpu_fence(tmp_path, cluster):
+    """A consumer warp releases each stage to the peer CTAs with a CTA-scope arrive. At cluster scope
     ptxas puts MEMBAR.ALL.GPU before it, on every warp's path to its next wgmma, every k-tile
     (docs/notes/serving-mainloop.md, "c2x1 measured: slower, and why")."""
-    c = Sm90sConfig(tile=(128, 64, 128), cluster=(2, 1))
+    c = Sm90sConfig(tile=(128, 64, 128), cluster=cluster)
     src = tmp_path / "k.cu"
     src.write_text(FAMILY.render(c))
     ptx = tmp_path / "k.ptx"

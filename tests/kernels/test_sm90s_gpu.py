@@ -1,7 +1,8 @@
 """The sm90s family on an sm_90 GPU: every catalog kernel against the float32 reference
 (element-wise, fresh seeded inputs, NaN-poisoned outputs) at M in {9, 16, 33, 64, 128, 256} on
 model shapes; group sizes, zero modes, ragged shapes, decompositions, bias and residual on small
-ones; split-K determinism, tile counters left at zero, and CUDA-graph replay.
+ones; the cluster kernels' edges (C = 2, 4) and wave size; split-K determinism, tile counters left
+at zero, and CUDA-graph replay.
 
     python -m pytest -m gpu tests/kernels/test_sm90s_gpu.py
 """
@@ -115,7 +116,8 @@ def test_int8_kernels_with_zero_modes(config):
 
 @pytest.mark.parametrize("schedule", ["t128x16x128_c1x1_o1_s0_split8", "t128x64x128_c1x1_o1_s0_auto",
                                       "t128x16x128_c1x1_o2_s0_split4", "t128x64x128_c2x1_o1_s0_split4",
-                                      "t128x128x128_c2x1_o1_s0_ph_split3"])
+                                      "t128x128x128_c2x1_o1_s0_ph_split3", "t128x64x128_c4x1_o1_s0_split4",
+                                      "t128x128x128_c4x1_o1_s0_ph_split3"])
 def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
     """Split-K partials are summed in slice order: bit-identical results, across eager calls and
     CUDA-graph replays (the tile counters are left at zero for the next launch)."""
@@ -129,21 +131,38 @@ def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
         assert rel_err(mg.matmul(x, w, config=cfg), ref(x), 4096) <= 2e-3
 
 
-@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster == (2, 1) and c.dtype == "f16"],
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster != (1, 1) and c.dtype == "f16"],
                          ids=lambda c: c.kernel_name)
 def test_cluster_edges(config):
-    """2x1 clusters: an odd number of row tiles (the last cluster's second CTA lies past N, loads
-    only its half of x for its peer and stores nothing), token halves past M (the second CTA's x
-    box wholly out of bounds), one k-tile per slice (the producers' tails with fewer k-tiles than
-    stages), and many slices."""
-    tn = config.tile[1]
-    for m, n, k, d in ((tn // 2 - 3, 1152, 1024, dict(decomposition="dp")),
+    """Cx1 clusters (C = 2, 4): row tiles not a multiple of C (the last cluster holds 1, 2 or 3 row
+    tiles in N; its other CTAs lie past N, load only their part of x for their peers and store
+    nothing), token parts past M (M below TN/C: every CTA but the first has its x box wholly out of
+    bounds; a second token tile of 5 rows), one k-tile per slice (the producers' tails with fewer
+    k-tiles than stages), and many slices."""
+    tn, c = config.tile[1], config.cluster[0]
+    # (M, N, K, decomposition); N in row tiles (last cluster, C = 4 | C = 2): 9 (1 | 1), 33 (1 | 1),
+    # 3 (3 | 1), 5 (1 | 1), 10 with a partial tenth (2 | 2, even), 11 with a partial eleventh (3 | 1).
+    for m, n, k, d in ((tn // c - 3, 1152, 1024, dict(decomposition="dp")),
                        (tn + 5, 4224, 512, dict(decomposition="split", splits=4)),
                        (tn, 384, 2048, dict(decomposition="split", splits=16)),
-                       (3, 640, 256, dict(decomposition="auto"))):
+                       (3, 640, 256, dict(decomposition="auto")),
+                       (tn // c + 5, 1272, 768, dict(decomposition="split", splits=3)),
+                       (tn // 2 + 1, 1400, 1024, dict(decomposition="dp"))):
         out, want = run_case(config.replace(**d), "f16", config.bits, "int", 128, max(m, 1), n, k, bias=True,
                              residual=True)
         assert rel_err(out, want, k) <= 2e-3, (m, n, k, d)
+
+
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster != (1, 1) and c.dtype == "f16" and c.bits == 4
+                                    and not c.phased], ids=lambda c: c.kernel_name)
+def test_cluster_slots_are_whole_clusters_on_the_sms(config):
+    """The launcher's wave (the split factor of ``auto``) counts the clusters that fit the GPCs at
+    once, C CTAs each: at most one CTA per SM. Printed (``-s``): the number the c4x1 predictions of
+    docs/notes/serving-mainloop.md assume to be 128."""
+    launcher = sm90s.FAMILY.launcher(config, 0)
+    c = config.cluster[0]
+    print(f"{config.kernel_name}: {launcher.slots // c} clusters of {c} at once on {launcher.sms} SMs")
+    assert 0 < launcher.slots <= launcher.sms and launcher.slots % c == 0
 
 
 def test_heuristic_leaves_sm90s_alone_without_the_switch(monkeypatch):

@@ -10,16 +10,17 @@ import ctypes
 
 from ...runtime.library import signature_binder
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 # mg_info's fields, in order.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k",
                "ctas_per_sm", "cluster_m", "phased")
-# Negative return codes of mg_init / mg_run / mg_prepare (templates/sm90s/host.cuh).
+# Negative return codes of mg_init / mg_run / mg_prepare / mg_max_active_clusters (templates/sm90s/host.cuh).
 ERRORS = {-1: "driver entry points (cuTensorMapEncodeTiled / cuTensorMapReplaceAddress) unavailable",
           -2: "encoding the weight descriptor failed", -3: "encoding the scales descriptor failed",
           -4: "encoding the zeros descriptor failed",
           -5: "encoding the x descriptor failed (x must be 16-byte aligned, K a multiple of 8)",
-          -6: "re-targeting the x descriptor failed", -7: "cudaFuncSetAttribute failed",
+          -6: "re-targeting the x descriptor failed",
+          -7: "cudaFuncSetAttribute or cudaOccupancyMaxActiveClusters failed",
           -8: "cudaLaunchKernelExC failed", -9: "loading the embedded fatbin (cudaLibraryLoadData) failed",
           -10: "a shape the kernel cannot take (M, N, K, N_pad, group size or splits)"}
 
@@ -29,6 +30,7 @@ SIGNATURES = {
     "mg_create": (_P, []),
     "mg_destroy": (None, [_P]),
     "mg_prepare": (_I, []),
+    "mg_max_active_clusters": (_I, []),
     "mg_init": (_I, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I]),
     "mg_workspace_floats": (_LL, [_P]),
     "mg_tiles": (_LL, [_P]),
@@ -41,7 +43,7 @@ bind = signature_binder(SIGNATURES)  # sets restype/argtypes of every function o
 
 
 def describe(rc: int) -> str:
-    """Text of a return code of mg_init / mg_run / mg_prepare."""
+    """Text of a return code of mg_init / mg_run / mg_prepare / mg_max_active_clusters."""
     return ERRORS.get(rc, f"error {rc}")
 
 

@@ -11,7 +11,7 @@ from .config import Sm90sConfig
 # (tile (TM, TN tokens, TK), CTAs per SM, cluster, phased), from small M to large M. Every group
 # size the sm90a layout holds (powers of two >= 32, per-channel) runs with TK = 128: a k-tile loads
 # one scale row per group it touches.
-C1, C2 = (1, 1), (2, 1)
+C1, C2, C4 = (1, 1), (2, 1), (4, 1)
 SHAPES = (
     ((128, 16, 128), 1, C1, False),
     ((128, 16, 128), 2, C1, False),   # two CTAs per SM: four converting warpgroups for the memory-bound
@@ -29,6 +29,12 @@ SHAPES = (
     ((128, 128, 128), 1, C2, True),
     ((128, 256, 128), 1, C2, False),
     ((128, 256, 128), 1, C2, True),
+    # A 4x1 cluster quarters the x bytes L2 sends per weight byte again (each CTA loads TN/4 token
+    # rows): profile candidates beside c1x1 and c2x1. The ring is the same (each CTA still holds the
+    # whole x tile): 3 stages at TN = 256.
+    ((128, 64, 128), 1, C4, False),
+    ((128, 128, 128), 1, C4, False),
+    ((128, 256, 128), 1, C4, False),
 )
 # 8-bit weights: the same kernel with the 64-bit atom slices (AtomConvert<., 8>), on fewer tiles.
 SHAPES_U8 = (

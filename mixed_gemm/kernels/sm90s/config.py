@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
@@ -16,7 +16,10 @@ _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?_(dp|a
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
 TILE_NS = (16, 32, 64, 128, 256)
 TILE_KS = (64, 128)
-CLUSTERS = ((1, 1), (2, 1))  # (2, 1): two adjacent row tiles share their x tile (TMA multicast)
+# (C, 1): C adjacent row tiles share their x tile, each CTA loading TN/C token rows of it with TMA
+# multicast into all C.
+CLUSTERS = ((1, 1), (2, 1), (4, 1))
+X_ATOM_ROWS = 8         # a 128-byte swizzle atom is 8 rows of 128 bytes: a CTA's x part fills whole ones
 THREADS = 384           # one producer warpgroup, two consumer warpgroups
 MAX_STAGES = 12
 AUTO_STAGES = 8         # the deepest ring stages=0 picks
@@ -39,8 +42,9 @@ class Sm90sConfig:
     of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, TN tokens in
-    {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), or (2, 1): two CTAs of adjacent
-    weight-row tiles share one x tile, each loading half of it with TMA multicast into both),
+    {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
+    weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
+    C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32),
     ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 32,
     where the registers allow it), ``stages`` (0: as many as fit the shared memory of
     ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
@@ -73,7 +77,10 @@ class Sm90sConfig:
             (tm == TILE_M, "tile M (weight rows) must be 128: two consumer warpgroups of 64 rows (wgmma m64)"),
             (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
             (tk in TILE_KS, f"tile K must be one of {TILE_KS} (64-element swizzle panels of x)"),
-            (self.cluster in CLUSTERS, "cluster must be (1, 1) or (2, 1) (x multicast over two row tiles)"),
+            (self.cluster in CLUSTERS, "cluster must be (1, 1), (2, 1) or (4, 1) (x multicast over 2 or 4 row tiles)"),
+            (self.cluster not in CLUSTERS or tn % (X_ATOM_ROWS * self.cluster[0]) == 0,
+             f"cluster {self.cluster} needs tile N a multiple of {X_ATOM_ROWS * self.cluster[0]}: each CTA loads "
+             f"TN/{self.cluster[0]} token rows of x, which must fill whole 8-row 128-byte swizzle atoms"),
             (isinstance(self.phased, bool), "phased must be a bool"),
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
             (self.ctas_per_sm == 1 or tn <= 32, "two CTAs per SM only at TN <= 32 (registers)"),
@@ -139,7 +146,7 @@ class Sm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t128x<TN>x<TK>_c<1|2>x1_o<1|2>_s<stages>[_ph]_<dp|auto|split<S>>")
+                             "t128x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph]_<dp|auto|split<S>>")
         tm, tn, tk, cm, cn, o, st, ph, tail, sp = m.groups()
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
@@ -164,15 +171,17 @@ class Sm90sConfig:
     def k_tiles(self, k: int) -> int:
         return -(-_round_up(k, 16) // self.tile[2])
 
-    def launch_splits(self, m: int, n: int, k: int, sms: int) -> int:
+    def launch_splits(self, m: int, n: int, k: int, sms: int, slots: Optional[int] = None) -> int:
         """The K slices of a launch (the kernel library drops slices that would get no k-tile).
-        ``"auto"``: as many as keep every CTA in the first wave (``sms x ctas_per_sm`` slots), with
-        at least MIN_K_TILES k-tiles each: 32 tiles of a 4096-row weight run as 4 x 32 CTAs on 132
-        SMs; 112 tiles stay whole (a second slice would start a second wave of small CTAs, whose
-        ring fills and partial sums the wave count does not see)."""
+        ``"auto"``: as many as keep every CTA in the first wave, with at least MIN_K_TILES k-tiles
+        each: 32 tiles of a 4096-row weight run as 4 x 32 CTAs on 132 SMs; 112 tiles stay whole (a
+        second slice would start a second wave of small CTAs, whose ring fills and partial sums the
+        wave count does not see). ``slots``: the CTAs that run at once, by default ``sms x
+        ctas_per_sm``; a cluster kernel's launcher passes whole clusters x C (a cluster's CTAs share
+        a GPC, so clusters of 4 may leave some of a GPC's SMs idle)."""
         if self.decomposition == "dp":
             return 1
         if self.decomposition == "split":
             return self.splits
-        slots = sms * self.ctas_per_sm
+        slots = slots or sms * self.ctas_per_sm
         return max(1, min(slots // self.tiles(m, n), self.k_tiles(k) // MIN_K_TILES, MAX_SPLITS))

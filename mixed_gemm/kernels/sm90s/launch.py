@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 
 from ...runtime import semaphores, workspace
+from ...runtime.driver import primary_context
 from ...runtime.library import open_library
 from ..base import sm_count
 from ..sm90a import layout
@@ -37,6 +38,14 @@ class Sm90sLauncher:
                                                 cluster_m=config.cluster[0], phased=int(config.phased),
                                                 smem_bytes=config.smem_bytes), device_index, abi.describe)
         self.sms = sm_count(device_index)
+        # The CTAs of one wave: for a cluster kernel, the clusters that fit the GPCs at once, x C.
+        self.slots = self.sms * config.ctas_per_sm
+        if config.cluster[0] > 1:
+            with primary_context(device_index):
+                clusters = self.lib.mg_max_active_clusters()
+            if clusters < 0:
+                raise Sm90sLaunchError(f"{config.name}: mg_max_active_clusters: {abi.describe(clusters)}")
+            self.slots = clusters * config.cluster[0]
         self.lock = threading.Lock()
         # (weight view key, M bucket) -> [slot handle, M, workspace floats, tiles]
         self._slots = {}
@@ -48,7 +57,7 @@ class Sm90sLauncher:
 
     def _init(self, slot, x, w, m) -> None:
         view = w.parts[layout.NAME]
-        splits = self.config.launch_splits(m, w.n, w.k, self.sms)
+        splits = self.config.launch_splits(m, w.n, w.k, self.sms, self.slots)
         rc = self.lib.mg_init(slot[0], view.b.data_ptr(), view.scales.data_ptr(), view.zeros.data_ptr(), x.data_ptr(),
                               m, w.n, view.n_pad, w.k, w.group_size, w.num_groups, splits)
         if rc:
