@@ -26,23 +26,30 @@ for step in "$@"; do
   s=$SECONDS
   case $step in
     # --- tests ---
-    suite)  # the whole GPU suite (the packaged JIT-off test builds its package from the cache): SUITE_WORKERS pytest-xdist workers per GPU, each test at most SUITE_TEST_TIMEOUT s, SUITE_SHARD=i/n one part; on a machine of several GPUs the workers spread over them, then the multi-GPU tests run alone
+    suite)  # the whole GPU suite but the multi-GPU tests (suite-multi), the packaged JIT-off test included: SUITE_WORKERS pytest-xdist workers per GPU, spread over the machine's GPUs, each test at most SUITE_TEST_TIMEOUT s, SUITE_SHARD=i/n one part; kernels it compiled come back as $OUT/suite-extra.txz
       # Worksteal: tests start in file order on each worker (fixtures and kernels stay warm) and an
       # idle worker takes the tail of a busy one. A hung test fails alone (pytest-timeout) instead of
       # eating the call. The whole suite is ~16 worker-minutes x 14 on one H100: two shards fit two
-      # calls of one GPU, or one call of a machine of two or four (MIXED_GEMM_TEST_GPUS: worker gwK on GPU K mod n).
+      # calls of one GPU, or one call of a machine of four (MIXED_GEMM_TEST_GPUS: worker gwK on GPU
+      # K mod n; tests that need two GPUs then skip: suite-multi runs them).
       gpus=$(nvidia-smi -L | wc -l)
+      touch /tmp/suite-start
       MIXED_GEMM_TEST_GPUS=$gpus MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_TIMEOUT:-570}" \
         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n $(( ${SUITE_WORKERS:-14} * gpus )) --dist worksteal \
         --timeout "${SUITE_TEST_TIMEOUT:-480}" --durations 30 -rfE 2>&1 | tee "$OUT/suite.log" \
         | grep -vE "$PROGRESS" | tail -60
       grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20
-      if [ "$gpus" -ge 2 ]; then  # what skipped above for want of a second GPU
-        echo "-- the multi-GPU tests"
-        MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_MULTI_TIMEOUT:-400}" python3 -m pytest -q -m gpu \
-          -p no:cacheprovider -rfE tests/integrations/test_tp_allreduce_gpu.py tests/integrations/test_tp_gpu.py 2>&1 \
-          | tee "$OUT/suite-multi.log" | grep -vE "$PROGRESS" | tail -12
+      # What the tests compiled beyond the carried archives (kernels outside the catalogs): carry it
+      # back as kcache/suite-extra.txz and the next run skips those builds.
+      extra=$(cd "$MIXED_GEMM_CACHE_DIR" && find . -mindepth 1 -maxdepth 1 -type d -newer /tmp/suite-start -printf '%f\n')
+      if [ -n "$extra" ]; then
+        (cd "$MIXED_GEMM_CACHE_DIR" && echo "$extra" | tar cf - -T - | xz -6 -T0) > "$OUT/suite-extra.txz"
+        echo "suite: $(echo "$extra" | wc -l) kernels compiled here -> suite-extra.txz ($(stat -c %s "$OUT/suite-extra.txz") bytes)"
       fi ;;
+    suite-multi)  # the tests that need two GPUs (skipped by suite on one GPU, or with its workers spread)
+      timeout "${SUITE_MULTI_TIMEOUT:-540}" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+        tests/integrations/test_tp_allreduce_gpu.py tests/integrations/test_tp_gpu.py 2>&1 \
+        | tee "$OUT/suite-multi.log" | grep -vE "$PROGRESS" | tail -15 ;;
     tests)  # GPU tests of TESTS (default: all), stopping at the first failure
       # shellcheck disable=SC2086  # TESTS is a list of paths
       timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -x -m gpu ${TESTS:-tests} -p no:cacheprovider 2>&1 \
