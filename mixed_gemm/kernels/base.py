@@ -240,3 +240,8 @@ class GroupedFamily(Family):
     def grouped_rules(self, config, problem: "MoeProblem") -> Verdict:
         """This family's own rules for a problem of the config's stage and weight kind."""
         return OK
+
+    def plan_rules(self, configs) -> Verdict:
+        """Can ``configs`` = (gate|up config, down config) run as one plan (each already runs its own
+        projection)? For configs that bind the two projections together (moe_gemv's one-launch mode)."""
+        return OK
