@@ -29,10 +29,14 @@ class MoeGemvLauncher:
         # Static shared memory, or (persistent mode) dynamic: the kernel's and the routing's, per launch.
         args = MoeGemvFusedArgs if config.fused else MoeGemvArgs
         self.fn = module.function(config.kernel_name, args, config.threads, config.max_smem)
-        self.fused = config.fused  # run_grouped: one launch_layer call runs both projections
         self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
         self._resident = {}  # persistent mode: dynamic shared memory -> resident CTAs on the device
         self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
+
+    @property
+    def fused(self) -> bool:
+        """The one-launch mode: run_grouped calls :meth:`launch_layer` (both projections) instead."""
+        return self.config.fused
 
     def _block(self, w, key):
         args, argv = self.fn.block()
