@@ -219,6 +219,8 @@ def _family_plan(families, problems, configs, profile, stacked: Optional[str],
         ok, why = fam.supports(device_index)
         if ok:
             profiled = [None] * len(problems) if configs is not None else [_profiled(fam, p, profile) for p in problems]
+            if configs is None and any(profiled) and not fam.plan_rules(tuple(profiled))[0]:
+                profiled = [None] * len(problems)  # the profile's entries do not pair up (one launch): heuristics
             chosen = configs if configs is not None else \
                 [c or fam.heuristic(p, sm_count(device_index)) for c, p in zip(profiled, problems)]
             for config, problem in zip(chosen, problems):

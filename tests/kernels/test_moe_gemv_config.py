@@ -644,3 +644,36 @@ def test_one_launch_sizes_grid_smem_and_scratch_from_shapes(monkeypatch, s13, s2
         launcher(x, w13, ids, None, hbuf, tokens, top_k, stream=0)
     launcher.launch_layer(down_launcher, x[:0], w13, w2, ids[:0], weights[:0], hbuf[:0], y[:0], 0, top_k, 0)
     assert len(fake.launches) == 1  # no tokens: no launch
+
+
+def test_layer_candidates_pair_one_launch_configs():
+    """The profiler's one-launch pairs: 8 and 16 rows per pass, each projection at one slice and at
+    the persistent heuristic's split, every pair one kernel; none where the persistent rules fail."""
+    from mixed_gemm.kernels.moe_gemv.candidates import layer_candidates
+
+    for tokens in (1, 16, 256):
+        problems = tuple(_problem(stage=s, tokens=tokens, top_k=8, experts=128, h=2048, inter=768) for s in ("w13", "w2"))
+        pairs = FAMILY.layer_candidates(problems, 132)
+        assert pairs == layer_candidates(problems, 132) and 2 <= len(pairs) <= 8
+        assert {s13.split("_pe1")[0][-3:] for s13, _ in pairs} == {"_m8", "m16"}
+        for s13, s2 in pairs:
+            cfgs = tuple(MoeGemvConfig.from_schedule(s) for s in (s13, s2))
+            assert all(c.fused for c in cfgs) and FAMILY.plan_rules(cfgs)[0]
+            assert all(FAMILY.can_implement(c, p)[0] for c, p in zip(cfgs, problems))
+    too_many = tuple(_problem(stage=s, tokens=1025, top_k=8, experts=128) for s in ("w13", "w2"))
+    assert FAMILY.layer_candidates(too_many, 132) == []
+
+
+def test_profile_entries_that_do_not_pair_fall_back_to_the_heuristics(monkeypatch):
+    """A profile naming a one-launch config for one projection only: the plan takes the heuristics'
+    pair rather than a kernel that cannot run alone, or another family."""
+    from mixed_gemm.kernels import base
+    from mixed_gemm.ops import moe_grouped
+
+    monkeypatch.setattr(base, "compute_capability", lambda i: (9, 0))
+    problems = tuple(_problem(stage=s, tokens=1, top_k=8, experts=128, h=2048, inter=768) for s in ("w13", "w2"))
+    one = MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_m8_pe1_split6")
+    monkeypatch.setattr(moe_grouped, "_profiled", lambda fam, p, profile: one if p.stage == "w13" else None)
+    plan = moe_grouped._family_plan((FAMILY,), problems, None, None, None, 0)
+    assert isinstance(plan, moe_grouped.GroupedPlan) and plan.source == "heuristic"
+    assert not any(c.fused for c in plan.configs)

@@ -31,7 +31,7 @@ from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES
-from .candidates import candidate_schedules
+from .candidates import candidate_schedules, layer_candidates
 from .catalog import default_catalog
 from .config import (GRID_Z, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
                      MoeGemvConfig, route_bytes)
@@ -104,6 +104,9 @@ class MoeGemvFamily(GroupedFamily):
 
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
+
+    def layer_candidates(self, problems, sms: int):
+        return layer_candidates(problems, sms)
 
     def heuristic(self, problem, sms: int):
         return heuristic_config(problem, sms) if isinstance(problem, MoeProblem) else None
