@@ -2,7 +2,9 @@
 and token count: (a) ``mg.moe`` as selected (override -> the GPU's profile -> heuristics), (b) the
 persistent plan the heuristics pick (``heuristics.persistent_config`` with its launch fields, also
 for Mixtral, whose heuristic keeps pair / expert mode), (c) forced persistent plans: 8 and 16 rows
-per pass, each with a few K splits per projection. Each row: µs and the share of the int4 floor
+per pass, each with a few K splits per projection, (d) each persistent plan of (b) and (c) again in
+ONE launch (``_pe1``: gate|up and down items from one work queue, ``templates/moe_gemv/moe_fused.cuh``;
+labelled ``pe1 ...``). Each row: µs and the share of the int4 floor
 (the touched experts' codes, scales and zeros once at 3.0 TB/s: ``benchmark.moe.int4_floor_s``).
 Every plan is timed the same way (``benchmark.moe._cold_s`` with ``eager=False``: cold L2, each plan
 called once eagerly, then captured in a CUDA graph and timed from its replay only, every plan
@@ -12,15 +14,16 @@ eagerly, marked (e), with the reason printed beside it. Each forced plan runs fi
 the workspaces), and its output is checked against (a)'s ("!" marks a mismatch); it is then timed
 as ``moe_grouped(configs=...)`` of the same configs (a cached plan: the same two launches). On
 random int4 g128 experts and random softmax top-k routing. Prints a line per plan, then a summary
-table (the best persistent plan per model and token count).
+table (the best two-launch and the best one-launch persistent plan per model and token count).
 
     MIXED_GEMM_JIT=block python bench/moe_modes.py            # qwen3, deepseek, mixtral at 1,16,64,256
     MIXED_GEMM_JIT=block python bench/moe_modes.py --models qwen3-30b-a3b --tokens 16 --json out.json
 
 Kernels are JIT-built with ``MIXED_GEMM_JIT=block`` (the default here: an async build would time
-the per-expert stand-in): 4 persistent kernels per dtype (w13 / w2 x 8 / 16 rows) plus those the
-profile selects (moe_gemv and moe_sm90a). Sized to finish in under 4 minutes on an H100 with the
-default arguments, builds included (18-24 plans per case, 7 rounds). To force the plan of ``mg.moe``
+the per-expert stand-in): 6 persistent kernels per dtype (w13 / w2 / one launch x 8 / 16 rows) plus
+those the profile selects (moe_gemv and moe_sm90a). 36-48 plans per case, 7 rounds: at the default
+arguments expect 6-8 minutes on an H100, builds included (``--tokens 1,16`` or fewer ``--models``
+halve it). To force the plan of ``mg.moe``
 itself elsewhere (``mixed-gemm bench --moe``, an end-to-end run): ``MIXED_GEMM_MOE_SCHEDULE=
 moe_gemv:<w13 schedule>,moe_gemv:<w2 schedule>`` (mixed_gemm/ops/moe_grouped.py).
 """
@@ -91,6 +94,8 @@ def persistent_plans(problems, sms: int):
         for c13 in per_stage[0]:
             for c2 in per_stage[1]:
                 plans.setdefault(f"pe m{rows} s{c13.splits}/{c2.splits}", (c13, c2))
+    for label, cfgs in list(plans.items()):  # the same plan in one launch (both configs _pe1: one kernel)
+        plans.setdefault("pe1" + label[2:], tuple(c.replace(fused=True) for c in cfgs))
     unique, seen = {}, set()
     for label, cfgs in plans.items():  # the heuristic's plan is also one of the forced ones: time it once
         if cfgs not in seen:
@@ -155,15 +160,20 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
 
 def summary(rows):
     out = ["| model | tokens | int4 floor µs | selected µs (% floor) | pe heuristic µs (%) | best persistent µs (%) "
-           "| best persistent plan |", "|---|---|---|---|---|---|---|"]
+           "| best persistent plan | pe1 heuristic µs (%) | best one-launch µs (%) | best one-launch plan |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
         case = {r["plan"]: r for r in rows if (r["model"], r["tokens"]) == key}
-        pe = [r for r in case.values() if r["plan"] != "selected" and r["agrees"]]
+        ok = [r for r in case.values() if r["plan"] != "selected" and r["agrees"]]
+        pe = [r for r in ok if not r["plan"].startswith("pe1")]
+        pe1 = [r for r in ok if r["plan"].startswith("pe1")]
         best = min(pe, key=lambda r: r["us"]) if pe else None
+        best1 = min(pe1, key=lambda r: r["us"]) if pe1 else None
         cell = lambda r: f"{r['us']:.1f} ({r['how'][0]}, {100 * r['of_floor']:.0f}%)" if r else "-"  # noqa: E731
-        sel, heur = case.get("selected"), case.get("pe heuristic")
+        sel, heur, heur1 = case.get("selected"), case.get("pe heuristic"), case.get("pe1 heuristic")
         out.append(f"| {key[0]} | {key[1]} | {sel['floor_us']:.1f} | {cell(sel)} | {cell(heur)} | {cell(best)} | "
-                   f"{best['schedules'] if best else '-'} |")
+                   f"{best['schedules'] if best else '-'} | {cell(heur1)} | {cell(best1)} | "
+                   f"{best1['schedules'] if best1 else '-'} |")
     return out
 
 

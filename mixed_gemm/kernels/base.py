@@ -240,3 +240,14 @@ class GroupedFamily(Family):
     def grouped_rules(self, config, problem: "MoeProblem") -> Verdict:
         """This family's own rules for a problem of the config's stage and weight kind."""
         return OK
+
+    def plan_rules(self, configs) -> Verdict:
+        """Can ``configs`` = (gate|up config, down config) run as one plan (each already runs its own
+        projection)? For configs that bind the two projections together (moe_gemv's one-launch mode)."""
+        return OK
+
+    def layer_candidates(self, problems, sms: int) -> List[Tuple[str, str]]:
+        """(gate|up schedule, down schedule) pairs the profiler times as one layer: configs that run
+        both projections in one launch (their launcher's ``launch_layer``); ``problems`` = (gate|up
+        problem, down problem). Default: none."""
+        return []

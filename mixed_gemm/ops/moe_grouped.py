@@ -148,7 +148,19 @@ def _forced_plan(text: str, where: str, problems, stacked: Optional[str], device
         if not ok:
             raise ValueError(f"{where}={text}: {fam.name} cannot run the {problem.stage} projection here: {why}")
         configs.append(config)
+    why = _pair_reason(configs)
+    if why is not None:
+        raise ValueError(f"{where}={text}: {why}")
     return GroupedPlan([family_of(c) for c in configs], configs, device_index, source="override")
+
+
+def _pair_reason(configs) -> Optional[str]:
+    """Why ``configs`` = (gate|up, down) cannot run as one plan (each family's ``plan_rules``), or None."""
+    for fam in {family_of(c) for c in configs}:
+        ok, why = fam.plan_rules(tuple(configs))
+        if not ok:
+            return f"{fam.name}: {why}"
+    return None
 
 
 def _problems(tokens: int, top_k: int, w13: PackedExperts, w2: PackedExperts):
@@ -207,12 +219,16 @@ def _family_plan(families, problems, configs, profile, stacked: Optional[str],
         ok, why = fam.supports(device_index)
         if ok:
             profiled = [None] * len(problems) if configs is not None else [_profiled(fam, p, profile) for p in problems]
+            if configs is None and any(profiled) and not fam.plan_rules(tuple(profiled))[0]:
+                profiled = [None] * len(problems)  # the profile's entries do not pair up (one launch): heuristics
             chosen = configs if configs is not None else \
                 [c or fam.heuristic(p, sm_count(device_index)) for c, p in zip(profiled, problems)]
             for config, problem in zip(chosen, problems):
                 ok, why = (False, "its heuristic passes") if config is None else fam.can_implement(config, problem)
                 if not ok:
                     break
+            if ok:  # configs that bind the projections (moe_gemv's one launch) come in matching pairs
+                ok, why = fam.plan_rules(tuple(chosen))
         if ok and stacked is not None:  # after the family's own rules (layout first: the likelier reason)
             ok, why = False, stacked
         if ok:
@@ -239,7 +255,7 @@ def _near_profiled(problems, profile, device_index: int):
         if fam not in GROUPED_FAMILIES or not fam.supports(device_index)[0] or not fam.can_implement(config, problem)[0]:
             return None
         chosen.append(config)
-    return chosen or None
+    return chosen if chosen and _pair_reason(chosen) is None else None
 
 
 def _profiled(fam, problem: MoeProblem, profile):
@@ -276,6 +292,9 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
     y = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
     stream = current_stream(x.device.index)
     gate_up, down = launchers
+    if getattr(gate_up, "fused", False):  # moe_gemv's one-launch mode: both projections, h never leaves it
+        gate_up.launch_layer(down, x, w13, w2, ids, weights, h, y, tokens, top_k, stream)
+        return y
     # Launchers of the families that sort the pairs (moe_sm90a, moe_sm80) sort them once (the gate|up
     # launcher's route kernels, with the tile prefix sums both need) and keep h in that order.
     handover = {}

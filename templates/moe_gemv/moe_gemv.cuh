@@ -319,7 +319,10 @@ struct MoeGemv {
 // deterministic, no float atomics), writes y and resets the counter (graph replays find zero).
 // top_k == 1 with one slice writes y directly. A token's slots lie in different experts' CTAs, so
 // there is no in-CTA slot loop (pair mode's _kloop) here.
-template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, int kTokens>
+// kFreshX: x is written during the same launch (the one-launch persistent mode's h, moe_fused.cuh):
+// the gathered rows are loaded through L2 (ld.global.cg), never the non-coherent read-only path.
+template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, int kTokens,
+          bool kFreshX = false>
 struct MoeGemvExpert {
   static_assert(kTokens == 8 || kTokens == 16, "expert mode: 8 or 16 rows per CTA (one or two mma n8 tiles)");
   static constexpr bool kGated = kStage == MoeStage::kGateUp;
@@ -432,8 +435,14 @@ struct MoeGemvExpert {
       int const row = c / kRowChunks, ch = c % kRowChunks, k = kb0 * 16 + ch * 8;
       int const r = src[row];
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (r >= 0 && k < p.k)
-        v = __ldg(reinterpret_cast<uint4 const*>(static_cast<raw const*>(p.x) + (size_t)r * p.k + k));
+      if (r >= 0 && k < p.k) {
+        uint4 const* from = reinterpret_cast<uint4 const*>(static_cast<raw const*>(p.x) + (size_t)r * p.k + k);
+        if constexpr (kFreshX) {
+          v = __ldcg(from);
+        } else {
+          v = __ldg(from);
+        }
+      }
       *reinterpret_cast<uint4*>(xs + row * XS::kRowBytes + ch * 16) = v;
     }
     __syncwarp();

@@ -41,9 +41,20 @@
 
 namespace mixed_gemm {
 
-template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, int kTokens>
+// The routing sorted in shared memory (module comment, 1).
+struct MoePersistentRoute {
+  int* offsets;  // bucket b's pairs: list[offsets[b], offsets[b + 1]); bucket E: ids outside [0, E)
+  int* cursor;
+  int* active;   // touched experts, in expert order
+  int* scratch;  // [0, 16): warps' pair counts, [16, 32): touched counts; then the touched count
+  int* list;
+};
+
+// kFreshX: x (h, for the down stage) is written during the same launch (moe_fused.cuh).
+template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll, int kTokens,
+          bool kFreshX = false>
 struct MoeGemvPersistent {
-  using X = MoeGemvExpert<Element, kBits, kStage, kStrips, kWarpsN, kWarpsK, kUnroll, kTokens>;
+  using X = MoeGemvExpert<Element, kBits, kStage, kStrips, kWarpsN, kWarpsK, kUnroll, kTokens, kFreshX>;
   using PairMode = typename X::PairMode;
   using G = typename X::G;
   using raw = typename X::raw;
@@ -66,13 +77,7 @@ struct MoeGemvPersistent {
     return (experts + 2) + (experts + 1) + experts + (2 * kMaxWarps + 2) + pairs;
   }
 
-  struct Route {
-    int* offsets;  // bucket b's pairs: list[offsets[b], offsets[b + 1]); bucket E: ids outside [0, E)
-    int* cursor;
-    int* active;   // touched experts, in expert order
-    int* scratch;  // [0, kMaxWarps): warps' pair counts, [kMaxWarps, 2 kMaxWarps): touched counts; then touched
-    int* list;
-  };
+  using Route = MoePersistentRoute;  // shared by both stages of the one-launch mode (moe_fused.cuh)
 
   struct Chunk {
     int* src;
@@ -208,154 +213,174 @@ struct MoeGemvPersistent {
     return m;
   }
 
-  static __device__ void gate_up(MoeGemvArgs const& a, char* smem) {
+  // Pairs outside [0, E): h rows of zeros, by pair index (module comment, 4). The one-launch mode
+  // skips it: its h never leaves the launch, and no down item reads a dropped pair's row.
+  static __device__ void zero_dropped_pairs(MoeGemvArgs const& a, Route const& r) {
+    if (r.offsets[a.experts + 1] == r.offsets[a.experts]) return;
+    raw* const h = static_cast<raw*>(a.y);
+    int const inter = a.n / 2;
+    for (int p = blockIdx.x; p < a.tokens * a.top_k; p += gridDim.x) {
+      if (PairMode::expert_of(a, p) >= 0) continue;  // uniform across the CTA
+      raw* row = h + (size_t)p * inter;
+      for (int c = threadIdx.x; c < inter; c += kThreads) row[c] = raw(0.f);
+    }
+  }
+
+  // A token none of whose slots is valid gets a zero y row, by token index (module comment, 4).
+  static __device__ void zero_empty_tokens(MoeGemvArgs const& a, Route const& r) {
+    if (r.offsets[a.experts + 1] == r.offsets[a.experts]) return;
+    raw* const y = static_cast<raw*>(a.y);
+    for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+      if (valid_slots(a, t) != 0u) continue;  // uniform across the CTA
+      for (int c = threadIdx.x; c < a.n; c += kThreads) y[(size_t)t * a.n + c] = raw(0.f);
+    }
+  }
+
+  // Work items of one touched expert: row tiles x K slices.
+  static __device__ __forceinline__ int items_per_expert(MoeGemvArgs const& a) {
+    int const outputs = kGated ? a.n / 2 : a.n;
+    return (outputs + kRows - 1) / kRows * a.splits;
+  }
+
+  // gate|up item `item` (touched expert item / items_per_expert, then row tile, then K slice).
+  static __device__ void gate_up_item(MoeGemvArgs const& a, char* smem, Route const& r, int item) {
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int const wn = warp % kWarpsN, wk = warp / kWarpsN;
     int const inter = a.n / 2, row_tiles = (inter + kRows - 1) / kRows, splits = a.splits;
-    Route r;
-    int const touched = route(a, smem + kSmemBytes, r);
     Chunk const ch = chunk_area(smem);
     raw* const h = static_cast<raw*>(a.y);
-    // Pairs outside [0, E): h rows of zeros, by pair index (module comment, 4).
-    if (r.offsets[a.experts + 1] > r.offsets[a.experts])
-      for (int p = blockIdx.x; p < a.tokens * a.top_k; p += gridDim.x) {
-        if (PairMode::expert_of(a, p) >= 0) continue;  // uniform across the CTA
-        raw* row = h + (size_t)p * inter;
-        for (int c = threadIdx.x; c < inter; c += kThreads) row[c] = raw(0.f);
-      }
     int const per_expert = row_tiles * splits;
+    int const e = r.active[item / per_expert], rest = item % per_expert;
+    int const tile = rest / splits, split = rest % splits;
+    int const strip0 = (tile * kWarpsN + wn) * kStrips, row0 = tile * kRows;
+    int const kbeg = split * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
+    GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x));
+    GateUpRuns const runs = gate_up_runs<kStrips>(a.gate_up, strip0, inter);
+    int const* rows = r.list + r.offsets[e];
+    int const count = r.offsets[e + 1] - r.offsets[e];
 #pragma unroll 1
-    for (int item = blockIdx.x; item < touched * per_expert; item += gridDim.x) {
-      int const e = r.active[item / per_expert], rest = item % per_expert;
-      int const tile = rest / splits, split = rest % splits;
-      int const strip0 = (tile * kWarpsN + wn) * kStrips, row0 = tile * kRows;
-      int const kbeg = split * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
-      GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x));
-      GateUpRuns const runs = gate_up_runs<kStrips>(a.gate_up, strip0, inter);
-      int const* rows = r.list + r.offsets[e];
-      int const count = r.offsets[e + 1] - r.offsets[e];
-#pragma unroll 1
-      for (int c0 = 0; c0 < count; c0 += kTokens) {
-        int const n = load_chunk(a, rows, count, c0, ch);
-        Acc acc;
-        sums(p, smem, runs.strip0, runs.gap, kbeg, kend, ch, acc);
-        if (splits == 1) {
-          if (wk == 0)
-            X::for_each_output(a.gate_up, strip0, lane, inter, n, acc, [&](int i, int row, float gate, float up) {
-              h[(size_t)ch.pair[row] * inter + i] = raw(silu_mul(gate, up));
-            });
-          continue;
-        }
+    for (int c0 = 0; c0 < count; c0 += kTokens) {
+      int const n = load_chunk(a, rows, count, c0, ch);
+      Acc acc;
+      sums(p, smem, runs.strip0, runs.gap, kbeg, kend, ch, acc);
+      if (splits == 1) {
         if (wk == 0)
           X::for_each_output(a.gate_up, strip0, lane, inter, n, acc, [&](int i, int row, float gate, float up) {
-            float* plane = a.workspace + ((size_t)ch.pair[row] * splits + split) * a.n;
-            __stcg(plane + i, gate);
-            __stcg(plane + inter + i, up);
+            h[(size_t)ch.pair[row] * inter + i] = raw(silu_mul(gate, up));
           });
-        __threadfence();  // the planes are visible GPU-wide before the arrivals that announce them
-        __syncthreads();
-        if ((int)threadIdx.x < n) {  // one arrival per pair at its (pair, row tile)
-          int* counter = a.counters + (size_t)ch.pair[threadIdx.x] * row_tiles + tile;
-          int const last = atomicAdd(counter, 1) == splits - 1;
-          if (last) *counter = 0;  // every slice has arrived: nobody else touches it in this launch
-          ch.last[threadIdx.x] = last;
+        continue;
+      }
+      if (wk == 0)
+        X::for_each_output(a.gate_up, strip0, lane, inter, n, acc, [&](int i, int row, float gate, float up) {
+          float* plane = a.workspace + ((size_t)ch.pair[row] * splits + split) * a.n;
+          __stcg(plane + i, gate);
+          __stcg(plane + inter + i, up);
+        });
+      __threadfence();  // the planes are visible GPU-wide before the arrivals that announce them
+      __syncthreads();
+      if ((int)threadIdx.x < n) {  // one arrival per pair at its (pair, row tile)
+        int* counter = a.counters + (size_t)ch.pair[threadIdx.x] * row_tiles + tile;
+        int const last = atomicAdd(counter, 1) == splits - 1;
+        if (last) *counter = 0;  // every slice has arrived: nobody else touches it in this launch
+        ch.last[threadIdx.x] = last;
+      }
+      __syncthreads();
+      __threadfence();  // acquire side: the other slices' planes are not stale
+      for (int idx = threadIdx.x; idx < n * kRows; idx += kThreads) {
+        int const row = idx / kRows, i = row0 + idx % kRows;
+        if (!ch.last[row] || i >= inter) continue;
+        int const pair = ch.pair[row];
+        float const* planes = a.workspace + (size_t)pair * splits * a.n;
+        float gate = __ldcg(planes + i), up = __ldcg(planes + inter + i);
+        for (int sl = 1; sl < splits; ++sl) {
+          gate += __ldcg(planes + (size_t)sl * a.n + i);
+          up += __ldcg(planes + (size_t)sl * a.n + inter + i);
         }
-        __syncthreads();
-        __threadfence();  // acquire side: the other slices' planes are not stale
-        for (int idx = threadIdx.x; idx < n * kRows; idx += kThreads) {
-          int const row = idx / kRows, i = row0 + idx % kRows;
-          if (!ch.last[row] || i >= inter) continue;
-          int const pair = ch.pair[row];
-          float const* planes = a.workspace + (size_t)pair * splits * a.n;
-          float gate = __ldcg(planes + i), up = __ldcg(planes + inter + i);
-          for (int sl = 1; sl < splits; ++sl) {
-            gate += __ldcg(planes + (size_t)sl * a.n + i);
-            up += __ldcg(planes + (size_t)sl * a.n + inter + i);
-          }
-          h[(size_t)pair * inter + i] = raw(silu_mul(gate, up));
-        }
+        h[(size_t)pair * inter + i] = raw(silu_mul(gate, up));
       }
     }
   }
 
-  static __device__ void down(MoeGemvArgs const& a, char* smem) {
+  // down item `item` (touched expert item / items_per_expert, then row tile, then K slice).
+  static __device__ void down_item(MoeGemvArgs const& a, char* smem, Route const& r, int item) {
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int const wn = warp % kWarpsN, wk = warp / kWarpsN;
     int const hidden = a.n, row_tiles = (hidden + kRows - 1) / kRows, splits = a.splits, top_k = a.top_k;
-    Route r;
-    int const touched = route(a, smem + kSmemBytes, r);
     Chunk const ch = chunk_area(smem);
     raw* const y = static_cast<raw*>(a.y);
-    // A token none of whose slots is valid gets a zero row, by token index (module comment, 4).
-    if (r.offsets[a.experts + 1] > r.offsets[a.experts])
-      for (int t = blockIdx.x; t < a.tokens; t += gridDim.x) {
-        if (valid_slots(a, t) != 0u) continue;  // uniform across the CTA
-        for (int c = threadIdx.x; c < hidden; c += kThreads) y[(size_t)t * hidden + c] = raw(0.f);
-      }
     bool const direct = top_k == 1 && splits == 1;  // pair p is token p and one slice writes it
     int const per_expert = row_tiles * splits;
+    int const e = r.active[item / per_expert], rest = item % per_expert;
+    int const tile = rest / splits, split = rest % splits;
+    int const strip0 = (tile * kWarpsN + wn) * kStrips, row0 = tile * kRows;
+    int const kbeg = split * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
+    GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x));
+    int const* rows = r.list + r.offsets[e];
+    int const count = r.offsets[e + 1] - r.offsets[e];
 #pragma unroll 1
-    for (int item = blockIdx.x; item < touched * per_expert; item += gridDim.x) {
-      int const e = r.active[item / per_expert], rest = item % per_expert;
-      int const tile = rest / splits, split = rest % splits;
-      int const strip0 = (tile * kWarpsN + wn) * kStrips, row0 = tile * kRows;
-      int const kbeg = split * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
-      GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x));
-      int const* rows = r.list + r.offsets[e];
-      int const count = r.offsets[e + 1] - r.offsets[e];
-#pragma unroll 1
-      for (int c0 = 0; c0 < count; c0 += kTokens) {
-        int const n = load_chunk(a, rows, count, c0, ch);
-        Acc acc;
-        sums(p, smem, strip0, 0, kbeg, kend, ch, acc);
-        if (direct) {
-          if (wk == 0)
-            X::for_each_output(0, strip0, lane, hidden, n, acc, [&](int col, int row, float v) {
-              int const pair = ch.pair[row];
-              y[(size_t)pair * hidden + col] = raw(__ldg(a.weights + pair) * v);
-            });
-          continue;
-        }
+    for (int c0 = 0; c0 < count; c0 += kTokens) {
+      int const n = load_chunk(a, rows, count, c0, ch);
+      Acc acc;
+      sums(p, smem, strip0, 0, kbeg, kend, ch, acc);
+      if (direct) {
         if (wk == 0)
           X::for_each_output(0, strip0, lane, hidden, n, acc, [&](int col, int row, float v) {
             int const pair = ch.pair[row];
-            __stcg(a.workspace + ((size_t)pair * splits + split) * hidden + col, __ldg(a.weights + pair) * v);
+            y[(size_t)pair * hidden + col] = raw(__ldg(a.weights + pair) * v);
           });
-        __threadfence();  // the planes are visible GPU-wide before the arrivals that announce them
-        __syncthreads();
-        if ((int)threadIdx.x < n) {  // one arrival per pair at its (token, row tile)
-          int const t = ch.pair[threadIdx.x] / top_k;
-          unsigned const mask = valid_slots(a, t);
-          int* counter = a.counters + (size_t)t * row_tiles + tile;
-          int const last = atomicAdd(counter, 1) == __popc(mask) * splits - 1;
-          if (last) *counter = 0;  // all of the token's planes have arrived: nobody else touches it
-          ch.last[threadIdx.x] = last;
-          ch.mask[threadIdx.x] = mask;
+        continue;
+      }
+      if (wk == 0)
+        X::for_each_output(0, strip0, lane, hidden, n, acc, [&](int col, int row, float v) {
+          int const pair = ch.pair[row];
+          __stcg(a.workspace + ((size_t)pair * splits + split) * hidden + col, __ldg(a.weights + pair) * v);
+        });
+      __threadfence();  // the planes are visible GPU-wide before the arrivals that announce them
+      __syncthreads();
+      if ((int)threadIdx.x < n) {  // one arrival per pair at its (token, row tile)
+        int const t = ch.pair[threadIdx.x] / top_k;
+        unsigned const mask = valid_slots(a, t);
+        int* counter = a.counters + (size_t)t * row_tiles + tile;
+        int const last = atomicAdd(counter, 1) == __popc(mask) * splits - 1;
+        if (last) *counter = 0;  // all of the token's planes have arrived: nobody else touches it
+        ch.last[threadIdx.x] = last;
+        ch.mask[threadIdx.x] = mask;
+      }
+      __syncthreads();
+      __threadfence();  // acquire side: the other CTAs' planes are not stale
+      for (int idx = threadIdx.x; idx < n * kRows; idx += kThreads) {
+        int const row = idx / kRows, col = row0 + idx % kRows;
+        if (!ch.last[row] || col >= hidden) continue;
+        int const t = ch.pair[row] / top_k;
+        unsigned const mask = ch.mask[row];
+        float v = 0.f;  // slot order, then slice order: (t k + j) splits + slice
+        for (int j = 0; j < top_k; ++j) {
+          if (!((mask >> j) & 1u)) continue;
+          float const* src = a.workspace + ((size_t)(t * top_k + j) * splits) * hidden + col;
+          for (int sl = 0; sl < splits; ++sl) v += __ldcg(src + (size_t)sl * hidden);
         }
-        __syncthreads();
-        __threadfence();  // acquire side: the other CTAs' planes are not stale
-        for (int idx = threadIdx.x; idx < n * kRows; idx += kThreads) {
-          int const row = idx / kRows, col = row0 + idx % kRows;
-          if (!ch.last[row] || col >= hidden) continue;
-          int const t = ch.pair[row] / top_k;
-          unsigned const mask = ch.mask[row];
-          float v = 0.f;  // slot order, then slice order: (t k + j) splits + slice
-          for (int j = 0; j < top_k; ++j) {
-            if (!((mask >> j) & 1u)) continue;
-            float const* src = a.workspace + ((size_t)(t * top_k + j) * splits) * hidden + col;
-            for (int sl = 0; sl < splits; ++sl) v += __ldcg(src + (size_t)sl * hidden);
-          }
-          y[(size_t)t * hidden + col] = raw(v);
-        }
+        y[(size_t)t * hidden + col] = raw(v);
       }
     }
   }
 
+  // One projection per launch: route, the rows nobody else writes, then the items grid-stride.
   static __device__ void run(MoeGemvArgs const& a, char* smem) {
+    Route r;
+    int const touched = route(a, smem + kSmemBytes, r);
     if constexpr (kGated) {
-      gate_up(a, smem);
+      zero_dropped_pairs(a, r);
     } else {
-      down(a, smem);
+      zero_empty_tokens(a, r);
+    }
+    int const items = touched * items_per_expert(a);
+#pragma unroll 1
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      if constexpr (kGated) {
+        gate_up_item(a, smem, r, item);
+      } else {
+        down_item(a, smem, r, item);
+      }
     }
   }
 };

@@ -14,7 +14,9 @@ sm90a-layout experts (``ops.experts.PackedExperts``), in one of three schedules:
   (touched expert, row tile, K slice), each CTA sorting the routing in its shared memory and serving
   all of the item's expert's pairs (``tokens`` per pass, expert mode's main loop; later passes re-read
   the item's slice from L2): each touched expert's bytes cross HBM once whatever the token count,
-  untouched experts cost nothing, and split-K fills the GPU with a few small experts.
+  untouched experts cost nothing, and split-K fills the GPU with a few small experts; ``fused``
+  (``_m<tokens>_pe1``) runs both projections in ONE launch (an atomic work queue of gate|up items,
+  then down items, each down item waiting on its expert's gate|up items): one start, one sort.
 
 A grouped family: it is registered in ``kernels.GROUPED_FAMILIES``, not ``FAMILIES``, so dense
 selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.moe_grouped``
@@ -28,8 +30,8 @@ from ...codegen import render_template
 from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
-from .abi import MOE_GEMV_ARGS_BYTES
-from .candidates import candidate_schedules
+from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES
+from .candidates import candidate_schedules, layer_candidates
 from .catalog import default_catalog
 from .config import (GRID_Z, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
                      MoeGemvConfig, route_bytes)
@@ -83,11 +85,28 @@ class MoeGemvFamily(GroupedFamily):
                                f"are a 32-bit mask), got {problem.top_k}")
         return OK
 
+    def plan_rules(self, configs) -> Verdict:
+        """Can ``configs`` = (gate|up, down) run as one plan? A one-launch config (``_pe1``) runs both
+        projections in one kernel, so its pair must be one too, of the same compiled kernel."""
+        fused = [getattr(c, "fused", False) for c in configs]
+        if not any(fused):
+            return OK
+        if not all(fused):
+            return False, ("a one-launch persistent schedule (_pe1) runs both projections in one kernel: the gate|up "
+                           "and the down schedule must both be _pe1")
+        if configs[0].kernel != configs[1].kernel:
+            return False, (f"the one-launch schedules {configs[0].schedule} and {configs[1].schedule} must share one "
+                           "kernel (the same strips, warps, unroll and rows per pass, one weight kind)")
+        return OK
+
     def catalog(self) -> List[MoeGemvConfig]:
         return default_catalog()
 
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
+
+    def layer_candidates(self, problems, sms: int):
+        return layer_candidates(problems, sms)
 
     def heuristic(self, problem, sms: int):
         return heuristic_config(problem, sms) if isinstance(problem, MoeProblem) else None
@@ -103,6 +122,9 @@ class MoeGemvFamily(GroupedFamily):
         if kernel.by_expert:
             doc = (doc.split(", one CTA per")[0] + f"; expert mode: a CTA per (expert x {kernel.tokens}-pair chunk, "
                    "row tile, K slice), one weight pass per chunk")
+        if kernel.fused:
+            doc = ("gate|up then down in one launch: resident CTAs claim (touched expert, row tile, K slice) items from "
+                   "one queue, gate|up items first, a down item waiting on its expert's gate|up items")
         elif kernel.persistent:
             doc = (doc.split(", one CTA per")[0] + "; persistent mode: resident CTAs walk the (touched expert, row "
                    f"tile, K slice) items, all of an item's pairs {kernel.tokens} per pass")
@@ -110,6 +132,8 @@ class MoeGemvFamily(GroupedFamily):
         return render_template(
             "moe_gemv/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name, persistent=kernel.persistent,
+            fused=kernel.fused, tokens=kernel.tokens, fused_args_bytes=MOE_GEMV_FUSED_ARGS_BYTES,
+            args_type="MoeGemvFusedArgs" if kernel.fused else "MoeGemvArgs",
             kernel_struct=struct, tokens_arg=f", {kernel.tokens}" if kernel.tiled else "",
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,

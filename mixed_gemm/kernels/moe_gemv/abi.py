@@ -19,3 +19,12 @@ class MoeGemvArgs(ctypes.Structure):
 
 
 MOE_GEMV_ARGS_BYTES = ctypes.sizeof(MoeGemvArgs)
+
+
+class MoeGemvFusedArgs(ctypes.Structure):
+    """``mixed_gemm::MoeGemvFusedArgs`` (templates/moe_gemv/moe_fused.cuh): the one-launch persistent
+    mode's two projections and its queue / per-expert counters."""
+    _fields_ = [("up", MoeGemvArgs), ("down", MoeGemvArgs), ("sync", _p)]
+
+
+MOE_GEMV_FUSED_ARGS_BYTES = ctypes.sizeof(MoeGemvFusedArgs)

@@ -2,10 +2,12 @@
 split counts around the heuristic's (and, for the down projection, with and without ``_kloop``);
 from two tokens on, the expert-mode shapes too (their down kernel while its per-pair planes fit);
 the persistent-mode shapes at every token count their rules allow (pairs and experts sorted in
-shared memory, per-pair planes within the workspace cap)."""
+shared memory, per-pair planes within the workspace cap). The one-launch persistent mode (``_pe1``)
+cannot be timed one projection at a time: :func:`layer_candidates` gives its (gate|up, down) pairs,
+which the profiler times as a layer."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 from ..base import MoeProblem
 from .catalog import expert_shapes_for, persistent_shapes_for, shapes_for
@@ -48,4 +50,27 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
                 name = base.replace(splits=s).schedule
                 if name not in out:
                     out.append(name)
+    return out
+
+
+def layer_candidates(problems, sms: int) -> List[Tuple[str, str]]:
+    """(gate|up, down) schedule pairs of the one-launch persistent mode for ``problems`` = (gate|up
+    problem, down problem): 8 and 16 rows per pass, each projection at the persistent heuristic's K
+    split and at one slice, where the persistent rules hold and both projections' planes fit the cap."""
+    up, down = problems
+    if not (1 <= up.tokens and up.pairs <= PERSISTENT_MAX_PAIRS and up.experts <= PERSISTENT_MAX_EXPERTS
+            and up.top_k <= PERSISTENT_MAX_TOP_K):
+        return []
+    out: List[Tuple[str, str]] = []
+    for rows in (8, 16):
+        per_stage = []
+        for p in problems:
+            stage, strips, warps, unroll, tokens = persistent_shapes_for(p.bits, p.stage, rows)[0]
+            base = launch_fields(MoeGemvConfig(bits=p.bits, stage=stage, strips=strips, warps=warps, unroll=unroll,
+                                               tokens=tokens, persistent=True, fused=True), p, sms)
+            per_stage.append([base.replace(splits=s) for s in sorted({1, base.splits})])
+        for c13 in per_stage[0]:
+            for c2 in per_stage[1]:
+                if c13.splits * up.pairs * up.n + c2.splits * down.pairs * down.n <= WORKSPACE_FLOATS:
+                    out.append((c13.schedule, c2.schedule))
     return out

@@ -1,7 +1,8 @@
 """The moe_gemv family's default catalog: the compiled identities ``mixed-gemm build --all``
 precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled): per activation
 dtype and width, two pair-mode shapes per stage and one expert-mode shape per stage at 8 and 16
-tokens, and one persistent-mode shape per stage at 8 and 16 tokens: 48 kernels."""
+tokens, one persistent-mode shape per stage at 8 and 16 tokens, and the one-launch persistent kernel
+(both stages, ``_pe1``) at 8 and 16 tokens: 56 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -63,4 +64,6 @@ def default_catalog() -> List[MoeGemvConfig]:
               for d in DTYPES for b in (4, 8) for st, s, w, u, t in expert_shapes_for(b)]
     persistent = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True)
                   for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b)]
-    return pair + expert + persistent
+    fused = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True, fused=True)
+             for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b, "w13")]
+    return pair + expert + persistent + fused

@@ -11,7 +11,7 @@ from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe))?(?:_split(\d+))?(_kloop)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -25,6 +25,7 @@ PERSISTENT_MAX_PAIRS = 8192
 PERSISTENT_MAX_EXPERTS = 1024
 PERSISTENT_MAX_TOP_K = 32
 ROUTE_SCRATCH_WORDS = 2 * 16 + 2  # MoeGemvPersistent::route_words: per-warp partials (16 warps) + 2
+FUSED_CLAIM_BYTES = 16  # one-launch persistent mode (MoeGemvFused): the claimed work item, in shared memory
 
 
 def route_bytes(experts: int, pairs: int) -> int:
@@ -52,7 +53,11 @@ class MoeGemvConfig:
     (``_m<tokens>_pe``: persistent mode, ``MoeGemvPersistent``): a grid of resident CTAs walks the
     work items (touched expert, row tile, K slice), each CTA sorting the routing in its shared
     memory and serving all of the item's expert's pairs, ``tokens`` rows per pass (expert mode's
-    main loop); pair mode has ``tokens == 1``. At launch: ``splits``, K slices across CTAs (grid.y; added in slice order in
+    main loop); pair mode has ``tokens == 1``. ``fused`` (``_m<tokens>_pe1``: persistent mode in one
+    launch, ``MoeGemvFused``): one kernel runs both projections, gate|up items then down items from
+    one atomic work queue, a down item waiting on its expert's gate|up items; its compiled identity
+    holds both stages (``kernel`` and ``kernel_name`` are stage-free: the gate|up and down configs of
+    a plan share it, and must share the tile: ``MoeGemvFamily.plan_rules``). At launch: ``splits``, K slices across CTAs (grid.y; added in slice order in
     the kernel), and for pair mode's ``w2`` ``slot_loop`` (``_kloop``: each CTA adds all top-k
     slots of its token itself, instead of one CTA per slot whose fp32 planes the last arrival adds
     in slot order). ``schedule`` (``w13_s2_w4x1_u8_split2``, ``w2_s1_w4x2_u8_m16_xe_split2``) is what
@@ -69,6 +74,7 @@ class MoeGemvConfig:
     tokens: int = 1
     by_expert: bool = False
     persistent: bool = False
+    fused: bool = False
     splits: int = 1
     slot_loop: bool = False
 
@@ -85,6 +91,7 @@ class MoeGemvConfig:
              "unroll must be a power of two <= 32 (the step's weight and x fragments live in registers)"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
             (not (self.by_expert and self.persistent), "by_expert (_xe) and persistent (_pe) are two modes: one at most"),
+            (self.persistent or not self.fused, "fused (_pe1: both projections in one launch) is a persistent mode"),
             (self.tokens in (EXPERT_TOKENS if self.by_expert or self.persistent else (1,)),
              f"tokens must be one of {EXPERT_TOKENS} in expert mode (by_expert, _xe) and persistent mode (_pe) "
              "(mma n8 tiles) and 1 in pair mode (one pair per CTA)"),
@@ -129,6 +136,8 @@ class MoeGemvConfig:
         """Static shared memory: the cross-warp K reduction buffer (gemv's); expert mode adds each
         warp's staged x slice (``tokens`` rows of ``unroll`` atoms, padded by 16 bytes: gemv's XStage)
         and the routing scan's ints (the chunk's entries, rows and arrivals, per-warp counts)."""
+        if self.fused:  # both stages' code in one kernel: the larger area, then the claimed item
+            return max(self.replace(fused=False, stage=s).smem_bytes for s in STAGES) + FUSED_CLAIM_BYTES
         wn, wk = self.warps
         reduce = (wk - 1) * wn * self.accumulators * 32 * 4
         if not self.tiled:
@@ -155,18 +164,22 @@ class MoeGemvConfig:
 
     @functools.cached_property
     def kernel(self) -> "MoeGemvConfig":
-        """The compiled identity: launch-time fields at their defaults, the zero mode folded."""
-        return dataclasses.replace(self, zero_mode="int", splits=1, slot_loop=False)
+        """The compiled identity: launch-time fields at their defaults, the zero mode folded (and,
+        fused, the stage: one kernel runs both)."""
+        stage = "w13" if self.fused else self.stage
+        return dataclasses.replace(self, zero_mode="int", stage=stage, splits=1, slot_loop=False)
 
     @functools.cached_property
     def _tile_schedule(self) -> str:
         wn, wk = self.warps
         return (f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
-                + (f"_m{self.tokens}_xe" if self.by_expert else f"_m{self.tokens}_pe" if self.persistent else ""))
+                + (f"_m{self.tokens}_xe" if self.by_expert
+                   else f"_m{self.tokens}_pe{'1' if self.fused else ''}" if self.persistent else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
-        return f"mg_moe_{self.dtype}_u{self.bits}_{self._tile_schedule}"
+        tile = self._tile_schedule.split("_", 1)[1] if self.fused else self._tile_schedule  # fused: stage-free
+        return f"mg_moe_{self.dtype}_u{self.bits}_{tile}"
 
     @functools.cached_property
     def schedule(self) -> str:
@@ -183,10 +196,10 @@ class MoeGemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_m<tokens>_xe|_m<tokens>_pe][_split<S>][_kloop]")
+                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_split<S>][_kloop]")
         stage, s, wn, wk, u, tokens, mode, sp, kloop = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
-                   unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode == "pe",
+                   unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode in ("pe", "pe1"), fused=mode == "pe1",
                    splits=int(sp or 1), slot_loop=bool(kloop))
 
     def replace(self, **changes) -> "MoeGemvConfig":

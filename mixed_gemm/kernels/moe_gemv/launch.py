@@ -7,7 +7,7 @@ import torch
 from ...runtime import get_module, semaphores, workspace
 from ..base import sm_count
 from ..common import PER_CHANNEL_SHIFT
-from .abi import MoeGemvArgs
+from .abi import MoeGemvArgs, MoeGemvFusedArgs
 from .config import GRID_Z, MoeGemvConfig
 
 
@@ -27,14 +27,27 @@ class MoeGemvLauncher:
         self.config = config
         self.device_index = device_index
         # Static shared memory, or (persistent mode) dynamic: the kernel's and the routing's, per launch.
-        self.fn = module.function(config.kernel_name, MoeGemvArgs, config.threads, config.max_smem)
+        args = MoeGemvFusedArgs if config.fused else MoeGemvArgs
+        self.fn = module.function(config.kernel_name, args, config.threads, config.max_smem)
         self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
         self._resident = {}  # persistent mode: dynamic shared memory -> resident CTAs on the device
         self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
 
+    @property
+    def fused(self) -> bool:
+        """The one-launch mode: run_grouped calls :meth:`launch_layer` (both projections) instead."""
+        return self.config.fused
+
     def _block(self, w, key):
         args, argv = self.fn.block()
-        row_tiles, splits, chunk, strips = self.config.launch_geometry(w.n, w.k)
+        row_tiles, splits = self._fill_weight(args, self.config, w)
+        blk = self._blocks[key] = (args, argv, row_tiles, splits)
+        return blk
+
+    @staticmethod
+    def _fill_weight(args, config: MoeGemvConfig, w):
+        """The weight's fields of argument block ``args`` for ``config``: ``(row tiles, splits)``."""
+        row_tiles, splits, chunk, strips = config.launch_geometry(w.n, w.k)
         if (w.b.shape[1], w.b.shape[2]) != (-(-w.k // 16), strips):
             raise ValueError(f"w: expected sm90a atoms (E, {-(-w.k // 16)}, {strips}, 8 * bits), got {tuple(w.b.shape)}")
         num_groups = w.scales.shape[1]
@@ -44,8 +57,7 @@ class MoeGemvLauncher:
         args.group_shift = PER_CHANNEL_SHIFT if num_groups == 1 else w.group_size.bit_length() - 1
         args.num_groups, args.splits, args.chunk = num_groups, splits, chunk
         args.gate_up = int(w.gate_up)  # gate|up rows interleaved (else gate, then up: ops.gated's dense weights)
-        blk = self._blocks[key] = (args, argv, row_tiles, splits)
-        return blk
+        return row_tiles, splits
 
     def _set_call(self, a, x, ids, weights, out, tokens: int, top_k: int, slots: int, planes: int, counters: int,
                   stream: int) -> None:
@@ -66,6 +78,9 @@ class MoeGemvLauncher:
         if blk is None:
             blk = self._block(w, key)
         a, argv, row_tiles, splits = blk
+        if self.fused:
+            raise RuntimeError(f"{self.config.schedule}: the one-launch mode runs both projections in one kernel "
+                               "(launch_layer, which run_grouped calls), not one projection")
         if self.config.by_expert:
             self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream)
             return
@@ -145,4 +160,54 @@ class MoeGemvLauncher:
         with fn.lock:
             self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream)
             a.z0, a.chunks = 0, 1
+            fn.launch((grid, 1, 1), stream, argv, smem)
+
+    # ---- the one-launch persistent mode (config.fused): this launcher is the gate|up config's ----
+
+    def launch_layer(self, down, x, w13, w2, ids, weights, h, y, tokens: int, top_k: int, stream: int) -> None:
+        """Both projections in one launch (``MoeGemvFused``): ``down`` is the plan's down launcher (its
+        config's K split); ``h`` the ``(tokens * top_k, I)`` scratch between them, ``y`` the output.
+        Grid: resident CTAs, at most both projections' items; scratch from the stream's workspaces:
+        gate|up planes then down planes, and the queue and per-expert counts, then the gate|up and
+        the down arrival counters (all left at zero by the kernel). Capturable: nothing is read."""
+        pairs = tokens * top_k
+        if pairs == 0:
+            return
+        key = (w13.b.data_ptr(), w13.scales.data_ptr(), w13.zeros.data_ptr(), w13.num_experts, w13.n, w13.k,
+               w13.group_size, w13.gate_up, w2.b.data_ptr(), w2.scales.data_ptr(), w2.zeros.data_ptr(), w2.n, w2.k,
+               w2.group_size, down.config)
+        blk = self._blocks.get(key)
+        if blk is None:
+            args, argv = self.fn.block()
+            rt13, sp13 = self._fill_weight(args.up, self.config, w13)
+            rt2, sp2 = self._fill_weight(args.down, down.config, w2)
+            blk = self._blocks[key] = (args, argv, (rt13, sp13, rt2, sp2))
+        a, argv, (rt13, sp13, rt2, sp2) = blk
+        shape = self._persistent.get((key, tokens, top_k))
+        if shape is None:
+            planes13 = pairs * sp13 * w13.n if sp13 > 1 else 0
+            planes2 = pairs * sp2 * w2.n if top_k * sp2 > 1 else 0
+            counters13 = pairs * rt13 if sp13 > 1 else 0
+            counters2 = tokens * rt2 if top_k * sp2 > 1 else 0
+            smem = self.config.launch_smem(w13.num_experts, pairs)
+            items = (self.config.persistent_items(tokens, top_k, w13.num_experts, w13.n, w13.k)
+                     + down.config.persistent_items(tokens, top_k, w2.num_experts, w2.n, w2.k))
+            shape = self._persistent[(key, tokens, top_k)] = (
+                min(items, self.resident_ctas(smem)), smem, planes13, planes2, 1 + w13.num_experts, counters13,
+                counters2)
+        grid, smem, planes13, planes2, sync, counters13, counters2 = shape
+        dev, fn = self.device_index, self.fn
+        with fn.lock:
+            floats = workspace(dev, stream, planes13 + planes2) if planes13 + planes2 else 0
+            ints = semaphores(dev, stream, sync + counters13 + counters2)
+            for sub, src, out, wts, planes, counters, plane_at, counter_at in (
+                    (a.up, x, h, None, planes13, counters13, 0, sync),
+                    (a.down, h, y, weights, planes2, counters2, planes13, sync + counters13)):
+                sub.x, sub.ids, sub.y = src.data_ptr(), ids.data_ptr(), out.data_ptr()
+                sub.weights = 0 if wts is None else wts.data_ptr()
+                sub.workspace = floats + 4 * plane_at if planes else 0
+                sub.counters = ints + 4 * counter_at if counters else 0
+                sub.tokens, sub.top_k, sub.slots, sub.ids_64 = tokens, top_k, 1, int(ids.dtype == torch.int64)
+                sub.z0, sub.chunks = 0, 1
+            a.sync = ints
             fn.launch((grid, 1, 1), stream, argv, smem)
