@@ -34,7 +34,9 @@ for step in "$@"; do
       # K mod n; tests that need two GPUs then skip: suite-multi runs them).
       gpus=$(nvidia-smi -L | wc -l)
       touch /tmp/suite-start
-      MIXED_GEMM_TEST_GPUS=$gpus MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_TIMEOUT:-570}" \
+      # Two intra-op threads a worker: torch's default (every core) over 14 workers a GPU starves the
+      # CPU-side references (a 32-expert dequantize took over 60 s on a loaded 64-core host).
+      OMP_NUM_THREADS=${SUITE_THREADS:-2} MIXED_GEMM_TEST_GPUS=$gpus MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_TIMEOUT:-570}" \
         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n $(( ${SUITE_WORKERS:-14} * gpus )) --dist worksteal \
         --timeout "${SUITE_TEST_TIMEOUT:-480}" --durations 30 -rfE 2>&1 | tee "$OUT/suite.log" \
         | grep -vE "$PROGRESS" | tail -60

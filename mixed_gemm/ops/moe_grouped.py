@@ -292,7 +292,7 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
     y = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
     stream = current_stream(x.device.index)
     gate_up, down = launchers
-    if getattr(gate_up, "fused", False):  # moe_gemv's one-launch mode: both projections, h never leaves it
+    if getattr(gate_up, "one_launch", False):  # moe_gemv's one-launch mode: both projections, h never leaves it
         gate_up.launch_layer(down, x, w13, w2, ids, weights, h, y, tokens, top_k, stream)
         return y
     # Launchers of the families that sort the pairs (moe_sm90a, moe_sm80) sort them once (the gate|up

@@ -34,8 +34,9 @@ class MoeGemvLauncher:
         self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
 
     @property
-    def fused(self) -> bool:
-        """The one-launch mode: run_grouped calls :meth:`launch_layer` (both projections) instead."""
+    def one_launch(self) -> bool:
+        """The one-launch mode: run_grouped calls :meth:`launch_layer` (both projections) instead.
+        (Not ``fused``: moe_sm80's launchers have that attribute, for their gather.)"""
         return self.config.fused
 
     def _block(self, w, key):
@@ -78,7 +79,7 @@ class MoeGemvLauncher:
         if blk is None:
             blk = self._block(w, key)
         a, argv, row_tiles, splits = blk
-        if self.fused:
+        if self.one_launch:
             raise RuntimeError(f"{self.config.schedule}: the one-launch mode runs both projections in one kernel "
                                "(launch_layer, which run_grouped calls), not one projection")
         if self.config.by_expert:
