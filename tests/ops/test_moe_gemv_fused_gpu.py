@@ -5,6 +5,8 @@ poisoned with NaN first, against the float32 reference of the canonical (q, s, z
 and 64 tokens, and bitwise against the two-launch persistent mode of the same tile and splits (the
 same sums in the same order); -1 ids and ids >= E contribute nothing; every counter is back at zero
 after each launch; CUDA-graph capture with new routing between replays; no tokens."""
+import importlib
+
 import pytest
 import torch
 
@@ -13,12 +15,12 @@ from mixed_gemm.kernels import family_of
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
 from mixed_gemm.ops.moe_grouped import forced_schedules, moe_grouped
 from mixed_gemm.runtime import current_stream
-from mixed_gemm.runtime import workspace as ws
 from test_moe_gemv_gpu import routing
 from test_moe_gemv_persistent_gpu import SHAPES, _capture_and_replay, layer
 from tolerance import assert_elementwise
 from weights import seed_of
 
+ws = importlib.import_module("mixed_gemm.runtime.workspace")  # the package exports a function of that name
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 # mode -> (gate|up schedule, down schedule), one launch each
 MODES = {
