@@ -11,12 +11,11 @@ import pytest
 import torch
 
 import mixed_gemm as mg
-from mixed_gemm.kernels import family_of
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
 from mixed_gemm.ops.moe_grouped import forced_schedules, moe_grouped
 from mixed_gemm.runtime import current_stream
-from test_moe_gemv_gpu import routing
-from test_moe_gemv_persistent_gpu import SHAPES, _capture_and_replay, layer
+from test_moe_gemv_gpu import poisoned_outputs_and_launchers, routing
+from test_moe_gemv_persistent_gpu import SHAPES, _capture_and_replay, drop_pairs, layer
 from tolerance import assert_elementwise
 from weights import seed_of
 
@@ -41,10 +40,7 @@ def run_fused(cfg13, cfg2, x, w13, w2, weights, ids):
     """The one launch into NaN-poisoned h and y: (h, y)."""
     t, k = ids.shape
     stream = current_stream(0)
-    h = torch.full((t * k, w2.k), float("nan"), dtype=x.dtype, device="cuda")
-    y = torch.full((t, w2.n), float("nan"), dtype=x.dtype, device="cuda")
-    with mg.compile.blocking():
-        gate_up, down = family_of(cfg13).launcher(cfg13, 0), family_of(cfg2).launcher(cfg2, 0)
+    h, y, gate_up, down = poisoned_outputs_and_launchers(cfg13, cfg2, x, w2, t, k)
     gate_up.launch_layer(down, x, w13, w2, ids.contiguous(), weights.float().contiguous(), h, y, t, k, stream)
     torch.cuda.synchronize()
     return h, y
@@ -108,16 +104,7 @@ def test_minus_one_and_ids_outside_contribute_nothing(name, t, mode):
     w13, w2 = layer(name)
     seed = seed_of("pe1-ep", name, t, mode)
     x = _x(t, h, seed)
-    weights, ids = routing(t, top_k, e, seed)
-    away = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed + 1)).cuda() < 0.35
-    if t >= 2:
-        away[1] = True
-    bad = ids.masked_fill(away, -1)
-    bad[0, 0] = e
-    if t >= 3:
-        bad[2, top_k - 1] = 2**40 if bad.dtype == torch.int64 else 2**30
-    weights = weights.masked_fill(bad == -1, float("nan"))
-    valid = (bad >= 0) & (bad < e)
+    weights, bad, valid = drop_pairs(*routing(t, top_k, e, seed), e, seed)
     _, yk = run_fused(*configs(mode), x, w13.packed, w2.packed, weights, bad)
     assert not torch.isnan(yk).any() and counters_are_zero()
     if t >= 2:

@@ -113,14 +113,20 @@ def ref_y(h, w2_weights, ids, weights):
     return (per_pair * weights.reshape(-1, 1).double()).view(t, k, -1).sum(1).float()
 
 
-def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
-    """Both kernels (of any grouped family) through their launchers into NaN-poisoned outputs: (h, y)."""
-    t, k = ids.shape
-    stream = current_stream(0)
+def poisoned_outputs_and_launchers(cfg13, cfg2, x, w2, t, k):
+    """NaN-filled h ``(t k, I)`` and y ``(t, H)``, and both configs' launchers (built first)."""
     h = torch.full((t * k, w2.k), float("nan"), dtype=x.dtype, device="cuda")
     y = torch.full((t, w2.n), float("nan"), dtype=x.dtype, device="cuda")
     with mg.compile.blocking():
         gate_up, down = family_of(cfg13).launcher(cfg13, 0), family_of(cfg2).launcher(cfg2, 0)
+    return h, y, gate_up, down
+
+
+def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
+    """Both kernels (of any grouped family) through their launchers into NaN-poisoned outputs: (h, y)."""
+    t, k = ids.shape
+    stream = current_stream(0)
+    h, y, gate_up, down = poisoned_outputs_and_launchers(cfg13, cfg2, x, w2, t, k)
     gate_up(x, w13, ids.contiguous(), None, h, t, k, stream)
     down(h, w2, ids.contiguous(), weights.float().contiguous(), y, t, k, stream)
     torch.cuda.synchronize()

@@ -81,6 +81,21 @@ def test_one_expert_with_many_pairs_takes_several_passes(name, mode):
     check_layer(name, 64, mode, route="one")
 
 
+def drop_pairs(weights, ids, e, seed):
+    """About a third of the pairs -1 with NaN weights, token 1 (when there are 2+) wholly -1, pair
+    (0, 0) on expert E and (when there are 3+ tokens) one pair far outside (2**40, or 2**30 for int32
+    ids): ``(weights, ids, valid)``, valid marking the pairs that contribute."""
+    t, top_k = ids.shape
+    away = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed + 1)).cuda() < 0.35
+    if t >= 2:
+        away[1] = True
+    bad = ids.masked_fill(away, -1)
+    bad[0, 0] = e
+    if t >= 3:
+        bad[2, top_k - 1] = 2**40 if bad.dtype == torch.int64 else 2**30
+    return weights.masked_fill(bad == -1, float("nan")), bad, (bad >= 0) & (bad < e)
+
+
 @pytest.mark.parametrize("mode", ["heuristic", "m8_split3", "m16_split2"])
 @pytest.mark.parametrize("t", [1, 3, 16, 64, 256])
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -93,16 +108,7 @@ def test_minus_one_and_ids_outside_contribute_nothing(name, t, mode):
     w13, w2 = layer(name)
     seed = seed_of("pe-ep", name, t, mode)
     x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.float16)
-    weights, ids = routing(t, top_k, e, seed)
-    away = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed + 1)).cuda() < 0.35
-    if t >= 2:
-        away[1] = True
-    bad = ids.masked_fill(away, -1)
-    bad[0, 0] = e
-    if t >= 3:
-        bad[2, top_k - 1] = 2**40
-    weights = weights.masked_fill(bad == -1, float("nan"))
-    valid = (bad >= 0) & (bad < e)
+    weights, bad, valid = drop_pairs(*routing(t, top_k, e, seed), e, seed)
     cfgs = configs_for(mode, w13, w2, t, top_k)
     hk, yk = run_stages(*cfgs, x, w13.packed, w2.packed, weights, bad)
     hv = hk.view(t, top_k, -1)
