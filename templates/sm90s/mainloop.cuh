@@ -157,9 +157,12 @@ __device__ __forceinline__ void turn_arrive() {
 
 // wgmma's shared-memory descriptor of a K-major, 128-byte-swizzled B tile (8-row groups 1024
 // bytes apart); a k16 step inside a 64-element panel advances the start address by 32 bytes.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
+// Low word: start address >> 4 (14 bits), leading-byte offset 1; high word: stride 1024 >> 4 and
+// the 128-byte swizzle mode. Kept as two words so a k16 step is one 32-bit add on the low word:
+// shared addresses stay below 256 KB, so start + offset never carries out of its 14 bits.
+constexpr uint32_t kDescSw128Hi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_sw128_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t lo) { return (uint64_t(kDescSw128Hi) << 32) | lo; }
 
 template <class Element, class Geo>
 struct Mainloop {
@@ -172,7 +175,11 @@ struct Mainloop {
   using Op = typename RsOp<Element, TN>::type;
   using Frag = uint32_t[KB][4];
 
-  // One k-tile's A fragments for this warp's 16 rows: LDS, lop3 conversion, q' s + z'.
+  // One k-tile's A fragments for this warp's 16 rows: LDS, lop3 conversion, q' s + z'. kOneGroup:
+  // the whole k-tile lies in one scale group (group >= TK, per-channel included), so its scale row
+  // is read once and the 8 k16 blocks are one branch-free block the compiler interleaves; else the
+  // row is re-read at each group boundary (a runtime test per k16 block).
+  template <bool kOneGroup>
   static __device__ __forceinline__ void convert(char const* stage, Params const& p, int atom_row, int lane,
                                                  Frag& a) {
     uint32_t const* w = reinterpret_cast<uint32_t const*>(stage + Geo::kXBytes);
@@ -183,7 +190,7 @@ struct Mainloop {
     int const kpg_mask = (1 << p.kb_shift) - 1;
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) {
-      if ((kb & kpg_mask) == 0) {  // a new scale row: once per group inside the k-tile
+      if (kOneGroup ? kb == 0 : (kb & kpg_mask) == 0) {  // a new scale row: once per group inside the k-tile
         int const r = (kb >> p.kb_shift) * kTileM + row;
         s[0] = uint32_t(sc[r]) * 0x10001u;
         s[1] = uint32_t(sc[r + 8]) * 0x10001u;
@@ -242,12 +249,14 @@ struct Mainloop {
   }
 
   static __device__ __forceinline__ void mma(char const* stage, Frag& a, float (&acc)[kAcc]) {
-    uint32_t const x = smem_u32(stage);
+    // One descriptor per k-tile; each k16 block adds its constant offset to the low word (one add,
+    // not the mask-shift-or chain per wgmma that a descriptor built from each address costs).
+    uint32_t const lo = desc_sw128_lo(smem_u32(stage));
     fence(acc);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) {
-      uint64_t const desc = desc_sw128(x + (kb / 4) * TN * 128 + (kb % 4) * 32);
+      uint64_t const desc = desc_sw128(lo + uint32_t(((kb / 4) * TN * 128 + (kb % 4) * 32) >> 4));
       wgmma_rs<Op>(a[kb], desc, acc, std::make_index_sequence<kAcc>{});
     }
     cute::warpgroup_commit_batch();
@@ -333,13 +342,27 @@ struct Mainloop {
     if constexpr (Geo::kPhased) {
       if (cw == 1) turn_arrive<2>();  // warpgroup 0 issues first
     }
+    // The k-loop twice, one uniform branch per launch: the common groups (g >= TK, per-channel)
+    // take the branch-free conversion.
+    if ((1 << p.kb_shift) >= KB) {
+      consume<true>(p, smem, full, empty, nk, cw, atom_row, lane, acc);
+    } else {
+      consume<false>(p, smem, full, empty, nk, cw, atom_row, lane, acc);
+    }
+
+    epilogue(p, acc, ct, cw, warp, lane, row0, tok0, last_flag);
+  }
+
+  template <bool kOneGroup>
+  static __device__ __forceinline__ void consume(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int nk,
+                                                 int cw, int atom_row, int lane, float (&acc)[kAcc]) {
     if constexpr (Geo::kDoubleBuffer) {
       Frag a0, a1;
       mbar_wait(&full[0], 0);
-      convert(smem, p, atom_row, lane, a0);
+      convert<kOneGroup>(smem, p, atom_row, lane, a0);
       for (int i = 0; i < nk; i += 2) {
-        step(p, smem, full, empty, i, nk, cw, atom_row, lane, a0, a1, acc);
-        if (i + 1 < nk) step(p, smem, full, empty, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
+        step<kOneGroup>(p, smem, full, empty, i, nk, cw, atom_row, lane, a0, a1, acc);
+        if (i + 1 < nk) step<kOneGroup>(p, smem, full, empty, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
       }
     } else {
       Frag a;
@@ -347,7 +370,7 @@ struct Mainloop {
         int const s = i % Geo::kStages;
         char const* stage = smem + s * Geo::kStageBytes;
         mbar_wait(&full[s], (i / Geo::kStages) & 1);
-        convert(stage, p, atom_row, lane, a);
+        convert<kOneGroup>(stage, p, atom_row, lane, a);
         turn_take(cw);
         mma(stage, a, acc);
         turn_pass(cw, i + 1 == nk);
@@ -356,11 +379,10 @@ struct Mainloop {
         release(empty, s, lane);
       }
     }
-
-    epilogue(p, acc, ct, cw, warp, lane, row0, tok0, last_flag);
   }
 
   // k-tile i: its wgmmas from `cur`, then (while they run) the next k-tile converted into `next`.
+  template <bool kOneGroup>
   static __device__ __forceinline__ void step(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int i,
                                               int nk, int cw, int atom_row, int lane, Frag& cur, Frag& next,
                                               float (&acc)[kAcc]) {
@@ -371,7 +393,7 @@ struct Mainloop {
     if (i + 1 < nk) {
       int const s1 = (i + 1) % Geo::kStages;
       mbar_wait(&full[s1], ((i + 1) / Geo::kStages) & 1);
-      convert(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next);
+      convert<kOneGroup>(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next);
     }
     cute::warpgroup_wait<0>();
     fence(acc);

@@ -31,7 +31,7 @@ struct Geometry {
   static_assert(TN % 16 == 0 && TN >= 16 && TN <= 256, "TN: wgmma N, a multiple of 16 up to 256");
   static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
   static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");
-  static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && TN <= 32), "two CTAs per SM only with TN <= 32 (registers)");
+  static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && TN <= 64), "two CTAs per SM only with TN <= 64 (registers)");
   static_assert(ClusterM == 1 || ClusterM == 2 || ClusterM == 4, "cluster: 1, 2 or 4 row tiles share an x tile");
   static constexpr int kBitsW = kBits;
   static constexpr int kTN = TN;
@@ -64,8 +64,9 @@ struct Geometry {
   static constexpr int kProducerRegs = CtasPerSm == 1 ? 40 : 24;
   static constexpr int kConsumerRegs = ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumerThreads) / 8 * 8;
   // The converted A fragments of the next k-tile are built while this one's wgmmas run, except at
-  // TN = 256, where 128 accumulators leave no room for a second set (the other warpgroup overlaps).
-  static constexpr bool kDoubleBuffer = TN <= 128;
+  // TN = 256, where 128 accumulators leave no room for a second set (the other warpgroup overlaps),
+  // and at two CTAs per SM from TN = 32 on (104 registers a consumer thread: the other CTA overlaps).
+  static constexpr bool kDoubleBuffer = TN <= 128 && (CtasPerSm == 1 || TN <= 16);
 };
 
 // Everything the kernel reads, passed by value (__grid_constant__: the TMA descriptors must live

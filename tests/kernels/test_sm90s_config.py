@@ -51,7 +51,7 @@ def test_names_schedules_and_round_trip():
     (dict(cluster=(3, 1)), "cluster"),
     (dict(tile=(128, 16, 128), cluster=(4, 1)), r"cluster \(4, 1\) needs tile N a multiple of 32"),
     (dict(phased=1), "phased"),
-    (dict(tile=(128, 64, 128), ctas_per_sm=2), "two CTAs per SM only at TN <= 32"),
+    (dict(tile=(128, 128, 128), ctas_per_sm=2), "two CTAs per SM only at TN <= 64"),
     (dict(stages=1), "stages"),
     (dict(decomposition="split"), "splits > 1 exactly"),
     (dict(decomposition="dp", splits=2), "splits > 1 exactly"),

@@ -15,9 +15,14 @@ C1, C2, C4 = (1, 1), (2, 1), (4, 1)
 SHAPES = (
     ((128, 16, 128), 1, C1, False),
     ((128, 16, 128), 2, C1, False),   # two CTAs per SM: four converting warpgroups for the memory-bound
-                                      # range (not at TN = 32: 104 registers per consumer thread spill there)
+                                      # range (double-buffered fragments: 104 registers a consumer thread)
     ((128, 32, 128), 1, C1, False),
     ((128, 64, 128), 1, C1, False),
+    # Two CTAs per SM at TN = 32 and 64 with one fragment buffer (two spill at 104 registers): 4.5
+    # warps a scheduler instead of 2.25 hide the conversion chains' latency, which ncu found binding
+    # at TN = 64 (docs/notes/serving-mainloop.md); 6 and 4 stages.
+    ((128, 32, 128), 2, C1, False),
+    ((128, 64, 128), 2, C1, False),
     ((128, 128, 128), 1, C1, False),
     ((128, 256, 128), 1, C1, False),
     # From TN = 64 on, x from L2 costs as much as the weight from HBM per CTA (docs/notes/

@@ -45,7 +45,7 @@ class Sm90sConfig:
     {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
     C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32),
-    ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 32,
+    ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 64,
     where the registers allow it), ``stages`` (0: as many as fit the shared memory of
     ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
     consumer warpgroups take turns issuing their wgmmas, so one converts while the other's run). At
@@ -83,7 +83,7 @@ class Sm90sConfig:
              f"TN/{self.cluster[0]} token rows of x, which must fill whole 8-row 128-byte swizzle atoms"),
             (isinstance(self.phased, bool), "phased must be a bool"),
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
-            (self.ctas_per_sm == 1 or tn <= 32, "two CTAs per SM only at TN <= 32 (registers)"),
+            (self.ctas_per_sm == 1 or tn <= 64, "two CTAs per SM only at TN <= 64 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
             (self.decomposition in ("dp", "auto", "split"), "decomposition must be dp, auto or split"),
             ((self.decomposition == "split") == (self.splits > 1), "splits > 1 exactly with decomposition 'split'"),
