@@ -18,7 +18,7 @@ table (the best two-launch and the best one-launch persistent plan per model and
 
     MIXED_GEMM_JIT=block python bench/moe_modes.py            # qwen3, deepseek, mixtral at 1,16,64,256
     MIXED_GEMM_JIT=block python bench/moe_modes.py --models qwen3-30b-a3b --tokens 16 --json out.json
-    MIXED_GEMM_JIT=block python bench/moe_modes.py --pdl --pdl-only --tokens 1,3,16   # PDL A/B, ~1 min
+    MIXED_GEMM_JIT=block python bench/moe_modes.py --pdl --pdl-only --models qwen3-30b-a3b --tokens 1,3,16
 
 ``--pdl``: every two-launch plan of ``selected`` and ``pe heuristic`` is timed again with the down
 kernel launched as a programmatic dependent (``ops.moe_grouped.pdl_launches``: starts while gate|up
