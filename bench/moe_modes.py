@@ -18,6 +18,13 @@ table (the best two-launch and the best one-launch persistent plan per model and
 
     MIXED_GEMM_JIT=block python bench/moe_modes.py            # qwen3, deepseek, mixtral at 1,16,64,256
     MIXED_GEMM_JIT=block python bench/moe_modes.py --models qwen3-30b-a3b --tokens 16 --json out.json
+    MIXED_GEMM_JIT=block python bench/moe_modes.py --pdl --pdl-only --models qwen3-30b-a3b --tokens 1,3,16
+
+``--pdl``: every two-launch plan of ``selected`` and ``pe heuristic`` is timed again with the down
+kernel launched as a programmatic dependent (``ops.moe_grouped.pdl_launches``: starts while gate|up
+finishes, prefetches its weights into L2, waits for h; rows labelled ``... pdl``), and the plain rows
+with it forced off, so ``$MIXED_GEMM_MOE_PDL`` changes neither; the same graphs' replays alternate
+in one run. ``--pdl-only`` skips the forced persistent plans (just those four rows).
 
 Kernels are JIT-built with ``MIXED_GEMM_JIT=block`` (the default here: an async build would time
 the per-expert stand-in): 6 persistent kernels per dtype (w13 / w2 / one launch x 8 / 16 rows) plus
@@ -47,7 +54,7 @@ from mixed_gemm.kernels.moe_gemv.catalog import persistent_shapes_for  # noqa: E
 from mixed_gemm.kernels.moe_gemv.heuristics import launch_fields, persistent_config  # noqa: E402
 from mixed_gemm.ops import moe, prepack_experts  # noqa: E402
 from mixed_gemm.ops.moe_grouped import (GroupedPlan, _problems, forced_schedules, grouped_plan,  # noqa: E402
-                                        moe_grouped)
+                                        moe_grouped, pdl_launches)
 from mixed_gemm.select import m_bucket  # noqa: E402
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
@@ -111,7 +118,15 @@ def agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
     return bool(torch.isfinite(y).all()) and float((y.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max()) + 1e-4
 
 
-def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print):
+def with_pdl(fn, enabled: bool):
+    """``fn`` with the down launch's PDL forced on or off (decided at capture: the graph keeps it)."""
+    def call():
+        with pdl_launches(enabled):
+            return fn()
+    return call
+
+
+def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False):
     gen = torch.Generator().manual_seed(1000 + t)
     x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
     weights, ids = random_routing(t, shape, gen)
@@ -121,6 +136,8 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     selected = f"{schedules(plan.configs)} ({plan.source})" if isinstance(plan, GroupedPlan) else f"per-expert: {plan}"
     problems = _problems(m_bucket(t), shape.top_k, w13, w2)
     plans = persistent_plans(problems, sms)
+    if pdl_only:
+        plans = {k: v for k, v in plans.items() if k == "pe heuristic"}
     ref = moe(x, w13, w2, weights, ids)
     fns, labels, bad = {"selected": lambda: moe(x, w13, w2, weights, ids)}, {"selected": selected}, set()
     for label, cfgs in plans.items():
@@ -142,6 +159,14 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
         if not torch.equal(fns[label](), y):
             bad.add(label)
         labels[label] = schedules(cfgs)
+    if pdl:  # the A/B: each plan with PDL forced off and on (one-launch plans have no second launch)
+        for label in [k for k in ("selected", "pe heuristic") if k in fns and "_pe1" not in labels[k]]:
+            fns[f"{label} pdl"], labels[f"{label} pdl"] = with_pdl(fns[label], True), labels[label]
+            fns[label] = with_pdl(fns[label], False)
+            if label in bad:
+                bad.add(f"{label} pdl")
+            if not torch.equal(fns[f"{label} pdl"](), fns[label]()):  # the same kernels and sums
+                bad.add(f"{label} pdl")
     uncaptured = {}
     timed = _cold_s(fns, reps, eager=False, uncaptured=uncaptured)  # every capturable plan: its graph only
     log(f"{name} T={t}: {touched} touched experts, int4 floor {floor * 1e6:.1f} µs")
@@ -164,7 +189,8 @@ def summary(rows):
            "|---|---|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
         case = {r["plan"]: r for r in rows if (r["model"], r["tokens"]) == key}
-        ok = [r for r in case.values() if r["plan"] != "selected" and r["agrees"]]
+        ok = [r for r in case.values()
+              if not r["plan"].startswith("selected") and not r["plan"].endswith(" pdl") and r["agrees"]]
         pe = [r for r in ok if not r["plan"].startswith("pe1")]
         pe1 = [r for r in ok if r["plan"].startswith("pe1")]
         best = min(pe, key=lambda r: r["us"]) if pe else None
@@ -174,6 +200,15 @@ def summary(rows):
         out.append(f"| {key[0]} | {key[1]} | {sel['floor_us']:.1f} | {cell(sel)} | {cell(heur)} | {cell(best)} | "
                    f"{best['schedules'] if best else '-'} | {cell(heur1)} | {cell(best1)} | "
                    f"{best1['schedules'] if best1 else '-'} |")
+    pdl = [r for r in rows if r["plan"].endswith(" pdl")]
+    if pdl:  # --pdl: each plan without and with the down launch's PDL
+        out += ["", "| model | tokens | plan | PDL off µs | PDL on µs | saved µs | schedules |",
+                "|---|---|---|---|---|---|---|"]
+        for r in pdl:
+            off = next(o for o in rows
+                       if (o["model"], o["tokens"], o["plan"]) == (r["model"], r["tokens"], r["plan"][:-4]))
+            out.append(f"| {r['model']} | {r['tokens']} | {off['plan']} | {off['us']:.1f} | {r['us']:.1f}"
+                       f"{'' if r['agrees'] else ' !'} | {off['us'] - r['us']:.1f} | {r['schedules']} |")
     return out
 
 
@@ -184,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     ap.add_argument("--reps", type=int, default=7, help="timing rounds (median)")
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--pdl", action="store_true", help="also time selected / pe heuristic with the down launch's PDL")
+    ap.add_argument("--pdl-only", action="store_true", help="with --pdl: skip the forced persistent plans")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
@@ -195,7 +232,8 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         shape, w13, w2 = packed_layer(name, dtype)
         for t in (int(v) for v in args.tokens.split(",")):
-            rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True))
+            rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True),
+                             pdl=args.pdl, pdl_only=args.pdl_only)
         del w13, w2
         torch.cuda.empty_cache()
     print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager, only where a plan could "

@@ -12,7 +12,7 @@ using Kernel = mixed_gemm::MoeGemv<cutlass::bfloat16_t, 4, mixed_gemm::MoeStage:
 static_assert(Kernel::kThreads == 256, "threads: MoeGemvConfig and kernel disagree");
 static_assert(Kernel::kRows == 64, "outputs per CTA: MoeGemvConfig and kernel disagree");
 static_assert(Kernel::kSmemBytes == 2048, "shared memory: MoeGemvConfig and kernel disagree");
-static_assert(sizeof(mixed_gemm::MoeGemvArgs) == 152, "MoeGemvArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::MoeGemvArgs) == 160, "MoeGemvArgs: Python mirror out of date");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");
 static_assert(int(mixed_gemm::ZeroMode::kInteger) == 1, "int(mixed_gemm::ZeroMode::kInteger): mixed_gemm/kernels/common.py disagrees");

@@ -12,7 +12,7 @@ using Kernel = mixed_gemm::MoeGemvPersistent<cutlass::bfloat16_t, 8, mixed_gemm:
 static_assert(Kernel::kThreads == 256, "threads: MoeGemvConfig and kernel disagree");
 static_assert(Kernel::kRows == 64, "outputs per CTA: MoeGemvConfig and kernel disagree");
 static_assert(Kernel::kSmemBytes == 11392, "shared memory: MoeGemvConfig and kernel disagree");
-static_assert(sizeof(mixed_gemm::MoeGemvArgs) == 152, "MoeGemvArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::MoeGemvArgs) == 160, "MoeGemvArgs: Python mirror out of date");
 static_assert(Kernel::route_words(3, 5) == 51, "route_bytes: MoeGemvConfig and kernel disagree");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");

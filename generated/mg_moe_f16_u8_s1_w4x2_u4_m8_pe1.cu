@@ -11,8 +11,8 @@ using Kernel = mixed_gemm::MoeGemvFused<cutlass::half_t, 8, 1, 4, 2, 4, 8>;
 static_assert(Kernel::kThreads == 256, "threads: MoeGemvConfig and kernel disagree");
 static_assert(Kernel::kRows == 64, "outputs per CTA: MoeGemvConfig and kernel disagree");
 static_assert(Kernel::kSmemBytes == 13456, "shared memory: MoeGemvConfig and kernel disagree");
-static_assert(sizeof(mixed_gemm::MoeGemvArgs) == 152, "MoeGemvArgs: Python mirror out of date");
-static_assert(sizeof(mixed_gemm::MoeGemvFusedArgs) == 312, "MoeGemvFusedArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::MoeGemvArgs) == 160, "MoeGemvArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::MoeGemvFusedArgs) == 328, "MoeGemvFusedArgs: Python mirror out of date");
 static_assert(Kernel::route_words(3, 5) == 51, "route_bytes: MoeGemvConfig and kernel disagree");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");

@@ -10,10 +10,18 @@ moe_gemv:w2_s1_w4x2_u8_m16_pe``; the two families may differ), or :func:`forced_
 manager, ahead of the variable). Either is read when a plan is made, never on the hot path: set the
 variable before the first ``moe`` call or call :func:`clear_plans` after changing it. A forced plan
 runs outside capture at every T (``pays``), and one that cannot run raises ``ValueError`` naming why.
-The schedule is taken as written: its ``_split<S>`` (none: one K slice) holds at every T."""
+The schedule is taken as written: its ``_split<S>`` (none: one K slice) holds at every T.
+
+Programmatic dependent launch of the down kernel (Hopper's PDL: it starts while gate|up finishes,
+prefetching its weights into L2 until h is ready; templates/moe_gemv/moe_pdl.cuh): off by default
+until measured, ``$MIXED_GEMM_MOE_PDL=1`` turns it on (read once, at the first call), and
+:func:`pdl_launches` sets it for a block (ahead of the variable; A/B timings). Honoured where the
+down launcher can (``pdl_capable``: moe_gemv's two-launch kernels on sm_90+). A CUDA graph records
+the choice made when it was captured."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -95,6 +103,8 @@ GROUPED: Dict[Tuple, Union[GroupedPlan, str]] = {}
 _GROUPED_LOCK = threading.Lock()
 SCHEDULE_ENV = "MIXED_GEMM_MOE_SCHEDULE"
 _FORCED: List[str] = []  # forced_schedules()' stack of "w13,w2" texts (the innermost last)
+PDL_ENV = "MIXED_GEMM_MOE_PDL"
+_PDL: List[bool] = []  # pdl_launches()' stack (the innermost last)
 
 
 def clear_plans() -> None:
@@ -115,6 +125,29 @@ def forced_schedules(w13: str, w2: str):
     finally:
         _FORCED.pop()
         clear_plans()
+
+
+@functools.lru_cache(maxsize=1)
+def _pdl_env() -> bool:
+    """``$MIXED_GEMM_MOE_PDL``, read once: on for anything but unset, empty, 0, off, no, false."""
+    return os.environ.get(PDL_ENV, "").strip().lower() not in ("", "0", "off", "no", "false")
+
+
+def pdl_enabled() -> bool:
+    """Does run_grouped launch the down kernel as a programmatic dependent (module docstring)?"""
+    return _PDL[-1] if _PDL else _pdl_env()
+
+
+@contextlib.contextmanager
+def pdl_launches(enabled: bool = True):
+    """Inside the block run_grouped launches the down kernel with PDL (``enabled``) or without,
+    ahead of ``$MIXED_GEMM_MOE_PDL``. Process-wide (benchmarks, A/B timings), not per thread; no plan
+    depends on it (the kernels are the same), so none is forgotten."""
+    _PDL.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _PDL.pop()
 
 
 def _forced_text() -> Tuple[Optional[str], str]:
@@ -302,7 +335,10 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
         heights = tile_heights(gate_up.tile_rows, down.tile_rows)
         handover = {"sorted_h": True, "routing": gate_up.route(ids, w13.num_experts, heights, stream)}
     gate_up(x, w13, ids, None, h, tokens, top_k, stream, **handover)
-    down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
+    if getattr(down, "pdl_capable", False) and pdl_enabled():  # starts while gate|up runs, waits for h
+        down(h, w2, ids, weights, y, tokens, top_k, stream, pdl=True)
+    else:
+        down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
     return y
 
 

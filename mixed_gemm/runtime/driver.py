@@ -82,17 +82,64 @@ def load_function(function) -> None:
 
 
 @functools.lru_cache(maxsize=1)
+def _libcuda():
+    """libcuda opened through ctypes, or None where it cannot be opened this way."""
+    try:
+        return ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
 def raw_launch():
     """``cuLaunchKernel`` called straight from libcuda through ctypes with fixed argument types, or
     None where libcuda cannot be opened this way. cuda-python's wrapper converts and checks every
     argument object on each call; with raw handles and a pre-built argument array the hot path
     is one foreign call (docs/notes/measurement.md has the measured host cost)."""
-    try:
-        lib = ctypes.CDLL("nvcuda.dll" if os.name == "nt" else "libcuda.so.1")
-        fn = lib.cuLaunchKernel
-    except (OSError, AttributeError):
+    fn = getattr(_libcuda(), "cuLaunchKernel", None)
+    if fn is None:
         return None
     u = ctypes.c_uint
     fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# Programmatic dependent launch (PDL, sm_90+): a kernel launched with this attribute may start
+# while the kernel before it on the stream still runs, once every CTA of that kernel has executed
+# griddepcontrol.launch_dependents (or exited); its griddepcontrol.wait then waits for that kernel
+# to complete and its memory to be visible. cuda.h's CUlaunchAttributeID value.
+PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttributeValue(ctypes.Union):
+    """``CUlaunchAttributeValue`` (cuda.h): a 64-byte union, 8-byte aligned (some members hold
+    pointers); only the member PDL sets is named."""
+    _fields_ = [("pad", ctypes.c_char * 64), ("programmaticStreamSerializationAllowed", ctypes.c_int),
+                ("_align", ctypes.c_void_p)]
+
+
+class LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute`` (cuda.h): the id (a 4-byte enum), padding to 8, the value: 72 bytes."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", LaunchAttributeValue)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuda.h): grid and block sizes, dynamic shared memory, the stream (at
+    offset 32), the attribute array and its length: 56 bytes."""
+    _fields_ = [(name, ctypes.c_uint) for name in ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY",
+                                                   "blockDimZ", "sharedMemBytes")] + [
+        ("hStream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+@functools.lru_cache(maxsize=1)
+def raw_launch_ex():
+    """``cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void** params, void** extra)`` from
+    libcuda through ctypes (as :func:`raw_launch`), or None where libcuda cannot be opened this way
+    or predates it (driver < 11.8): the caller then launches through cuda-python."""
+    fn = getattr(_libcuda(), "cuLaunchKernelEx", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn

@@ -5,6 +5,14 @@ Each :class:`Function` keeps its ctypes argument block and the one-element point
 ``cuLaunchKernel`` through ctypes with raw handles (:func:`.driver.raw_launch`), else cuda-python's
 wrapper. A lock guards the block: the driver copies the arguments during the call, so the critical
 section is exactly fill + launch.
+
+``launch(..., pdl=True)``: a programmatic dependent launch (Hopper's PDL) through ``cuLaunchKernelEx``
+with ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``: the kernel may start while the one
+before it on the stream finishes, so it must execute ``griddepcontrol.wait`` before it reads that
+kernel's outputs or writes memory that kernel uses. The launch configuration is built once per
+function and only its grid, shared memory and stream are filled per launch (under the lock, like the
+argument block). Stream capture (CUDA 12.3+) records such a launch as a programmatic edge of the
+graph, so graphs keep the overlap.
 """
 from __future__ import annotations
 
@@ -15,7 +23,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..compile import BuildSpec, build_spec, load_bytes
-from .driver import CudaDriverError, check, driver, load_function, primary_context, raw_launch
+from .driver import (PROGRAMMATIC_STREAM_SERIALIZATION, CudaDriverError, LaunchAttribute, LaunchConfig, check, driver,
+                     load_function, primary_context, raw_launch, raw_launch_ex)
 
 
 def _stream_handle(device_index: int) -> int:
@@ -55,6 +64,7 @@ class Function:
         self._handle = int(self._function)
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
+        self._pdl = None  # the PDL launch configuration, built at the first PDL launch (_pdl_config)
 
     def block(self):
         """A fresh argument block of this kernel and the address of its one-element pointer array:
@@ -73,13 +83,18 @@ class Function:
             return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._function, self._threads, smem),
                          "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
-    def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0, smem: Optional[int] = None) -> None:
+    def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0, smem: Optional[int] = None,
+               pdl: bool = False) -> None:
         """Launch on ``stream`` (a raw handle) with ``self.args``, or with the block whose pointer
         array is at ``argv_addr`` (from :meth:`block`). Callers fill the block and launch while
         holding ``self.lock``. ``smem``: dynamic shared memory of this launch, at most the
-        function's (default: the function's)."""
+        function's (default: the function's). ``pdl``: a programmatic dependent launch (module
+        docstring; the kernel must wait with ``griddepcontrol.wait``)."""
         argv_addr = argv_addr or self._argv_addr
         smem = self._smem if smem is None else smem
+        if pdl:
+            self._launch_pdl(grid, stream, argv_addr, smem)
+            return
         raw = self._raw
         if raw is not None:
             err = raw(self._handle, grid[0], grid[1], grid[2], self._threads, 1, 1, smem, stream,
@@ -91,6 +106,44 @@ class Function:
                            stream, argv_addr, 0)[0]
         if err != self._ok:
             check((err,), f"cuLaunchKernel({self.name})")
+
+    def _pdl_config(self):
+        """``(raw cuLaunchKernelEx or None, config, config address)``: a ``CUlaunchConfig`` carrying
+        one attribute, programmatic stream serialization = 1, with this function's block size;
+        ctypes structures for libcuda's entry point (driver.LaunchConfig), else cuda-python's."""
+        raw = raw_launch_ex() if self._raw is not None else None
+        if raw is not None:
+            attr = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = LaunchConfig(blockDimX=self._threads, blockDimY=1, blockDimZ=1, numAttrs=1)
+            config.attrs = ctypes.pointer(attr)
+            config._attr = attr  # kept alive as long as the configuration
+            self._pdl = (raw, config, ctypes.addressof(config))
+            return self._pdl
+        drv = driver()
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = drv.CUlaunchConfig()
+        config.blockDimX, config.blockDimY, config.blockDimZ = self._threads, 1, 1
+        config.attrs = [attr]
+        config.numAttrs = 1
+        self._pdl = (None, config, 0)
+        return self._pdl
+
+    def _launch_pdl(self, grid, stream: int, argv_addr: int, smem: int) -> None:
+        raw, config, addr = self._pdl or self._pdl_config()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.sharedMemBytes = smem
+        config.hStream = stream
+        if raw is not None:
+            err = raw(addr, self._handle, argv_addr, None)
+            if err:
+                check((driver().CUresult(err),), f"cuLaunchKernelEx({self.name})")
+            return
+        err = driver().cuLaunchKernelEx(config, self._function, argv_addr, 0)[0]
+        if err != self._ok:
+            check((err,), f"cuLaunchKernelEx({self.name})")
 
 
 class Module:

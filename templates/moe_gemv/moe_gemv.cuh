@@ -34,6 +34,7 @@
 
 #include "gemv/gemv.cuh"
 #include "common/gate_up.cuh"
+#include "moe_gemv/moe_pdl.cuh"
 
 namespace mixed_gemm {
 
@@ -58,6 +59,7 @@ struct MoeGemvArgs {
   int ids_64;            // topk_ids are int64
   int chunks;            // expert mode: grid.z = experts * chunks; CTA z serves chunks z % chunks, + chunks, ...
   int gate_up;           // kGateUp: rows interleaved in blocks of kGateUpBlock (else gate rows, then up rows)
+  int pdl;               // kDown launched with PDL (moe_pdl.cuh): prefetch the CTA's weight slices to L2 first
 };
 
 enum class MoeStage : int { kGateUp = 0, kDown = 1 };
@@ -118,6 +120,36 @@ struct MoeGemv {
     p.splits = a.splits;
     p.chunk = a.chunk;
     return p;
+  }
+
+  // Before griddepcontrol.wait (moe_pdl.cuh): the CTA's slice of expert e into L2 -- K atoms [kbeg,
+  // kend) of its strips [strip0, strip0 + strips) (clipped to the weight), one contiguous run per
+  // atom, and the scale and zero rows of the groups those atoms span. Run i goes to lane i / kWarps
+  // of warp i % kWarps: the bulk prefetch takes its operands in uniform registers, so a warp issues
+  // its lanes' runs one after another, and spreading the runs over the warps keeps that loop short.
+  static __device__ __forceinline__ void prefetch_weight(MoeGemvArgs const& a, int e, int strip0, int strips, int kbeg,
+                                                         int kend) {
+    using W = typename K::W;
+    strips = min(strips, a.strips - strip0);
+    if (strips <= 0 || kbeg >= kend) return;
+    int const g0 = min((kbeg * 16) >> a.group_shift, a.num_groups - 1);
+    int const g1 = min((kend * 16 - 1) >> a.group_shift, a.num_groups - 1);
+    int const atoms = kend - kbeg, groups = g1 - g0 + 1;
+    constexpr int kStripBytes = 128 * W::kWords;  // one strip of one atom: 32 lanes x kWords words
+    char const* const b = static_cast<char const*>(a.b) + 4 * (size_t)e * a.expert_b +
+                          ((size_t)kbeg * a.strips + strip0) * kStripBytes;
+    size_t const params = ((size_t)e * a.expert_s + (size_t)g0 * 16 * a.strips + 16 * strip0) * sizeof(raw);
+    size_t const param_stride = (size_t)16 * a.strips * sizeof(raw);
+    constexpr int kWarps = kThreads / 32;
+    for (int i = (threadIdx.x & 31) * kWarps + (threadIdx.x >> 5); i < atoms + 2 * groups; i += kThreads) {
+      if (i < atoms) {
+        prefetch_l2(b + (size_t)i * a.strips * kStripBytes, strips * kStripBytes);
+      } else {
+        int const r = i - atoms;
+        char const* base = static_cast<char const*>(r < groups ? a.scales : a.zeros);
+        prefetch_l2(base + params + (size_t)(r % groups) * param_stride, 16 * strips * sizeof(raw));
+      }
+    }
   }
 
   // f(i, gate, up) for each gate|up output i (a column of h) the lane holds after the reduction.
@@ -223,6 +255,14 @@ struct MoeGemv {
     int const group = blockIdx.y / a.splits, split = blockIdx.y % a.splits;
     int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
     int const kbeg = split * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (a.pdl)  // the ids are the router's, written before the gate|up kernel started: readable now
+      for (int j = group * a.slots; j < (group + 1) * a.slots; ++j) {
+        int const e = expert_of(a, token * a.top_k + j);
+        if (e >= 0) prefetch_weight(a, e, blockIdx.x * kWarpsN * kStrips, kWarpsN * kStrips, kbeg, kend);
+      }
+    pdl_wait();  // h, the planes and counters (the stream's, gate|up's too) and y: after the gate|up grid
+#endif
     float sum[K::kAcc];
 #pragma unroll
     for (int i = 0; i < K::kAcc; ++i) sum[i] = 0.f;
@@ -266,6 +306,7 @@ struct MoeGemv {
 
   static __device__ void run(MoeGemvArgs const& a, char* smem) {
     if constexpr (kGated) {
+      pdl_launch_dependents();  // the down kernel may launch now (moe_pdl.cuh: why at the start)
       gate_up(a, smem);
     } else {
       down(a, smem);
@@ -627,6 +668,11 @@ struct MoeGemvExpert {
     Scan const sc = scan_area(smem);
     GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x));
     raw* const y = static_cast<raw*>(a.y);
+    // PDL (moe_pdl.cuh): the wait comes first, without a prefetch. Which CTAs have pairs is known only
+    // after a scan of the routing, and any scan or test ahead of this loop (even a warp ballot over
+    // the ids) moves ptxas from 64 to 96-109 registers on sm_90 (m16: 4 -> 2 CTAs per SM), where
+    // pair and persistent mode keep theirs; this mode keeps only the launch overlap.
+    pdl_wait();
 #pragma unroll 1
     for (int c = blockIdx.z % a.chunks;; c += a.chunks) {
       int const n = scan(a, e, c * kTokens, sc);
@@ -672,6 +718,7 @@ struct MoeGemvExpert {
 
   static __device__ void run(MoeGemvArgs const& a, char* smem) {
     if constexpr (kGated) {
+      pdl_launch_dependents();  // the down kernel may launch now (moe_pdl.cuh: why at the start)
       gate_up(a, smem);
     } else {
       down(a, smem);

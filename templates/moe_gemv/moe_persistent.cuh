@@ -364,13 +364,31 @@ struct MoeGemvPersistent {
     }
   }
 
+  // Before griddepcontrol.wait (moe_pdl.cuh): the weight slices of this CTA's down items into L2
+  // (the items' slices partition the touched experts' weights: each byte is prefetched once).
+  static __device__ void prefetch_items(MoeGemvArgs const& a, Route const& r, int items) {
+    int const row_tiles = (a.n + kRows - 1) / kRows, per_expert = row_tiles * a.splits;
+#pragma unroll 1
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      int const e = r.active[item / per_expert], rest = item % per_expert;
+      int const tile = rest / a.splits, split = rest % a.splits;
+      int const kbeg = split * a.chunk;
+      PairMode::prefetch_weight(a, e, tile * kWarpsN * kStrips, kWarpsN * kStrips, kbeg, min(kbeg + a.chunk, a.katoms));
+    }
+  }
+
   // One projection per launch: route, the rows nobody else writes, then the items grid-stride.
   static __device__ void run(MoeGemvArgs const& a, char* smem) {
+    if constexpr (kGated) pdl_launch_dependents();  // the down kernel may launch now (moe_pdl.cuh: why at the start)
     Route r;
-    int const touched = route(a, smem + kSmemBytes, r);
+    int const touched = route(a, smem + kSmemBytes, r);  // ids and shared memory only: before the wait too
     if constexpr (kGated) {
       zero_dropped_pairs(a, r);
     } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (a.pdl) prefetch_items(a, r, touched * items_per_expert(a));
+      pdl_wait();  // h, the planes and counters (the stream's, gate|up's too) and y: after the gate|up grid
+#endif
       zero_empty_tokens(a, r);
     }
     int const items = touched * items_per_expert(a);

@@ -139,7 +139,7 @@ def _struct_fields(text: str, name: str):
 def test_argument_block_mirrors_the_cxx_struct():
     text = (TEMPLATES / "moe_gemv" / "moe_gemv.cuh").read_text()
     assert _struct_fields(text, "MoeGemvArgs") == [f for f, _ in MoeGemvArgs._fields_]
-    assert MOE_GEMV_ARGS_BYTES == 9 * 8 + 2 * 8 + 15 * 4 + 4  # 15 ints, then tail padding to 8 bytes
+    assert MOE_GEMV_ARGS_BYTES == 9 * 8 + 2 * 8 + 17 * 4 + 4  # 17 ints, then tail padding to 8 bytes
     fused = (TEMPLATES / "moe_gemv" / "moe_fused.cuh").read_text()
     assert _struct_fields(fused, "MoeGemvFusedArgs") == [f for f, _ in MoeGemvFusedArgs._fields_] == ["up", "down", "sync"]
     assert MOE_GEMV_FUSED_ARGS_BYTES == 2 * MOE_GEMV_ARGS_BYTES + 8
@@ -304,18 +304,20 @@ def test_expert_mode_grid_and_can_implement():
 
 
 class _FakeKernel:
-    """Stands in for a loaded kernel: records the launches and their argument blocks' fields."""
+    """Stands in for a loaded kernel: records the launches and their argument blocks' fields (and
+    each launch's ``pdl`` in ``pdl``)."""
 
     def __init__(self):
         import threading
-        self.lock, self.launches = threading.Lock(), []
+        self.lock, self.launches, self.pdl = threading.Lock(), [], []
 
     def block(self):
         args = MoeGemvArgs()
         return args, 0
 
-    def launch(self, grid, stream, argv):
+    def launch(self, grid, stream, argv, smem=None, pdl=False):
         a = self.current
+        self.pdl.append(pdl)
         self.launches.append((grid, {f: getattr(a, f) for f, _ in MoeGemvArgs._fields_}))
 
 
@@ -502,7 +504,7 @@ def test_persistent_launch_sizes_grid_smem_and_workspace_from_shapes(monkeypatch
     occupancy_asked = []
     fake.occupancy = lambda smem: occupancy_asked.append(smem) or 2
     sizes = []
-    fake.launch = lambda grid, stream, argv, smem=None: (sizes.append(smem), fake.launches.append((grid, {
+    fake.launch = lambda grid, stream, argv, smem=None, pdl=False: (sizes.append(smem), fake.launches.append((grid, {
         f: getattr(fake.current, f) for f, _ in MoeGemvArgs._fields_})))
     x, ids, weights, out = _call_args(stage, tokens, top_k, k, h, inter)
     launcher(x, w, ids, weights, out, tokens, top_k, stream=0)
@@ -585,7 +587,7 @@ class _FakeFusedKernel(_FakeKernel):
     def block(self):
         return MoeGemvFusedArgs(), 0
 
-    def launch(self, grid, stream, argv, smem=None):
+    def launch(self, grid, stream, argv, smem=None, pdl=False):
         a = self.current
         fields = {part: {f: getattr(getattr(a, part), f) for f, _ in MoeGemvArgs._fields_} for part in ("up", "down")}
         self.launches.append((grid, smem, a.sync, fields))

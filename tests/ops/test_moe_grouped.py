@@ -95,3 +95,69 @@ def test_an_override_names_its_source_and_the_layout_rule(h100, monkeypatch):
     monkeypatch.setattr(base, "compute_capability", lambda i: (7, 5))
     with forced_schedules(PE13, PE2), pytest.raises(ValueError, match=r"cannot run the w13 projection here: .*7\.5"):
         grouped_plan(torch.zeros(3, H, dtype=torch.float16), *h100, TOP_K)
+
+
+class _Recorder:
+    """A grouped launcher stand-in: records each call's ``pdl`` (None: not passed)."""
+
+    def __init__(self, calls, name, pdl_capable=None):
+        self.calls, self.name = calls, name
+        if pdl_capable is not None:
+            self.pdl_capable = pdl_capable
+
+    def __call__(self, x, w, ids, weights, out, tokens, top_k, stream, **kw):
+        self.calls.append((self.name, kw.get("pdl")))
+
+
+@pytest.fixture
+def pdl_env(monkeypatch):
+    """``$MIXED_GEMM_MOE_PDL`` unset and read afresh (it is read once per process)."""
+    monkeypatch.delenv(moe_grouped.PDL_ENV, raising=False)
+    monkeypatch.setattr(moe_grouped, "current_stream", lambda dev: 0)
+    moe_grouped._pdl_env.cache_clear()
+    yield monkeypatch
+    moe_grouped._pdl_env.cache_clear()
+
+
+def _run(w13, w2, capable=True):
+    calls = []
+    launchers = (_Recorder(calls, "gate_up", False), _Recorder(calls, "down", capable))
+    x = torch.zeros(2, H, dtype=torch.float16)
+    ids, weights = torch.zeros(2, TOP_K, dtype=torch.int64), torch.ones(2, TOP_K)
+    moe_grouped.run_grouped(launchers, x, w13, w2, weights, ids)
+    return calls
+
+
+def test_pdl_is_off_by_default_and_the_environment_is_read_once(h100, pdl_env):
+    w13, w2 = h100
+    assert _run(w13, w2) == [("gate_up", None), ("down", None)]  # off until measured on the GPU
+    pdl_env.setenv(moe_grouped.PDL_ENV, "1")
+    assert _run(w13, w2) == [("gate_up", None), ("down", None)]  # read once: not on the hot path
+    moe_grouped._pdl_env.cache_clear()
+    assert _run(w13, w2) == [("gate_up", None), ("down", True)]  # gate|up never: it does not wait
+    for off in ("0", "", "off", "false"):
+        pdl_env.setenv(moe_grouped.PDL_ENV, off)
+        moe_grouped._pdl_env.cache_clear()
+        assert not moe_grouped.pdl_enabled()
+
+
+def test_pdl_launches_nests_ahead_of_the_environment(h100, pdl_env):
+    w13, w2 = h100
+    pdl_env.setenv(moe_grouped.PDL_ENV, "1")
+    with moe_grouped.pdl_launches(False):
+        assert _run(w13, w2) == [("gate_up", None), ("down", None)]
+        with moe_grouped.pdl_launches():
+            assert _run(w13, w2) == [("gate_up", None), ("down", True)]
+        assert not moe_grouped.pdl_enabled()
+    assert moe_grouped.pdl_enabled()
+    with pytest.raises(RuntimeError, match="boom"), moe_grouped.pdl_launches(False):
+        raise RuntimeError("boom")
+    assert moe_grouped.pdl_enabled() and moe_grouped._PDL == []
+
+
+def test_pdl_goes_only_to_down_launchers_that_can_wait(h100, pdl_env):
+    """Another family's launcher (no ``pdl_capable``), or moe_gemv's on an sm_80 device, launches as before."""
+    w13, w2 = h100
+    with moe_grouped.pdl_launches():
+        assert _run(w13, w2, capable=None) == [("gate_up", None), ("down", None)]
+        assert _run(w13, w2, capable=False) == [("gate_up", None), ("down", None)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...runtime import get_module, semaphores, workspace
-from ..base import sm_count
+from ..base import compute_capability, sm_count
 from ..common import PER_CHANNEL_SHIFT
 from .abi import MoeGemvArgs, MoeGemvFusedArgs
 from .config import GRID_Z, MoeGemvConfig
@@ -20,7 +20,14 @@ class MoeGemvLauncher:
     rows the stage reads (w13: ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)``), contiguous and
     16-byte aligned; ``ids``: contiguous int32/int64 ``(tokens, top_k)``; ``weights``: contiguous
     fp32 ``(tokens, top_k)`` (w2; None for w13); ``out``: ``h`` ``(tokens * top_k, I)`` (w13) or ``y``
-    ``(tokens, H)`` (w2), contiguous. Nothing here reads a tensor's values (capturable)."""
+    ``(tokens, H)`` (w2), contiguous. Nothing here reads a tensor's values (capturable).
+
+    ``pdl=True`` (``pdl_capable`` launchers only: the down projection's two-launch kernels on sm_90+,
+    which wait with ``griddepcontrol.wait`` before reading h or writing anything) launches as a
+    programmatic dependent of the kernel before it on the stream, with an L2 prefetch of the CTAs'
+    weight slices before the wait (templates/moe_gemv/moe_pdl.cuh)."""
+
+    pdl_capable = False
 
     def __init__(self, config: MoeGemvConfig, spec, device_index: int):
         module = get_module(spec, device_index)
@@ -32,6 +39,8 @@ class MoeGemvLauncher:
         self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
         self._resident = {}  # persistent mode: dynamic shared memory -> resident CTAs on the device
         self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
+        self.pdl_capable = (not config.gated and not config.fused
+                            and (compute_capability(device_index) or (0, 0)) >= (9, 0))
 
     @property
     def one_launch(self) -> bool:
@@ -61,8 +70,8 @@ class MoeGemvLauncher:
         return row_tiles, splits
 
     def _set_call(self, a, x, ids, weights, out, tokens: int, top_k: int, slots: int, planes: int, counters: int,
-                  stream: int) -> None:
-        """The call's fields of argument block ``a`` (both modes), with ``planes`` fp32 floats and
+                  stream: int, pdl: bool) -> None:
+        """The call's fields of argument block ``a`` (every mode), with ``planes`` fp32 floats and
         ``counters`` arrival counters of scratch from the stream's workspaces (none when 0)."""
         dev = self.device_index
         a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
@@ -70,9 +79,10 @@ class MoeGemvLauncher:
         a.workspace = workspace(dev, stream, planes) if planes else 0
         a.counters = semaphores(dev, stream, counters) if counters else 0
         a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
+        a.pdl = int(pdl)
 
     def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
-                 stream: int) -> None:
+                 stream: int, pdl: bool = False) -> None:
         key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k, w.group_size,
                w.gate_up)
         blk = self._blocks.get(key)
@@ -82,11 +92,14 @@ class MoeGemvLauncher:
         if self.one_launch:
             raise RuntimeError(f"{self.config.schedule}: the one-launch mode runs both projections in one kernel "
                                "(launch_layer, which run_grouped calls), not one projection")
+        if pdl and not self.pdl_capable:
+            raise ValueError(f"pdl: only the down projection's two-launch kernels on sm_90+ wait for the kernel before "
+                             f"them; {self.config.schedule} on device {self.device_index} does not")
         if self.config.by_expert:
-            self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream)
+            self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream, pdl)
             return
         if self.config.persistent:
-            self._launch_persistent(blk, x, w, ids, weights, out, tokens, top_k, stream, key)
+            self._launch_persistent(blk, x, w, ids, weights, out, tokens, top_k, stream, key, pdl)
             return
         if self.config.gated:  # grid (row tiles, splits, pairs)
             z, slots, grid_y = tokens * top_k, 1, splits
@@ -99,13 +112,14 @@ class MoeGemvLauncher:
             return
         fn = self.fn
         with fn.lock:
-            self._set_call(a, x, ids, weights, out, tokens, top_k, slots, planes, counters, stream)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, slots, planes, counters, stream, pdl)
             a.chunks = 1
             for z0 in range(0, z, GRID_Z):  # CUDA's grid.z limit: more pairs / tokens take more launches
-                a.z0 = z0
-                fn.launch((row_tiles, grid_y, min(GRID_Z, z - z0)), stream, argv)
+                a.z0 = z0  # (with pdl, a later launch depends on the previous one: it waits for it too)
+                fn.launch((row_tiles, grid_y, min(GRID_Z, z - z0)), stream, argv, pdl=pdl)
 
-    def _launch_by_expert(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int) -> None:
+    def _launch_by_expert(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int,
+                          pdl: bool) -> None:
         """Expert mode: one launch, grid (row tiles, splits, experts x chunk slots), sized from shapes
         only. fp32 planes per (pair, slice) and arrival counters: gate|up with split-K (counted per
         chunk at its first pair), down whenever a token has more than one plane (top_k x splits)."""
@@ -120,9 +134,9 @@ class MoeGemvLauncher:
             planes, counters = (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
         fn = self.fn
         with fn.lock:
-            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream, pdl)
             a.z0, a.chunks = 0, chunks
-            fn.launch((row_tiles, splits, w.num_experts * chunks), stream, argv)
+            fn.launch((row_tiles, splits, w.num_experts * chunks), stream, argv, pdl=pdl)
 
     def resident_ctas(self, smem: int) -> int:
         """CTAs of this kernel resident on the whole device at ``smem`` bytes of dynamic shared
@@ -145,7 +159,8 @@ class MoeGemvLauncher:
         shape = self._persistent[(key, tokens, top_k)] = (min(items, self.resident_ctas(smem)), smem, planes, counters)
         return shape
 
-    def _launch_persistent(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int, key) -> None:
+    def _launch_persistent(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int, key,
+                           pdl: bool) -> None:
         """Persistent mode: one launch, grid (resident CTAs, at most the items, 1, 1), sized from
         shapes only; the routing's shared memory per launch (``launch_smem``). fp32 planes per (pair,
         slice) and arrival counters: gate|up with split-K (counted per (pair, row tile)), down whenever
@@ -159,9 +174,9 @@ class MoeGemvLauncher:
         grid, smem, planes, counters = shape
         fn = self.fn
         with fn.lock:
-            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream, pdl)
             a.z0, a.chunks = 0, 1
-            fn.launch((grid, 1, 1), stream, argv, smem)
+            fn.launch((grid, 1, 1), stream, argv, smem, pdl=pdl)
 
     # ---- the one-launch persistent mode (config.fused): this launcher is the gate|up config's ----
 
@@ -209,6 +224,6 @@ class MoeGemvLauncher:
                 sub.workspace = floats + 4 * plane_at if planes else 0
                 sub.counters = ints + 4 * counter_at if counters else 0
                 sub.tokens, sub.top_k, sub.slots, sub.ids_64 = tokens, top_k, 1, int(ids.dtype == torch.int64)
-                sub.z0, sub.chunks = 0, 1
+                sub.z0, sub.chunks, sub.pdl = 0, 1, 0
             a.sync = ints
             fn.launch((grid, 1, 1), stream, argv, smem)
