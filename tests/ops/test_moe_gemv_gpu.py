@@ -396,6 +396,45 @@ def test_moe_takes_the_grouped_path_and_falls_back_for_sm80_experts():
     assert_elementwise(mg.moe(x, w13_80, w2_80, weights, ids), ref, 128, chained=2)
 
 
+def capture_moe(x, w13, w2, weights, ids):
+    """``mg.moe`` called eagerly (kernels loaded, workspaces sized), then captured in a CUDA graph
+    whose first replay must equal the eager call bitwise: ``(graph, out)``."""
+    warm = mg.moe(x, w13, w2, weights, ids)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mg.moe(x, w13, w2, weights, ids)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, warm)
+    return graph, out
+
+
+def replay_with(graph, out, captured, new, eager):
+    """Write ``new`` (x, weights, ids) into the ``captured`` tensors, poison ``out``, replay, and
+    return ``eager()`` (the same call outside the graph) for the caller's bitwise check."""
+    for dst, src in zip(captured, new):
+        dst.copy_(src)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager()
+
+
+def check_dropped(out, x, w13, w2, weights, ids, inter):
+    """``out`` against the float32 reference with the -1 pairs' weights zeroed; all-dropped tokens zero."""
+    dropped = ids == -1
+    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights.masked_fill(dropped, 0), ids.masked_fill(dropped, 0))
+    assert_elementwise(out, ref, inter, chained=2)
+    assert (out[dropped.all(1)] == 0).all()
+
+
+def drop_share(weights, ids, share, seed):
+    """``share`` of the pairs (1.0: all) set to -1 with NaN weights (never read): ``(weights, ids)``."""
+    away = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed)).cuda() < share
+    return weights.masked_fill(away, float("nan")), ids.masked_fill(away, -1)
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_graph_capture_replays_new_routing(dtype):
     """``moe`` captured once runs the routing, weights and x written into the captured tensors before
@@ -406,14 +445,7 @@ def test_graph_capture_replays_new_routing(dtype):
     x = torch.randn(t, 512, device="cuda").to(tdtype)
     weights, ids = routing(t, top_k, e, seed_of("graph", 0), weights_dtype=tdtype)  # cast to fp32 inside
     assert isinstance(grouped_plan(x, w13.packed, w2.packed, top_k), GroupedPlan)
-    warm = mg.moe(x, w13.packed, w2.packed, weights, ids)  # eager: kernels loaded, workspaces sized
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = mg.moe(x, w13.packed, w2.packed, weights, ids)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, warm)
+    graph, out = capture_moe(x, w13.packed, w2.packed, weights, ids)
     for round_ in range(1, 4):
         new_w, new_ids = routing(t, top_k, e, seed_of("graph", round_), weights_dtype=tdtype)
         weights.copy_(new_w)

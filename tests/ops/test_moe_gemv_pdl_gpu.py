@@ -16,7 +16,8 @@ from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
 from mixed_gemm.kernels.moe_gemv.heuristics import heuristic_config
 from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, forced_schedules, grouped_plan, moe_grouped, pdl_launches
 from mixed_gemm.runtime import current_stream
-from test_moe_gemv_gpu import poisoned_outputs_and_launchers, ref_h, ref_y, routing
+from test_moe_gemv_gpu import (capture_moe, check_dropped, drop_share, poisoned_outputs_and_launchers, ref_h, ref_y,
+                               replay_with, routing)
 from test_moe_gemv_persistent_gpu import SHAPES, drop_pairs, layer
 from tolerance import assert_elementwise
 from weights import seed_of
@@ -133,31 +134,15 @@ def test_pdl_graph_capture_replays_new_routing(name, t, mode):
     with forced_schedules(f"moe_gemv:{s13}", f"moe_gemv:{s2}"), pdl_launches():
         plan = grouped_plan(x, w13.packed, w2.packed, top_k)
         assert isinstance(plan, GroupedPlan) and plan.launchers()[1].pdl_capable, plan
-        warm = mg.moe(x, w13.packed, w2.packed, weights, ids)  # eager: kernels loaded, workspaces sized
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mg.moe(x, w13.packed, w2.packed, weights, ids)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, warm)
+        graph, out = capture_moe(x, w13.packed, w2.packed, weights, ids)
         for round_ in range(1, 5):
             new_w, new_ids = routing(t, top_k, e, seed_of("pdl-graph", name, t, round_))
             if round_ >= 3:
-                share = 0.35 if round_ == 3 else 1.0
-                away = torch.rand(new_ids.shape, generator=torch.Generator().manual_seed(round_)).cuda() < share
-                new_ids = new_ids.masked_fill(away, -1)
-                new_w = new_w.masked_fill(away, float("nan"))
-            weights.copy_(new_w)
-            ids.copy_(new_ids)
-            x.copy_(torch.randn(t, h, device="cuda").half())
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            with pdl_launches(False):
-                assert torch.equal(out, mg.moe(x, w13.packed, w2.packed, weights, ids))  # eager, same kernels
-            dropped = ids == -1
-            ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights.masked_fill(dropped, 0),
-                                   ids.masked_fill(dropped, 0))
-            assert_elementwise(out, ref, inter, chained=2)
-            assert (out[dropped.all(1)] == 0).all()
+                new_w, new_ids = drop_share(new_w, new_ids, 0.35 if round_ == 3 else 1.0, round_)
+            def eager():  # the same kernels, without PDL
+                with pdl_launches(False):
+                    return mg.moe(x, w13.packed, w2.packed, weights, ids)
+
+            new_x = torch.randn(t, h, device="cuda").half()
+            assert torch.equal(out, replay_with(graph, out, (x, weights, ids), (new_x, new_w, new_ids), eager))
+            check_dropped(out, x, w13, w2, weights, ids, inter)

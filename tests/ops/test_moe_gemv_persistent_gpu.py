@@ -14,7 +14,7 @@ from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
 from mixed_gemm.kernels.moe_gemv.heuristics import heuristic_config
 from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, forced_schedules, grouped_plan, moe_grouped
-from test_moe_gemv_gpu import Experts, ref_h, ref_y, routing, run_stages
+from test_moe_gemv_gpu import Experts, capture_moe, check_dropped, drop_share, ref_h, ref_y, replay_with, routing, run_stages
 from tolerance import assert_elementwise
 from weights import seed_of
 
@@ -148,31 +148,14 @@ def _capture_and_replay(name, t, x, w13, w2, weights, ids):
     e, top_k, h, inter = SHAPES[name]
     plan = grouped_plan(x, w13.packed, w2.packed, top_k)
     assert isinstance(plan, GroupedPlan) and all(c.persistent for c in plan.configs), plan
-    warm = mg.moe(x, w13.packed, w2.packed, weights, ids)  # eager: kernels loaded, workspaces sized
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = mg.moe(x, w13.packed, w2.packed, weights, ids)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, warm)
+    graph, out = capture_moe(x, w13.packed, w2.packed, weights, ids)
     for round_ in range(1, 6):
         new_w, new_ids = routing(t, top_k, e, seed_of("pe-graph", name, t, round_),
                                  one_expert=5 if round_ == 2 else None)
         if round_ >= 4:
-            share = 0.35 if round_ == 4 else 1.0
-            away = torch.rand(new_ids.shape, generator=torch.Generator().manual_seed(round_)).cuda() < share
-            new_ids = new_ids.masked_fill(away, -1)
-            new_w = new_w.masked_fill(away, float("nan"))
-        weights.copy_(new_w)
-        ids.copy_(new_ids)
-        x.copy_(torch.randn(t, h, device="cuda").half())
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, mg.moe(x, w13.packed, w2.packed, weights, ids))  # eager, same kernels
-        dropped = ids == -1
-        ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights.masked_fill(dropped, 0),
-                               ids.masked_fill(dropped, 0))
-        assert_elementwise(out, ref, inter, chained=2)
-        assert (out[dropped.all(1)] == 0).all()
+            new_w, new_ids = drop_share(new_w, new_ids, 0.35 if round_ == 4 else 1.0, round_)
+        new_x = torch.randn(t, h, device="cuda").half()
+        eager = replay_with(graph, out, (x, weights, ids), (new_x, new_w, new_ids),
+                            lambda: mg.moe(x, w13.packed, w2.packed, weights, ids))
+        assert torch.equal(out, eager)  # the same kernels outside the graph
+        check_dropped(out, x, w13, w2, weights, ids, inter)
