@@ -74,12 +74,17 @@ class MoeGemvLauncher:
         """The call's fields of argument block ``a`` (every mode), with ``planes`` fp32 floats and
         ``counters`` arrival counters of scratch from the stream's workspaces (none when 0)."""
         dev = self.device_index
+        self._set_io(a, x, ids, weights, out, tokens, top_k, slots, workspace(dev, stream, planes) if planes else 0,
+                     semaphores(dev, stream, counters) if counters else 0)
+        a.pdl = int(pdl)
+
+    @staticmethod
+    def _set_io(a, x, ids, weights, out, tokens: int, top_k: int, slots: int, planes_ptr: int, counters_ptr: int):
+        """The call's tensors and sizes in argument block ``a``, with the scratch already placed."""
         a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
         a.weights = 0 if weights is None else weights.data_ptr()
-        a.workspace = workspace(dev, stream, planes) if planes else 0
-        a.counters = semaphores(dev, stream, counters) if counters else 0
+        a.workspace, a.counters = planes_ptr, counters_ptr
         a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
-        a.pdl = int(pdl)
 
     def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
                  stream: int, pdl: bool = False) -> None:
@@ -150,21 +155,27 @@ class MoeGemvLauncher:
         """``(grid x, dynamic shared memory, planes, counters)`` of a persistent launch, from shapes
         only, computed once per (experts, tokens, top_k): the hot path is a dict lookup."""
         pairs = tokens * top_k
-        if self.config.gated:
-            planes, counters = (pairs * splits * w.n, pairs * row_tiles) if splits > 1 else (0, 0)
-        else:
-            planes, counters = (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
+        planes, counters = self._scratch(self.config, w, tokens, top_k, splits, row_tiles)
         smem = self.config.launch_smem(w.num_experts, pairs)
         items = self.config.persistent_items(tokens, top_k, w.num_experts, w.n, w.k)
         shape = self._persistent[(key, tokens, top_k)] = (min(items, self.resident_ctas(smem)), smem, planes, counters)
         return shape
 
+    @staticmethod
+    def _scratch(config: MoeGemvConfig, w, tokens: int, top_k: int, splits: int, row_tiles: int):
+        """``(planes, counters)`` of a persistent launch of ``config``'s stage: fp32 planes per (pair,
+        slice) and arrival counters, gate|up with split-K (counted per (pair, row tile)), down whenever
+        a token has more than one plane (top_k x splits; counted per (token, row tile))."""
+        pairs = tokens * top_k
+        if config.gated:
+            return (pairs * splits * w.n, pairs * row_tiles) if splits > 1 else (0, 0)
+        return (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
+
     def _launch_persistent(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int, key,
                            pdl: bool) -> None:
         """Persistent mode: one launch, grid (resident CTAs, at most the items, 1, 1), sized from
-        shapes only; the routing's shared memory per launch (``launch_smem``). fp32 planes per (pair,
-        slice) and arrival counters: gate|up with split-K (counted per (pair, row tile)), down whenever
-        a token has more than one plane (top_k x splits; counted per (token, row tile))."""
+        shapes only; the routing's shared memory per launch (``launch_smem``); scratch as
+        :meth:`_scratch` sizes it."""
         a, argv, row_tiles, splits = blk
         if tokens * top_k == 0:
             return
@@ -201,10 +212,8 @@ class MoeGemvLauncher:
         a, argv, (rt13, sp13, rt2, sp2) = blk
         shape = self._persistent.get((key, tokens, top_k))
         if shape is None:
-            planes13 = pairs * sp13 * w13.n if sp13 > 1 else 0
-            planes2 = pairs * sp2 * w2.n if top_k * sp2 > 1 else 0
-            counters13 = pairs * rt13 if sp13 > 1 else 0
-            counters2 = tokens * rt2 if top_k * sp2 > 1 else 0
+            planes13, counters13 = self._scratch(self.config, w13, tokens, top_k, sp13, rt13)
+            planes2, counters2 = self._scratch(down.config, w2, tokens, top_k, sp2, rt2)
             smem = self.config.launch_smem(w13.num_experts, pairs)
             items = (self.config.persistent_items(tokens, top_k, w13.num_experts, w13.n, w13.k)
                      + down.config.persistent_items(tokens, top_k, w2.num_experts, w2.n, w2.k))
@@ -219,11 +228,8 @@ class MoeGemvLauncher:
             for sub, src, out, wts, planes, counters, plane_at, counter_at in (
                     (a.up, x, h, None, planes13, counters13, 0, sync),
                     (a.down, h, y, weights, planes2, counters2, planes13, sync + counters13)):
-                sub.x, sub.ids, sub.y = src.data_ptr(), ids.data_ptr(), out.data_ptr()
-                sub.weights = 0 if wts is None else wts.data_ptr()
-                sub.workspace = floats + 4 * plane_at if planes else 0
-                sub.counters = ints + 4 * counter_at if counters else 0
-                sub.tokens, sub.top_k, sub.slots, sub.ids_64 = tokens, top_k, 1, int(ids.dtype == torch.int64)
+                self._set_io(sub, src, ids, wts, out, tokens, top_k, 1, floats + 4 * plane_at if planes else 0,
+                             ints + 4 * counter_at if counters else 0)
                 sub.z0, sub.chunks, sub.pdl = 0, 1, 0
             a.sync = ints
             fn.launch((grid, 1, 1), stream, argv, smem)
