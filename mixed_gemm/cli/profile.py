@@ -75,6 +75,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
     spec = SweepSpec(problems=problems, ms=ms, dtype=args.dtype, bits=args.bits, group_size=args.group_size,
                      zero_mode=args.zero_mode, schedules=args.schedules.split(",") if args.schedules else None,
+                     families=args.families.split(",") if args.families else None,
+                     against_profile=args.against_profile,
                      out=Path(args.out) if args.out else None, merge=not args.no_merge, fresh=args.fresh,
                      keep_faster=args.keep_faster,
                      replays=args.replays, progress=not args.quiet)
@@ -93,6 +95,10 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     _common(parser, ",".join(map(str, DEFAULT_MS)))
     parser.add_argument("--zero-mode", choices=["int", "sym", "float", "offset"], default="int")
     parser.add_argument("--schedules", default="", help="time only these comma-separated schedules")
+    parser.add_argument("--families", default="", help="time only these comma-separated families' candidates (e.g. sm90s)")
+    parser.add_argument("--against-profile", action="store_true",
+                        help="also time the profile's current entry for each shape and M, in the same run, so that "
+                             "a --families sweep replaces it only when faster")
     parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
     parser.add_argument("--no-merge", action="store_true", help="replace the profile instead of merging into it")
     parser.add_argument("--keep-faster", action="store_true",
@@ -140,6 +146,10 @@ def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.A
     parser.add_argument("--tokens", default="1,2,4,8,16,32,64", type=_args.positive_ints,
                         help="comma-separated token counts (default: %(default)s)")
     parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
+    parser.add_argument("--families", default="", help="time only these comma-separated families' candidates (e.g. sm90s)")
+    parser.add_argument("--against-profile", action="store_true",
+                        help="also time the profile's current entry for each shape and M, in the same run, so that "
+                             "a --families sweep replaces it only when faster")
     parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
     parser.add_argument("--replays", type=_args.positive_int, default=7, help="graph replays per measurement (median)")
     parser.set_defaults(func=run_profile_moe)

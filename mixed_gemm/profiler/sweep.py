@@ -36,6 +36,8 @@ class SweepSpec:
     group_size: int = 128
     zero_mode: str = "int"                         # "int" | "sym" | "float" | "offset"
     schedules: Optional[List[str]] = None          # fixed candidate list (default: each family's candidates)
+    families: Optional[List[str]] = None           # only these families' candidates
+    against_profile: bool = False                  # also time the merged-into profile's entry for each (shape, M)
     layout: str = "auto"                           # the weight layouts the sweep packs (prepack's "auto")
     out: Optional[Path] = None                     # default: the user profile of this GPU
     merge: bool = True                             # keep the existing profile's other entries
@@ -66,6 +68,24 @@ def _load_partial(path: Path) -> Dict[tuple, dict]:
     return rows
 
 
+def _current_schedules(current: Profile, spec: SweepSpec) -> List[str]:
+    """The schedules of ``current``'s entries for the sweep's shapes and M buckets."""
+    found = (current.entry(entry_key(_key(spec, n, k)), m) for _, n, k in spec.problems for m in spec.ms)
+    return sorted({e["schedule"] for e in found if e is not None})
+
+
+def _with_current(plan, current: Profile, spec: SweepSpec):
+    """Add each (shape, M)'s existing winner to its candidates, so that a sweep of a few families
+    replaces an entry only when it beats that winner timed in the same run (same clocks, same L2)."""
+    out = []
+    for label, n, k, m, schedules in plan:
+        old = current.entry(entry_key(_key(spec, n, k)), m)
+        if old is not None and old["schedule"] not in schedules:
+            schedules = schedules + [old["schedule"]]
+        out.append((label, n, k, m, schedules))
+    return out
+
+
 def _rel_err(y, ref) -> float:
     return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
@@ -90,18 +110,24 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     partial.parent.mkdir(parents=True, exist_ok=True)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
     gs = spec.group_size
+    current = Profile.load(out, with_base=False) if spec.against_profile and out.exists() else None
     if spec.layout == "auto":
         spec.layout = layout_for(torch.cuda.current_device(), spec.bits)
-        if spec.schedules:  # a --schedules sweep packs every layout its tile families read
+        # A --schedules sweep, and the entries an --against-profile sweep re-times, pack every
+        # layout their tile families read.
+        named = list(spec.schedules or []) + (_current_schedules(current, spec) if current else [])
+        if named:
             kind = dict(dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode)
             held = set(spec.layout.split("+")) | {fam.layout_of(fam.from_schedule(s, **kind))
-                                                  for fam, s in map(split_schedule, spec.schedules) if fam.sets_layout}
+                                                  for fam, s in map(split_schedule, named) if fam.sets_layout}
             spec.layout = "+".join(sorted(held, key=lambda name: name != PRIMARY_LAYOUT))
     plan = [(label, n, k, m, candidate_schedules(
                 Problem(m=m, n=n, k=k, dtype=spec.dtype, bits=spec.bits, zero_mode=spec.zero_mode,
                         group_size=k if gs == -1 else gs, layout=spec.layout),
-                sms, torch.cuda.current_device(), only=spec.schedules))
+                sms, torch.cuda.current_device(), only=spec.schedules, families=spec.families))
             for label, n, k in spec.problems for m in spec.ms]
+    if current is not None:
+        plan = _with_current(plan, current, spec)
     total = sum(len(c) for *_, c in plan)
     winners: List[dict] = []
     bar = tqdm(total=total, desc="profile", unit="cfg", disable=not spec.progress)

@@ -206,13 +206,14 @@ def test_cuda_graph_replays_with_eager_calls_between():
         for i, per in enumerate(xs):
             for r, x in enumerate(per):
                 x.copy_(_rand(x.shape, x.dtype, 10**6 * r + 1000 * step + i))
+        if step % 3 == 0:  # made before the fork, so that the ranks' streams see them written
+            eager = [_rand(8 * 8192 + 3, torch.float16, 77 * step + r) for r in range(world)]
+            eager_out = [_poisoned(x) for x in eager]
         ranks.fork()
         for r, g in enumerate(graphs):
             with torch.cuda.stream(ranks.streams[r]):
                 g.replay()
         if step % 3 == 0:  # eager calls between replays advance the same counters
-            eager = [_rand(8 * 8192 + 3, torch.float16, 77 * step + r) for r in range(world)]
-            eager_out = [_poisoned(x) for x in eager]
             ranks.launch("two_shot" if step % 2 else "one_shot", eager, eager_out)
         ranks.join()
         torch.cuda.synchronize()

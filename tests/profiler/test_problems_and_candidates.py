@@ -80,3 +80,12 @@ def test_tile_families_offer_nothing_for_a_layout_the_weight_lacks():
     assert all(s.endswith("_sm90a") or "_sm90a_" in s for s in cands if s.startswith("sm80:"))  # the one copy's tiles
     sm80 = dataclasses.replace(_problem(64, 4096, 4096), layout="sm80")
     assert not any(s.startswith(("sm90a:", "sm90s:")) for s in candidate_schedules(sm80, sms=132))
+
+
+def test_candidates_of_named_families_only():
+    problem = dataclasses.replace(_problem(32, 4096, 4096), layout="sm90a")
+    every = candidate_schedules(problem, sms=132)
+    sm90s = candidate_schedules(problem, sms=132, families=["sm90s"])
+    assert sm90s and sm90s == [s for s in every if s.startswith("sm90s:")]
+    assert candidate_schedules(problem, sms=132, families=["sm90s", "gemv"]) \
+        == [s for s in every if s.split(":")[0] in ("sm90s", "gemv")]

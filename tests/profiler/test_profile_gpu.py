@@ -72,6 +72,23 @@ def test_profile_sweep_resume_merge_and_select(tmp_path, monkeypatch, capsys):
     assert Profile.load(out).entry(key, 1)["us"] == 0.001
 
 
+def test_families_sweep_against_the_profile(tmp_path):
+    """``--families F --against-profile``: F's candidates and the profile's entry, timed in one run;
+    the fastest verified of them is the new entry (a stale, faster-looking ``us`` does not stay)."""
+    out = tmp_path / "gpu.json"
+    key, old = ("f16", 4, "int", 128, 1024, 2048), "sm80:t64x128x64_w2x2x1_s4"
+    Profile({"name": "x"}, {}, [dict(dtype="f16", bits=4, zero_mode="int", group_size=128, n=1024, k=2048, m=200,
+                                     schedule=old, us=1e-3)]).save(out)
+    assert main(["profile", "--shapes", "1024:2048", "--ms", "200", "--families", "dequant_mm", "--against-profile",
+                 "--out", str(out), "--replays", "3", "--quiet"]) == 0
+    with open(out.with_suffix(".csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r["Runtime"]]
+    assert {r["schedule"] for r in rows} == {"dequant_mm:dequant_mm_sm90a", old}  # the sm80 copy was packed too
+    fastest = min(rows, key=lambda r: float(r["Runtime"]))
+    entry = Profile.load(out).entry(key, 200)
+    assert entry["schedule"] == fastest["schedule"] and entry["us"] > 1e-3
+
+
 def test_bench_runs_and_plots(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     rc = main(["bench", "--shapes", "1024:1024", "--ms", "1,64", "--compare", "--plot", str(tmp_path / "p.png"),

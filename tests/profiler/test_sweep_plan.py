@@ -1,0 +1,30 @@
+"""The sweep's plan without a GPU: ``--against-profile`` adds each (shape, M)'s existing winner."""
+from mixed_gemm.profiler.sweep import SweepSpec, _current_schedules, _with_current
+from mixed_gemm.select.profiles import Profile
+
+
+def _entry(n, m, schedule):
+    return dict(dtype="f16", bits=4, zero_mode="int", group_size=128, n=n, k=4096, m=m, schedule=schedule, us=9.0)
+
+
+def test_against_profile_adds_the_current_winner_once():
+    current = Profile({"name": "x"}, {}, [_entry(4096, 16, "sm80:t16x64x128_w1x1x4_s6_sm90a"),
+                                          _entry(4096, 64, "sm90s:t128x64x128_c1x1_o1_s0_auto"),
+                                          _entry(6144, 16, "gemv:m16_s1_w1x8_u16_xs")])
+    spec = SweepSpec(problems=[("o", 4096, 4096)], ms=[16, 64, 128])
+    mine = ["sm90s:t128x16x128_c1x1_o2_s0_auto", "sm90s:t128x64x128_c1x1_o1_s0_auto"]
+    plan = [("o", 4096, 4096, m, list(mine)) for m in (16, 64, 128)]
+    got = {m: s for _, _, _, m, s in _with_current(plan, current, spec)}
+    assert got[16] == mine + ["sm80:t16x64x128_w1x1x4_s6_sm90a"]
+    assert got[64] == mine  # already a candidate: timed once
+    assert got[128] == mine  # no entry at this bucket
+    other = SweepSpec(problems=[("o", 4096, 4096)], ms=[16], dtype="bf16")
+    assert {m: s for _, _, _, m, s in _with_current(plan[:1], current, other)}[16] == mine  # another key
+
+
+def test_current_schedules_of_the_swept_shapes_and_buckets():
+    current = Profile({"name": "x"}, {}, [_entry(4096, 16, "sm80:t16x64x128_w1x1x4_s6"),
+                                          _entry(4096, 64, "sm90s:t128x64x128_c1x1_o1_s0_auto"),
+                                          _entry(6144, 16, "gemv:m16_s1_w1x8_u16_xs")])
+    spec = SweepSpec(problems=[("o", 4096, 4096)], ms=[16, 32])
+    assert _current_schedules(current, spec) == ["sm80:t16x64x128_w1x1x4_s6"]
