@@ -58,6 +58,8 @@ def test_breakdown_accounts_every_kernel(layer):
         assert r["sum_us"] == pytest.approx(sum(r["stage_us"].values()))
         assert r["sum_us"] > 0 and len(r["replay_sum_us"]) == 3
         for total, span in zip(r["replay_sum_us"], r["replay_span_us"]):
-            assert 0 < total <= span * 1.01  # serialized kernels: a replay's sum fits its span
+            # Serialized kernels: a replay's sum fits its span (each kernel's timestamps carry a few
+            # tens of ns of jitter, so a dozen kernels may overshoot by a little).
+            assert 0 < total <= span * 1.03
     lines = bd.table(rows)
     assert sum(line.startswith("| 1 |") or line.startswith("| 256 |") for line in lines) == 2
