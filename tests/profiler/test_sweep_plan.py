@@ -28,3 +28,13 @@ def test_current_schedules_of_the_swept_shapes_and_buckets():
                                           _entry(6144, 16, "gemv:m16_s1_w1x8_u16_xs")])
     spec = SweepSpec(problems=[("o", 4096, 4096)], ms=[16, 32])
     assert _current_schedules(current, spec) == ["sm80:t16x64x128_w1x1x4_s6"]
+
+
+def test_layer_pairs_winners_first_then_heuristics_then_the_top_two_crossed():
+    from mixed_gemm.profiler.moe_sweep import layer_pairs
+
+    times = {"w13": {"a:1": 3.0, "a:2": 1.0, "b:1": 2.0}, "w2": {"a:9": 5.0, "b:8": 4.0}}
+    pairs = layer_pairs(times, {"w13": "a:1", "w2": "a:9"})
+    assert pairs[0] == ("a:2", "b:8") and pairs[1] == ("a:1", "a:9")
+    assert set(pairs[2:]) == {("a:2", "a:9"), ("b:1", "b:8"), ("b:1", "a:9")} and len(pairs) == len(set(pairs))
+    assert layer_pairs(times, {"w13": None, "w2": "a:9"})[1] == ("a:2", "a:9")  # no heuristic pair: skipped
