@@ -232,7 +232,9 @@ def grouped_plan(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, top_k: 
     forced, where = _forced_text() if configs is None else (None, "")
     near = None if configs is not None or stacked is not None or forced else \
         _near_profiled(problems, profile, device_index)
-    if forced:
+    if configs is not None and len({family_of(c) for c in configs}) > 1:
+        plan = _mixed_plan(configs, problems, stacked, device_index)
+    elif forced:
         plan = _forced_plan(forced, where, problems, stacked, device_index)
     elif near is not None:  # the profile measured both projections near these tokens: its kernels, whichever families
         plan = GroupedPlan([family_of(c) for c in near], near, device_index, source="profile")
@@ -307,8 +309,28 @@ def _profiled(fam, problem: MoeProblem, profile):
 def _family_of_configs(configs):
     fams = {family_of(c) for c in configs}
     if len(configs) != 2 or len(fams) != 1 or not set(GROUPED_FAMILIES) >= fams:
-        raise ValueError("configs: expected (gate|up config, down config) of one grouped family")
+        raise ValueError("configs: expected (gate|up config, down config) of grouped families")
     return fams.pop()
+
+
+def _mixed_plan(configs, problems, stacked: Optional[str], device_index: int) -> Union[GroupedPlan, str]:
+    """Forced configs of two grouped families (as a profile's two entries may pair them), or why
+    they cannot run here."""
+    if len(configs) != 2 or not set(GROUPED_FAMILIES) >= {family_of(c) for c in configs}:
+        raise ValueError("configs: expected (gate|up config, down config) of grouped families")
+    for config, problem in zip(configs, problems):
+        fam = family_of(config)
+        ok, why = fam.supports(device_index)
+        if ok:
+            ok, why = fam.can_implement(config, problem)
+        if ok and stacked is not None:
+            ok, why = False, stacked
+        if not ok:
+            return f"{fam.name}: {why}"
+    why = _pair_reason(configs)
+    if why is not None:
+        return why
+    return GroupedPlan([family_of(c) for c in configs], list(configs), device_index, source="configs argument")
 
 
 def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,

@@ -147,21 +147,19 @@ def _layer_agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
 
 def layer_pairs(stage_times: Dict[str, Dict[str, float]], heuristics: Dict[str, str]) -> List[tuple]:
     """The (gate|up, down) pairs worth timing as the layer: the stage winners first, then the
-    heuristics' pair, then the two fastest of each stage crossed; each once, both of one family."""
+    heuristics' pair, then the two fastest of each stage crossed; each once."""
     ranked = {stage: sorted(times, key=times.get)[:2] for stage, times in stage_times.items()}
     pairs = [(ranked["w13"][0], ranked["w2"][0])]
     if heuristics.get("w13") in stage_times["w13"] and heuristics.get("w2") in stage_times["w2"]:
         pairs.append((heuristics["w13"], heuristics["w2"]))
     pairs += [(a, b) for a in ranked["w13"] for b in ranked["w2"]]
-    # A layer runs one family's pair (its launchers share the routing bookkeeping).
-    return [p for p in dict.fromkeys(pairs) if p[0].split(":")[0] == p[1].split(":")[0]]
+    return list(dict.fromkeys(pairs))
 
 
 def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, ids, weights, y, top_k: int,
                  replays: int, what: str, log) -> None:
     """Time :func:`layer_pairs` as the layer (cold L2, graphs); where another pair beats the stage
-    winners' by more than 1% (or they are two families' and cannot run as one layer), both entries
-    take it (each with its stage time)."""
+    winners' by more than 1%, both entries take it (each with its stage time)."""
     fns = {}
     for pair in layer_pairs(stage_times, heuristics):
         try:
@@ -179,14 +177,13 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, ids, 
             continue
         fns[pair] = (lambda c: lambda: moe_grouped(x, w13, w2, weights, ids, configs=c))(configs)
     staged = tuple(min(stage_times[stage], key=stage_times[stage].get) for stage in ("w13", "w2"))
-    if not fns or (len(fns) == 1 and staged in fns):
+    if staged not in fns or len(fns) < 2:  # nothing to compare with the stage winners
         return
     timed = {pair: secs for pair, (secs, _) in _cold_s(fns, replays, eager=False).items()}
     best = min(timed, key=timed.get)
     log(f"{what} layer: {best[0]} + {best[1]} {timed[best] * 1e6:.1f} µs, stage winners "
         f"{timed.get(staged, float('nan')) * 1e6:.1f} µs ({len(timed)} pairs, cold L2)")
-    # The stage winners stay unless beaten by 1%, or unless they cannot run as one layer.
-    if best != staged and (staged not in timed or timed[best] < 0.99 * timed[staged]):
+    if best != staged and timed[best] < 0.99 * timed[staged]:  # the stage winners stay unless beaten by 1%
         for stage, schedule in zip(("w13", "w2"), best):
             index = stage_best[stage][0]
             winners[index].update(schedule=schedule, us=round(stage_times[stage][schedule] * 1e6, 3))

@@ -145,3 +145,7 @@ def test_mixed_plan_sm90a_gate_up_fused_sm80_down():
     assert_elementwise(y, ref, inter, chained=3)
     sorted_only = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=(cfgs[0], MoeSm90aConfig(stage="w2")))
     assert_elementwise(sorted_only, ref, inter, chained=3)
+    forced = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)  # two families through configs=
+    assert_elementwise(forced, ref, inter, chained=3)
+    with pytest.raises(ValueError, match="configs: expected"):
+        moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs[:1])

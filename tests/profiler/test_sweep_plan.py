@@ -36,7 +36,7 @@ def test_layer_pairs_winners_first_then_heuristics_then_the_top_two_crossed():
     times = {"w13": {"a:1": 3.0, "a:2": 1.0, "b:1": 2.0}, "w2": {"a:9": 5.0, "a:8": 4.0, "b:7": 6.0}}
     pairs = layer_pairs(times, {"w13": "a:1", "w2": "a:9"})
     assert pairs[0] == ("a:2", "a:8") and pairs[1] == ("a:1", "a:9")
-    assert pairs[2:] == [("a:2", "a:9")]  # b:1 is second for w13, but no b pair is in w2's top two
+    assert set(pairs[2:]) == {("a:2", "a:9"), ("b:1", "a:8"), ("b:1", "a:9")}
     assert layer_pairs(times, {"w13": None, "w2": "a:9"})[1] == ("a:2", "a:9")  # no heuristic pair: skipped
     cross = {"w13": {"a:1": 1.0, "b:1": 2.0}, "w2": {"b:2": 1.0, "a:2": 2.0}}
-    assert layer_pairs(cross, {}) == [("a:1", "a:2"), ("b:1", "b:2")]  # one family a layer
+    assert layer_pairs(cross, {})[0] == ("a:1", "b:2")  # a profile's pair may mix families
