@@ -173,18 +173,26 @@ def _forced_plan(text: str, where: str, problems, stacked: Optional[str], device
         if fam not in GROUPED_FAMILIES:
             raise ValueError(f"{where}: {part!r} is a {fam.name} schedule, not one of a grouped family "
                              f"({', '.join(f.name for f in GROUPED_FAMILIES)})")
-        ok, why = fam.supports(device_index)
-        if ok:
-            ok, why = fam.can_implement(config, problem)
-        if ok and stacked is not None:
-            ok, why = False, stacked
-        if not ok:
+        why = _config_reason(config, problem, stacked, device_index)
+        if why is not None:
             raise ValueError(f"{where}={text}: {fam.name} cannot run the {problem.stage} projection here: {why}")
         configs.append(config)
     why = _pair_reason(configs)
     if why is not None:
         raise ValueError(f"{where}={text}: {why}")
     return GroupedPlan([family_of(c) for c in configs], configs, device_index, source="override")
+
+
+def _config_reason(config, problem: MoeProblem, stacked: Optional[str], device_index: int) -> Optional[str]:
+    """Why ``config``'s family cannot run ``problem`` here (the device, its ``can_implement``, then the
+    experts' tensors), or None."""
+    fam = family_of(config)
+    ok, why = fam.supports(device_index)
+    if ok:
+        ok, why = fam.can_implement(config, problem)
+    if ok and stacked is not None:
+        ok, why = False, stacked
+    return None if ok else why
 
 
 def _pair_reason(configs) -> Optional[str]:
@@ -319,14 +327,9 @@ def _mixed_plan(configs, problems, stacked: Optional[str], device_index: int) ->
     if len(configs) != 2 or not set(GROUPED_FAMILIES) >= {family_of(c) for c in configs}:
         raise ValueError("configs: expected (gate|up config, down config) of grouped families")
     for config, problem in zip(configs, problems):
-        fam = family_of(config)
-        ok, why = fam.supports(device_index)
-        if ok:
-            ok, why = fam.can_implement(config, problem)
-        if ok and stacked is not None:
-            ok, why = False, stacked
-        if not ok:
-            return f"{fam.name}: {why}"
+        why = _config_reason(config, problem, stacked, device_index)
+        if why is not None:
+            return f"{family_of(config).name}: {why}"
     why = _pair_reason(configs)
     if why is not None:
         return why

@@ -18,7 +18,7 @@ from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, forced_schedules,
 from mixed_gemm.runtime import current_stream
 from test_moe_gemv_gpu import (capture_moe, check_dropped, drop_share, poisoned_outputs_and_launchers, ref_h, ref_y,
                                replay_with, routing)
-from test_moe_gemv_persistent_gpu import SHAPES, drop_pairs, layer
+from test_moe_gemv_persistent_gpu import SHAPES, case, drop_pairs, layer
 from tolerance import assert_elementwise
 from weights import seed_of
 
@@ -56,10 +56,7 @@ def run_stages(cfgs, x, w13, w2, weights, ids, pdl: bool):
 @pytest.mark.parametrize("t", [1, 3, 16])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_pdl_matches_the_reference_and_the_launch_without_it(name, t, mode):
-    e, top_k, h, inter = SHAPES[name]
-    w13, w2 = layer(name)
-    seed = seed_of("pdl", name, t, mode)
-    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.float16)
+    (e, top_k, h, inter), w13, w2, seed, x = case(name, t, "pdl", mode)
     weights, ids = routing(t, top_k, e, seed, ids_dtype=torch.int32 if t == 3 else torch.int64)
     cfgs = configs_for(mode, w13, w2, t, top_k)
     hk, yk = run_stages(cfgs, x, w13.packed, w2.packed, weights, ids, pdl=True)
@@ -78,10 +75,7 @@ def test_pdl_matches_the_reference_and_the_launch_without_it(name, t, mode):
 @pytest.mark.parametrize("t", [1, 3, 16])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_pdl_minus_one_and_ids_outside_contribute_nothing(name, t, mode):
-    e, top_k, h, inter = SHAPES[name]
-    w13, w2 = layer(name)
-    seed = seed_of("pdl-ep", name, t, mode)
-    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.float16)
+    (e, top_k, h, inter), w13, w2, seed, x = case(name, t, "pdl-ep", mode)
     weights, bad, valid = drop_pairs(*routing(t, top_k, e, seed), e, seed)
     cfgs = configs_for(mode, w13, w2, t, top_k)
     hk, yk = run_stages(cfgs, x, w13.packed, w2.packed, weights, bad, pdl=True)

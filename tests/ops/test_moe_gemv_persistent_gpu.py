@@ -50,11 +50,18 @@ def configs_for(mode, w13, w2, t, top_k):
     return MoeGemvConfig.from_schedule(s13, zero_mode=zm), MoeGemvConfig.from_schedule(s2, zero_mode=zm)
 
 
-def check_layer(name, t, mode, route="random", ids_dtype=torch.int64):
+def case(name, t, *key):
+    """A test's preset: its shape (E, top-k, H, I), its layer, a seed from ``key``, ``name`` and
+    ``t``, and x of ``t`` tokens (fp16) from that seed."""
     e, top_k, h, inter = SHAPES[name]
     w13, w2 = layer(name)
-    seed = seed_of("pe", name, t, mode, route)
+    seed = seed_of(key[0], name, t, *key[1:])
     x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.float16)
+    return (e, top_k, h, inter), w13, w2, seed, x
+
+
+def check_layer(name, t, mode, route="random", ids_dtype=torch.int64):
+    (e, top_k, h, inter), w13, w2, seed, x = case(name, t, "pe", mode, route)
     weights, ids = routing(t, top_k, e, seed, ids_dtype=ids_dtype, one_expert=3 if route == "one" else None)
     cfgs = configs_for(mode, w13, w2, t, top_k)
     hk, yk = run_stages(*cfgs, x, w13.packed, w2.packed, weights, ids)
@@ -104,10 +111,7 @@ def test_minus_one_and_ids_outside_contribute_nothing(name, t, mode):
     grouped path reads nothing on the host: they contribute nothing too), and one token (when there
     are 2+) wholly -1: h rows of dropped pairs are zero, that token's y row is zero, the rest matches
     the reference with the dropped pairs' weights zeroed."""
-    e, top_k, h, inter = SHAPES[name]
-    w13, w2 = layer(name)
-    seed = seed_of("pe-ep", name, t, mode)
-    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", torch.float16)
+    (e, top_k, h, inter), w13, w2, seed, x = case(name, t, "pe-ep", mode)
     weights, bad, valid = drop_pairs(*routing(t, top_k, e, seed), e, seed)
     cfgs = configs_for(mode, w13, w2, t, top_k)
     hk, yk = run_stages(*cfgs, x, w13.packed, w2.packed, weights, bad)
