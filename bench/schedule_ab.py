@@ -4,6 +4,7 @@ same dtype (cold L2, CUDA graphs, median of ``--rounds``), each checked against 
     python bench/schedule_ab.py --cases CASES [--rounds 3] [--dtype f16] [--between] [--out FILE]
     python bench/schedule_ab.py --cases CASES --pack kcache/ab.txz     # no GPU needed
     python bench/schedule_ab.py --pack-all kcache                       # no GPU needed
+    python bench/schedule_ab.py --pack-selected kcache/selected.txz     # no GPU needed
 
 A case is one line of the file CASES (or a ``--case`` argument, repeatable):
 ``N K M BITS GROUP schedule [schedule ...]``, ``#`` starts a comment, for example
@@ -19,6 +20,9 @@ catalog kernel as built for the current sources (``mixed-gemm build --all``, whi
 ones first, two nvcc at a time: about an hour from empty here; entries of stale sources stay out)
 into DIR: libs.txz, gemv.txz and tiles.txz, each small enough to carry in one device call beside
 the checkout (the whole cache does not fit one: carry one archive per call on a warm machine).
+``--pack-selected OUT.txz`` packs only what ``matmul`` and ``moe`` can select on the H100 (the
+kernel package's set: shipped profiles, heuristics, fallbacks; ~17 MB): enough for the benchmarks
+and the end-to-end runs in one call, not for the test suite, which loops over whole catalogs.
 """
 from __future__ import annotations
 
@@ -121,6 +125,24 @@ def pack_all(out_dir: str) -> None:
         print(f"{f.stat().st_size:>12} {f.name}")
 
 
+def pack_selected(target: str) -> None:
+    """Every kernel ``matmul`` and ``moe`` can select on sm90a (``mixed-gemm build --package``'s
+    set), built where missing, as one xz tar of their cache entries at ``target``."""
+    from mixed_gemm.compile import blocking, build_many
+    from mixed_gemm.compile.cache import locate
+    from mixed_gemm.select.coverage import selectable
+
+    specs = [fam.build_spec(c) for fam, c in selectable("sm90a", grouped=True)]
+    sources = [spec.source() for spec in specs]
+    with blocking():
+        build_many([(spec.name, src, dict(arch_flags=spec.arch_flags, output=spec.output))
+                    for spec, src in zip(specs, sources)], jobs=2)
+    entries = {locate(spec.name, src, spec.arch_flags, output=spec.output)[1].name for spec, src in zip(specs, sources)}
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    tar_xz(sorted(entries), ["-9", "-T0"], Path(target))
+    print(f"{len(entries)} entries -> {target} ({Path(target).stat().st_size} bytes)")
+
+
 def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool) -> List[str]:
     from mixed_gemm.profiler.timing import copies_for, time_graph
     from mixed_gemm.profiler.workload import packed_bytes, random_weights
@@ -187,10 +209,16 @@ def main() -> None:
                     help="build the cases' kernels and pack their cache entries instead of timing")
     ap.add_argument("--pack-all", metavar="OUT_DIR", default="",
                     help="build every catalog kernel (where missing) and pack the whole cache for the GPU machine "
-                         "into OUT_DIR (rest.txz, kcache90.txz.part-*); no cases")
+                         "into OUT_DIR (libs.txz, gemv.txz, tiles.txz); no cases")
+    ap.add_argument("--pack-selected", metavar="OUT.txz", default="",
+                    help="build and pack only the kernels matmul and moe can select on the H100 (benchmarks, e2e); "
+                         "no cases")
     a = ap.parse_args()
     if a.pack_all:
         pack_all(a.pack_all)
+        return
+    if a.pack_selected:
+        pack_selected(a.pack_selected)
         return
     cases = read_cases(a.cases, a.case)
     if a.pack:
