@@ -117,6 +117,7 @@ def test_gpu_commands_without_a_gpu(argv, monkeypatch, capsys):
     (["bench", "--model", "gpt5"], "mixed-gemm bench: error: --model: expected comma-separated presets from llama3-8b"),
     (["profile", "--shapes", "4096"], "mixed-gemm profile: error: --shapes: expected N:K pairs"),
     (["profile", "--ms", "1,x"], "mixed-gemm profile: error: --ms: expected comma-separated positive integers"),
+    (["profile", "--families", "sm90x"], "mixed-gemm profile: error: --families: expected comma-separated families from"),
     (["e2e", "--model", "gpt5"], "mixed-gemm e2e: error: --model: expected one preset of llama3-8b"),
     (["e2e", "--batches", "1,0"], "mixed-gemm e2e: error: --batches: expected comma-separated positive integers"),
     (["e2e", "--model", "qwen3-30b-a3b", "--compare"], "no MoE peer yet"),

@@ -72,16 +72,18 @@ def group_size(text: str) -> int:
     return value
 
 
-def presets(names: Callable[[], Iterable[str]], many: bool = True) -> Callable[[str], str]:
+def presets(names: Callable[[], Iterable[str]], many: bool = True, noun: str = "preset") -> Callable[[str], str]:
     """A type for ``--model``: one preset (``many=False``) or comma-separated presets of ``names()``
-    (called at parse time, so its module loads only for that command); the text is kept as given."""
+    (called at parse time, so its module loads only for that command); the text is kept as given.
+    ``noun`` names what they are (``--families``: "family")."""
 
     def check(text: str) -> str:
         known = list(names())
         given = [m for m in text.split(",") if m] if many else [text]
         bad = [m for m in given if m not in known]
         if bad or (not many and not text):
-            what = "comma-separated presets from" if many else "one preset of"
+            plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+            what = f"comma-separated {plural} from" if many else f"one {noun} of"
             raise argparse.ArgumentTypeError(f"expected {what} {', '.join(known)}, got {text!r}")
         return text
 

@@ -66,6 +66,12 @@ def prepare(args, command: str):
     return problems, ms
 
 
+def _dense_families():
+    from ..kernels import FAMILIES
+
+    return [fam.name for fam in FAMILIES]
+
+
 def run_profile(args: argparse.Namespace) -> int:
     ready = prepare(args, "profile")
     if isinstance(ready, int):
@@ -95,7 +101,8 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     _common(parser, ",".join(map(str, DEFAULT_MS)))
     parser.add_argument("--zero-mode", choices=["int", "sym", "float", "offset"], default="int")
     parser.add_argument("--schedules", default="", help="time only these comma-separated schedules")
-    parser.add_argument("--families", default="", help="time only these comma-separated families' candidates (e.g. sm90s)")
+    parser.add_argument("--families", default="", type=_args.presets(_dense_families, noun="family"),
+                        help="time only these comma-separated families' candidates (e.g. sm90s)")
     parser.add_argument("--against-profile", action="store_true",
                         help="also time the profile's current entry for each shape and M, in the same run, so that "
                              "a --families sweep replaces it only when faster")
@@ -146,7 +153,8 @@ def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.A
     parser.add_argument("--tokens", default="1,2,4,8,16,32,64", type=_args.positive_ints,
                         help="comma-separated token counts (default: %(default)s)")
     parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
-    parser.add_argument("--families", default="", help="time only these comma-separated families' candidates (e.g. sm90s)")
+    parser.add_argument("--families", default="", type=_args.presets(_dense_families, noun="family"),
+                        help="time only these comma-separated families' candidates (e.g. sm90s)")
     parser.add_argument("--against-profile", action="store_true",
                         help="also time the profile's current entry for each shape and M, in the same run, so that "
                              "a --families sweep replaces it only when faster")
