@@ -103,7 +103,7 @@ int mg_init(void* slot, const void* w, const void* s, const void* z, const void*
 }
 
 long long mg_workspace_floats(void* slot) { return s90::workspace_floats<Geo>(static_cast<s90::Slot*>(slot)); }
-long long mg_tiles(void* slot) { return s90::tile_count(static_cast<s90::Slot*>(slot)); }
+long long mg_counters(void* slot) { return s90::counter_count(static_cast<s90::Slot*>(slot)); }
 int mg_splits(void* slot) { return static_cast<s90::Slot*>(slot)->params.splits; }
 
 int mg_run(void* slot, const void* x, void* y, const void* bias, const void* residual, void* workspace,

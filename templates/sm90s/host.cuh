@@ -147,13 +147,14 @@ int max_active_clusters(void const* kernel) {
   return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0 ? clusters : kErrSetup;
 }
 
-// Split-K scratch of the slot's launch: fp32 partials (0 without split-K) and tile counters.
+// Split-K scratch of the slot's launch: fp32 partials (0 without split-K) and the arrival counters
+// (one per consumer warp of each output tile).
 template <class Geo>
 long long workspace_floats(Slot const* slot) {
   if (slot->params.splits < 2) return 0;
   return (long long)slot->grid.x * slot->grid.y * slot->grid.z * kConsumerThreads * (Geo::kTN / 2);
 }
-inline long long tile_count(Slot const* slot) { return (long long)slot->grid.y * slot->grid.z; }
+inline long long counter_count(Slot const* slot) { return (long long)slot->grid.y * slot->grid.z * kConsumerWarps; }
 
 template <class Geo>
 int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias, void const* residual, void* workspace,

@@ -10,9 +10,10 @@
 // (loaded once per group, not per k16 block), and issues TK/16 wgmmas. With kDoubleBuffer the
 // next k-tile is converted while this one's wgmmas run: one wgmma wait per k-tile.
 //
-// Split-K: each split writes its fp32 partial to the workspace, and the last split of a tile to
-// arrive (an atomic counter, reset by it) sums all partials in split order (deterministic) and
-// runs the epilogue. No memset per launch: the counters are zero between launches.
+// Split-K: each split writes its fp32 partial to the workspace, and per consumer warp the last
+// split of a tile to arrive (an atomic counter per warp and tile, reset by it) sums that warp's
+// part of all partials in split order (deterministic) and runs its epilogue. No memset per launch:
+// the counters are zero between launches.
 //
 // Cx1 cluster (Geo::kClusterM = C, 2 or 4): the C CTAs take adjacent row tiles of one K slice and
 // token tile, so their x stages are equal. Producer r loads token rows [r TN/C, (r+1) TN/C) of x with
@@ -143,7 +144,6 @@ __device__ __forceinline__ void tma_3d(CUtensorMap const* map, uint64_t* bar, vo
 __device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerThreads) : "memory"); }
 // The phase offset's turn barriers (ids 2 and 3): one warpgroup syncs, the other arrives.
 // (Immediate ids: ptxas then reserves 4 hardware barriers, not all 16.)
 template <int Id>
@@ -267,7 +267,6 @@ struct Mainloop {
     char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes);
     uint64_t* empty = full + Geo::kStages;
-    int* last_flag = reinterpret_cast<int*>(empty + Geo::kStages);
     int const warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
     if (threadIdx.x == 0) {
       for (int s = 0; s < Geo::kStages; ++s) {
@@ -350,7 +349,7 @@ struct Mainloop {
       consume<false>(p, smem, full, empty, nk, cw, atom_row, lane, acc);
     }
 
-    epilogue(p, acc, ct, cw, warp, lane, row0, tok0, last_flag);
+    epilogue(p, acc, ct, cw, warp, lane, row0, tok0);
   }
 
   template <bool kOneGroup>
@@ -401,7 +400,7 @@ struct Mainloop {
   }
 
   static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], int ct, int cw, int warp,
-                                                  int lane, int row0, int tok0, int* last_flag) {
+                                                  int lane, int row0, int tok0) {
     if (p.splits > 1) {
       int const tile = blockIdx.y + gridDim.y * blockIdx.z;
       // Partials as [TN/8 float4][256 threads]: each warp's float4 stores cover 512 contiguous bytes.
@@ -410,15 +409,18 @@ struct Mainloop {
 #pragma unroll
       for (int q = 0; q < kAcc / 4; ++q)
         mine[q * kConsumerThreads + ct] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+      // Each warp arrives on its own counter: a warp's sum reads only the partials its own lanes'
+      // peers wrote (the same ct in every slice), so no warp waits for the CTA's slowest (two
+      // named barriers per tile were the largest stall but one at two CTAs per SM, ncu).
       __threadfence();
-      consumers_sync();
-      if (ct == 0) {
-        int const last = atomicAdd(&p.counters[tile], 1) == p.splits - 1;
-        if (last) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
-        *last_flag = last;
+      __syncwarp();
+      int last = 0;
+      if (lane == 0) {
+        int* const counter = &p.counters[tile * kConsumerWarps + (ct >> 5)];
+        last = atomicAdd(counter, 1) == p.splits - 1;
+        if (last) *counter = 0;  // every split has arrived: ready for the next launch
       }
-      consumers_sync();
-      if (!*last_flag) return;
+      if (!__shfl_sync(0xffffffffu, last, 0)) return;
       __threadfence();
       // The sum in slice order, the same bits whichever slice arrived last.
       if constexpr (kAcc <= 64) {

@@ -12,6 +12,7 @@ namespace sm90s {
 constexpr int kTileM = 128;           // weight rows per CTA: 64 per consumer warpgroup
 constexpr int kThreads = 384;         // one producer warpgroup, two consumer warpgroups
 constexpr int kConsumerThreads = 256;
+constexpr int kConsumerWarps = kConsumerThreads / 32;  // split-K counters per output tile
 constexpr int kAtomRows = 16;         // the sm90a layout's 16 x 16 atoms
 constexpr int kMaxStages = 12;
 
@@ -54,8 +55,8 @@ struct Geometry {
   static constexpr int kMaxScaleRows = TK / 32;
   static constexpr int kSBytes = kMaxScaleRows * kTileM * 2;
   static constexpr int kStageBytes = (kXBytes + kWBytes + 2 * kSBytes + 1023) / 1024 * 1024;
-  static constexpr int kBarrierBytes = 256;                        // full[], empty[], the split-K flag
-  static_assert(2 * kMaxStages * 8 + 16 <= kBarrierBytes, "barrier area");
+  static constexpr int kBarrierBytes = 256;                        // full[], empty[]
+  static_assert(2 * kMaxStages * 8 <= kBarrierBytes, "barrier area");
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel aligns it up.
   static constexpr int kSmemBytes = Stages * kStageBytes + kBarrierBytes + 1024;
   // setmaxnreg: the producer warpgroup gives registers to the consumers (multiples of 8; per CTA
@@ -81,7 +82,7 @@ struct Params {
   void const* residual;
   void* y;
   float* workspace;   // split-K partials: tiles x splits x 256 threads x TN/2 floats
-  int* counters;      // one per output tile, zero between launches (the last split resets it)
+  int* counters;      // one per consumer warp of each output tile, zero between launches (the last split resets it)
   int m, n, k;
   int group;          // K rows per scale row (1 << 30 for one group per column)
   int k_tiles;        // TK-tiles covering K

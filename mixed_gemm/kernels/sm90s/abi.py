@@ -33,7 +33,7 @@ SIGNATURES = {
     "mg_max_active_clusters": (_I, []),
     "mg_init": (_I, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I]),
     "mg_workspace_floats": (_LL, [_P]),
-    "mg_tiles": (_LL, [_P]),
+    "mg_counters": (_LL, [_P]),
     "mg_splits": (_I, [_P]),
     "mg_run": (_I, [_P, _P, _P, _P, _P, _P, _P, _P]),
 }

@@ -47,7 +47,7 @@ class Sm90sLauncher:
                 raise Sm90sLaunchError(f"{config.name}: mg_max_active_clusters: {abi.describe(clusters)}")
             self.slots = clusters * config.cluster[0]
         self.lock = threading.Lock()
-        # (weight view key, M bucket) -> [slot handle, M, workspace floats, tiles]
+        # (weight view key, M bucket) -> [slot handle, M, workspace floats, split-K counters]
         self._slots = {}
 
     def __del__(self):
@@ -63,7 +63,7 @@ class Sm90sLauncher:
         if rc:
             raise Sm90sLaunchError(f"{self.config.name}: mg_init(M={m}, N={w.n}, K={w.k}, group={w.group_size}, "
                                    f"splits={splits}): {abi.describe(rc)}")
-        slot[1], slot[2], slot[3] = m, self.lib.mg_workspace_floats(slot[0]), self.lib.mg_tiles(slot[0])
+        slot[1], slot[2], slot[3] = m, self.lib.mg_workspace_floats(slot[0]), self.lib.mg_counters(slot[0])
 
     def __call__(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
         key = (w.parts[layout.NAME].key, 1 << (m - 1).bit_length())
