@@ -44,6 +44,7 @@ SHAPES = (
 # 8-bit weights: the same kernel with the 64-bit atom slices (AtomConvert<., 8>), on fewer tiles.
 SHAPES_U8 = (
     ((128, 16, 128), 1, C1, False),
+    ((128, 16, 128), 2, C1, False),   # two CTAs per SM, as int4's 16-token o2 (the decode-batch range)
     ((128, 64, 128), 1, C1, False),
     ((128, 256, 64), 1, C1, False),   # TK = 128 would leave room for 2 stages of 82 KB
     ((128, 64, 128), 1, C2, False),
