@@ -55,6 +55,7 @@ from mixed_gemm.kernels.moe_gemv.heuristics import launch_fields, persistent_con
 from mixed_gemm.ops import moe, prepack_experts  # noqa: E402
 from mixed_gemm.ops.moe_grouped import (GroupedPlan, _problems, forced_schedules, grouped_plan,  # noqa: E402
                                         moe_grouped, pdl_launches)
+from mixed_gemm.profiler.moe_sweep import layer_agrees  # noqa: E402
 from mixed_gemm.select import m_bucket  # noqa: E402
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
@@ -111,13 +112,6 @@ def persistent_plans(problems, sms: int):
     return unique
 
 
-def agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Within a few fp16 roundings of the layer's scale (the plans add in different orders, and
-    moe_sm90a rounds gate and up to fp16 first)."""
-    ref = ref.float()
-    return bool(torch.isfinite(y).all()) and float((y.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max()) + 1e-4
-
-
 def with_pdl(fn, enabled: bool):
     """``fn`` with the down launch's PDL forced on or off (decided at capture: the graph keeps it)."""
     def call():
@@ -151,7 +145,7 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
             log(f"  {label}: {schedules(cfgs)} cannot run: {exc}")
             continue
         cfgs = forced.configs
-        if not agrees(y, ref):
+        if not layer_agrees(y, ref):
             bad.add(label)
         # Timed as the same launches with the configs pinned (moe_grouped caches their plan, so a
         # call is the same host path as mg.moe's: a dict lookup, two launches; capturable).

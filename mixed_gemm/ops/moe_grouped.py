@@ -361,9 +361,8 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
         handover = {"sorted_h": True, "routing": gate_up.route(ids, w13.num_experts, heights, stream)}
     gate_up(x, w13, ids, None, h, tokens, top_k, stream, **handover)
     if getattr(down, "pdl_capable", False) and pdl_enabled():  # starts while gate|up runs, waits for h
-        down(h, w2, ids, weights, y, tokens, top_k, stream, pdl=True)
-    else:
-        down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
+        handover["pdl"] = True
+    down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
     return y
 
 

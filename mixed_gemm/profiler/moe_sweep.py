@@ -137,10 +137,11 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
     return winners
 
 
-def _layer_agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
-    """A layer against the staged reference: h is rounded to the activation dtype between the two
-    projections, and another gate|up plan rounds its own sums, so within a few roundings of the
-    layer's scale rather than element-wise as one stage's reorderings are."""
+def layer_agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
+    """A layer against another plan's output: h is rounded to the activation dtype between the two
+    projections, and another plan adds in its own order (moe_sm90a rounds gate and up to fp16 first),
+    so within a few roundings of the layer's scale rather than element-wise as one stage's
+    reorderings are. (bench/moe_modes.py checks its plans with it too.)"""
     ref = ref.float()
     return bool(torch.isfinite(y).all()) and float((y.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max()) + 1e-4
 
@@ -172,7 +173,7 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, ids, 
         except ValueError as exc:  # a pair the families' plan rules refuse
             log(f"  {what} layer {pair[0]} + {pair[1]}: cannot run: {exc}")
             continue
-        if not _layer_agrees(probe, y):
+        if not layer_agrees(probe, y):
             log(f"  {what} layer {pair[0]} + {pair[1]}: output differs from the staged reference; skipped")
             continue
         fns[pair] = (lambda c: lambda: moe_grouped(x, w13, w2, weights, ids, configs=c))(configs)
