@@ -11,10 +11,10 @@
 #include "common/constants.cuh"
 #include "sm90s/params.cuh"
 
-using Geo = mixed_gemm::sm90s::Geometry<8, 256, 64, 5, 1, 2, false>;
+using Geo = mixed_gemm::sm90s::Geometry<8, 128, 256, 64, 5, 1, 2, false>;
 static_assert(Geo::kSmemBytes == 211200, "shared memory: Sm90sConfig and kernel disagree");
-static_assert(mixed_gemm::sm90s::kThreads == 384, "threads: Sm90sConfig and kernel disagree");
-static_assert(mixed_gemm::sm90s::kTileM == 128, "tile M: Sm90sConfig and kernel disagree");
+static_assert(Geo::kThreads == 384, "threads: Sm90sConfig and kernel disagree");
+static_assert(Geo::kTileM == 128, "tile M: Sm90sConfig and kernel disagree");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");
 static_assert(int(mixed_gemm::ZeroMode::kInteger) == 1, "int(mixed_gemm::ZeroMode::kInteger): mixed_gemm/kernels/common.py disagrees");
@@ -70,8 +70,8 @@ extern "C" {
 // [abi version, sizeof(Params), shared memory bytes, threads, stages, bits, tile M, tile N, tile K, CTAs per SM,
 //  cluster M, phased]
 int mg_info(long long* out, int count) {
-  long long v[] = {3, (long long)sizeof(s90::Params), (long long)Geo::kSmemBytes, s90::kThreads,
-                   Geo::kStages, Geo::kBitsW, s90::kTileM, Geo::kTN, Geo::kTK, Geo::kCtasPerSm, Geo::kClusterM,
+  long long v[] = {3, (long long)sizeof(s90::Params), (long long)Geo::kSmemBytes, Geo::kThreads,
+                   Geo::kStages, Geo::kBitsW, Geo::kTileM, Geo::kTN, Geo::kTK, Geo::kCtasPerSm, Geo::kClusterM,
                    Geo::kPhased ? 1 : 0};
   int total = int(sizeof(v) / sizeof(v[0]));
   for (int i = 0; i < count && i < total; ++i) out[i] = v[i];
@@ -103,7 +103,7 @@ int mg_init(void* slot, const void* w, const void* s, const void* z, const void*
 }
 
 long long mg_workspace_floats(void* slot) { return s90::workspace_floats<Geo>(static_cast<s90::Slot*>(slot)); }
-long long mg_counters(void* slot) { return s90::counter_count(static_cast<s90::Slot*>(slot)); }
+long long mg_counters(void* slot) { return s90::counter_count<Geo>(static_cast<s90::Slot*>(slot)); }
 int mg_splits(void* slot) { return static_cast<s90::Slot*>(slot)->params.splits; }
 
 int mg_run(void* slot, const void* x, void* y, const void* bias, const void* residual, void* workspace,

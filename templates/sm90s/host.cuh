@@ -64,11 +64,12 @@ int encode_x(Params& p, void const* x, int m, int k) {
   return r == CUDA_SUCCESS ? 0 : kErrEncodeX;
 }
 
-// Scales or zeros, (groups, N_pad) 16-bit row-major: box (128 rows, the stage's scale rows).
-inline int encode_params(CUtensorMap* map, void const* t, int n_pad, int groups, int rows) {
+// Scales or zeros, (groups, N_pad) 16-bit row-major: box (TM rows, the stage's scale rows).
+template <class Geo>
+int encode_params(CUtensorMap* map, void const* t, int n_pad, int groups, int rows) {
   cuuint64_t dims[2] = {cuuint64_t(n_pad), cuuint64_t(groups)};
   cuuint64_t strides[1] = {cuuint64_t(n_pad) * 2};
-  cuuint32_t box[2] = {cuuint32_t(kTileM), cuuint32_t(rows)};
+  cuuint32_t box[2] = {cuuint32_t(Geo::kTileM), cuuint32_t(rows)};
   cuuint32_t unit[2] = {1, 1};
   CUresult r = encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(t), dims, strides, box, unit,
                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -96,15 +97,15 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   {
     cuuint64_t dims[3] = {cuuint64_t(Geo::kAtomWords), cuuint64_t(n_pad / kAtomRows), cuuint64_t(k16 / 16)};
     cuuint64_t strides[2] = {cuuint64_t(Geo::kAtomBytes), cuuint64_t(n_pad / kAtomRows) * Geo::kAtomBytes};
-    cuuint32_t box[3] = {cuuint32_t(Geo::kAtomWords), cuuint32_t(kTileM / kAtomRows), cuuint32_t(Geo::kKBlocks)};
+    cuuint32_t box[3] = {cuuint32_t(Geo::kAtomWords), cuuint32_t(Geo::kTileM / kAtomRows), cuuint32_t(Geo::kKBlocks)};
     cuuint32_t unit[3] = {1, 1, 1};
     CUresult r = encode_fn()(&p.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<void*>(w), dims, strides, box, unit,
                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return kErrEncodeW;
   }
-  if (encode_params(&p.s, s, n_pad, groups, rows)) return kErrEncodeS;
-  if (encode_params(&p.z, z, n_pad, groups, rows)) return kErrEncodeZ;
+  if (encode_params<Geo>(&p.s, s, n_pad, groups, rows)) return kErrEncodeS;
+  if (encode_params<Geo>(&p.z, z, n_pad, groups, rows)) return kErrEncodeZ;
   if (int rc = encode_x<Geo>(p, x, m, k)) return rc;
 
   p.m = m;
@@ -116,11 +117,11 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   p.split_tiles = (p.k_tiles + asked - 1) / asked;
   p.splits = (p.k_tiles + p.split_tiles - 1) / p.split_tiles;
   p.kb_shift = kb_shift;
-  p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * kTileM * rows * 2;
+  p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * Geo::kTileM * rows * 2;
   slot->x = x;
   // Row tiles rounded up to whole clusters: a CTA past N still loads its part of x for its peers
   // (its weight boxes are out of bounds, zero-filled) and stores nothing.
-  int const row_tiles = (n + kTileM * Geo::kClusterM - 1) / (kTileM * Geo::kClusterM) * Geo::kClusterM;
+  int const row_tiles = (n + Geo::kTileM * Geo::kClusterM - 1) / (Geo::kTileM * Geo::kClusterM) * Geo::kClusterM;
   slot->grid = dim3(p.splits, row_tiles, (m + Geo::kTN - 1) / Geo::kTN);
   slot->m = m;
   return 0;
@@ -134,7 +135,7 @@ int max_active_clusters(void const* kernel) {
   if (Geo::kClusterM == 1) return 0;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(1, Geo::kClusterM, 1);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(Geo::kThreads);
   cfg.dynamicSmemBytes = Geo::kSmemBytes;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -152,9 +153,10 @@ int max_active_clusters(void const* kernel) {
 template <class Geo>
 long long workspace_floats(Slot const* slot) {
   if (slot->params.splits < 2) return 0;
-  return (long long)slot->grid.x * slot->grid.y * slot->grid.z * kConsumerThreads * (Geo::kTN / 2);
+  return (long long)slot->grid.x * slot->grid.y * slot->grid.z * Geo::kConsumerThreads * (Geo::kTN / 2);
 }
-inline long long counter_count(Slot const* slot) { return (long long)slot->grid.y * slot->grid.z * kConsumerWarps; }
+template <class Geo>
+long long counter_count(Slot const* slot) { return (long long)slot->grid.y * slot->grid.z * Geo::kConsumerWarps; }
 
 template <class Geo>
 int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias, void const* residual, void* workspace,
@@ -174,7 +176,7 @@ int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias
   p.counters = static_cast<int*>(counters);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = slot->grid;
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(Geo::kThreads);
   cfg.dynamicSmemBytes = Geo::kSmemBytes;
   cfg.stream = stream;
   // A Cx1 cluster groups the C CTAs of adjacent row tiles (grid y) of one K slice and token tile

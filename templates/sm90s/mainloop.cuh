@@ -2,9 +2,9 @@
 // warpgroup instruction) and the tokens as wgmma N (16..256), for the serving regime. Device side
 // only (the host pass never sees it). Design: docs/notes/serving-mainloop.md.
 //
-// CTA = one producer warpgroup (one thread issues the TMAs of a ring of stages) + two consumer
-// warpgroups; consumer warpgroup c owns weight rows 64c..64c+63 of the CTA's 128, both read the
-// same x stage. Per k-tile a consumer thread loads one 32-bit word (int4; 64-bit for int8) per
+// CTA = one producer warpgroup (one thread issues the TMAs of a ring of stages) + TM/64 consumer
+// warpgroups (two, or four at TM = 256); consumer warpgroup c owns weight rows 64c..64c+63 of the
+// CTA's TM, all read the same x stage. Per k-tile a consumer thread loads one 32-bit word (int4; 64-bit for int8) per
 // k16 block from the stage's weight atoms, converts it with lop3 (atoms/sm90a.cuh) straight into
 // its A-fragment registers, applies scale and additive zero with one fma per register pair
 // (loaded once per group, not per k16 block), and issues TK/16 wgmmas. With kDoubleBuffer the
@@ -146,13 +146,13 @@ __device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
 }
 // The phase offset's turn barriers (ids 2 and 3): one warpgroup syncs, the other arrives.
 // (Immediate ids: ptxas then reserves 4 hardware barriers, not all 16.)
-template <int Id>
+template <int Id, int Threads>
 __device__ __forceinline__ void turn_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(kConsumerThreads) : "memory");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");
 }
-template <int Id>
+template <int Id, int Threads>
 __device__ __forceinline__ void turn_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(Id), "n"(kConsumerThreads) : "memory");
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");
 }
 
 // wgmma's shared-memory descriptor of a K-major, 128-byte-swizzled B tile (8-row groups 1024
@@ -171,6 +171,9 @@ struct Mainloop {
   static constexpr int KB = Geo::kKBlocks;
   static constexpr int kAcc = TN / 2;
   static constexpr int kBits = Geo::kBitsW;
+  static constexpr int kTileM = Geo::kTileM;
+  static constexpr int kConsumerThreads = Geo::kConsumerThreads;
+  static constexpr int kConsumerWarps = Geo::kConsumerWarps;
   static constexpr int kWords = kBits / 4;  // 32-bit words of one lane's atom slice
   using Op = typename RsOp<Element, TN>::type;
   using Frag = uint32_t[KB][4];
@@ -217,18 +220,18 @@ struct Mainloop {
   static __device__ __forceinline__ void turn_take(int cw) {
     if constexpr (Geo::kPhased) {
       if (cw == 0) {
-        turn_sync<2>();
+        turn_sync<2, kConsumerThreads>();
       } else {
-        turn_sync<3>();
+        turn_sync<3, kConsumerThreads>();
       }
     }
   }
   static __device__ __forceinline__ void turn_pass(int cw, bool last) {
     if constexpr (Geo::kPhased) {
       if (cw == 0) {
-        turn_arrive<3>();
+        turn_arrive<3, kConsumerThreads>();
       } else if (!last) {
-        turn_arrive<2>();
+        turn_arrive<2, kConsumerThreads>();
       }
     }
   }
@@ -328,7 +331,7 @@ struct Mainloop {
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Geo::kConsumerRegs));
-    int const ct = int(threadIdx.x) - 128;  // 0..255
+    int const ct = int(threadIdx.x) - 128;  // 0 .. consumer threads - 1
     int const cw = warpgroup - 1;
     int const warp = (ct / 32) % 4;
     int const lane = ct % 32;
@@ -339,7 +342,7 @@ struct Mainloop {
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
     if constexpr (Geo::kPhased) {
-      if (cw == 1) turn_arrive<2>();  // warpgroup 0 issues first
+      if (cw == 1) turn_arrive<2, kConsumerThreads>();  // warpgroup 0 issues first
     }
     // The k-loop twice, one uniform branch per launch: the common groups (g >= TK, per-channel)
     // take the branch-free conversion.

@@ -9,10 +9,6 @@
 namespace mixed_gemm {
 namespace sm90s {
 
-constexpr int kTileM = 128;           // weight rows per CTA: 64 per consumer warpgroup
-constexpr int kThreads = 384;         // one producer warpgroup, two consumer warpgroups
-constexpr int kConsumerThreads = 256;
-constexpr int kConsumerWarps = kConsumerThreads / 32;  // split-K counters per output tile
 constexpr int kAtomRows = 16;         // the sm90a layout's 16 x 16 atoms
 constexpr int kMaxStages = 12;
 
@@ -26,15 +22,24 @@ constexpr int kMaxStages = 12;
 // tile, so their x stages are equal; each loads TN/ClusterM token rows of it with TMA multicast into
 // all of them.
 // Phased: the two consumer warpgroups take turns issuing their wgmmas (an ordered barrier).
-template <int kBits, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false>
+// TM = 256: four consumer warpgroups (64 rows each) behind one producer. Per x byte from L2 twice
+// the weight of TM = 128, and as many converting warps a scheduler as two CTAs of 128 rows, without
+// a second ring, a second CTA's barriers or the split-K slices that fill the SMs twice over.
+template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
+  static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN <= 64),
+                "TM: 128, or 256 (one CTA per SM, no cluster, no phase offset, TN <= 64: registers)");
   static_assert(TN % 16 == 0 && TN >= 16 && TN <= 256, "TN: wgmma N, a multiple of 16 up to 256");
   static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
   static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");
   static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && TN <= 64), "two CTAs per SM only with TN <= 64 (registers)");
   static_assert(ClusterM == 1 || ClusterM == 2 || ClusterM == 4, "cluster: 1, 2 or 4 row tiles share an x tile");
   static constexpr int kBitsW = kBits;
+  static constexpr int kTileM = TM;                                 // weight rows per CTA: 64 per consumer warpgroup
+  static constexpr int kConsumerThreads = 2 * TM;                   // TM / 64 consumer warpgroups
+  static constexpr int kThreads = 128 + kConsumerThreads;           // + the producer warpgroup
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;      // split-K counters per output tile
   static constexpr int kTN = TN;
   static constexpr int kTK = TK;
   static constexpr int kStages = Stages;
@@ -62,12 +67,13 @@ struct Geometry {
   // setmaxnreg: the producer warpgroup gives registers to the consumers (multiples of 8; per CTA
   // at most 65536 / CtasPerSm, what __launch_bounds__(384, CtasPerSm) leaves each thread x 384).
   static constexpr int kLaunchRegs = (65536 / (kThreads * CtasPerSm)) / 8 * 8;
-  static constexpr int kProducerRegs = CtasPerSm == 1 ? 40 : 24;
+  static constexpr int kProducerRegs = CtasPerSm == 1 && TM == 128 ? 40 : 24;
   static constexpr int kConsumerRegs = ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumerThreads) / 8 * 8;
   // The converted A fragments of the next k-tile are built while this one's wgmmas run, except at
   // TN = 256, where 128 accumulators leave no room for a second set (the other warpgroup overlaps),
-  // and at two CTAs per SM from TN = 32 on (104 registers a consumer thread: the other CTA overlaps).
-  static constexpr bool kDoubleBuffer = TN <= 128 && (CtasPerSm == 1 || TN <= 16);
+  // and at two CTAs per SM from TN = 32 on (104 registers a consumer thread: the other CTA overlaps),
+  // as at TM = 256 (112 registers; the other three warpgroups overlap).
+  static constexpr bool kDoubleBuffer = TN <= 128 && ((CtasPerSm == 1 && TM == 128) || TN <= 16);
 };
 
 // Everything the kernel reads, passed by value (__grid_constant__: the TMA descriptors must live
@@ -81,7 +87,7 @@ struct Params {
   void const* bias;
   void const* residual;
   void* y;
-  float* workspace;   // split-K partials: tiles x splits x 256 threads x TN/2 floats
+  float* workspace;   // split-K partials: tiles x splits x consumer threads x TN/2 floats
   int* counters;      // one per consumer warp of each output tile, zero between launches (the last split resets it)
   int m, n, k;
   int group;          // K rows per scale row (1 << 30 for one group per column)

@@ -44,6 +44,10 @@ def test_names_schedules_and_round_trip():
 
 @pytest.mark.parametrize("kw,rule", [
     (dict(tile=(64, 64, 128)), "tile M"),
+    (dict(tile=(256, 128, 128)), "tile M 256"),
+    (dict(tile=(256, 64, 128), ctas_per_sm=2), "tile M 256"),
+    (dict(tile=(256, 64, 128), cluster=(2, 1)), "tile M 256"),
+    (dict(tile=(256, 64, 128), phased=True), "tile M 256"),
     (dict(tile=(128, 48, 128)), "tile N"),
     (dict(tile=(128, 64, 32)), "tile K"),
     (dict(cluster=(1, 2)), "cluster"),
@@ -76,7 +80,7 @@ def test_auto_stages_fill_the_shared_memory(tile, ctas, stages):
     assert c.replace(stages=stages).smem_bytes == c.smem_bytes
     src = FAMILY.render(c)  # the kernel static_asserts the same number
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src
-    assert f"Geometry<4, {tile[1]}, {tile[2]}, {stages}, {ctas}, 1, false>" in src
+    assert f"Geometry<4, 128, {tile[1]}, {tile[2]}, {stages}, {ctas}, 1, false>" in src
 
 
 def test_cluster_and_phase_offset_are_compiled_in():
@@ -85,7 +89,7 @@ def test_cluster_and_phase_offset_are_compiled_in():
     assert c.kernel_name == "mg_sm90s_f16_u4_t128x128x128_c2x1_o1_s0_ph"
     assert c.kernel_name != c.replace(phased=False).kernel_name != c.replace(cluster=(1, 1), phased=False).kernel_name
     assert c.smem_bytes == c.replace(cluster=(1, 1)).smem_bytes  # the same ring, half of x from the peer
-    assert "Geometry<4, 128, 128, 5, 1, 2, true>" in FAMILY.render(c)
+    assert "Geometry<4, 128, 128, 128, 5, 1, 2, true>" in FAMILY.render(c)
     # Row tiles are launched in whole clusters: 33 row tiles take 34 CTAs per token tile and slice.
     assert c.tiles(16, 4224) == 34 and c.replace(cluster=(1, 1)).tiles(16, 4224) == 33
     assert c.tiles(200, 4096) == 64 and c.replace(tile=(128, 64, 128)).tiles(200, 4096) == 128
@@ -98,8 +102,8 @@ def test_four_cta_cluster():
     assert c.schedule == "t128x64x128_c4x1_o1_s0_auto" and c.kernel_name == "mg_sm90s_f16_u4_t128x64x128_c4x1_o1_s0"
     assert Sm90sConfig.from_schedule(c.schedule) == c
     assert c.smem_bytes == c.replace(cluster=(1, 1)).smem_bytes
-    assert "Geometry<4, 64, 128, 8, 1, 4, false>" in FAMILY.render(c)
-    assert "Geometry<4, 32, 128, 8, 1, 4, true>" in FAMILY.render(c.replace(tile=(128, 32, 128), phased=True))
+    assert "Geometry<4, 128, 64, 128, 8, 1, 4, false>" in FAMILY.render(c)
+    assert "Geometry<4, 128, 32, 128, 8, 1, 4, true>" in FAMILY.render(c.replace(tile=(128, 32, 128), phased=True))
     assert Sm90sConfig(tile=(128, 256, 128), cluster=(4, 1)).pipeline_stages == 3
     # 33 row tiles take 36 CTAs per token tile and slice (the last cluster: one tile in N, three past it),
     # 34, 35 and 36 row tiles too.
@@ -111,6 +115,20 @@ def test_four_cta_cluster():
     # The launcher counts whole clusters that fit the GPCs (cudaOccupancyMaxActiveClusters x 4): with
     # 30 of them, 8B o takes 3 slices (96 CTAs in one wave), not 4 (128 CTAs, a second wave of 8).
     assert c.launch_splits(64, 4096, 4096, 132, slots=30 * 4) == 3
+
+
+def test_four_consumer_warpgroups():
+    """TM = 256: four consumer warpgroups behind one producer (640 threads), half the row tiles of
+    TM = 128, a ring stage of twice the weight and scale bytes; compiled in as Geometry's TM."""
+    c = Sm90sConfig(tile=(256, 64, 128))
+    assert c.schedule == "t256x64x128_c1x1_o1_s0_auto" and Sm90sConfig.from_schedule(c.schedule) == c
+    assert c.threads == 640 and Sm90sConfig().threads == 384
+    assert c.stage_bytes == 64 * 128 * 2 + 256 * 64 + 2 * 4 * 256 * 2 and c.pipeline_stages == 6
+    assert c.tiles(64, 8192) == 32 and c.tiles(128, 8192 + 128) == 66
+    assert c.launch_splits(64, 8192, 28672, 132) == 4      # 70B down: 4 slices of 32 row tiles
+    src = FAMILY.render(c)
+    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false>" in src and "__launch_bounds__(640, 1)" in src
+    assert Sm90sConfig(tile=(256, 16, 128), bits=8).kernel_name == "mg_sm90s_f16_u8_t256x16x128_c1x1_o1_s0"
 
 
 def test_catalog_covers_the_token_tiles_of_both_dtypes():

@@ -117,7 +117,8 @@ def test_int8_kernels_with_zero_modes(config):
 @pytest.mark.parametrize("schedule", ["t128x16x128_c1x1_o1_s0_split8", "t128x64x128_c1x1_o1_s0_auto",
                                       "t128x16x128_c1x1_o2_s0_split4", "t128x64x128_c2x1_o1_s0_split4",
                                       "t128x128x128_c2x1_o1_s0_ph_split3", "t128x64x128_c4x1_o1_s0_split4",
-                                      "t128x128x128_c4x1_o1_s0_ph_split3"])
+                                      "t128x128x128_c4x1_o1_s0_ph_split3", "t256x64x128_c1x1_o1_s0_split4",
+                                      "t256x16x128_c1x1_o1_s0_split8"])
 def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
     """Split-K partials are summed in slice order: bit-identical results, across eager calls and
     CUDA-graph replays (the tile counters are left at zero for the next launch)."""

@@ -40,6 +40,12 @@ SHAPES = (
     ((128, 64, 128), 1, C4, False),
     ((128, 128, 128), 1, C4, False),
     ((128, 256, 128), 1, C4, False),
+    # Four consumer warpgroups of 64 rows behind one producer (TM = 256): the warps a scheduler of
+    # two CTAs per SM with one ring, half the x bytes from L2 per weight byte and half the tiles,
+    # so fewer split-K slices fill the SMs (docs/notes/serving-mainloop.md, "four consumer warpgroups").
+    ((256, 16, 128), 1, C1, False),
+    ((256, 32, 128), 1, C1, False),
+    ((256, 64, 128), 1, C1, False),
 )
 # 8-bit weights: the same kernel with the 64-bit atom slices (AtomConvert<., 8>), on fewer tiles.
 SHAPES_U8 = (
@@ -49,6 +55,8 @@ SHAPES_U8 = (
     ((128, 256, 64), 1, C1, False),   # TK = 128 would leave room for 2 stages of 82 KB
     ((128, 64, 128), 1, C2, False),
     ((128, 256, 64), 1, C2, False),
+    ((256, 16, 128), 1, C1, False),
+    ((256, 64, 128), 1, C1, False),
 )
 BITS = (4, 8)
 

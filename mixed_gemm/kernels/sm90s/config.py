@@ -14,13 +14,14 @@ from ..common import check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?_(dp|auto|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
+TILE_MS = (128, 256)    # 256: four consumer warpgroups behind one producer (Geometry's TM)
+TM256_MAX_TN = 64       # at TM = 256 a consumer thread has 112 registers: one fragment set, TN/2 accumulators
 TILE_NS = (16, 32, 64, 128, 256)
 TILE_KS = (64, 128)
 # (C, 1): C adjacent row tiles share their x tile, each CTA loading TN/C token rows of it with TMA
 # multicast into all C.
 CLUSTERS = ((1, 1), (2, 1), (4, 1))
 X_ATOM_ROWS = 8         # a 128-byte swizzle atom is 8 rows of 128 bytes: a CTA's x part fills whole ones
-THREADS = 384           # one producer warpgroup, two consumer warpgroups
 MAX_STAGES = 12
 AUTO_STAGES = 8         # the deepest ring stages=0 picks
 MAX_SPLITS = 16
@@ -41,7 +42,8 @@ class Sm90sConfig:
     """One launch configuration of the sm90s kernel (templates/sm90s/, the serving-regime mainloop
     of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
 
-    Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, TN tokens in
+    Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, or 256 with four consumer
+    warpgroups at one CTA per SM, no cluster and TN <= 64; TN tokens in
     {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
     C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32),
@@ -74,7 +76,11 @@ class Sm90sConfig:
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
-            (tm == TILE_M, "tile M (weight rows) must be 128: two consumer warpgroups of 64 rows (wgmma m64)"),
+            (tm in TILE_MS, f"tile M (weight rows) must be one of {TILE_MS}: consumer warpgroups of 64 rows (wgmma m64)"),
+            (tm == TILE_M or (self.ctas_per_sm == 1 and self.cluster == (1, 1) and not self.phased
+                              and tn <= TM256_MAX_TN),
+             f"tile M 256 (four consumer warpgroups) only at one CTA per SM, cluster (1, 1), no phase offset and "
+             f"TN <= {TM256_MAX_TN} (112 registers a consumer thread)"),
             (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
             (tk in TILE_KS, f"tile K must be one of {TILE_KS} (64-element swizzle panels of x)"),
             (self.cluster in CLUSTERS, "cluster must be (1, 1), (2, 1) or (4, 1) (x multicast over 2 or 4 row tiles)"),
@@ -97,8 +103,8 @@ class Sm90sConfig:
     @property
     def stage_bytes(self) -> int:
         """One ring stage: x (TN x TK halves), the weight atoms, up to TK/32 scale and zero rows."""
-        _, tn, tk = self.tile
-        return _round_up(tn * tk * 2 + TILE_M * tk * self.bits // 8 + 2 * (tk // 32) * TILE_M * 2, 1024)
+        tm, tn, tk = self.tile
+        return _round_up(tn * tk * 2 + tm * tk * self.bits // 8 + 2 * (tk // 32) * tm * 2, 1024)
 
     @property
     def pipeline_stages(self) -> int:
@@ -114,7 +120,8 @@ class Sm90sConfig:
 
     @property
     def threads(self) -> int:
-        return THREADS
+        """One producer warpgroup and TM/64 consumer warpgroups (Geometry::kThreads)."""
+        return 128 + 2 * self.tile[0]
 
     # ---- identity ----
     @functools.cached_property
@@ -146,7 +153,7 @@ class Sm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t128x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph]_<dp|auto|split<S>>")
+                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph]_<dp|auto|split<S>>")
         tm, tn, tk, cm, cn, o, st, ph, tail, sp = m.groups()
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
@@ -164,9 +171,9 @@ class Sm90sConfig:
     def tiles(self, m: int, n: int) -> int:
         """Output tiles (CTAs of one K slice): weight-row tiles, rounded up to whole clusters, x
         token tiles."""
-        _, tn, _ = self.tile
+        tm, tn, _ = self.tile
         cm = self.cluster[0]
-        return -(-n // (TILE_M * cm)) * cm * -(-m // tn)
+        return -(-n // (tm * cm)) * cm * -(-m // tn)
 
     def k_tiles(self, k: int) -> int:
         return -(-_round_up(k, 16) // self.tile[2])
