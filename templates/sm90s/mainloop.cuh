@@ -426,9 +426,9 @@ struct Mainloop {
       if (!__shfl_sync(0xffffffffu, last, 0)) return;
       __threadfence();
       // The sum in slice order, the same bits whichever slice arrived last.
-      if constexpr (kAcc <= 64) {
-        // This slice's own partial comes from its registers (one read fewer): a second set of
-        // sums fits beside up to 64 accumulators.
+      if constexpr (2 * kAcc + 32 <= Geo::kConsumerRegs) {
+        // This slice's own partial comes from its registers (one read fewer) where a second set
+        // of sums fits beside the accumulators (up to 64 of them at 232 registers, 32 at 104-112).
         float sum[kAcc];
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) sum[i] = 0.f;
@@ -448,7 +448,7 @@ struct Mainloop {
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] = sum[i];
       } else {
-        // 128 accumulators leave no room for a second set: every partial is read back.
+        // No room for a second set (128 accumulators, or 64 at TM = 256): every partial is read back.
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
         for (int sp = 0; sp < p.splits; ++sp) {

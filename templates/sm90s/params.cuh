@@ -28,8 +28,9 @@ constexpr int kMaxStages = 12;
 template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
-  static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN <= 64),
-                "TM: 128, or 256 (one CTA per SM, no cluster, no phase offset, TN <= 64: registers)");
+  static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80),
+                "TM: 128, or 256 (one CTA per SM, no cluster, no phase offset; TN/2 accumulators + TK/4 "
+                "fragment registers <= 80 of a consumer thread's 112)");
   static_assert(TN % 16 == 0 && TN >= 16 && TN <= 256, "TN: wgmma N, a multiple of 16 up to 256");
   static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
   static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");

@@ -45,6 +45,7 @@ def test_names_schedules_and_round_trip():
 @pytest.mark.parametrize("kw,rule", [
     (dict(tile=(64, 64, 128)), "tile M"),
     (dict(tile=(256, 128, 128)), "tile M 256"),
+    (dict(tile=(256, 256, 64)), "tile M 256"),
     (dict(tile=(256, 64, 128), ctas_per_sm=2), "tile M 256"),
     (dict(tile=(256, 64, 128), cluster=(2, 1)), "tile M 256"),
     (dict(tile=(256, 64, 128), phased=True), "tile M 256"),
@@ -231,3 +232,25 @@ def test_cluster_release_is_not_a_gpu_fence(tmp_path, cluster):
                     "-o", str(ptx), str(src)], check=True, capture_output=True, text=True)
     arrives = re.findall(r"mbarrier\.arrive[.\w:]*shared::cluster\.b64", ptx.read_text())
     assert arrives and set(arrives) == {"mbarrier.arrive.release.cta.shared::cluster.b64"}
+
+
+def test_refit_shrinks_a_borrowed_kernel_only_where_its_tiles_fall_short():
+    """An entry borrowed from a larger shape: one step smaller (o2 -> o1, TM 256 -> 128, else half
+    TN), a catalog kernel with the split factor re-chosen; unchanged on shapes as large or larger."""
+    from mixed_gemm.kernels import Problem
+
+    def at(n, k, m):
+        return Problem(m=m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
+
+    big = at(3584, 3584, 256)
+    c = Sm90sConfig.from_schedule("t128x128x128_c1x1_o1_s0_auto")
+    assert FAMILY.refit(c, at(2048, 2048, 256), 132, big).schedule == "t128x64x128_c1x1_o1_s0_auto"
+    assert FAMILY.refit(c, at(3072, 3072, 256), 132, big) is c          # 48 of 56 tiles: kept
+    assert FAMILY.refit(c, at(8192, 8192, 256), 132, big) is c          # larger: kept
+    o2 = Sm90sConfig.from_schedule("t128x32x128_c1x1_o2_s0_auto")
+    assert FAMILY.refit(o2, at(2048, 2048, 64), 132, at(3584, 3584, 64)).schedule == "t128x32x128_c1x1_o1_s0_auto"
+    rows = Sm90sConfig.from_schedule("t256x64x128_c1x1_o1_s0_split4")
+    assert FAMILY.refit(rows, at(4096, 4096, 64), 132, at(8192, 28672, 64)).schedule == "t128x64x128_c1x1_o1_s0_auto"
+    # int8 has no 128-token tile at TK = 64: the borrowed kernel stays.
+    u8 = Sm90sConfig.from_schedule("t128x256x64_c1x1_o1_s0_auto", bits=8)
+    assert FAMILY.refit(u8, at(2048, 2048, 256), 132, big) is u8

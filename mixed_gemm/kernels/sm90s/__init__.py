@@ -20,6 +20,7 @@ from .catalog import BITS, default_catalog
 from .config import TILE_M, Sm90sConfig
 from .heuristics import SWITCH_ENV, heuristic_config
 from .launch import Sm90sLauncher
+from .refit import refit_config
 
 
 class Sm90sFamily(Family):
@@ -47,6 +48,10 @@ class Sm90sFamily(Family):
 
     def catalog(self) -> List[Sm90sConfig]:
         return default_catalog()
+
+    def refit(self, config: Sm90sConfig, problem: Problem, sms: int, measured: Problem) -> Sm90sConfig:
+        """A smaller kernel where a borrowed entry's tiles would not fill this shape (:mod:`.refit`)."""
+        return refit_config(config, problem, measured, self.catalog())
 
     def _reads(self, problem: Problem) -> bool:
         return problem.bits in BITS and self.layout in problem.layout.split("+")

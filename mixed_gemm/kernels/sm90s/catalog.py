@@ -46,6 +46,7 @@ SHAPES = (
     ((256, 16, 128), 1, C1, False),
     ((256, 32, 128), 1, C1, False),
     ((256, 64, 128), 1, C1, False),
+    ((256, 128, 64), 1, C1, False),   # TK = 64: 64 accumulators + 16 fragment registers fit 112 (TK = 128 spills)
 )
 # 8-bit weights: the same kernel with the 64-bit atom slices (AtomConvert<., 8>), on fewer tiles.
 SHAPES_U8 = (

@@ -15,7 +15,9 @@ from ..common import check_weight_kind, hash_once, raise_on
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?_(dp|auto|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
 TILE_MS = (128, 256)    # 256: four consumer warpgroups behind one producer (Geometry's TM)
-TM256_MAX_TN = 64       # at TM = 256 a consumer thread has 112 registers: one fragment set, TN/2 accumulators
+# At TM = 256 a consumer thread has 112 registers: TN/2 accumulators and one set of TK/4 fragment
+# registers must stay within 80 (t256x128x128 spills 92 bytes in the k-loop; t256x128x64 none).
+TM256_MAX_LIVE = 80
 TILE_NS = (16, 32, 64, 128, 256)
 TILE_KS = (64, 128)
 # (C, 1): C adjacent row tiles share their x tile, each CTA loading TN/C token rows of it with TMA
@@ -43,7 +45,7 @@ class Sm90sConfig:
     of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, or 256 with four consumer
-    warpgroups at one CTA per SM, no cluster and TN <= 64; TN tokens in
+    warpgroups at one CTA per SM, no cluster and TN/2 + TK/4 <= 80; TN tokens in
     {16, 32, 64, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
     C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32),
@@ -78,9 +80,9 @@ class Sm90sConfig:
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (tm in TILE_MS, f"tile M (weight rows) must be one of {TILE_MS}: consumer warpgroups of 64 rows (wgmma m64)"),
             (tm == TILE_M or (self.ctas_per_sm == 1 and self.cluster == (1, 1) and not self.phased
-                              and tn <= TM256_MAX_TN),
+                              and tn // 2 + tk // 4 <= TM256_MAX_LIVE),
              f"tile M 256 (four consumer warpgroups) only at one CTA per SM, cluster (1, 1), no phase offset and "
-             f"TN <= {TM256_MAX_TN} (112 registers a consumer thread)"),
+             f"TN/2 + TK/4 <= {TM256_MAX_LIVE} (accumulators and fragments in 112 registers a consumer thread)"),
             (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
             (tk in TILE_KS, f"tile K must be one of {TILE_KS} (64-element swizzle panels of x)"),
             (self.cluster in CLUSTERS, "cluster must be (1, 1), (2, 1) or (4, 1) (x multicast over 2 or 4 row tiles)"),

@@ -1,0 +1,46 @@
+"""A profile entry borrowed from a larger shape, fitted to a smaller one (selection's ``refit``).
+
+An sm90s entry won on its shape with a tile count that filled the SMs; on a shape with fewer weight
+rows the same tile leaves fewer, longer-latency CTAs, and the kernel turns latency-bound on its few
+k-tiles (docs/notes/serving-mainloop.md: on 8B o one CTA per SM beats two; held-out 2048 x 2048 at
+M = 256 ran the borrowed 128 x 128 tile 1.55x slower than the sweep's best and the 128 x 64 tile
+within 1.22x). So where the tiles fall below ``SHRINK`` of the measured shape's, one step toward a
+smaller kernel, each a catalog kernel (a package must hold it): two CTAs per SM -> one; 256 weight
+rows -> 128; else half the token tile. The split factor is re-chosen for the new tile (``auto``).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from ..base import Problem
+from .config import TILE_M, Sm90sConfig
+
+SHRINK = 0.75
+
+
+def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
+    tm, tn, tk = config.tile
+    if config.ctas_per_sm == 2:
+        yield config.replace(ctas_per_sm=1)
+    elif tm != TILE_M:
+        yield config.replace(tile=(TILE_M, tn, tk))
+    elif tn >= 32:
+        yield config.replace(tile=(tm, tn // 2, tk))
+
+
+def refit_config(config: Sm90sConfig, problem: Problem, measured: Problem,
+                 catalog: Iterable[Sm90sConfig]) -> Sm90sConfig:
+    """``config`` (best on ``measured``, at the same M) for ``problem``: unchanged unless its tiles
+    on ``problem`` fall below SHRINK of those on ``measured``, then the first smaller kernel of
+    ``catalog`` (:func:`_smaller`), launched with the split factor chosen per shape."""
+    if config.tiles(problem.m, problem.n) >= SHRINK * config.tiles(measured.m, measured.n):
+        return config
+    kernels = {c.kernel for c in catalog}
+    for smaller in _smaller(config):
+        try:
+            fitted = smaller.replace(decomposition="auto", splits=1)
+        except ValueError:  # a combination the config rules refuse (e.g. a cluster's TN/C)
+            continue
+        if fitted.kernel in kernels:
+            return fitted
+    return config
