@@ -98,7 +98,7 @@ def tar_xz(entries: List[str], xz_args: List[str], target: Path) -> None:
 
 # Archives of --pack-all, by what their entries are: each stays under what one device call may
 # carry beside the checkout and the wheels (64 MB in all), so a whole cache arrives over a few calls.
-PACK_GROUPS = (("libs", lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_"))),  # kernel libraries
+PACK_GROUPS = (("libs", lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_", "mg_moe_sm90s_"))),  # kernel libraries
                ("gemv", lambda e: e.startswith("mg_gemv")),
                ("tiles", lambda e: True))  # sm80, dequant_mm, moe_gemv, moe_sm80 fatbins
 

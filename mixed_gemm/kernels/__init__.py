@@ -15,15 +15,16 @@ import functools
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
-from . import base, dequant_mm, gemv, moe_gemv, moe_sm80, moe_sm90a, sm80, sm90a, sm90s
+from . import base, dequant_mm, gemv, moe_gemv, moe_sm80, moe_sm90a, moe_sm90s, sm80, sm90a, sm90s
 from .base import OK, Family, MoeProblem, Problem, Verdict, compute_capability
 
 # sm90s is asked first, but its heuristic passes unless switched on (kernels/sm90s/heuristics.py)
 # until the H100 profile says where it wins; profiles naming it are used either way.
 FAMILIES: Tuple[Family, ...] = (sm90s.FAMILY, sm90a.FAMILY, gemv.FAMILY, sm80.FAMILY, dequant_mm.FAMILY)
 # MoE projections, never in dense selection; asked in this order: the tile families pass at few rows
-# per expert (moe_sm90a on the H100, moe_sm80 where it does not run), moe_gemv takes the rest.
-GROUPED_FAMILIES: Tuple[Family, ...] = (moe_sm90a.FAMILY, moe_sm80.FAMILY, moe_gemv.FAMILY)
+# per expert (moe_sm90a on the H100, moe_sm80 where it does not run), moe_gemv takes the rest;
+# moe_sm90s (the dense sm90s mainloop over the experts' rows) runs only where a profile names it.
+GROUPED_FAMILIES: Tuple[Family, ...] = (moe_sm90a.FAMILY, moe_sm90s.FAMILY, moe_sm80.FAMILY, moe_gemv.FAMILY)
 ALL_FAMILIES: Tuple[Family, ...] = FAMILIES + GROUPED_FAMILIES
 # The weight layouts families read, by name (one layout module per name). A PackedWeight holds one
 # of them (layout_for: the one the tile family of its GPU reads), or, when asked for, sm80 plus

@@ -127,6 +127,68 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   return 0;
 }
 
+// Grouped (templates/moe_sm90s/): the stacked experts' weight (E x w_bytes apart), scales and zeros
+// (E x s_bytes apart, (groups, N_pad) each) and the sorted rows x (pairs, K). Grid: (splits,
+// ceil(N / TM), ceil(pairs / TN) + E): every expert's token tiles fit in its z items whatever the
+// routing (each expert's last tile is partial at most), so no count is read on the host.
+template <class Geo>
+int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void const* x, int pairs, int n, int n_pad,
+                 int k, int group, int groups, int experts, long long w_bytes, long long s_bytes, int gate_up,
+                 int splits) {
+  if (!encode_fn()) return kErrNoDriver;
+  if (pairs < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1 || experts < 1 ||
+      w_bytes % 16 || s_bytes % 16 || (gate_up && n % 16))
+    return kErrShape;
+  constexpr int TK = Geo::kTK;
+  int const g = groups == 1 ? (1 << 30) : group;
+  if (groups > 1 && !(g % TK == 0 || (TK % g == 0 && g % 32 == 0))) return kErrShape;
+  int const rows = g >= TK ? 1 : TK / g;
+  int kb_shift = 0;
+  while ((16 << kb_shift) < (g < TK ? g : TK)) ++kb_shift;
+
+  Params& p = slot->params;
+  std::memset(&p, 0, sizeof(Params));
+  int const k16 = (k + 15) / 16 * 16;
+  cuuint32_t unit[4] = {1, 1, 1, 1};
+  {
+    cuuint64_t dims[4] = {cuuint64_t(Geo::kAtomWords), cuuint64_t(n_pad / kAtomRows), cuuint64_t(k16 / 16),
+                          cuuint64_t(experts)};
+    cuuint64_t strides[3] = {cuuint64_t(Geo::kAtomBytes), cuuint64_t(n_pad / kAtomRows) * Geo::kAtomBytes,
+                             cuuint64_t(w_bytes)};
+    cuuint32_t box[4] = {cuuint32_t(Geo::kAtomWords), cuuint32_t(Geo::kTileM / kAtomRows), cuuint32_t(Geo::kKBlocks), 1};
+    if (encode_fn()(&p.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, const_cast<void*>(w), dims, strides, box, unit,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return kErrEncodeW;
+  }
+  for (int which = 0; which < 2; ++which) {
+    cuuint64_t dims[3] = {cuuint64_t(n_pad), cuuint64_t(groups), cuuint64_t(experts)};
+    cuuint64_t strides[2] = {cuuint64_t(n_pad) * 2, cuuint64_t(s_bytes)};
+    cuuint32_t box[3] = {cuuint32_t(Geo::kTileM), cuuint32_t(rows), 1};
+    if (encode_fn()(which ? &p.z : &p.s, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(which ? z : s), dims,
+                    strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return which ? kErrEncodeZ : kErrEncodeS;
+  }
+  if (int rc = encode_x<Geo>(p, x, pairs, k)) return rc;
+  p.m = pairs;
+  p.n = n;
+  p.k = k;
+  p.group = g;
+  p.k_tiles = (k16 + TK - 1) / TK;
+  int const asked = splits < p.k_tiles ? splits : p.k_tiles;
+  p.split_tiles = (p.k_tiles + asked - 1) / asked;
+  p.splits = (p.k_tiles + p.split_tiles - 1) / p.split_tiles;
+  p.kb_shift = kb_shift;
+  p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * Geo::kTileM * rows * 2;
+  p.experts = experts;
+  p.gate_up = gate_up;
+  slot->x = x;
+  slot->grid = dim3(p.splits, (n + Geo::kTileM - 1) / Geo::kTileM, (pairs + Geo::kTN - 1) / Geo::kTN + experts);
+  slot->m = pairs;
+  return 0;
+}
+
 // Clusters of this kernel that run at once (cudaOccupancyMaxActiveClusters; 0 without a cluster).
 // A cluster's CTAs share a GPC, so at one CTA per SM whole clusters of 4 may leave SMs of a GPC idle:
 // the split factor of "auto" counts these slots, not the SMs (mixed_gemm/kernels/sm90s/launch.py).
@@ -157,6 +219,14 @@ long long workspace_floats(Slot const* slot) {
 }
 template <class Geo>
 long long counter_count(Slot const* slot) { return (long long)slot->grid.y * slot->grid.z * Geo::kConsumerWarps; }
+
+// Grouped: the routing's device arrays of this call (offsets and counts int64, tile_ends int32 for
+// tiles of TN rows), then run().
+inline void set_routing(Slot* slot, void const* offsets, void const* counts, void const* tile_ends) {
+  slot->params.offsets = static_cast<long long const*>(offsets);
+  slot->params.counts = static_cast<long long const*>(counts);
+  slot->params.tile_ends = static_cast<int const*>(tile_ends);
+}
 
 template <class Geo>
 int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias, void const* residual, void* workspace,

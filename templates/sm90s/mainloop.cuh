@@ -35,6 +35,7 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 
 #include "atoms/sm90a.cuh"
+#include "common/gate_up.cuh"
 #include "sm90s/params.cuh"
 
 namespace mixed_gemm {
@@ -139,6 +140,14 @@ __device__ __forceinline__ void tma_3d(CUtensorMap const* map, uint64_t* bar, vo
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1),
       "r"(c2), "l"(hint)
+      : "memory");
+}
+__device__ __forceinline__ void tma_4d(CUtensorMap const* map, uint64_t* bar, void* dst, int c0, int c1, int c2, int c3,
+                                       uint64_t hint) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0),
+      "r"(c1), "r"(c2), "r"(c3), "l"(hint)
       : "memory");
 }
 __device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
@@ -266,7 +275,33 @@ struct Mainloop {
     fence(acc);
   }
 
+  // Grouped: grid z item -> (expert, token tile) through the sort's tile prefix sums, the first e
+  // with tile_ends[e] > item (binary search over E <= 256). False: past the last tile (the grid is
+  // sized from the shapes alone, ceil(pairs / TN) + E items, so the launch needs no host read).
+  static __device__ __forceinline__ bool item(Params const& p, int& expert, int& tok0, int& tok_end) {
+    int const it = int(blockIdx.z);
+    if (it >= p.tile_ends[p.experts - 1]) return false;
+    int lo = 0, hi = p.experts - 1;
+    while (lo < hi) {
+      int const mid = (lo + hi) >> 1;
+      if (p.tile_ends[mid] > it) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    long long const first = p.offsets[lo];
+    expert = lo;
+    tok0 = int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN;
+    tok_end = int(first + p.counts[lo]);
+    return true;
+  }
+
   static __device__ void run(Params const& p, char* smem_raw) {
+    int expert = 0, tok0 = int(blockIdx.z) * TN, tok_end = p.m;
+    if constexpr (Geo::kGrouped) {
+      if (!item(p, expert, tok0, tok_end)) return;  // the whole CTA, before any barrier exists
+    }
     char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes);
     uint64_t* empty = full + Geo::kStages;
@@ -288,7 +323,6 @@ struct Mainloop {
     int const kt0 = split * p.split_tiles;
     int const nk = min(p.k_tiles, kt0 + p.split_tiles) - kt0;  // >= 1 (the host drops empty splits)
     int const row0 = blockIdx.y * kTileM;
-    int const tok0 = blockIdx.z * TN;
 
     if (warpgroup == 0) {  // producer
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Geo::kProducerRegs));
@@ -316,10 +350,17 @@ struct Mainloop {
             for (int panel = 0; panel < Geo::kPanels; ++panel)
               tma_2d(&p.x, &full[s], stage + panel * TN * 128, kt * TK + 64 * panel, tok0, kEvictLast);
           }
-          tma_3d(&p.w, &full[s], stage + Geo::kXBytes, 0, row0 / kAtomRows, kt * KB, kEvictFirst);
           int const srow = (kt * TK) / p.group;
-          tma_2d(&p.s, &full[s], stage + Geo::kXBytes + Geo::kWBytes, row0, srow, kEvictFirst);
-          tma_2d(&p.z, &full[s], stage + Geo::kXBytes + Geo::kWBytes + Geo::kSBytes, row0, srow, kEvictFirst);
+          char* const ws = stage + Geo::kXBytes;
+          if constexpr (Geo::kGrouped) {  // one more coordinate: the expert
+            tma_4d(&p.w, &full[s], ws, 0, row0 / kAtomRows, kt * KB, expert, kEvictFirst);
+            tma_3d(&p.s, &full[s], ws + Geo::kWBytes, row0, srow, expert, kEvictFirst);
+            tma_3d(&p.z, &full[s], ws + Geo::kWBytes + Geo::kSBytes, row0, srow, expert, kEvictFirst);
+          } else {
+            tma_3d(&p.w, &full[s], ws, 0, row0 / kAtomRows, kt * KB, kEvictFirst);
+            tma_2d(&p.s, &full[s], ws + Geo::kWBytes, row0, srow, kEvictFirst);
+            tma_2d(&p.z, &full[s], ws + Geo::kWBytes + Geo::kSBytes, row0, srow, kEvictFirst);
+          }
         }
         if constexpr (Geo::kClusterM > 1) {
           // The releases of the last k-tiles (the peers' remote arrivals included) have landed.
@@ -352,7 +393,7 @@ struct Mainloop {
       consume<false>(p, smem, full, empty, nk, cw, atom_row, lane, acc);
     }
 
-    epilogue(p, acc, ct, cw, warp, lane, row0, tok0);
+    epilogue(p, acc, ct, cw, warp, lane, row0, tok0, tok_end);
   }
 
   template <bool kOneGroup>
@@ -403,7 +444,7 @@ struct Mainloop {
   }
 
   static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], int ct, int cw, int warp,
-                                                  int lane, int row0, int tok0) {
+                                                  int lane, int row0, int tok0, int tok_end) {
     if (p.splits > 1) {
       int const tile = blockIdx.y + gridDim.y * blockIdx.z;
       // Partials as [TN/8 float4][256 threads]: each warp's float4 stores cover 512 contiguous bytes.
@@ -465,6 +506,10 @@ struct Mainloop {
       }
     }
     using Raw = typename Pair<Element>::raw;
+    if constexpr (Geo::kGrouped) {
+      store_grouped(p, acc, cw, warp, lane, row0, tok0, tok_end);
+      return;
+    }
     Raw const* bias = static_cast<Raw const*>(p.bias);
     Raw const* residual = static_cast<Raw const*>(p.residual);
     Raw* y = static_cast<Raw*>(p.y);
@@ -481,12 +526,42 @@ struct Mainloop {
     for (int i = 0; i < kAcc; ++i) {
       int const row = rbase + 8 * ((i >> 1) & 1);
       int const tok = tok0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-      if (row < p.n && tok < p.m) {
+      if (row < p.n && tok < tok_end) {
         size_t const at = size_t(tok) * p.n + row;
         float v = acc[i] + bias_v[(i >> 1) & 1];
         if (residual != nullptr) v += float(residual[at]);
         y[at] = Raw(v);
       }
+    }
+  }
+
+  // Grouped stores: sorted row tok of this expert's block (tok < tok_end), y (pairs, N), or for the
+  // gate|up stage h (pairs, N/2) = SiLU(gate) * up: rows 16j + g (gate) and 16j + 8 + g (up) of a
+  // warp's 16 are one thread's accumulators i and i + 2 (the stack's blocks of 8), one rounding.
+  static __device__ __forceinline__ void store_grouped(Params const& p, float (&acc)[kAcc], int cw, int warp, int lane,
+                                                       int row0, int tok0, int tok_end) {
+    using Raw = typename Pair<Element>::raw;
+    Raw* y = static_cast<Raw*>(p.y);
+    static_assert(kGateUpBlock == 8 && kAtomRows == 16, "a thread's rows g and g + 8 are a gate row and its up row");
+    int const g = lane >> 2;
+    int const block = row0 + 64 * cw + kAtomRows * warp;  // the warp's 16 rows
+    if (p.gate_up) {
+      int const half = p.n / 2;
+      int const col = gate_up_output(block + g);
+      if (block + g >= p.n) return;
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        if ((i >> 1) & 1) continue;  // the up half, read with its gate
+        int const tok = tok0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+        if (tok < tok_end) y[size_t(tok) * half + col] = Raw(silu_mul(acc[i], acc[i + 2]));
+      }
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      int const row = block + g + 8 * ((i >> 1) & 1);
+      int const tok = tok0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+      if (row < p.n && tok < tok_end) y[size_t(tok) * p.n + row] = Raw(acc[i]);
     }
   }
 };

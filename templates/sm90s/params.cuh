@@ -25,7 +25,11 @@ constexpr int kMaxStages = 12;
 // TM = 256: four consumer warpgroups (64 rows each) behind one producer. Per x byte from L2 twice
 // the weight of TM = 128, and as many converting warps a scheduler as two CTAs of 128 rows, without
 // a second ring, a second CTA's barriers or the split-K slices that fill the SMs twice over.
-template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false>
+// Grouped: the mixture-of-experts launch (templates/moe_sm90s/): the weight is E stacked experts,
+// grid z walks the token tiles of every expert's block of sorted rows (the routing sort's tile
+// prefix sums), and the gate|up stage stores SiLU(gate) * up.
+template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false,
+          bool Grouped = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80),
@@ -47,6 +51,8 @@ struct Geometry {
   static constexpr int kCtasPerSm = CtasPerSm;
   static constexpr int kClusterM = ClusterM;
   static constexpr bool kPhased = Phased;
+  static constexpr bool kGrouped = Grouped;
+  static_assert(!Grouped || (ClusterM == 1 && !Phased), "grouped: no cluster, no phase offset");
   static constexpr int kXBoxRows = TN / ClusterM;                  // token rows of x one CTA loads
   // CTA r's part of the box lands r * kXBoxRows 128-byte rows into each panel: whole 8-row
   // (1024-byte) swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives
@@ -98,6 +104,12 @@ struct Params {
   int kb_shift;       // log2(k16 blocks per scale row inside a k-tile)
   int stage_tx;       // bytes the TMAs of one stage deliver to each CTA (boxes are whole, zero-filled out of
                       // bounds; with a cluster, the other CTAs' parts of x come from their multicasts)
+  // Grouped launches only (w: (words, N_pad/16, K16/16, E); s, z: (N_pad, G, E); x: the sorted rows):
+  long long const* offsets;  // each expert's first sorted row (the routing sort's, int64)
+  long long const* counts;   // each expert's rows
+  int const* tile_ends;      // inclusive prefix sums of ceil(counts / TN): grid z item -> expert
+  int experts;
+  int gate_up;               // store SiLU(gate) * up: N/2 columns (rows interleaved in blocks of 8)
 };
 
 }  // namespace sm90s

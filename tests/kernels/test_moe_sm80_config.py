@@ -32,7 +32,7 @@ def test_schedule_round_trip_and_names(schedule):
     assert c.kernel_name == k.kernel_name == "mg_moe_sm80_bf16_u8_" + schedule.split("_", 1)[1]
     assert c.name == f"mg_moe_sm80_bf16_u8_zfloat_{schedule}"
     assert family("moe_sm80") is FAMILY
-    assert [f.name for f in GROUPED_FAMILIES] == ["moe_sm90a", "moe_sm80", "moe_gemv"]
+    assert [f.name for f in GROUPED_FAMILIES] == ["moe_sm90a", "moe_sm90s", "moe_sm80", "moe_gemv"]
     assert c.fused == schedule.endswith("_f") and k.fused == c.fused
     for bad in ("t64x128x64_w2x2x1_s4", "w13_t64x128x64_s4", "w13_t128x64x64_s0", "w13_t64x128x64_w2x2x1_s4_g"):
         with pytest.raises(ValueError, match="not a moe_sm80 schedule"):

@@ -1,0 +1,100 @@
+"""The ``moe_sm90s`` family: the dense sm90s mainloop (templates/sm90s/: the weight as wgmma's
+register operand A, converted with lop3 from a TMA-fed ring, the tokens as wgmma N) over every
+expert's block of routed rows, for decode batches (2..256 tokens) where the experts get a few rows
+each: each touched expert's weight tile is streamed once per 16-64 of its rows, by as many CTAs as
+its rows x weight-row tiles (one launch, a grid sized from the shapes alone).
+
+It reads the stacked sm90a-layout experts ``prepack_experts`` makes on the H100 (each expert the
+dense sm90a family's weight; gate|up interleaved in blocks of 8, so one thread holds a gate row and
+its up row and the gate|up stage stores SiLU(gate) * up). Around it: the library's routing sort,
+row gather and top-k sum (templates/common/moe_sort.cuh, moe_route.cuh). Compiled for ``sm_90a``
+only. A grouped family (``kernels.GROUPED_FAMILIES``); no heuristic: profiles name it where it won.
+"""
+from __future__ import annotations
+
+import threading
+from typing import List
+
+from ...codegen import render_template
+from ..base import OK, GroupedFamily, MoeProblem, Verdict
+from ..common import DTYPES, grouped_constant_checks
+from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS
+from ..sm90a import layout
+from .abi import ABI_VERSION
+from .candidates import candidate_schedules
+from .catalog import BITS, default_catalog
+from .config import MoeSm90sConfig
+from .launch import MoeSm90sLauncher
+
+MAX_PAIRS = 2**31 - 1
+
+
+class MoeSm90sFamily(GroupedFamily):
+    name = "moe_sm90s"
+    config_class = MoeSm90sConfig
+    layout = layout.NAME
+    sets_layout = False  # it reads the sm90a copy prepack_experts made on the H100
+    arch_flags = ("-gencode=arch=compute_90a,code=sm_90a",)
+    output = "shared"  # TMA descriptors are encoded by the kernel library's host code
+    min_capability = (9, 0)
+    max_capability = (9, 0)
+
+    def __init__(self):
+        self._launchers = {}
+        self._lock = threading.Lock()
+
+    def grouped_rules(self, config: MoeSm90sConfig, problem: MoeProblem) -> Verdict:
+        tk = config.tile[2]
+        g, k, n = problem.group_size, problem.k, problem.n
+        if problem.bits not in BITS:
+            return False, f"{problem.bits}-bit weights: the moe_sm90s catalog holds {BITS}-bit kernels"
+        if g not in (-1, k) and g % tk and (tk % g or g % 32):
+            return False, (f"group size {g} neither divides nor is a multiple of the tile's K={tk} (nor "
+                           "per-channel): a k-tile loads whole scale rows, at most TK/32 of them")
+        if k % 8:
+            return False, f"K={k} is not a multiple of 8: the sorted rows are loaded by TMA in 16-byte units"
+        if problem.stage == "w13" and n % 16:
+            return False, f"gate|up: N = 2I must be a multiple of 16 (gate and up rows in blocks of 8), got N={n}"
+        if problem.pairs > MAX_PAIRS:
+            return False, f"at most {MAX_PAIRS} (token, slot) pairs, got {problem.pairs}"
+        if problem.experts > SORT_MAX_EXPERTS:
+            return False, f"at most {SORT_MAX_EXPERTS} experts (the routing sort's one-CTA scan), got {problem.experts}"
+        return OK
+
+    def catalog(self) -> List[MoeSm90sConfig]:
+        return default_catalog()
+
+    def candidates(self, problem, sms: int) -> List[str]:
+        return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
+
+    def heuristic(self, problem, sms: int):
+        return None  # profile-only until a sweep shows where it wins (docs/notes/moe.md)
+
+    def render(self, config: MoeSm90sConfig) -> str:
+        kernel = config.kernel
+        tm, tn, tk = kernel.tile
+        return render_template(
+            "moe_sm90s/kernel.cu.j2",
+            family=self.name, config=repr(kernel), name=kernel.kernel_name,
+            element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
+            stages=kernel.pipeline_stages, smem_bytes=kernel.smem_bytes, threads=kernel.threads,
+            abi_version=ABI_VERSION, sort_args_bytes=SORT_ARGS_BYTES, sort_threads=SORT_THREADS,
+            sort_max_experts=SORT_MAX_EXPERTS, constants=grouped_constant_checks(),
+        )
+
+    def launcher(self, config: MoeSm90sConfig, device_index: int) -> MoeSm90sLauncher:
+        """One launcher per (config, device), kept (it holds the per-weight descriptors; making one
+        loads the module, which a CUDA-graph capture must not see)."""
+        key = (config.kernel, config.stage, config.splits, device_index)
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            with self._lock:
+                launcher = self._launchers.get(key)
+                if launcher is None:
+                    launcher = self._launchers[key] = MoeSm90sLauncher(config, self.build_spec(config), device_index)
+        return launcher
+
+
+FAMILY = MoeSm90sFamily()
+
+__all__ = ["FAMILY", "MoeSm90sConfig", "MoeSm90sFamily"]

@@ -1,0 +1,42 @@
+"""The moe_sm90s schedules worth timing for one projection: every catalog tile whose token tile
+is at most twice the mean pairs per routed expert (a CTA's x rows mostly belong to its expert), from
+2 to ``TO_TOKENS`` tokens, each whole and with the K split that would fill the SMs were the routed
+experts' tiles alone (random routing, ``moe_gemv.heuristics.expected_experts``)."""
+from __future__ import annotations
+
+from typing import List
+
+from ..base import MoeProblem
+from ..moe_gemv.heuristics import expected_experts
+from ..sm90s.config import MAX_SPLITS
+from .catalog import BITS, TILES
+from .config import MoeSm90sConfig
+
+FROM_TOKENS, TO_TOKENS = 2, 256
+
+
+def splits_for(problem: MoeProblem, tile, sms: int) -> int:
+    """K slices that fill ``sms`` with the CTAs of the experts random routing touches."""
+    tm, tn, tk = tile
+    routed = expected_experts(problem.tokens, problem.top_k, problem.experts)
+    per_expert = problem.pairs / max(routed, 1e-9)
+    ctas = routed * -(-problem.n // tm) * max(1, -(-int(per_expert) // tn))
+    k_tiles = -(-problem.k // tk)
+    return max(1, min(sms // max(1, int(ctas)), k_tiles // 4, MAX_SPLITS))
+
+
+def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
+    if problem.bits not in BITS or not FROM_TOKENS <= problem.tokens <= TO_TOKENS:
+        return []
+    routed = expected_experts(problem.tokens, problem.top_k, problem.experts)
+    per_expert = problem.pairs / max(routed, 1e-9)
+    out = []
+    for tile in TILES:
+        if tile[1] > max(16, 2 * per_expert):
+            continue
+        base = MoeSm90sConfig(stage=problem.stage, tile=tile)
+        out.append(base.schedule)
+        splits = splits_for(problem, tile, sms)
+        if splits > 1:
+            out.append(base.replace(splits=splits).schedule)
+    return out

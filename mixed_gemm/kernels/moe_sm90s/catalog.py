@@ -1,0 +1,17 @@
+"""The moe_sm90s family's default catalog: the decode-range token tiles (16, 32 and 64 routed
+rows of an expert per CTA) with 128 weight rows, and 32 and 64 with 256 (four consumer
+warpgroups, for the large experts), TK = 128; fp16 and bf16, int4. The stage and the split factor
+are launch-time choices (no kernel of their own)."""
+from __future__ import annotations
+
+from typing import List
+
+from ..common import DTYPES
+from .config import MoeSm90sConfig
+
+TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 32, 128), (256, 64, 128))
+BITS = (4,)
+
+
+def default_catalog() -> List[MoeSm90sConfig]:
+    return [MoeSm90sConfig(dtype=d, bits=b, tile=t) for d in DTYPES for b in BITS for t in TILES]

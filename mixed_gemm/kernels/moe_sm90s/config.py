@@ -1,0 +1,109 @@
+"""``MoeSm90sConfig``: the frozen configuration of the grouped sm90s family, its single source of
+truth: name, rendered source, build-cache key and schedule derive from it."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass
+from typing import Tuple
+
+from ..common import check_weight_kind, hash_once, raise_on
+from ..sm90s.config import MAX_SPLITS, Sm90sConfig
+
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(?:_split(\d+))?$")
+STAGES = ("w13", "w2")
+
+
+@hash_once
+@dataclass(frozen=True)
+class MoeSm90sConfig:
+    """One launch configuration of the grouped sm90s kernel (templates/moe_sm90s/): the dense
+    sm90s mainloop (register-A wgmma, the weight as operand A, the tokens as wgmma N) over every
+    expert's block of sorted rows, one CTA per (K slice, weight-row tile, token tile of an expert).
+
+    Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 256 with four consumer
+    warpgroups; TN routed rows in {16, 32, 64}; TK 128), ``stages`` (0: as many as fit). At launch:
+    ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
+    top-k sum) and ``splits`` (K slices, summed in the kernel in slice order). The tile rules are
+    the dense family's (:class:`~mixed_gemm.kernels.sm90s.Sm90sConfig`, one CTA per SM, no
+    cluster). ``schedule``: ``w13_t128x16x128_s0`` (``_split<S>`` where S > 1), stored in profiles as
+    ``moe_sm90s:<schedule>``."""
+
+    dtype: str = "f16"
+    bits: int = 4
+    zero_mode: str = "int"
+    stage: str = "w13"
+    tile: Tuple[int, int, int] = (128, 16, 128)
+    stages: int = 0
+    splits: int = 1
+
+    family = "moe_sm90s"
+
+    def __post_init__(self) -> None:
+        raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
+            (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
+            (self.tile[1] in (16, 32, 64), "tile N (routed rows per CTA) must be 16, 32 or 64 (the decode range)"),
+            (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+        ], f"MoeSm90sConfig {self.tile}")
+        self.dense  # the dense family's rules for the tile, the stages and the shared memory
+
+    @functools.cached_property
+    def dense(self) -> Sm90sConfig:
+        """The dense sm90s config of the same compiled tile (its geometry: stages, shared memory)."""
+        return Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=self.stages)
+
+    @property
+    def layout(self) -> str:
+        return "sm90a"
+
+    @property
+    def threads(self) -> int:
+        return self.dense.threads
+
+    @property
+    def pipeline_stages(self) -> int:
+        return self.dense.pipeline_stages
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.dense.smem_bytes
+
+    @functools.cached_property
+    def kernel(self) -> "MoeSm90sConfig":
+        """The compiled identity: zero mode folded, the stage and the split factor at their defaults."""
+        return dataclasses.replace(self, zero_mode="int", stage="w13", splits=1)
+
+    @functools.cached_property
+    def _tile_schedule(self) -> str:
+        tm, tn, tk = self.tile
+        return f"t{tm}x{tn}x{tk}_s{self.stages}"
+
+    @functools.cached_property
+    def kernel_name(self) -> str:
+        return f"mg_moe_sm90s_{self.dtype}_u{self.bits}_{self._tile_schedule}"
+
+    @functools.cached_property
+    def schedule(self) -> str:
+        return f"{self.stage}_{self._tile_schedule}" + (f"_split{self.splits}" if self.splits > 1 else "")
+
+    @functools.cached_property
+    def name(self) -> str:
+        return f"mg_moe_sm90s_{self.dtype}_u{self.bits}_z{self.zero_mode}_{self.schedule}"
+
+    @classmethod
+    def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4,
+                      zero_mode: str = "int") -> "MoeSm90sConfig":
+        m = _SCHEDULE.match(schedule)
+        if m is None:
+            raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_split<S>]")
+        stage, tm, tn, tk, stages, splits = m.groups()
+        config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
+                     stages=int(stages), splits=int(splits or 1))
+        if config.schedule != schedule:
+            raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
+        return config
+
+    def replace(self, **changes) -> "MoeSm90sConfig":
+        return dataclasses.replace(self, **changes)

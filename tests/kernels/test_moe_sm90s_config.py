@@ -1,0 +1,82 @@
+"""The moe_sm90s (grouped sm90s) family's config, rendering, candidates, can_implement reasons and
+registration (CPU)."""
+import pytest
+
+from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, family, parse_schedule, qualified
+from mixed_gemm.kernels.moe_sm90s import FAMILY, MoeSm90sConfig
+from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
+from mixed_gemm.kernels.moe_sm90s.catalog import TILES, default_catalog
+
+
+def _problem(stage="w13", tokens=16, top_k=2, experts=8, h=4096, inter=14336, **kw):
+    n, k = (2 * inter, h) if stage == "w13" else (h, inter)
+    base = dict(tokens=tokens, top_k=top_k, experts=experts, n=n, k=k, dtype="f16", bits=4, zero_mode="int",
+                group_size=128, layout="sm90a", stage=stage, gate_up=True)
+    return MoeProblem(**dict(base, **kw))
+
+
+@pytest.mark.parametrize("schedule", ["w13_t128x16x128_s0", "w2_t256x64x128_s0_split3", "w13_t128x32x128_s4"])
+def test_schedule_round_trip_and_names(schedule):
+    c = MoeSm90sConfig.from_schedule(schedule, dtype="bf16", zero_mode="float")
+    assert c.schedule == schedule and qualified(c) == f"moe_sm90s:{schedule}"
+    assert parse_schedule(qualified(c), dtype="bf16", bits=4, zero_mode="float") == c
+    k = c.kernel
+    assert (k.stage, k.zero_mode, k.splits) == ("w13", "int", 1) and k.kernel == k
+    assert c.kernel_name == "mg_moe_sm90s_bf16_u4_" + schedule.split("_", 1)[1].split("_split")[0]
+    assert family("moe_sm90s") is FAMILY and FAMILY in GROUPED_FAMILIES
+    for bad in ("t128x16x128_s0", "w13_t128x16x128", "w13_t128x16x128_s0_split1"):
+        with pytest.raises(ValueError, match="moe_sm90s schedule"):
+            MoeSm90sConfig.from_schedule(bad)
+
+
+@pytest.mark.parametrize("kw,rule", [
+    (dict(stage="w3"), "stage"),
+    (dict(tile=(128, 128, 128)), "tile N"),
+    (dict(tile=(64, 16, 128)), "tile M"),
+    (dict(splits=0), "splits"),
+    (dict(bits=3), "bits"),
+])
+def test_rules_name_what_is_wrong(kw, rule):
+    with pytest.raises(ValueError, match=rule):
+        MoeSm90sConfig(**kw)
+
+
+def test_geometry_is_the_dense_kernels_and_rendered_grouped():
+    c = MoeSm90sConfig(tile=(256, 64, 128))
+    assert (c.threads, c.smem_bytes, c.pipeline_stages) == (640, c.dense.smem_bytes, 6)
+    src = FAMILY.render(c)
+    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true>" in src
+    assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
+    assert "__launch_bounds__(640, 1)" in src
+    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * len(TILES)
+
+
+def test_can_implement_reasons():
+    c = MoeSm90sConfig()
+    assert FAMILY.can_implement(c, _problem()) == (True, "")
+    ok, why = FAMILY.can_implement(c, _problem(stage="w2"))
+    assert not ok and "w13 kernel" in why
+    ok, why = FAMILY.can_implement(c, _problem(bits=8))
+    assert not ok and "8-bit" in why
+    ok, why = FAMILY.can_implement(c, _problem(inter=1028))
+    assert not ok and "multiple of 16" in why
+    ok, why = FAMILY.can_implement(c.replace(stage="w2"), _problem(stage="w2", inter=1028))
+    assert not ok and "K=1028 is not a multiple of 8" in why
+    ok, why = FAMILY.can_implement(c, _problem(group_size=96))
+    assert not ok and "group size 96" in why
+    ok, why = FAMILY.can_implement(c, _problem(gate_up=False))
+    assert not ok and "interleaved" in why
+    assert FAMILY.heuristic(_problem(), 132) is None  # profile-only
+
+
+def test_candidates_follow_the_rows_per_expert():
+    """Mixtral at 16 tokens (4 pairs per expert): the 16-row tiles only; Qwen3 at 256 tokens (~16
+    per routed expert): up to 32 rows; none outside 2..256 tokens. A K split where the routed
+    experts' tiles leave SMs idle."""
+    mix = candidate_schedules(_problem(), 132)
+    assert mix and all("x16x" in s for s in mix)
+    qwen = candidate_schedules(_problem(tokens=256, top_k=8, experts=128, h=2048, inter=768), 132)
+    assert {MoeSm90sConfig.from_schedule(s).tile[1] for s in qwen} == {16, 32}
+    assert candidate_schedules(_problem(tokens=1), 132) == [] == candidate_schedules(_problem(tokens=1024), 132)
+    # Mixtral's down at 2 tokens: ~3.5 routed experts x 32 row tiles = 112 CTAs, on 264 SMs a split of 2.
+    assert "w2_t128x16x128_s0_split2" in candidate_schedules(_problem(tokens=2, stage="w2"), 264)

@@ -1,0 +1,82 @@
+"""The grouped sm90s kernels (moe_sm90s: the dense sm90s mainloop over every expert's block of
+sorted rows) on an H100: every catalog kernel in both stages, with and without a K split, against
+the float32 reference over weight kinds (fp16/bf16, symmetric / integer / float zeros / offsets,
+groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens, random routing and every token on
+one expert, ragged N and K; ids out of range, no tokens, one token and CUDA-graph capture with new
+routing between replays (moe_checks). Outputs poisoned with NaN first."""
+import random
+
+import pytest
+import torch
+
+from mixed_gemm.kernels import family
+from mixed_gemm.kernels.moe_sm90s import MoeSm90sConfig
+from mixed_gemm.kernels.moe_sm90s.catalog import TILES
+from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
+from test_moe_gemv_gpu import TOP_KS, layer
+from test_sm90a_gpu import DTYPES, ZERO_KINDS
+from weights import seed_of
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="needs an sm_90 GPU (wgmma, setmaxnreg)")]
+FAMILY = family("moe_sm90s")
+GROUPS = (32, 64, 128, -1)
+
+
+def _sweep_params():
+    """Each catalog tile as gate|up with itself and with the next tile as down, per dtype; the
+    second case of a tile splits K (2 or 3 slices); zero kind x group cycle through all 16
+    combinations; top-k and T rotate; N and K ragged against the 128/256-row tiles."""
+    rng = random.Random(91)
+    cases = []
+    for dtype in DTYPES:
+        for i, a in enumerate(TILES):
+            for j, b in enumerate((a, TILES[(i + 1) % len(TILES)])):
+                c = len(cases)
+                zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4 + c) % 4]
+                top_k, t = TOP_KS[(c + c // 4) % 4], (2, 16, 64, 300)[(c // 2 + c // 8) % 4]
+                route = "one" if c % 3 == 0 else "random"
+                e = max(top_k + 1, rng.choice((8, 16, 32)))
+                g = 128 if group == -1 else group
+                if group == -1:  # K % 16 == 8 on gate|up
+                    h, inter = 128 * rng.randrange(1, 6) + 8, 16 * rng.randrange(2, 24)
+                else:
+                    h, inter = g * rng.randrange(1, 6), g * rng.randrange(1, 4)
+                splits = 1 + j * (1 + c % 2)
+                s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits).schedule
+                s2 = MoeSm90sConfig(stage="w2", tile=b).schedule
+                cases.append(pytest.param(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route,
+                                          id=f"{dtype}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}-{route}"))
+    assert {p.values[5] for p in cases} == set(TOP_KS)
+    assert {(p.values[3], p.values[4]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
+    return cases
+
+
+@pytest.mark.parametrize("dtype,s13,s2,zero,group,top_k,t,e,h,inter,route", _sweep_params())
+def test_sweep(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route):
+    seed = seed_of("moe90s", dtype, s13, s2, zero, group, top_k, t, e, h, inter, route)
+    check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,
+                     inter, route)
+
+
+def _cfgs(w13, tile=(128, 16, 128)):
+    zm = w13.packed.zero_mode
+    return (MoeSm90sConfig(stage="w13", tile=tile, zero_mode=zm), MoeSm90sConfig(stage="w2", tile=tile, zero_mode=zm))
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_ids_out_of_range_contribute_nothing(ids_dtype):
+    w13, w2 = layer(seed=19)
+    check_ids_out_of_range(_cfgs(w13), w13, w2, "oob90s", ids_dtype)
+
+
+def test_no_tokens_and_one_token():
+    w13, w2 = layer(seed=19)
+    check_no_tokens_and_one_token(_cfgs(w13), w13, w2, "one90s")
+
+
+def test_graph_capture_with_new_routing_between_replays():
+    tile = (256, 32, 128)
+    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile), MoeSm90sConfig(stage="w2", tile=tile, splits=2)),
+                        "g90s")
