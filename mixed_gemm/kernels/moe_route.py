@@ -104,6 +104,19 @@ def reference_routing(ids: torch.Tensor, experts: int, tile_rows: Sequence[int] 
     return Routing(order.int(), pos.int(), counts, offsets, ends, tile_rows)
 
 
+MAX_PAIRS = 2**31 - 1  # sorted rows are 32-bit indices in the kernels
+
+
+def sort_limits(pairs: int, experts: int, why_pairs: str = "32-bit row indices"):
+    """(ok, reason) for a routing the device sort and 32-bit row indices take: at most MAX_PAIRS
+    pairs and SORT_MAX_EXPERTS experts (the grouped families' shared rule)."""
+    if pairs > MAX_PAIRS:
+        return False, f"at most {MAX_PAIRS} (token, slot) pairs ({why_pairs}), got {pairs}"
+    if experts > SORT_MAX_EXPERTS:
+        return False, f"at most {SORT_MAX_EXPERTS} experts (the routing sort's one-CTA scan), got {experts}"
+    return True, ""
+
+
 class SortedGroupedLauncher:
     """The launcher interface of every grouped family (see ``moe_gemv.launch``) for families whose
     kernel computes each expert's contiguous block of sorted rows. Subclasses provide ``stage``

@@ -77,19 +77,43 @@ int encode_params(CUtensorMap* map, void const* t, int n_pad, int groups, int ro
   return r == CUDA_SUCCESS ? 0 : 1;
 }
 
-// splits: the K slices asked for (1: none); clamped so that every slice gets a k-tile.
+// A weight's scale groups as the k-tiles read them: K rows per scale row g (1 << 30 for one group
+// per column: every k-tile reads scale row 0), the scale rows a stage holds, and log2 of the k16
+// blocks per scale row inside a k-tile. False: a group size the k-tiles cannot take.
+template <class Geo>
+bool group_geometry(int group, int groups, int& g, int& rows, int& kb_shift) {
+  constexpr int TK = Geo::kTK;
+  g = groups == 1 ? (1 << 30) : group;
+  if (groups > 1 && !(g % TK == 0 || (TK % g == 0 && g % 32 == 0))) return false;
+  rows = g >= TK ? 1 : TK / g;
+  kb_shift = 0;
+  while ((16 << kb_shift) < (g < TK ? g : TK)) ++kb_shift;
+  return true;
+}
+
+// The shape fields of the parameters (both inits, after the descriptors): splits, the K slices
+// asked for (1: none), clamped so that every slice gets a k-tile.
+template <class Geo>
+void set_shape(Params& p, int m, int n, int k, int g, int rows, int kb_shift, int splits) {
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.group = g;
+  p.k_tiles = ((k + 15) / 16 * 16 + Geo::kTK - 1) / Geo::kTK;
+  int const asked = splits < p.k_tiles ? splits : p.k_tiles;
+  p.split_tiles = (p.k_tiles + asked - 1) / asked;
+  p.splits = (p.k_tiles + p.split_tiles - 1) / p.split_tiles;
+  p.kb_shift = kb_shift;
+  p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * Geo::kTileM * rows * 2;
+}
+
 template <class Geo>
 int init(Slot* slot, void const* w, void const* s, void const* z, void const* x, int m, int n, int n_pad, int k,
          int group, int groups, int splits) {
   if (!encode_fn()) return kErrNoDriver;
   if (m < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1) return kErrShape;
-  constexpr int TK = Geo::kTK;
-  // One group per column: every k-tile reads scale row 0.
-  int const g = groups == 1 ? (1 << 30) : group;
-  if (groups > 1 && !(g % TK == 0 || (TK % g == 0 && g % 32 == 0))) return kErrShape;
-  int const rows = g >= TK ? 1 : TK / g;
-  int kb_shift = 0;
-  while ((16 << kb_shift) < (g < TK ? g : TK)) ++kb_shift;
+  int g, rows, kb_shift;
+  if (!group_geometry<Geo>(group, groups, g, rows, kb_shift)) return kErrShape;
 
   Params& p = slot->params;
   std::memset(&p, 0, sizeof(Params));
@@ -107,17 +131,7 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   if (encode_params<Geo>(&p.s, s, n_pad, groups, rows)) return kErrEncodeS;
   if (encode_params<Geo>(&p.z, z, n_pad, groups, rows)) return kErrEncodeZ;
   if (int rc = encode_x<Geo>(p, x, m, k)) return rc;
-
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.group = g;
-  p.k_tiles = (k16 + TK - 1) / TK;
-  int const asked = splits < p.k_tiles ? splits : p.k_tiles;
-  p.split_tiles = (p.k_tiles + asked - 1) / asked;
-  p.splits = (p.k_tiles + p.split_tiles - 1) / p.split_tiles;
-  p.kb_shift = kb_shift;
-  p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * Geo::kTileM * rows * 2;
+  set_shape<Geo>(p, m, n, k, g, rows, kb_shift, splits);
   slot->x = x;
   // Row tiles rounded up to whole clusters: a CTA past N still loads its part of x for its peers
   // (its weight boxes are out of bounds, zero-filled) and stores nothing.
@@ -139,12 +153,8 @@ int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void c
   if (pairs < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1 || experts < 1 ||
       w_bytes % 16 || s_bytes % 16 || (gate_up && n % 16))
     return kErrShape;
-  constexpr int TK = Geo::kTK;
-  int const g = groups == 1 ? (1 << 30) : group;
-  if (groups > 1 && !(g % TK == 0 || (TK % g == 0 && g % 32 == 0))) return kErrShape;
-  int const rows = g >= TK ? 1 : TK / g;
-  int kb_shift = 0;
-  while ((16 << kb_shift) < (g < TK ? g : TK)) ++kb_shift;
+  int g, rows, kb_shift;
+  if (!group_geometry<Geo>(group, groups, g, rows, kb_shift)) return kErrShape;
 
   Params& p = slot->params;
   std::memset(&p, 0, sizeof(Params));
@@ -171,16 +181,7 @@ int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void c
       return which ? kErrEncodeZ : kErrEncodeS;
   }
   if (int rc = encode_x<Geo>(p, x, pairs, k)) return rc;
-  p.m = pairs;
-  p.n = n;
-  p.k = k;
-  p.group = g;
-  p.k_tiles = (k16 + TK - 1) / TK;
-  int const asked = splits < p.k_tiles ? splits : p.k_tiles;
-  p.split_tiles = (p.k_tiles + asked - 1) / asked;
-  p.splits = (p.k_tiles + p.split_tiles - 1) / p.split_tiles;
-  p.kb_shift = kb_shift;
-  p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * Geo::kTileM * rows * 2;
+  set_shape<Geo>(p, pairs, n, k, g, rows, kb_shift, splits);
   p.experts = experts;
   p.gate_up = gate_up;
   slot->x = x;

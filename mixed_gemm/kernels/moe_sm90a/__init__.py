@@ -18,10 +18,10 @@ import threading
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, GroupedFamily, MoeProblem, Verdict
+from ..base import GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
-from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS
+from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS, sort_limits
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import default_catalog
@@ -30,7 +30,6 @@ from .heuristics import heuristic_config
 from .launch import MoeSm90aLauncher
 
 _QUANT_TYPES = {4: "cutlass::int4b_t", 8: "int8_t"}
-MAX_PAIRS = 2**31 - 1  # rows of one GEMM: CUTLASS's problem sizes are int32
 
 
 class MoeSm90aFamily(GroupedFamily):
@@ -58,11 +57,7 @@ class MoeSm90aFamily(GroupedFamily):
                            f"units), got N={n}, K={k}")
         if problem.stage == "w13" and n % 2:
             return False, f"gate|up: N = 2I must be even, got N={n}"
-        if problem.pairs > MAX_PAIRS:
-            return False, f"at most {MAX_PAIRS} (token, slot) pairs (32-bit problem sizes), got {problem.pairs}"
-        if problem.experts > SORT_MAX_EXPERTS:
-            return False, f"at most {SORT_MAX_EXPERTS} experts (the routing sort's one-CTA scan), got {problem.experts}"
-        return OK
+        return sort_limits(problem.pairs, problem.experts, "32-bit problem sizes")
 
     def catalog(self) -> List[MoeSm90aConfig]:
         return default_catalog()

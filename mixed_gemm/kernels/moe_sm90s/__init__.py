@@ -16,9 +16,9 @@ import threading
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, GroupedFamily, MoeProblem, Verdict
+from ..base import GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, grouped_constant_checks
-from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS
+from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS, sort_limits
 from ..sm90a import layout
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
@@ -26,7 +26,6 @@ from .catalog import BITS, default_catalog
 from .config import MoeSm90sConfig
 from .launch import MoeSm90sLauncher
 
-MAX_PAIRS = 2**31 - 1
 
 
 class MoeSm90sFamily(GroupedFamily):
@@ -55,11 +54,7 @@ class MoeSm90sFamily(GroupedFamily):
             return False, f"K={k} is not a multiple of 8: the sorted rows are loaded by TMA in 16-byte units"
         if problem.stage == "w13" and n % 16:
             return False, f"gate|up: N = 2I must be a multiple of 16 (gate and up rows in blocks of 8), got N={n}"
-        if problem.pairs > MAX_PAIRS:
-            return False, f"at most {MAX_PAIRS} (token, slot) pairs, got {problem.pairs}"
-        if problem.experts > SORT_MAX_EXPERTS:
-            return False, f"at most {SORT_MAX_EXPERTS} experts (the routing sort's one-CTA scan), got {problem.experts}"
-        return OK
+        return sort_limits(problem.pairs, problem.experts)
 
     def catalog(self) -> List[MoeSm90sConfig]:
         return default_catalog()

@@ -6,20 +6,18 @@ from __future__ import annotations
 import ctypes
 
 from ...runtime.library import signature_binder
+from ..sm90s.abi import SIGNATURES as DENSE_SIGNATURES
 from ..sm90s.abi import describe
 
 ABI_VERSION = 1
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k")
 
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+# The slot functions are the dense family's (templates/sm90s/host.cuh); init and run take the experts.
 SIGNATURES = {
-    "mg_info": (_I, [ctypes.POINTER(_LL), _I]),
-    "mg_create": (_P, []),
-    "mg_destroy": (None, [_P]),
-    "mg_prepare": (_I, []),
+    **{f: DENSE_SIGNATURES[f] for f in ("mg_info", "mg_create", "mg_destroy", "mg_prepare", "mg_workspace_floats",
+                                        "mg_counters")},
     "mg_init": (_I, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _LL, _LL, _I, _I]),
-    "mg_workspace_floats": (_LL, [_P]),
-    "mg_counters": (_LL, [_P]),
     "mg_run": (_I, [_P, _P, _P, _P, _P, _P, _P, _P, _P]),
     "mg_combine": (_I, [_P, _P, _P, _P, _LL, _I, _I, _P]),
     "mg_route": (_I, [_P, _I, _P]),
