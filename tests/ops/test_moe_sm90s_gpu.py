@@ -2,7 +2,7 @@
 sorted rows) on an H100: every catalog kernel in both stages, with and without a K split, against
 the float32 reference over weight kinds (fp16/bf16, symmetric / integer / float zeros / offsets,
 groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens, random routing and every token on
-one expert, ragged N and K; ids out of range, no tokens, one token and CUDA-graph capture with new
+one expert, ragged N and K, a CTA per work item or a persistent grid; ids out of range, no tokens, one token and CUDA-graph capture with new
 routing between replays (moe_checks). Outputs poisoned with NaN first."""
 import random
 
@@ -26,8 +26,9 @@ GROUPS = (32, 64, 128, -1)
 
 def _sweep_params():
     """Each catalog tile as gate|up with itself and with the next tile as down, per dtype; the
-    second case of a tile splits K (2 or 3 slices); zero kind x group cycle through all 16
-    combinations; top-k and T rotate; N and K ragged against the 128/256-row tiles."""
+    second case of a tile splits K (2 or 3 slices); half the down kernels and a quarter of the
+    gate|up ones on a persistent grid (a CTA per SM walking the items); zero kind x group cycle
+    through all 16 combinations; top-k and T rotate; N and K ragged against the 128/256-row tiles."""
     rng = random.Random(91)
     cases = []
     for dtype in DTYPES:
@@ -44,12 +45,13 @@ def _sweep_params():
                 else:
                     h, inter = g * rng.randrange(1, 6), g * rng.randrange(1, 4)
                 splits = 1 + j * (1 + c % 2)
-                s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits).schedule
-                s2 = MoeSm90sConfig(stage="w2", tile=b).schedule
+                s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits, persistent=c % 4 == 1).schedule
+                s2 = MoeSm90sConfig(stage="w2", tile=b, persistent=c % 2 == 0).schedule
                 cases.append(pytest.param(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route,
                                           id=f"{dtype}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}-{route}"))
     assert {p.values[5] for p in cases} == set(TOP_KS)
     assert {(p.values[3], p.values[4]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
+    assert any(p.values[1].endswith("_p") and "_split" in p.values[1] for p in cases)  # persistent with split K
     return cases
 
 
@@ -78,5 +80,5 @@ def test_no_tokens_and_one_token():
 
 def test_graph_capture_with_new_routing_between_replays():
     tile = (256, 32, 128)
-    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile), MoeSm90sConfig(stage="w2", tile=tile, splits=2)),
-                        "g90s")
+    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile, persistent=True),
+                         MoeSm90sConfig(stage="w2", tile=tile, splits=2)), "g90s")

@@ -1,6 +1,7 @@
 """The moe_sm90s family's default catalog: the decode-range token tiles (16, 32 and 64 routed
-rows of an expert per CTA) with 128 weight rows, and 32 and 64 with 256 (four consumer
-warpgroups, for the large experts), TK = 128; fp16 and bf16, int4. The stage and the split factor
+rows of an expert per CTA) with 128 weight rows, and 32, 64 and 128 with 256 (four consumer
+warpgroups, for the large experts), TK = 128 (64 for 256 x 128, whose 64 accumulators and fragments
+fit 112 registers only so); fp16 and bf16, int4. The stage and the split factor
 are launch-time choices (no kernel of their own)."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import List
 from ..common import DTYPES
 from .config import MoeSm90sConfig
 
-TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 32, 128), (256, 64, 128))
+TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 32, 128), (256, 64, 128), (256, 128, 64))
 BITS = (4,)
 
 
