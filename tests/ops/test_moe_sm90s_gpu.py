@@ -82,3 +82,26 @@ def test_graph_capture_with_new_routing_between_replays():
     tile = (256, 32, 128)
     check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile, persistent=True),
                          MoeSm90sConfig(stage="w2", tile=tile, splits=2)), "g90s")
+
+
+@pytest.mark.parametrize("pair", [("moe_gemv:w13_s1_w4x2_u8_m8_pe", "moe_sm90s:w2_t128x16x128_s0"),
+                                  ("moe_sm90s:w13_t128x16x128_s0_p", "moe_sm90a:w2_t128x32x64_s0")],
+                         ids=["gemv-pe-then-sm90s", "sm90s-p-then-sm90a"])
+def test_mixed_plans_the_profile_holds(pair):
+    """Plans of two families with moe_sm90s on one side, as the H100 profile pairs them (DeepSeek at
+    16 tokens, Qwen3 at 32-128): one routing for both stages, h handed over as the launchers agree."""
+    import mixed_gemm as mg
+    from mixed_gemm.kernels import parse_schedule
+    from mixed_gemm.ops.moe_grouped import moe_grouped
+    from test_moe_gemv_gpu import routing
+    from tolerance import assert_elementwise
+
+    tokens, top_k, e, h, inter = 48, 6, 32, 512, 256
+    w13, w2 = layer(e=e, h=h, inter=inter, group=128, seed=23)
+    zm = w13.packed.zero_mode
+    cfgs = tuple(parse_schedule(s, dtype="f16", bits=4, zero_mode=zm) for s in pair)
+    x = torch.randn(tokens, h, device="cuda").half()
+    weights, ids = routing(tokens, top_k, e, seed_of("mix90s", *pair))
+    with mg.compile.blocking():
+        y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)
+    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), inter, chained=3)
