@@ -16,7 +16,7 @@ from ..common import DTYPES, constant_checks
 from ..sm90a import layout
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
-from .catalog import BITS, default_catalog
+from .catalog import BITS, catalog_kernels, default_catalog
 from .config import TILE_M, Sm90sConfig
 from .heuristics import SWITCH_ENV, heuristic_config
 from .launch import Sm90sLauncher
@@ -51,7 +51,7 @@ class Sm90sFamily(Family):
 
     def refit(self, config: Sm90sConfig, problem: Problem, sms: int, measured: Problem) -> Sm90sConfig:
         """A smaller kernel where a borrowed entry's tiles would not fill this shape (:mod:`.refit`)."""
-        return refit_config(config, problem, measured, self.catalog())
+        return refit_config(config, problem, measured, catalog_kernels())
 
     def _reads(self, problem: Problem) -> bool:
         return problem.bits in BITS and self.layout in problem.layout.split("+")

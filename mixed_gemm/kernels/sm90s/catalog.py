@@ -3,7 +3,8 @@ precompiles (and ``generated/`` shows). One binary serves every decomposition of
 split factor is a launch-time choice) and every zero mode (the sm90a layout's additive zero)."""
 from __future__ import annotations
 
-from typing import List
+import functools
+from typing import FrozenSet, List
 
 from ..common import DTYPES
 from .config import Sm90sConfig
@@ -73,3 +74,10 @@ def kernel_of(tile, ctas_per_sm, cluster=C1, phased=False, *, dtype: str, bits: 
 
 def default_catalog() -> List[Sm90sConfig]:
     return [kernel_of(*shape, dtype=dtype, bits=bits) for dtype in DTYPES for bits in BITS for shape in shapes_for(bits)]
+
+
+@functools.lru_cache(maxsize=None)
+def catalog_kernels() -> FrozenSet[Sm90sConfig]:
+    """The catalog's compiled identities as a set (selection's refit asks it for every borrowed
+    entry: built once)."""
+    return frozenset(default_catalog())

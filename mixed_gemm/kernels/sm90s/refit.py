@@ -10,7 +10,7 @@ rows -> 128; else half the token tile. The split factor is re-chosen for the new
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import AbstractSet, Iterator
 
 from ..base import Problem
 from .config import TILE_M, Sm90sConfig
@@ -29,13 +29,13 @@ def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
 
 
 def refit_config(config: Sm90sConfig, problem: Problem, measured: Problem,
-                 catalog: Iterable[Sm90sConfig]) -> Sm90sConfig:
+                 kernels: AbstractSet[Sm90sConfig]) -> Sm90sConfig:
     """``config`` (best on ``measured``, at the same M) for ``problem``: unchanged unless its tiles
-    on ``problem`` fall below SHRINK of those on ``measured``, then the first smaller kernel of
-    ``catalog`` (:func:`_smaller`), launched with the split factor chosen per shape."""
+    on ``problem`` fall below SHRINK of those on ``measured``, then the first smaller kernel of the
+    catalog's compiled identities ``kernels`` (:func:`_smaller`), launched with the split factor
+    chosen per shape."""
     if config.tiles(problem.m, problem.n) >= SHRINK * config.tiles(measured.m, measured.n):
         return config
-    kernels = {c.kernel for c in catalog}
     for smaller in _smaller(config):
         try:
             fitted = smaller.replace(decomposition="auto", splits=1)
