@@ -5,7 +5,7 @@ import pytest
 from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, family, parse_schedule, qualified
 from mixed_gemm.kernels.moe_sm90s import FAMILY, MoeSm90sConfig
 from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
-from mixed_gemm.kernels.moe_sm90s.catalog import TILES, default_catalog
+from mixed_gemm.kernels.moe_sm90s.catalog import TILES, TILES_U8, default_catalog
 
 
 def _problem(stage="w13", tokens=16, top_k=2, experts=8, h=4096, inter=14336, **kw):
@@ -50,7 +50,7 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true>" in src
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
     assert "__launch_bounds__(640, 1)" in src
-    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * len(TILES)
+    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * (len(TILES) + len(TILES_U8))
 
 
 def test_can_implement_reasons():
@@ -58,8 +58,9 @@ def test_can_implement_reasons():
     assert FAMILY.can_implement(c, _problem()) == (True, "")
     ok, why = FAMILY.can_implement(c, _problem(stage="w2"))
     assert not ok and "w13 kernel" in why
-    ok, why = FAMILY.can_implement(c, _problem(bits=8))
-    assert not ok and "8-bit" in why
+    assert FAMILY.can_implement(c.replace(bits=8), _problem(bits=8)) == (True, "")
+    ok, why = FAMILY.can_implement(c.replace(bits=8, tile=(128, 32, 128)), _problem(bits=8))
+    assert ok  # any tile the dense rules take runs; the catalog holds three for int8
     ok, why = FAMILY.can_implement(c, _problem(inter=1028))
     assert not ok and "multiple of 16" in why
     ok, why = FAMILY.can_implement(c.replace(stage="w2"), _problem(stage="w2", inter=1028))

@@ -9,7 +9,7 @@ from typing import List
 from ..base import MoeProblem
 from ..moe_gemv.heuristics import expected_experts
 from ..sm90s.config import MAX_SPLITS
-from .catalog import BITS, TILES
+from .catalog import BITS, tiles_for
 from .config import MoeSm90sConfig
 
 FROM_TOKENS, TO_TOKENS = 2, 256
@@ -31,7 +31,7 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
     routed = expected_experts(problem.tokens, problem.top_k, problem.experts)
     per_expert = problem.pairs / max(routed, 1e-9)
     out = []
-    for tile in TILES:
+    for tile in tiles_for(problem.bits):
         if tile[1] > max(16, 2 * per_expert):
             continue
         base = MoeSm90sConfig(stage=problem.stage, tile=tile)
