@@ -48,6 +48,7 @@ struct Slot {
   dim3 grid;
   void const* x = nullptr;  // the address the x descriptor holds
   int m = -1;
+  long long tiles = 0;      // output tiles a launch may write (split-K partials and counters are sized by it)
 };
 
 // x (M, K) 16-bit, row-major: box (64, TN / cluster M), 128-byte swizzle, zero fill beyond K and M
@@ -137,21 +138,24 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   // (its weight boxes are out of bounds, zero-filled) and stores nothing.
   int const row_tiles = (n + Geo::kTileM * Geo::kClusterM - 1) / (Geo::kTileM * Geo::kClusterM) * Geo::kClusterM;
   slot->grid = dim3(p.splits, row_tiles, (m + Geo::kTN - 1) / Geo::kTN);
+  slot->tiles = (long long)slot->grid.y * slot->grid.z;
   slot->m = m;
   return 0;
 }
 
 // Grouped (templates/moe_sm90s/): the stacked experts' weight (E x w_bytes apart), scales and zeros
-// (E x s_bytes apart, (groups, N_pad) each) and the sorted rows x (pairs, K). Grid: (splits,
-// ceil(N / TM), ceil(pairs / TN) + E): every expert's token tiles fit in its z items whatever the
-// routing (each expert's last tile is partial at most), so no count is read on the host.
+// (E x s_bytes apart, (groups, N_pad) each) and the sorted rows x (pairs, K). Work items (K slice,
+// row tile, token item) number at most splits x ceil(N / TM) x (ceil(pairs / TN) + E) whatever the
+// routing (each expert's last token tile is partial at most), so no count is read on the host.
+// ctas 0: that many CTAs, one item each (grid (splits, row tiles, token items)); else a persistent
+// grid of `ctas` CTAs (one per SM), each walking the items with the grid's stride.
 template <class Geo>
 int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void const* x, int pairs, int n, int n_pad,
                  int k, int group, int groups, int experts, long long w_bytes, long long s_bytes, int gate_up,
-                 int splits) {
+                 int splits, int ctas) {
   if (!encode_fn()) return kErrNoDriver;
   if (pairs < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1 || experts < 1 ||
-      w_bytes % 16 || s_bytes % 16 || (gate_up && n % 16))
+      w_bytes % 16 || s_bytes % 16 || (gate_up && n % 16) || ctas < 0)
     return kErrShape;
   int g, rows, kb_shift;
   if (!group_geometry<Geo>(group, groups, g, rows, kb_shift)) return kErrShape;
@@ -183,9 +187,12 @@ int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void c
   if (int rc = encode_x<Geo>(p, x, pairs, k)) return rc;
   set_shape<Geo>(p, pairs, n, k, g, rows, kb_shift, splits);
   p.experts = experts;
+  p.row_tiles = (n + Geo::kTileM - 1) / Geo::kTileM;
   p.gate_up = gate_up;
   slot->x = x;
-  slot->grid = dim3(p.splits, (n + Geo::kTileM - 1) / Geo::kTileM, (pairs + Geo::kTN - 1) / Geo::kTN + experts);
+  int const items = (pairs + Geo::kTN - 1) / Geo::kTN + experts;
+  slot->grid = ctas ? dim3(ctas) : dim3(p.splits, p.row_tiles, items);
+  slot->tiles = (long long)p.row_tiles * items;
   slot->m = pairs;
   return 0;
 }
@@ -216,10 +223,10 @@ int max_active_clusters(void const* kernel) {
 template <class Geo>
 long long workspace_floats(Slot const* slot) {
   if (slot->params.splits < 2) return 0;
-  return (long long)slot->grid.x * slot->grid.y * slot->grid.z * Geo::kConsumerThreads * (Geo::kTN / 2);
+  return (long long)slot->params.splits * slot->tiles * Geo::kConsumerThreads * (Geo::kTN / 2);
 }
 template <class Geo>
-long long counter_count(Slot const* slot) { return (long long)slot->grid.y * slot->grid.z * Geo::kConsumerWarps; }
+long long counter_count(Slot const* slot) { return slot->tiles * Geo::kConsumerWarps; }
 
 // Grouped: the routing's device arrays of this call (offsets and counts int64, tile_ends int32 for
 // tiles of TN rows), then run().

@@ -275,12 +275,26 @@ struct Mainloop {
     fence(acc);
   }
 
-  // Grouped: grid z item -> (expert, token tile) through the sort's tile prefix sums, the first e
-  // with tile_ends[e] > item (binary search over E <= 256). False: past the last tile (the grid is
-  // sized from the shapes alone, ceil(pairs / TN) + E items, so the launch needs no host read).
-  static __device__ __forceinline__ bool item(Params const& p, int& expert, int& tok0, int& tok_end) {
-    int const it = int(blockIdx.z);
-    if (it >= p.tile_ends[p.experts - 1]) return false;
+  // One output tile's work: its K slice, weight rows, split-K tile index, expert and token rows.
+  struct Work {
+    int split, row0, tile, expert, tok0, tok_end;
+  };
+
+  // Dense: the CTA's one tile, from blockIdx (x: K slice, y: row tile, z: token tile).
+  static __device__ __forceinline__ Work dense_work(Params const& p) {
+    return Work{int(blockIdx.x), int(blockIdx.y) * kTileM, int(blockIdx.y + gridDim.y * blockIdx.z), 0,
+                int(blockIdx.z) * TN, p.m};
+  }
+
+  // Grouped: item w = split + splits (row tile + row_tiles token item), the token item mapped to
+  // (expert, token tile) by a binary search of the routing sort's tile prefix sums (the first e with
+  // tile_ends[e] > item; E <= 256). A grid sized from the shapes (ceil(pairs / TN) + E token items)
+  // gives each CTA one item; a persistent grid (a CTA per SM) walks them with the grid's stride.
+  static __device__ __forceinline__ Work grouped_work(Params const& p, int w) {
+    int const split = w % p.splits;
+    int const rest = w / p.splits;
+    int const rt = rest % p.row_tiles;
+    int const it = rest / p.row_tiles;
     int lo = 0, hi = p.experts - 1;
     while (lo < hi) {
       int const mid = (lo + hi) >> 1;
@@ -291,16 +305,55 @@ struct Mainloop {
       }
     }
     long long const first = p.offsets[lo];
-    expert = lo;
-    tok0 = int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN;
-    tok_end = int(first + p.counts[lo]);
-    return true;
+    return Work{split, rt * kTileM, rt + p.row_tiles * it, lo,
+                int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN, int(first + p.counts[lo])};
+  }
+
+  // The k-tiles of a work item's K slice (>= 1: the host drops empty slices).
+  static __device__ __forceinline__ int slice_tiles(Params const& p, int split, int& kt0) {
+    kt0 = split * p.split_tiles;
+    return min(p.k_tiles, kt0 + p.split_tiles) - kt0;
+  }
+
+  // One stage's TMAs for k-tile kt of a work item, into ring slot s.
+  static __device__ __forceinline__ void load_stage(Params const& p, char* smem, uint64_t* full, int s, int kt,
+                                                    Work const& wk) {
+    mbar_expect_tx(&full[s], p.stage_tx);
+    char* stage = smem + s * Geo::kStageBytes;
+    if constexpr (Geo::kClusterM > 1) {
+      // This CTA's part of the token rows, into every CTA's stage (rows past M: zero fill, still
+      // counted, so a CTA whose part lies wholly past M loads zeros for its peers).
+      int const part = int(cluster_rank()) * Geo::kXBoxRows;
+#pragma unroll
+      for (int panel = 0; panel < Geo::kPanels; ++panel)
+        tma_2d_multicast(&p.x, &full[s], stage + panel * TN * 128 + part * 128, kt * TK + 64 * panel, wk.tok0 + part,
+                         uint16_t((1u << Geo::kClusterM) - 1), kEvictLast);
+    } else {
+#pragma unroll
+      for (int panel = 0; panel < Geo::kPanels; ++panel)
+        tma_2d(&p.x, &full[s], stage + panel * TN * 128, kt * TK + 64 * panel, wk.tok0, kEvictLast);
+    }
+    int const srow = (kt * TK) / p.group;
+    char* const ws = stage + Geo::kXBytes;
+    if constexpr (Geo::kGrouped) {  // one more coordinate: the expert
+      tma_4d(&p.w, &full[s], ws, 0, wk.row0 / kAtomRows, kt * KB, wk.expert, kEvictFirst);
+      tma_3d(&p.s, &full[s], ws + Geo::kWBytes, wk.row0, srow, wk.expert, kEvictFirst);
+      tma_3d(&p.z, &full[s], ws + Geo::kWBytes + Geo::kSBytes, wk.row0, srow, wk.expert, kEvictFirst);
+    } else {
+      tma_3d(&p.w, &full[s], ws, 0, wk.row0 / kAtomRows, kt * KB, kEvictFirst);
+      tma_2d(&p.s, &full[s], ws + Geo::kWBytes, wk.row0, srow, kEvictFirst);
+      tma_2d(&p.z, &full[s], ws + Geo::kWBytes + Geo::kSBytes, wk.row0, srow, kEvictFirst);
+    }
   }
 
   static __device__ void run(Params const& p, char* smem_raw) {
-    int expert = 0, tok0 = int(blockIdx.z) * TN, tok_end = p.m;
+    // The CTA's first work item and the stride to its next (grouped; dense: one item, stride 0).
+    int first = 0, stride = 0, total = 1;
     if constexpr (Geo::kGrouped) {
-      if (!item(p, expert, tok0, tok_end)) return;  // the whole CTA, before any barrier exists
+      first = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+      stride = int(gridDim.x * gridDim.y * gridDim.z);
+      total = p.tile_ends[p.experts - 1] * p.row_tiles * p.splits;
+      if (first >= total) return;  // the whole CTA, before any barrier exists
     }
     char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes);
@@ -319,52 +372,27 @@ struct Mainloop {
       __syncthreads();
     }
 
-    int const split = blockIdx.x;
-    int const kt0 = split * p.split_tiles;
-    int const nk = min(p.k_tiles, kt0 + p.split_tiles) - kt0;  // >= 1 (the host drops empty splits)
-    int const row0 = blockIdx.y * kTileM;
-
-    if (warpgroup == 0) {  // producer
+    if (warpgroup == 0) {  // producer: one thread walks the items' k-tiles through the ring
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Geo::kProducerRegs));
       if (threadIdx.x == 0) {
         prefetch_map(&p.w);
         prefetch_map(&p.x);
         prefetch_map(&p.s);
         prefetch_map(&p.z);
-        for (int i = 0; i < nk; ++i) {
-          int const s = i % Geo::kStages;
-          mbar_wait(&empty[s], ((i / Geo::kStages) & 1) ^ 1);  // a fresh barrier passes parity 1
-          mbar_expect_tx(&full[s], p.stage_tx);
-          char* stage = smem + s * Geo::kStageBytes;
-          int const kt = kt0 + i;
-          if constexpr (Geo::kClusterM > 1) {
-            // This CTA's part of the token rows, into every CTA's stage (rows past M: zero fill,
-            // still counted, so a CTA whose part lies wholly past M loads zeros for its peers).
-            int const part = int(cluster_rank()) * Geo::kXBoxRows;
-#pragma unroll
-            for (int panel = 0; panel < Geo::kPanels; ++panel)
-              tma_2d_multicast(&p.x, &full[s], stage + panel * TN * 128 + part * 128, kt * TK + 64 * panel, tok0 + part,
-                               uint16_t((1u << Geo::kClusterM) - 1), kEvictLast);
-          } else {
-#pragma unroll
-            for (int panel = 0; panel < Geo::kPanels; ++panel)
-              tma_2d(&p.x, &full[s], stage + panel * TN * 128, kt * TK + 64 * panel, tok0, kEvictLast);
-          }
-          int const srow = (kt * TK) / p.group;
-          char* const ws = stage + Geo::kXBytes;
-          if constexpr (Geo::kGrouped) {  // one more coordinate: the expert
-            tma_4d(&p.w, &full[s], ws, 0, row0 / kAtomRows, kt * KB, expert, kEvictFirst);
-            tma_3d(&p.s, &full[s], ws + Geo::kWBytes, row0, srow, expert, kEvictFirst);
-            tma_3d(&p.z, &full[s], ws + Geo::kWBytes + Geo::kSBytes, row0, srow, expert, kEvictFirst);
-          } else {
-            tma_3d(&p.w, &full[s], ws, 0, row0 / kAtomRows, kt * KB, kEvictFirst);
-            tma_2d(&p.s, &full[s], ws + Geo::kWBytes, row0, srow, kEvictFirst);
-            tma_2d(&p.z, &full[s], ws + Geo::kWBytes + Geo::kSBytes, row0, srow, kEvictFirst);
+        int q = 0;  // k-tiles loaded so far: ring slot q % stages, phase q / stages
+        for (int w = first; w < total; w += (stride ? stride : total)) {
+          Work const wk = Geo::kGrouped ? grouped_work(p, w) : dense_work(p);
+          int kt0;
+          int const nk = slice_tiles(p, wk.split, kt0);
+          for (int i = 0; i < nk; ++i, ++q) {
+            int const s = q % Geo::kStages;
+            mbar_wait(&empty[s], ((q / Geo::kStages) & 1) ^ 1);  // a fresh barrier passes parity 1
+            load_stage(p, smem, full, s, kt0 + i, wk);
           }
         }
         if constexpr (Geo::kClusterM > 1) {
           // The releases of the last k-tiles (the peers' remote arrivals included) have landed.
-          for (int i = nk; i < nk + Geo::kStages; ++i)
+          for (int i = q; i < q + Geo::kStages; ++i)
             mbar_wait(&empty[i % Geo::kStages], ((i / Geo::kStages) & 1) ^ 1);
         }
       }
@@ -378,41 +406,48 @@ struct Mainloop {
     int const lane = ct % 32;
     int const atom_row = 4 * cw + warp;
 
-    float acc[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-
     if constexpr (Geo::kPhased) {
       if (cw == 1) turn_arrive<2, kConsumerThreads>();  // warpgroup 0 issues first
     }
-    // The k-loop twice, one uniform branch per launch: the common groups (g >= TK, per-channel)
-    // take the branch-free conversion.
-    if ((1 << p.kb_shift) >= KB) {
-      consume<true>(p, smem, full, empty, nk, cw, atom_row, lane, acc);
-    } else {
-      consume<false>(p, smem, full, empty, nk, cw, atom_row, lane, acc);
+    int q = 0;  // k-tiles consumed so far, as the producer counts them
+    for (int w = first; w < total; w += (stride ? stride : total)) {
+      Work const wk = Geo::kGrouped ? grouped_work(p, w) : dense_work(p);
+      int kt0;
+      int const nk = slice_tiles(p, wk.split, kt0);
+      float acc[kAcc];
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+      // The k-loop twice, one uniform branch per launch: the common groups (g >= TK, per-channel)
+      // take the branch-free conversion.
+      if ((1 << p.kb_shift) >= KB) {
+        consume<true>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc);
+      } else {
+        consume<false>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc);
+      }
+      q += nk;
+      epilogue(p, acc, ct, cw, warp, lane, wk);
     }
-
-    epilogue(p, acc, ct, cw, warp, lane, row0, tok0, tok_end);
   }
 
   template <bool kOneGroup>
-  static __device__ __forceinline__ void consume(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int nk,
-                                                 int cw, int atom_row, int lane, float (&acc)[kAcc]) {
+  // The nk k-tiles of one work item, the first in ring position q0 (slot q0 % stages).
+  static __device__ __forceinline__ void consume(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int q0,
+                                                 int nk, int cw, int atom_row, int lane, float (&acc)[kAcc]) {
     if constexpr (Geo::kDoubleBuffer) {
       Frag a0, a1;
-      mbar_wait(&full[0], 0);
-      convert<kOneGroup>(smem, p, atom_row, lane, a0);
+      int const s0 = q0 % Geo::kStages;
+      mbar_wait(&full[s0], (q0 / Geo::kStages) & 1);
+      convert<kOneGroup>(smem + s0 * Geo::kStageBytes, p, atom_row, lane, a0);
       for (int i = 0; i < nk; i += 2) {
-        step<kOneGroup>(p, smem, full, empty, i, nk, cw, atom_row, lane, a0, a1, acc);
-        if (i + 1 < nk) step<kOneGroup>(p, smem, full, empty, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
+        step<kOneGroup>(p, smem, full, empty, q0, i, nk, cw, atom_row, lane, a0, a1, acc);
+        if (i + 1 < nk) step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
       }
     } else {
       Frag a;
       for (int i = 0; i < nk; ++i) {
-        int const s = i % Geo::kStages;
+        int const s = (q0 + i) % Geo::kStages;
         char const* stage = smem + s * Geo::kStageBytes;
-        mbar_wait(&full[s], (i / Geo::kStages) & 1);
+        mbar_wait(&full[s], ((q0 + i) / Geo::kStages) & 1);
         convert<kOneGroup>(stage, p, atom_row, lane, a);
         turn_take(cw);
         mma(stage, a, acc);
@@ -426,16 +461,16 @@ struct Mainloop {
 
   // k-tile i: its wgmmas from `cur`, then (while they run) the next k-tile converted into `next`.
   template <bool kOneGroup>
-  static __device__ __forceinline__ void step(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int i,
-                                              int nk, int cw, int atom_row, int lane, Frag& cur, Frag& next,
+  static __device__ __forceinline__ void step(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int q0,
+                                              int i, int nk, int cw, int atom_row, int lane, Frag& cur, Frag& next,
                                               float (&acc)[kAcc]) {
-    int const s = i % Geo::kStages;
+    int const s = (q0 + i) % Geo::kStages;
     turn_take(cw);
     mma(smem + s * Geo::kStageBytes, cur, acc);
     turn_pass(cw, i + 1 == nk);
     if (i + 1 < nk) {
-      int const s1 = (i + 1) % Geo::kStages;
-      mbar_wait(&full[s1], ((i + 1) / Geo::kStages) & 1);
+      int const s1 = (q0 + i + 1) % Geo::kStages;
+      mbar_wait(&full[s1], ((q0 + i + 1) / Geo::kStages) & 1);
       convert<kOneGroup>(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next);
     }
     cute::warpgroup_wait<0>();
@@ -444,12 +479,13 @@ struct Mainloop {
   }
 
   static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], int ct, int cw, int warp,
-                                                  int lane, int row0, int tok0, int tok_end) {
+                                                  int lane, Work const& wk) {
+    int const row0 = wk.row0, tok0 = wk.tok0, tok_end = wk.tok_end;
     if (p.splits > 1) {
-      int const tile = blockIdx.y + gridDim.y * blockIdx.z;
+      int const tile = wk.tile;
       // Partials as [TN/8 float4][256 threads]: each warp's float4 stores cover 512 contiguous bytes.
       float4* base = reinterpret_cast<float4*>(p.workspace) + size_t(tile) * p.splits * (kConsumerThreads * kAcc / 4);
-      float4* mine = base + size_t(blockIdx.x) * (kConsumerThreads * kAcc / 4);
+      float4* mine = base + size_t(wk.split) * (kConsumerThreads * kAcc / 4);
 #pragma unroll
       for (int q = 0; q < kAcc / 4; ++q)
         mine[q * kConsumerThreads + ct] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
@@ -473,7 +509,7 @@ struct Mainloop {
         float sum[kAcc];
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) sum[i] = 0.f;
-        int const me = blockIdx.x;
+        int const me = wk.split;
         for (int sp = 0; sp < p.splits; ++sp) {
           float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
 #pragma unroll

@@ -109,6 +109,7 @@ struct Params {
   long long const* counts;   // each expert's rows
   int const* tile_ends;      // inclusive prefix sums of ceil(counts / TN): grid z item -> expert
   int experts;
+  int row_tiles;             // ceil(N / TM): a work item is (K slice, row tile, token tile of an expert)
   int gate_up;               // store SiLU(gate) * up: N/2 columns (rows interleaved in blocks of 8)
 };
 

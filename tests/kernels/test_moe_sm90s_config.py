@@ -5,7 +5,7 @@ import pytest
 from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, family, parse_schedule, qualified
 from mixed_gemm.kernels.moe_sm90s import FAMILY, MoeSm90sConfig
 from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
-from mixed_gemm.kernels.moe_sm90s.catalog import TILES, default_catalog
+from mixed_gemm.kernels.moe_sm90s.catalog import TILES, TILES_U8, default_catalog
 
 
 def _problem(stage="w13", tokens=16, top_k=2, experts=8, h=4096, inter=14336, **kw):
@@ -15,23 +15,25 @@ def _problem(stage="w13", tokens=16, top_k=2, experts=8, h=4096, inter=14336, **
     return MoeProblem(**dict(base, **kw))
 
 
-@pytest.mark.parametrize("schedule", ["w13_t128x16x128_s0", "w2_t256x64x128_s0_split3", "w13_t128x32x128_s4"])
+@pytest.mark.parametrize("schedule", ["w13_t128x16x128_s0", "w2_t256x64x128_s0_split3", "w13_t128x32x128_s4",
+                                      "w2_t128x16x128_s0_p", "w13_t256x128x64_s0_split2_p"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeSm90sConfig.from_schedule(schedule, dtype="bf16", zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_sm90s:{schedule}"
     assert parse_schedule(qualified(c), dtype="bf16", bits=4, zero_mode="float") == c
     k = c.kernel
-    assert (k.stage, k.zero_mode, k.splits) == ("w13", "int", 1) and k.kernel == k
-    assert c.kernel_name == "mg_moe_sm90s_bf16_u4_" + schedule.split("_", 1)[1].split("_split")[0]
+    assert (k.stage, k.zero_mode, k.splits, k.persistent) == ("w13", "int", 1, False) and k.kernel == k
+    assert c.persistent == schedule.endswith("_p")
+    assert c.kernel_name == "mg_moe_sm90s_bf16_u4_" + schedule.split("_", 1)[1].split("_split")[0].removesuffix("_p")
     assert family("moe_sm90s") is FAMILY and FAMILY in GROUPED_FAMILIES
-    for bad in ("t128x16x128_s0", "w13_t128x16x128", "w13_t128x16x128_s0_split1"):
+    for bad in ("t128x16x128_s0", "w13_t128x16x128", "w13_t128x16x128_s0_split1", "w13_t128x16x128_s0_p_split2"):
         with pytest.raises(ValueError, match="moe_sm90s schedule"):
             MoeSm90sConfig.from_schedule(bad)
 
 
 @pytest.mark.parametrize("kw,rule", [
     (dict(stage="w3"), "stage"),
-    (dict(tile=(128, 128, 128)), "tile N"),
+    (dict(tile=(128, 256, 128)), "tile N"),
     (dict(tile=(64, 16, 128)), "tile M"),
     (dict(splits=0), "splits"),
     (dict(bits=3), "bits"),
@@ -48,7 +50,7 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true>" in src
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
     assert "__launch_bounds__(640, 1)" in src
-    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * len(TILES)
+    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * (len(TILES) + len(TILES_U8))
 
 
 def test_can_implement_reasons():
@@ -56,8 +58,9 @@ def test_can_implement_reasons():
     assert FAMILY.can_implement(c, _problem()) == (True, "")
     ok, why = FAMILY.can_implement(c, _problem(stage="w2"))
     assert not ok and "w13 kernel" in why
-    ok, why = FAMILY.can_implement(c, _problem(bits=8))
-    assert not ok and "8-bit" in why
+    assert FAMILY.can_implement(c.replace(bits=8), _problem(bits=8)) == (True, "")
+    ok, why = FAMILY.can_implement(c.replace(bits=8, tile=(128, 32, 128)), _problem(bits=8))
+    assert ok  # any tile the dense rules take runs; the catalog holds three for int8
     ok, why = FAMILY.can_implement(c, _problem(inter=1028))
     assert not ok and "multiple of 16" in why
     ok, why = FAMILY.can_implement(c.replace(stage="w2"), _problem(stage="w2", inter=1028))

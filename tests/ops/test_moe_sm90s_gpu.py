@@ -1,8 +1,8 @@
 """The grouped sm90s kernels (moe_sm90s: the dense sm90s mainloop over every expert's block of
 sorted rows) on an H100: every catalog kernel in both stages, with and without a K split, against
-the float32 reference over weight kinds (fp16/bf16, symmetric / integer / float zeros / offsets,
+the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros / offsets,
 groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens, random routing and every token on
-one expert, ragged N and K; ids out of range, no tokens, one token and CUDA-graph capture with new
+one expert, ragged N and K, a CTA per work item or a persistent grid; ids out of range, no tokens, one token and CUDA-graph capture with new
 routing between replays (moe_checks). Outputs poisoned with NaN first."""
 import random
 
@@ -11,7 +11,7 @@ import torch
 
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90s import MoeSm90sConfig
-from mixed_gemm.kernels.moe_sm90s.catalog import TILES
+from mixed_gemm.kernels.moe_sm90s.catalog import tiles_for
 from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
 from test_moe_gemv_gpu import TOP_KS, layer
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
@@ -26,13 +26,15 @@ GROUPS = (32, 64, 128, -1)
 
 def _sweep_params():
     """Each catalog tile as gate|up with itself and with the next tile as down, per dtype; the
-    second case of a tile splits K (2 or 3 slices); zero kind x group cycle through all 16
-    combinations; top-k and T rotate; N and K ragged against the 128/256-row tiles."""
+    second case of a tile splits K (2 or 3 slices); half the down kernels and a quarter of the
+    gate|up ones on a persistent grid (a CTA per SM walking the items); zero kind x group cycle
+    through all 16 combinations; top-k and T rotate; N and K ragged against the 128/256-row tiles."""
     rng = random.Random(91)
     cases = []
-    for dtype in DTYPES:
-        for i, a in enumerate(TILES):
-            for j, b in enumerate((a, TILES[(i + 1) % len(TILES)])):
+    for dtype, bits in [(d, b) for d in DTYPES for b in (4, 8)]:
+        tiles = tiles_for(bits)
+        for i, a in enumerate(tiles):
+            for j, b in enumerate((a, tiles[(i + 1) % len(tiles)])):
                 c = len(cases)
                 zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4 + c) % 4]
                 top_k, t = TOP_KS[(c + c // 4) % 4], (2, 16, 64, 300)[(c // 2 + c // 8) % 4]
@@ -44,19 +46,21 @@ def _sweep_params():
                 else:
                     h, inter = g * rng.randrange(1, 6), g * rng.randrange(1, 4)
                 splits = 1 + j * (1 + c % 2)
-                s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits).schedule
-                s2 = MoeSm90sConfig(stage="w2", tile=b).schedule
-                cases.append(pytest.param(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route,
-                                          id=f"{dtype}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}-{route}"))
-    assert {p.values[5] for p in cases} == set(TOP_KS)
-    assert {(p.values[3], p.values[4]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
+                s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits, persistent=c % 4 == 1).schedule
+                s2 = MoeSm90sConfig(stage="w2", tile=b, persistent=c % 2 == 0).schedule
+                cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route,
+                                          id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}"
+                                             f"-{route}"))
+    assert {p.values[6] for p in cases} == set(TOP_KS)
+    assert {(p.values[4], p.values[5]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
+    assert any(p.values[2].endswith("_p") and "_split" in p.values[2] for p in cases)  # persistent with split K
     return cases
 
 
-@pytest.mark.parametrize("dtype,s13,s2,zero,group,top_k,t,e,h,inter,route", _sweep_params())
-def test_sweep(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route):
-    seed = seed_of("moe90s", dtype, s13, s2, zero, group, top_k, t, e, h, inter, route)
-    check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,
+@pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,route", _sweep_params())
+def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route):
+    seed = seed_of("moe90s", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
+    check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], bits, s13, s2, zero, group, top_k, t, e, h,
                      inter, route)
 
 
@@ -78,5 +82,28 @@ def test_no_tokens_and_one_token():
 
 def test_graph_capture_with_new_routing_between_replays():
     tile = (256, 32, 128)
-    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile), MoeSm90sConfig(stage="w2", tile=tile, splits=2)),
-                        "g90s")
+    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile, persistent=True),
+                         MoeSm90sConfig(stage="w2", tile=tile, splits=2)), "g90s")
+
+
+@pytest.mark.parametrize("pair", [("moe_gemv:w13_s1_w4x2_u8_m8_pe", "moe_sm90s:w2_t128x16x128_s0"),
+                                  ("moe_sm90s:w13_t128x16x128_s0_p", "moe_sm90a:w2_t128x32x64_s0")],
+                         ids=["gemv-pe-then-sm90s", "sm90s-p-then-sm90a"])
+def test_mixed_plans_the_profile_holds(pair):
+    """Plans of two families with moe_sm90s on one side, as the H100 profile pairs them (DeepSeek at
+    16 tokens, Qwen3 at 32-128): one routing for both stages, h handed over as the launchers agree."""
+    import mixed_gemm as mg
+    from mixed_gemm.kernels import parse_schedule
+    from mixed_gemm.ops.moe_grouped import moe_grouped
+    from test_moe_gemv_gpu import routing
+    from tolerance import assert_elementwise
+
+    tokens, top_k, e, h, inter = 48, 6, 32, 512, 256
+    w13, w2 = layer(e=e, h=h, inter=inter, group=128, seed=23)
+    zm = w13.packed.zero_mode
+    cfgs = tuple(parse_schedule(s, dtype="f16", bits=4, zero_mode=zm) for s in pair)
+    x = torch.randn(tokens, h, device="cuda").half()
+    weights, ids = routing(tokens, top_k, e, seed_of("mix90s", *pair))
+    with mg.compile.blocking():
+        y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)
+    assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), inter, chained=3)

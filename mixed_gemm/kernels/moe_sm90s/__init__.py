@@ -80,7 +80,7 @@ class MoeSm90sFamily(GroupedFamily):
     def launcher(self, config: MoeSm90sConfig, device_index: int) -> MoeSm90sLauncher:
         """One launcher per (config, device), kept (it holds the per-weight descriptors; making one
         loads the module, which a CUDA-graph capture must not see)."""
-        key = (config.kernel, config.stage, config.splits, device_index)
+        key = (config.kernel, config.stage, config.splits, config.persistent, device_index)
         launcher = self._launchers.get(key)
         if launcher is None:
             with self._lock:

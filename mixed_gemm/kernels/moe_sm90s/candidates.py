@@ -1,7 +1,7 @@
 """The moe_sm90s schedules worth timing for one projection: every catalog tile whose token tile
 is at most twice the mean pairs per routed expert (a CTA's x rows mostly belong to its expert), from
-2 to ``TO_TOKENS`` tokens, each whole and with the K split that would fill the SMs were the routed
-experts' tiles alone (random routing, ``moe_gemv.heuristics.expected_experts``)."""
+2 to ``TO_TOKENS`` tokens, each whole, on a persistent grid (``_p``) and with the K split that would
+fill the SMs were the routed experts' tiles alone (random routing, ``moe_gemv.heuristics.expected_experts``)."""
 from __future__ import annotations
 
 from typing import List
@@ -9,7 +9,7 @@ from typing import List
 from ..base import MoeProblem
 from ..moe_gemv.heuristics import expected_experts
 from ..sm90s.config import MAX_SPLITS
-from .catalog import BITS, TILES
+from .catalog import BITS, tiles_for
 from .config import MoeSm90sConfig
 
 FROM_TOKENS, TO_TOKENS = 2, 256
@@ -31,11 +31,11 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
     routed = expected_experts(problem.tokens, problem.top_k, problem.experts)
     per_expert = problem.pairs / max(routed, 1e-9)
     out = []
-    for tile in TILES:
+    for tile in tiles_for(problem.bits):
         if tile[1] > max(16, 2 * per_expert):
             continue
         base = MoeSm90sConfig(stage=problem.stage, tile=tile)
-        out.append(base.schedule)
+        out += [base.schedule, base.replace(persistent=True).schedule]
         splits = splits_for(problem, tile, sms)
         if splits > 1:
             out.append(base.replace(splits=splits).schedule)

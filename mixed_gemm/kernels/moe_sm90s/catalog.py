@@ -1,6 +1,7 @@
 """The moe_sm90s family's default catalog: the decode-range token tiles (16, 32 and 64 routed
-rows of an expert per CTA) with 128 weight rows, and 32 and 64 with 256 (four consumer
-warpgroups, for the large experts), TK = 128; fp16 and bf16, int4. The stage and the split factor
+rows of an expert per CTA) with 128 weight rows, and 32, 64 and 128 with 256 (four consumer
+warpgroups, for the large experts), TK = 128 (64 for 256 x 128, whose 64 accumulators and fragments
+fit 112 registers only so); fp16 and bf16, int4, and three of them for int8. The stage and the split factor
 are launch-time choices (no kernel of their own)."""
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ from typing import List
 from ..common import DTYPES
 from .config import MoeSm90sConfig
 
-TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 32, 128), (256, 64, 128))
-BITS = (4,)
+TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 32, 128), (256, 64, 128), (256, 128, 64))
+# 8-bit experts: the same kernel with the 64-bit atom slices, on fewer tiles (as the dense family's).
+TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 32, 128))
+BITS = (4, 8)
+
+
+def tiles_for(bits: int):
+    return TILES if bits == 4 else TILES_U8
 
 
 def default_catalog() -> List[MoeSm90sConfig]:
-    return [MoeSm90sConfig(dtype=d, bits=b, tile=t) for d in DTYPES for b in BITS for t in TILES]
+    return [MoeSm90sConfig(dtype=d, bits=b, tile=t) for d in DTYPES for b in BITS for t in tiles_for(b)]

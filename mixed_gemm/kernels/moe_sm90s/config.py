@@ -11,7 +11,7 @@ from typing import Tuple
 from ..common import check_weight_kind, hash_once, raise_on
 from ..sm90s.config import MAX_SPLITS, Sm90sConfig
 
-_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(?:_split(\d+))?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(?:_split(\d+))?(_p)?$")
 STAGES = ("w13", "w2")
 
 
@@ -23,7 +23,7 @@ class MoeSm90sConfig:
     expert's block of sorted rows, one CTA per (K slice, weight-row tile, token tile of an expert).
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 256 with four consumer
-    warpgroups; TN routed rows in {16, 32, 64}; TK 128), ``stages`` (0: as many as fit). At launch:
+    warpgroups; TN routed rows in {16, 32, 64, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit). At launch:
     ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
     top-k sum) and ``splits`` (K slices, summed in the kernel in slice order). The tile rules are
     the dense family's (:class:`~mixed_gemm.kernels.sm90s.Sm90sConfig`, one CTA per SM, no
@@ -37,14 +37,16 @@ class MoeSm90sConfig:
     tile: Tuple[int, int, int] = (128, 16, 128)
     stages: int = 0
     splits: int = 1
+    persistent: bool = False
 
     family = "moe_sm90s"
 
     def __post_init__(self) -> None:
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
-            (self.tile[1] in (16, 32, 64), "tile N (routed rows per CTA) must be 16, 32 or 64 (the decode range)"),
+            (self.tile[1] in (16, 32, 64, 128), "tile N (routed rows per CTA) must be 16, 32, 64 or 128"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
+            (isinstance(self.persistent, bool), "persistent must be a bool"),
         ], f"MoeSm90sConfig {self.tile}")
         self.dense  # the dense family's rules for the tile, the stages and the shared memory
 
@@ -71,8 +73,9 @@ class MoeSm90sConfig:
 
     @functools.cached_property
     def kernel(self) -> "MoeSm90sConfig":
-        """The compiled identity: zero mode folded, the stage and the split factor at their defaults."""
-        return dataclasses.replace(self, zero_mode="int", stage="w13", splits=1)
+        """The compiled identity: zero mode folded, the launch-time choices (stage, split factor,
+        persistent grid) at their defaults."""
+        return dataclasses.replace(self, zero_mode="int", stage="w13", splits=1, persistent=False)
 
     @functools.cached_property
     def _tile_schedule(self) -> str:
@@ -85,7 +88,8 @@ class MoeSm90sConfig:
 
     @functools.cached_property
     def schedule(self) -> str:
-        return f"{self.stage}_{self._tile_schedule}" + (f"_split{self.splits}" if self.splits > 1 else "")
+        return (f"{self.stage}_{self._tile_schedule}" + (f"_split{self.splits}" if self.splits > 1 else "")
+                + ("_p" if self.persistent else ""))
 
     @functools.cached_property
     def name(self) -> str:
@@ -97,10 +101,10 @@ class MoeSm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_split<S>]")
-        stage, tm, tn, tk, stages, splits = m.groups()
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_split<S>][_p]")
+        stage, tm, tn, tk, stages, splits, persistent = m.groups()
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
-                     stages=int(stages), splits=int(splits or 1))
+                     stages=int(stages), splits=int(splits or 1), persistent=bool(persistent))
         if config.schedule != schedule:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
         return config

@@ -5,7 +5,8 @@ reads a box of contiguous rows), one grouped sm90s launch over them, and down's 
 The descriptors are encoded once per (stacked weight, pairs) by the kernel library and re-targeted
 per call (x, y and the routing's device arrays are plain pointers in the parameter block). The grid
 is sized from the shapes alone (``ceil(pairs / TN) + E`` token-tile items; CTAs past the last tile
-exit), so nothing is read on the host and a call is capturable. Split-K partials come from the
+exit), or persistent (``_p``: a CTA per SM walking the items), so nothing is read on the host and
+a call is capturable. Split-K partials come from the
 per-stream workspace and the counters from the zeroed semaphores, as the dense family's.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 
 from ...runtime import semaphores, workspace
 from ...runtime.library import open_library
+from ..base import sm_count
 from ..moe_route import SortedGroupedLauncher
 from . import abi
 from .config import MoeSm90sConfig
@@ -38,6 +40,7 @@ class MoeSm90sLauncher(SortedGroupedLauncher):
                                            dict(tile_m=tm, tile_n=tn, tile_k=tk, bits=config.bits,
                                                 stages=config.pipeline_stages, smem_bytes=config.smem_bytes),
                                            device_index, abi.describe)
+        self.ctas = sm_count(device_index) if config.persistent else 0  # a persistent grid: a CTA per SM
         self.lock = threading.Lock()
         self._slots = {}  # (stacked weight key, pairs) -> [slot handle, workspace floats, counters]
 
@@ -70,7 +73,7 @@ class MoeSm90sLauncher(SortedGroupedLauncher):
                 rc = self.lib.mg_init(handle, w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), rows.data_ptr(),
                                       pairs, w.n, w.scales.shape[-1], w.k, w.group_size, w.scales.shape[-2], e,
                                       w.b[0].numel() * w.b.element_size(), w.scales[0].numel() * w.scales.element_size(),
-                                      int(self.stage == "w13"), self.config.splits)
+                                      int(self.stage == "w13"), self.config.splits, self.ctas)
                 if rc:
                     self.lib.mg_destroy(handle)
                     self._fail(f"mg_init(pairs={pairs}, E={e}, N={w.n}, K={w.k}, group={w.group_size})", rc)
