@@ -72,6 +72,12 @@ def _dense_families():
     return [fam.name for fam in FAMILIES]
 
 
+def _grouped_families():
+    from ..kernels import GROUPED_FAMILIES
+
+    return [fam.name for fam in GROUPED_FAMILIES]
+
+
 def run_profile(args: argparse.Namespace) -> int:
     ready = prepare(args, "profile")
     if isinstance(ready, int):
@@ -130,7 +136,8 @@ def run_profile_moe(args: argparse.Namespace) -> int:
 
     models = [m for m in args.model.split(",") if m]
     path = run(models, args.tokens, torch.float16 if args.dtype == "f16" else torch.bfloat16, args.out or None,
-               args.replays)
+               args.replays, families=args.families.split(",") if args.families else None,
+               against_profile=args.against_profile)
     print(f"wrote {path} (grouped entries merged)")
     return 0
 
@@ -153,11 +160,11 @@ def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.A
     parser.add_argument("--tokens", default="1,2,4,8,16,32,64", type=_args.positive_ints,
                         help="comma-separated token counts (default: %(default)s)")
     parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
-    parser.add_argument("--families", default="", type=_args.presets(_dense_families, noun="family"),
-                        help="time only these comma-separated families' candidates (e.g. sm90s)")
+    parser.add_argument("--families", default="", type=_args.presets(_grouped_families, noun="family"),
+                        help="time only these comma-separated grouped families' candidates (e.g. moe_sm90s)")
     parser.add_argument("--against-profile", action="store_true",
-                        help="also time the profile's current entry for each shape and M, in the same run, so that "
-                             "a --families sweep replaces it only when faster")
+                        help="also time the profile's current entry for each stage and token count, in the same "
+                             "run, so that a --families sweep replaces it only when faster")
     parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
     parser.add_argument("--replays", type=_args.positive_int, default=7, help="graph replays per measurement (median)")
     parser.set_defaults(func=run_profile_moe)

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from .. import _versions
 from ..benchmark.moe import MOE_MODELS, _cold_s, random_routing
-from ..kernels import GROUPED_FAMILIES, MoeProblem
+from ..kernels import GROUPED_FAMILIES, MoeProblem, split_schedule
 from ..kernels.base import sm_count
 from ..ops import prepack_experts
 from ..ops.moe_grouped import forced_schedules, grouped_plan, moe_grouped
@@ -59,9 +59,24 @@ def _agrees(y: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
     return bool(torch.isfinite(y).all()) and bool(((y.float() - ref).abs() <= atol + 2 * EPS[y.dtype] * ref.abs()).all())
 
 
+def stage_schedules(fam, problem: MoeProblem, sms: int, families: Optional[Sequence[str]] = None,
+                    current: Optional[Profile] = None) -> List[str]:
+    """The schedules of ``fam`` to time for ``problem``: all its candidates, or, for a family outside
+    ``families``, only the schedule ``current`` (the profile swept against) runs for the problem now,
+    if it is ``fam``'s, so that a sweep of a few families replaces an entry only when faster."""
+    if not families or fam.name in families:
+        return list(fam.candidates(problem, sms))
+    entry = current.lookup_grouped(problem) if current is not None else None
+    if entry is None:
+        return []
+    owner, schedule = split_schedule(entry[1])
+    return [schedule] if owner.name == fam.name else []
+
+
 def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = torch.float16, replays: int = 7,
-          log=print) -> List[dict]:
-    """Winning grouped entries (profile dicts) for every model x token count x stage."""
+          log=print, families: Optional[Sequence[str]] = None, current: Optional[Profile] = None) -> List[dict]:
+    """Winning grouped entries (profile dicts) for every model x token count x stage; with ``families``,
+    only those families' candidates (and ``current``'s entries: :func:`stage_schedules`)."""
     dev = torch.cuda.current_device()
     sms = sm_count(dev)
     stream = current_stream(dev)
@@ -91,13 +106,14 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                 for fam in GROUPED_FAMILIES:
                     if not fam.supports(dev)[0]:
                         continue
-                    cands = [fam.from_schedule(sc, **problem.kind) for sc in fam.candidates(problem, sms)]
+                    cands = [fam.from_schedule(sc, **problem.kind)
+                             for sc in stage_schedules(fam, problem, sms, families, current)]
                     cands = [c for c in cands if fam.can_implement(c, problem)[0]]
                     # The family's heuristic schedule is its reference; where it passes (another family's
                     # side of the token range), its first candidate.
                     own = fam.heuristic(problem, sms)
                     base = own or (cands[0] if cands else None)
-                    if base is None:
+                    if base is None or not cands:
                         continue
                     if own is not None and heuristic is None:  # what selection without a profile would run
                         heuristic = f"{fam.name}:{own.schedule}"
@@ -222,15 +238,19 @@ def _one_launch(winners, stage_best, problems, x, w13, w2, ids, weights, h, y, t
             winners[index].update(schedule=schedule, us=round(times[best] / 2 * 1e6, 3))
 
 
-def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=None, replays: int = 7) -> Path:
-    """Sweep and merge the winners into the profile at ``out`` (default: the GPU's in the cache)."""
+def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=None, replays: int = 7,
+        families: Optional[Sequence[str]] = None, against_profile: bool = False) -> Path:
+    """Sweep and merge the winners into the profile at ``out`` (default: the GPU's in the cache).
+    ``families`` keeps only those grouped families' candidates; ``against_profile`` also times, for each
+    stage, the schedule of the merged-into profile's entry (what selection with it runs now)."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     path = Path(out) if out else default_profile_path(props.name)
     profile = Profile.load(path, with_base=False) if path.exists() else Profile(
         {"name": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count},
         {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
          "torch": _versions.torch_version(), "mixed_gemm": __version__})
-    for e in sweep(models, tokens, dtype, replays):
+    current = profile if against_profile and path.exists() else None
+    for e in sweep(models, tokens, dtype, replays, families=families, current=current):
         profile.add_grouped(e)
     profile.save(path)
     clear_cache()  # this process's next plan reads the new entries
