@@ -1,8 +1,9 @@
 """The moe_sm90s family's default catalog: the decode-range token tiles (16, 32 and 64 routed
-rows of an expert per CTA) with 128 weight rows, and 32, 64 and 128 with 256 (four consumer
-warpgroups, for the large experts), TK = 128 (64 for 256 x 128, whose 64 accumulators and fragments
-fit 112 registers only so); fp16 and bf16, int4, and three of them for int8. The stage and the split factor
-are launch-time choices (no kernel of their own)."""
+rows of an expert per CTA) with 128 weight rows, and 16, 32, 64 and 128 with 256 (four consumer
+warpgroups: half the work items and x read once per 256 weight rows, for the many small experts'
+per-item costs and the large experts' x traffic), TK = 128 (64 for 256 x 128, whose 64 accumulators
+and fragments fit 112 registers only so); fp16 and bf16, int4, and four of them for int8. The stage,
+the split factor and the persistent grid are launch-time choices (no kernel of their own)."""
 from __future__ import annotations
 
 from typing import List
@@ -10,9 +11,9 @@ from typing import List
 from ..common import DTYPES
 from .config import MoeSm90sConfig
 
-TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 32, 128), (256, 64, 128), (256, 128, 64))
+TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128), (256, 64, 128), (256, 128, 64))
 # 8-bit experts: the same kernel with the 64-bit atom slices, on fewer tiles (as the dense family's).
-TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 32, 128))
+TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128))
 BITS = (4, 8)
 
 
