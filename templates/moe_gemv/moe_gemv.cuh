@@ -11,7 +11,8 @@
 //   kDown:   y[t, n] = sum_j topk_weights[t, j] * (h[t * top_k + j] . W2_e[n])   (w2[e] = (H, I)).
 //
 // Why this shape. At decode every pair is one token: the kernel is gemv.cuh's FMA variant for one
-// row of x (kFmaTokens = 1: no mma n8 tile that would be 7/8 padding), with the same atom loads
+// row of x (kFmaTokens = 1: no mma n8 tile that would be 7/8 padding; or, kDeferred, the mma on
+// the raw codes with 7/8 padding but one instruction per atom: see MoeGemv), with the same atom loads
 // straight from global memory, converters and group-parameter reuse (gemv_mainloop). A CTA reads
 // its expert id first and offsets the weight, scale and zero bases by that expert's stride, so no
 // alignment step (sorting pairs by expert) runs before it: at T = 1 each of the k pairs reads its
@@ -19,7 +20,8 @@
 // from L2; the host picks this path only while that stays cheap (kernels/moe_gemv/heuristics.py).
 //
 // Rounding points (the reference in tests/ops/test_moe_gemv_gpu.py rounds at the same places):
-//   - the weight is q' s + z' in the activation dtype (one fma, as in gemv);
+//   - the weight is q' s + z' in the activation dtype (one fma, as in gemv); kDeferred: the raw
+//     codes' sums and x's sums per group in fp32, folded with s and z' in fp32 (never rounded);
 //   - dot products accumulate in fp32 (per lane, then the 4 lanes of a row, then the warps of the
 //     CTA in warp order, then the split-K slices in slice order);
 //   - kGateUp: silu(g) * u = g / (1 + exp(-g)) * u in fp32 from the fp32 sums g and u, rounded
@@ -76,13 +78,23 @@ __device__ __forceinline__ GateUpRuns gate_up_runs(int gate_up, int strip0, int 
   return gate_up ? GateUpRuns{2 * strip0, kStrips} : GateUpRuns{strip0, inter / 16};
 }
 
-template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll>
+// kDeferred (`_ds`): gemv's mma path on one n8 tile (the token in column 0, seven padding columns)
+// with the group's scale and zero applied to the fp32 sums once per group (atoms/deferred.cuh), as
+// the dense decode kernels' `_ds`. Per weight pair the FMA variant converts, scales (an fma) and
+// widens to fp32 for four FMAs; the mma path issues one mma per 16x16 atom on the raw codes, which
+// is what keeps a large expert's stream (Mixtral at 1 token: 117 MB of gate|up) at the copy rate.
+// The weight is then never rounded to the activation dtype (q' s + z' stays fp32 in the fold).
+template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll,
+          bool kDeferred = false>
 struct MoeGemv {
   static constexpr bool kGated = kStage == MoeStage::kGateUp;
   // The gate|up kernel's warps hold two runs of strips: kStrips gate strips and, I/16 strips
   // further, their up strips (templates/gemv/gemv.cuh, kRuns). The weight needs no repack.
   static constexpr int kRuns = kGated ? 2 : 1;
-  using K = Gemv<Element, kBits, 1, kRuns * kStrips, kWarpsN, kWarpsK, kUnroll, false, 1, kRuns>;
+  using K = Gemv<Element, kBits, 1, kRuns * kStrips, kWarpsN, kWarpsK, kUnroll, false, kDeferred ? 0 : 1, kRuns,
+                 kDeferred>;
+  // Row half e (rows g, g + 8) of a strip's token-0 accumulators: FMA [e]; mma c0 / c2 ([2 e]).
+  static constexpr int kHalf = kDeferred ? 2 : 1;
   using raw = typename K::raw;
   static constexpr int kThreads = K::kThreads;
   static constexpr int kRows = 16 * kStrips * kWarpsN;  // outputs (h or y columns) of a CTA
@@ -154,9 +166,10 @@ struct MoeGemv {
 
   // f(i, gate, up) for each gate|up output i (a column of h) the lane holds after the reduction.
   // Interleaved: strip j (of 2 kStrips from 2 strip0) holds gate row 8 (2 strip0 + j) + g as its row
-  // g (accumulator [j][0][0]) and the up row as its row g + 8 ([j][0][1]). Otherwise gate strip j's
-  // rows g, g + 8 ([j][0][0..1]) and the same rows of up strip j. After the FMA variant's shuffles
-  // the 4 lanes of a row agree; lane t = 0 reports it.
+  // g (row half 0) and the up row as its row g + 8 (row half 1). Otherwise gate strip j's rows g,
+  // g + 8 (halves 0, 1) and the same rows of up strip j. After the FMA variant's shuffles the 4
+  // lanes of a row agree; in the mma's C fragment lane t = 0 holds token column 0. Lane t = 0
+  // reports it.
   template <typename F>
   static __device__ __forceinline__ void for_each_gated(int gate_up, int strip0, int lane, int inter,
                                                         typename K::Acc const& acc, F&& f) {
@@ -165,7 +178,7 @@ struct MoeGemv {
 #pragma unroll
       for (int j = 0; j < 2 * kStrips; ++j) {
         int const i = kGateUpBlock * (2 * strip0 + j) + (lane >> 2);
-        if (i < inter) f(i, acc[j][0][0], acc[j][0][1]);
+        if (i < inter) f(i, acc[j][0][0], acc[j][0][kHalf]);
       }
       return;
     }
@@ -174,7 +187,7 @@ struct MoeGemv {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         int const i = 16 * (strip0 + j) + (lane >> 2) + 8 * e;
-        if (i < inter) f(i, acc[j][0][e], acc[kStrips + j][0][e]);
+        if (i < inter) f(i, acc[j][0][kHalf * e], acc[kStrips + j][0][kHalf * e]);
       }
   }
 

@@ -35,7 +35,8 @@ def _problem(stage="w13", tokens=1, top_k=2, experts=8, h=4096, inter=1024, **kw
 @pytest.mark.parametrize("schedule", ["w13_s2_w4x1_u8", "w13_s1_w4x2_u8_split6", "w2_s2_w4x2_u8_split3_kloop",
                                       "w2_s1_w4x2_u4_kloop", "w2_s4_w2x2_u2", "w13_s1_w4x2_u8_m16_xe",
                                       "w2_s1_w4x2_u4_m8_xe_split3", "w13_s2_w2x2_u8_m8_xe_split2",
-                                      "w13_s1_w4x2_u8_m16_pe_split6", "w2_s1_w4x2_u4_m8_pe"])
+                                      "w13_s1_w4x2_u8_m16_pe_split6", "w2_s1_w4x2_u4_m8_pe", "w13_s1_w4x2_u8_ds_split2",
+                                      "w2_s2_w4x2_u8_ds_split4_kloop"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeGemvConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_gemv:{schedule}"
@@ -45,6 +46,7 @@ def test_schedule_round_trip_and_names(schedule):
     tokens = 16 if "_m16_" in schedule else 8 if "_m8_" in schedule else 1
     assert (k.by_expert, k.tokens) == (c.by_expert, c.tokens) == ("_xe" in schedule, tokens)
     assert k.persistent == c.persistent == ("_pe" in schedule) and c.tiled == (tokens > 1)
+    assert k.deferred == c.deferred == ("_ds" in schedule)
     assert c.kernel_name == k.kernel_name == f"mg_moe_bf16_u8_{k.schedule}"
     assert c.name == f"mg_moe_bf16_u8_zfloat_{schedule}"
     assert family("moe_gemv") is FAMILY and FAMILY in GROUPED_FAMILIES
@@ -62,6 +64,8 @@ def test_schedule_round_trip_and_names(schedule):
         MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m16_pe_kloop")
     with pytest.raises(ValueError, match="not a moe_gemv schedule"):
         MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_pe")  # persistent mode names its tokens
+    with pytest.raises(ValueError, match="not a moe_gemv schedule"):
+        MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_split2_ds")  # _ds comes before the split
 
 
 @pytest.mark.parametrize("kw, rule", [
@@ -83,6 +87,8 @@ def test_schedule_round_trip_and_names(schedule):
     (dict(stage="w2", by_expert=True, tokens=8, slot_loop=True), r"slot_loop \(_kloop\) is pair mode's"),
     (dict(persistent=True), r"tokens must be one of \(8, 16\) in expert mode .* and persistent mode"),
     (dict(persistent=True, by_expert=True, tokens=8), r"by_expert \(_xe\) and persistent \(_pe\) are two modes"),
+    (dict(by_expert=True, tokens=8, deferred=True), r"deferred \(_ds: .*\) is pair mode's"),
+    (dict(persistent=True, tokens=16, deferred=True), r"deferred \(_ds: .*\) is pair mode's"),
     (dict(by_expert=True, tokens=16, strips=2, warps=(4, 2), unroll=16),
      "shared memory 84288 B above the static 49152 B"),  # 8 staged slices of 16 rows x 16 atoms
 ])
@@ -98,6 +104,8 @@ def test_derived_sizes():
     d = c.replace(stage="w2")
     assert (d.rows, d.accumulators, d.smem_bytes) == (128, 4, 1 * 4 * 4 * 32 * 4)
     assert MoeGemvConfig(warps=(4, 1)).smem_bytes == 0
+    ds = c.replace(deferred=True)  # the mma's C fragment: 4 accumulators per strip (token 0 in c0 and c2)
+    assert (ds.accumulators, ds.smem_bytes) == (16, 1 * 4 * 16 * 32 * 4)
     # Expert mode: mma accumulators (4 per n8 tile), each warp's staged x slice, the scan's ints.
     x = MoeGemvConfig(stage="w13", strips=1, warps=(4, 2), unroll=8, tokens=16, by_expert=True)
     assert (x.threads, x.rows, x.accumulators) == (256, 64, 2 * 1 * 2 * 4)
@@ -108,7 +116,7 @@ def test_derived_sizes():
 
 def test_catalog_is_small_and_covers_every_kind_and_stage():
     cat = FAMILY.catalog()
-    assert 0 < len(cat) <= 56 and len(IDENTITIES) == len(cat)
+    assert 0 < len(cat) <= 72 and len(IDENTITIES) == len(cat)
     assert cat[0].stage == "w13"  # tests/kernels/test_families.py builds its problem from the first config
     for dtype in ("f16", "bf16"):
         for bits in (4, 8):
@@ -155,7 +163,7 @@ def test_every_catalog_config_renders_its_numbers(config):
     stage = "kGateUp" if config.stage == "w13" else "kDown"
     element = "cutlass::half_t" if config.dtype == "f16" else "cutlass::bfloat16_t"
     struct = "MoeGemvExpert" if config.by_expert else "MoeGemvPersistent" if config.persistent else "MoeGemv"
-    tokens = f", {config.tokens}" if config.tiled else ""
+    tokens = f", {config.tokens}" if config.tiled else ", true" if config.deferred else ""  # then kDeferred
     args = "MoeGemvFusedArgs" if config.fused else "MoeGemvArgs"
     if config.fused:  # both stages in one kernel
         assert re.search(rf"mixed_gemm::MoeGemvFused<{re.escape(element)}, {config.bits}, {config.strips}, "

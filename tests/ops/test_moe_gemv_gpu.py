@@ -133,25 +133,26 @@ def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
     return h, y
 
 
-def _sched(shape, splits, kloop=False):
+def _sched(shape, splits, kloop=False, ds=False):
     stage, strips, (wn, wk), unroll = shape[:4]
     mode = f"_m{shape[4]}_xe" if len(shape) > 4 else ""  # expert mode: (..., tokens)
-    return (f"{stage}_s{strips}_w{wn}x{wk}_u{unroll}" + mode + (f"_split{splits}" if splits > 1 else "")
-            + ("_kloop" if kloop else ""))
+    return (f"{stage}_s{strips}_w{wn}x{wk}_u{unroll}" + mode + ("_ds" if ds else "")
+            + (f"_split{splits}" if splits > 1 else "") + ("_kloop" if kloop else ""))
 
 
 def _sweep_params():
-    """Every catalog gate|up schedule paired with every down schedule of its kind (all 16 catalog
-    kernels run), twice each: 32 cases over which the zero kind and group size go through all 16
-    combinations twice, and top-k, T, splits, slot looping, id widths and shapes are drawn (ragged
-    against the 64/128-output CTAs; per-channel K with K % 16 == 8)."""
+    """Every catalog gate|up schedule paired with every down schedule of its kind (all 32 pair-mode
+    catalog kernels run), twice each with the FMA path and once with deferred group parameters
+    (``_ds``, both stages): 48 cases over which the zero kind and group size go through all 16
+    combinations three times, and top-k, T, splits, slot looping, id widths and shapes are drawn
+    (ragged against the 64/128-output CTAs; per-channel K with K % 16 == 8)."""
     rng = random.Random(24)
     cases = []
     for dtype in DTYPES:
         for bits in (4, 8):
             for a in [s for s in shapes_for(bits) if s[0] == "w13"]:
                 for b in [s for s in shapes_for(bits) if s[0] == "w2"]:
-                    for _ in range(2):
+                    for ds in (False, False, True):
                         c = len(cases)
                         zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 4]
                         top_k, t = TOP_KS[(c + c // 4 + c // 16) % 4], rng.choice((1, 4, 16))
@@ -160,8 +161,8 @@ def _sweep_params():
                             h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
                         else:
                             h, inter = group * rng.randrange(1, 12), group * rng.randrange(1, 6)
-                        s13 = _sched(a, rng.choice((1, 2, 5)))
-                        s2 = _sched(b, rng.choice((1, 2, 3)), kloop=top_k > 1 and rng.random() < 0.5)
+                        s13 = _sched(a, rng.choice((1, 2, 5)), ds=ds)
+                        s2 = _sched(b, rng.choice((1, 2, 3)), kloop=top_k > 1 and rng.random() < 0.5, ds=ds)
                         ids32 = rng.random() < 0.3
                         cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32,
                                                   "random",

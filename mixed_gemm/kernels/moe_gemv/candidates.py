@@ -1,4 +1,5 @@
-"""The moe_gemv schedules worth timing for one projection: every catalog shape of its stage, at
+"""The moe_gemv schedules worth timing for one projection: every catalog shape of its stage (pair
+mode with and without deferred group parameters, ``_ds``), at
 split counts around the heuristic's (and, for the down projection, with and without ``_kloop``);
 from two tokens on, the expert-mode shapes too (their down kernel while its per-pair planes fit);
 the persistent-mode shapes at every token count their rules allow (pairs and experts sorted in
@@ -7,6 +8,7 @@ cannot be timed one projection at a time: :func:`layer_candidates` gives its (ga
 which the profiler times as a layer."""
 from __future__ import annotations
 
+import itertools
 from typing import List, Tuple
 
 from ..base import MoeProblem
@@ -18,9 +20,10 @@ from .heuristics import WORKSPACE_FLOATS, launch_fields
 
 def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
     out: List[str] = []
-    for stage, strips, warps, unroll in shapes_for(problem.bits, problem.stage):
-        base = launch_fields(MoeGemvConfig(bits=problem.bits, stage=stage, strips=strips, warps=warps, unroll=unroll),
-                             problem, sms)
+    for (stage, strips, warps, unroll), deferred in itertools.product(shapes_for(problem.bits, problem.stage),
+                                                                      (False, True)):
+        base = launch_fields(MoeGemvConfig(bits=problem.bits, stage=stage, strips=strips, warps=warps, unroll=unroll,
+                                           deferred=deferred), problem, sms)
         loops = (base.slot_loop,) if stage == "w13" or problem.top_k == 1 else (False, True)
         for slot_loop in loops:
             best, steps = base.splits, base.steps(problem.k)

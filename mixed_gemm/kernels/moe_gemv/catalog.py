@@ -2,7 +2,8 @@
 precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled): per activation
 dtype and width, two pair-mode shapes per stage and one expert-mode shape per stage at 8 and 16
 tokens, one persistent-mode shape per stage at 8 and 16 tokens, and the one-launch persistent kernel
-(both stages, ``_pe1``) at 8 and 16 tokens: 56 kernels."""
+(both stages, ``_pe1``) at 8 and 16 tokens; the pair-mode shapes again with deferred group
+parameters (``_ds``: the mma path, for the large experts' one-token stream): 72 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -58,8 +59,8 @@ def persistent_shapes_for(bits: int, stage: str = None, tokens: int = None):
 
 
 def default_catalog() -> List[MoeGemvConfig]:
-    pair = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u)
-            for d in DTYPES for b in (4, 8) for st, s, w, u in shapes_for(b)]
+    pair = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, deferred=ds)
+            for ds in (False, True) for d in DTYPES for b in (4, 8) for st, s, w, u in shapes_for(b)]
     expert = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, by_expert=True)
               for d in DTYPES for b in (4, 8) for st, s, w, u, t in expert_shapes_for(b)]
     persistent = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True)

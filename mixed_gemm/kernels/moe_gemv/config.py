@@ -11,7 +11,7 @@ from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(?:_split(\d+))?(_kloop)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(_ds)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -46,7 +46,10 @@ class MoeGemvConfig:
     (down, the top-k weighted sum over slots fused); ``strips`` (16-row output strips per warp);
     ``warps`` = (warps along the outputs, warps splitting K inside a CTA); ``unroll`` (k16 atoms a
     warp loads before it converts any). One row of x per CTA (pair mode: the FMA variant of
-    templates/gemv/gemv.cuh for one token) in pair mode; ``by_expert`` (``_m<tokens>_xe``: expert
+    templates/gemv/gemv.cuh for one token) in pair mode, or with ``deferred`` (``_ds``, pair mode
+    only) gemv's mma path on one n8 tile with the group's scale and zero applied to the fp32 sums once
+    per group (templates/atoms/deferred.cuh: the dense decode kernels' ``_ds``; fewer instructions
+    per weight byte than converting and scaling every weight for one token's FMAs); ``by_expert`` (``_m<tokens>_xe``: expert
     mode, ``MoeGemvExpert``): grid.z indexes experts, each CTA scans the routing for its expert's
     pairs and serves ``tokens`` (8 or 16, gemv's meaning: rows of x per CTA, mma n8 tiles) of them
     per pass over the expert's weight, x rows gathered and staged in shared memory; ``persistent``
@@ -75,6 +78,7 @@ class MoeGemvConfig:
     by_expert: bool = False
     persistent: bool = False
     fused: bool = False
+    deferred: bool = False
     splits: int = 1
     slot_loop: bool = False
 
@@ -95,6 +99,8 @@ class MoeGemvConfig:
             (self.tokens in (EXPERT_TOKENS if self.by_expert or self.persistent else (1,)),
              f"tokens must be one of {EXPERT_TOKENS} in expert mode (by_expert, _xe) and persistent mode (_pe) "
              "(mma n8 tiles) and 1 in pair mode (one pair per CTA)"),
+            (not (self.deferred and self.tiled),
+             "deferred (_ds: the mma path with the group's parameters applied to the sums) is pair mode's"),
             (self.stage == "w2" or not self.slot_loop, "slot_loop (_kloop) is the down projection's (stage w2)"),
             (not ((self.by_expert or self.persistent) and self.slot_loop),
              "slot_loop (_kloop) is pair mode's: in expert and persistent mode a token's slots lie in different "
@@ -122,8 +128,8 @@ class MoeGemvConfig:
     @property
     def accumulators(self) -> int:
         """fp32 accumulators per lane: rows g and g + 8 of each strip it loads (w13: gate and up), for
-        one token (pair mode) or 4 per n8 tile (expert mode's mma)."""
-        per = 4 * (self.tokens // 8) if self.tiled else 2
+        one token (pair mode's FMAs) or 4 per n8 tile (the mma of expert, persistent and deferred mode)."""
+        per = 4 * (self.tokens // 8) if self.tiled else 4 if self.deferred else 2
         return per * self.strips * (2 if self.gated else 1)
 
     @property
@@ -174,7 +180,8 @@ class MoeGemvConfig:
         wn, wk = self.warps
         return (f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
                 + (f"_m{self.tokens}_xe" if self.by_expert
-                   else f"_m{self.tokens}_pe{'1' if self.fused else ''}" if self.persistent else ""))
+                   else f"_m{self.tokens}_pe{'1' if self.fused else ''}" if self.persistent else "")
+                + ("_ds" if self.deferred else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -196,11 +203,11 @@ class MoeGemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_split<S>][_kloop]")
-        stage, s, wn, wk, u, tokens, mode, sp, kloop = m.groups()
+                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_split<S>][_kloop]")
+        stage, s, wn, wk, u, tokens, mode, ds, sp, kloop = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode in ("pe", "pe1"), fused=mode == "pe1",
-                   splits=int(sp or 1), slot_loop=bool(kloop))
+                   deferred=bool(ds), splits=int(sp or 1), slot_loop=bool(kloop))
 
     def replace(self, **changes) -> "MoeGemvConfig":
         return dataclasses.replace(self, **changes)
