@@ -1,7 +1,7 @@
 """The grouped sm90s kernels (moe_sm90s: the dense sm90s mainloop over every expert's block of
 sorted rows) on an H100: every catalog kernel in both stages, with and without a K split, against
 the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros / offsets,
-groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens, random routing and every token on
+groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens (and 2048: prefill), random routing and every token on
 one expert, ragged N and K, a CTA per work item or a persistent grid; ids out of range, no tokens, one token and CUDA-graph capture with new
 routing between replays (moe_checks). Outputs poisoned with NaN first."""
 import random
@@ -61,6 +61,17 @@ def _sweep_params():
 def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route):
     seed = seed_of("moe90s", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
     check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], bits, s13, s2, zero, group, top_k, t, e, h,
+                     inter, route)
+
+
+@pytest.mark.parametrize("s13,s2,route", [("w13_t256x128x64_s0_p", "w2_t128x64x128_s0", "random"),
+                                          ("w13_t128x64x128_s0", "w2_t256x64x128_s0_p", "one")])
+def test_prefill_token_counts(s13, s2, route):
+    """Prefill (2048 tokens x top-8 over 64 experts: ~256 rows an expert, or every token's slot 0 on
+    one expert) on the 64/128-row token tiles the profile times from 1024 tokens on."""
+    dtype, zero, group, top_k, t, e, h, inter = "f16", "int", 128, 8, 2048, 64, 512, 256
+    seed = seed_of("moe90s-prefill", s13, s2, route)
+    check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,
                      inter, route)
 
 

@@ -1,5 +1,6 @@
 """The moe_sm90s schedules worth timing for one projection: every catalog tile whose token tile
-is at most twice the mean pairs per routed expert (a CTA's x rows mostly belong to its expert), from
+is at most twice the mean pairs per routed expert (a CTA's x rows mostly belong to its expert) and
+at least half of it up to 64 rows, from
 2 to ``TO_TOKENS`` tokens, each whole, on a persistent grid (``_p``) and with the K split that would
 fill the SMs were the routed experts' tiles alone (random routing, ``moe_gemv.heuristics.expected_experts``)."""
 from __future__ import annotations
@@ -12,7 +13,9 @@ from ..sm90s.config import MAX_SPLITS
 from .catalog import BITS, tiles_for
 from .config import MoeSm90sConfig
 
-FROM_TOKENS, TO_TOKENS = 2, 256
+# Up to prefill: the 4-D weight TMA takes any expert without a tensormap rewrite, so the many small
+# experts' 1024-4096 token layers are worth timing against the CUTLASS grouped kernels (moe_sm90a).
+FROM_TOKENS, TO_TOKENS = 2, 4096
 
 
 def splits_for(problem: MoeProblem, tile, sms: int) -> int:
@@ -32,8 +35,8 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
     per_expert = problem.pairs / max(routed, 1e-9)
     out = []
     for tile in tiles_for(problem.bits):
-        if tile[1] > max(16, 2 * per_expert):
-            continue
+        if tile[1] > max(16, 2 * per_expert) or tile[1] < min(64, per_expert / 2):
+            continue  # mostly padding, or (prefill) x re-read for many small token tiles
         base = MoeSm90sConfig(stage=problem.stage, tile=tile)
         out += [base.schedule, base.replace(persistent=True).schedule]
         splits = splits_for(problem, tile, sms)
