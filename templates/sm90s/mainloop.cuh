@@ -58,6 +58,9 @@ struct RsOp;
 MG_SM90S_RS_OP(16)
 MG_SM90S_RS_OP(32)
 MG_SM90S_RS_OP(64)
+#if defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)  // the kernel's source defines it for these N
+MG_SM90S_RS_OP(80)  // grouped: ~64 +- 8 routed rows an expert (Mixtral at 256 tokens) in one tile
+#endif
 MG_SM90S_RS_OP(128)
 MG_SM90S_RS_OP(256)
 #undef MG_SM90S_RS_OP

@@ -11,7 +11,8 @@ from typing import List
 from ..common import DTYPES
 from .config import MoeSm90sConfig
 
-TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128), (256, 64, 128), (256, 128, 64))
+TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128), (256, 64, 128), (256, 80, 128),
+         (256, 128, 64))
 # 8-bit experts: the same kernel with the 64-bit atom slices, on fewer tiles (as the dense family's).
 TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128))
 BITS = (4, 8)
