@@ -20,7 +20,7 @@ from ...codegen import render_template
 from ..base import OK, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, ZERO_MODES, grouped_constant_checks
 from ..sm90a import layout
-from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS
+from ..moe_route import MAX_PAIRS, SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS, sort_limits
 from .abi import BAND, COMBINE_ARGS_BYTES, GATHER_ARGS_BYTES, GROUPED_ARGS_BYTES, ROUTE_THREADS, ROUTE_VEC
 from .candidates import candidate_schedules
 from .catalog import default_catalog
@@ -28,7 +28,6 @@ from .config import MoeSm80Config
 from .heuristics import heuristic_config
 from .launch import MoeSm80Launcher
 
-MAX_PAIRS = 2**31 - 1  # sorted rows and tile indices are 32-bit in the kernel
 
 
 class MoeSm80Family(GroupedFamily):
@@ -52,13 +51,12 @@ class MoeSm80Family(GroupedFamily):
             return False, f"group size {g} must be a power of two >= 32, or per-channel (the tile's group rows)"
         if problem.stage == "w13" and problem.n % 2:
             return False, f"gate|up: N = 2I must be even, got N={problem.n}"
-        if problem.pairs > MAX_PAIRS:
-            return False, f"at most {MAX_PAIRS} (token, slot) pairs (32-bit row indices), got {problem.pairs}"
+        ok, why = sort_limits(problem.pairs, problem.experts)
+        if not ok:
+            return False, why
         tiles = (-(-problem.pairs // config.tile[0]) + problem.experts) * -(-problem.n // config.tile[1])
-        if tiles > MAX_PAIRS:
+        if tiles > MAX_PAIRS:  # tile indices are 32-bit in the kernel too
             return False, f"at most {MAX_PAIRS} CTAs in the grouped grid ((ceil(pairs / BM) + E) x N tiles), got {tiles}"
-        if problem.experts > SORT_MAX_EXPERTS:
-            return False, f"at most {SORT_MAX_EXPERTS} experts (the routing sort's one-CTA scan), got {problem.experts}"
         return OK
 
     def catalog(self) -> List[MoeSm80Config]:

@@ -18,12 +18,18 @@ from .config import MoeSm90sConfig
 FROM_TOKENS, TO_TOKENS = 2, 4096
 
 
-def splits_for(problem: MoeProblem, tile, sms: int) -> int:
-    """K slices that fill ``sms`` with the CTAs of the experts random routing touches."""
-    tm, tn, tk = tile
+def _routed(problem: MoeProblem):
+    """(experts random routing touches, mean pairs per touched expert)."""
     routed = expected_experts(problem.tokens, problem.top_k, problem.experts)
-    per_expert = problem.pairs / max(routed, 1e-9)
-    ctas = routed * -(-problem.n // tm) * max(1, -(-int(per_expert) // tn))
+    return routed, problem.pairs / max(routed, 1e-9)
+
+
+def splits_for(problem: MoeProblem, tile, sms: int, routed=None) -> int:
+    """K slices that fill ``sms`` with the CTAs of the experts random routing touches (``routed``:
+    :func:`_routed` of ``problem``, when the caller has it)."""
+    tm, tn, tk = tile
+    experts, per_expert = routed or _routed(problem)
+    ctas = experts * -(-problem.n // tm) * max(1, -(-int(per_expert) // tn))
     k_tiles = -(-problem.k // tk)
     return max(1, min(sms // max(1, int(ctas)), k_tiles // 4, MAX_SPLITS))
 
@@ -31,15 +37,15 @@ def splits_for(problem: MoeProblem, tile, sms: int) -> int:
 def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
     if problem.bits not in BITS or not FROM_TOKENS <= problem.tokens <= TO_TOKENS:
         return []
-    routed = expected_experts(problem.tokens, problem.top_k, problem.experts)
-    per_expert = problem.pairs / max(routed, 1e-9)
+    routed = _routed(problem)
+    per_expert = routed[1]
     out = []
     for tile in tiles_for(problem.bits):
         if tile[1] > max(16, 2 * per_expert) or tile[1] < min(64, per_expert / 2):
             continue  # mostly padding, or (prefill) x re-read for many small token tiles
         base = MoeSm90sConfig(stage=problem.stage, tile=tile)
         out += [base.schedule, base.replace(persistent=True).schedule]
-        splits = splits_for(problem, tile, sms)
+        splits = splits_for(problem, tile, sms, routed)
         if splits > 1:
             out.append(base.replace(splits=splits).schedule)
     return out
