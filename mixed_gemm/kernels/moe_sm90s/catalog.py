@@ -1,7 +1,7 @@
 """The moe_sm90s family's default catalog: the decode-range token tiles (16, 32 and 64 routed
-rows of an expert per CTA) with 128 weight rows, and 16, 32, 64 and 128 with 256 (four consumer
+rows of an expert per CTA) with 128 weight rows, and 16, 32, 64, 80 and 128 with 256 (four consumer
 warpgroups: half the work items and x read once per 256 weight rows, for the many small experts'
-per-item costs and the large experts' x traffic), TK = 128 (64 for 256 x 128, whose 64 accumulators
+per-item costs and the large experts' x traffic; 80 rows hold ~64 +- 8 routed rows in one tile), TK = 128 (64 for 256 x 128, whose 64 accumulators
 and fragments fit 112 registers only so); fp16 and bf16, int4, and four of them for int8. The stage,
 the split factor and the persistent grid are launch-time choices (no kernel of their own)."""
 from __future__ import annotations
