@@ -58,8 +58,13 @@ struct RsOp;
 MG_SM90S_RS_OP(16)
 MG_SM90S_RS_OP(32)
 MG_SM90S_RS_OP(64)
+MG_SM90S_RS_OP(96)
 #if defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)  // the kernel's source defines it for these N
-MG_SM90S_RS_OP(80)  // grouped: ~64 +- 8 routed rows an expert (Mixtral at 256 tokens) in one tile
+// Grouped token tiles between the powers of two, for ragged rows an expert: ~64 +- 8 (Mixtral at
+// 256 tokens, Qwen3 at 1024) in one 80-row tile, ~32 +- 5 in 48, ~96 +- 10 in 112.
+MG_SM90S_RS_OP(48)
+MG_SM90S_RS_OP(80)
+MG_SM90S_RS_OP(112)
 #endif
 MG_SM90S_RS_OP(128)
 MG_SM90S_RS_OP(256)

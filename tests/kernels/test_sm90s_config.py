@@ -49,7 +49,7 @@ def test_names_schedules_and_round_trip():
     (dict(tile=(256, 64, 128), ctas_per_sm=2), "tile M 256"),
     (dict(tile=(256, 64, 128), cluster=(2, 1)), "tile M 256"),
     (dict(tile=(256, 64, 128), phased=True), "tile M 256"),
-    (dict(tile=(128, 48, 128)), "tile N"),
+    (dict(tile=(128, 40, 128)), "tile N"),
     (dict(tile=(128, 64, 32)), "tile K"),
     (dict(cluster=(1, 2)), "cluster"),
     (dict(cluster=(8, 1)), "cluster"),

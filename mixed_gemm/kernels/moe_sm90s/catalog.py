@@ -1,9 +1,11 @@
 """The moe_sm90s family's default catalog: the decode-range token tiles (16, 32 and 64 routed
-rows of an expert per CTA) with 128 weight rows, and 16, 32, 64, 80 and 128 with 256 (four consumer
-warpgroups: half the work items and x read once per 256 weight rows, for the many small experts'
-per-item costs and the large experts' x traffic; 80 rows hold ~64 +- 8 routed rows in one tile), TK = 128 (64 for 256 x 128, whose 64 accumulators
-and fragments fit 112 registers only so); fp16 and bf16, int4, and four of them for int8. The stage,
-the split factor and the persistent grid are launch-time choices (no kernel of their own)."""
+rows of an expert per CTA) with 128 weight rows, and 16 to 128 in steps of 16 (but 32) with 256
+(four consumer warpgroups: half the work items and x read once per 256 weight rows, for the many
+small experts' per-item costs and the large experts' x traffic; the rows between powers of two hold
+a ragged expert's rows in one tile, as 80 does ~64 +- 8), TK = 128 (64 for 112 and 128 rows, whose
+accumulators and fragments fit 112 registers only so); fp16 and bf16, int4, and four of them for
+int8. The stage, the split factor and the persistent grid are launch-time choices (no kernel of
+their own)."""
 from __future__ import annotations
 
 from typing import List
@@ -11,8 +13,8 @@ from typing import List
 from ..common import DTYPES
 from .config import MoeSm90sConfig
 
-TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128), (256, 64, 128), (256, 80, 128),
-         (256, 128, 64))
+TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128), (256, 48, 128), (256, 64, 128),
+         (256, 80, 128), (256, 96, 128), (256, 112, 64), (256, 128, 64))
 # 8-bit experts: the same kernel with the 64-bit atom slices, on fewer tiles (as the dense family's).
 TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128))
 BITS = (4, 8)

@@ -23,7 +23,7 @@ class MoeSm90sConfig:
     expert's block of sorted rows, one CTA per (K slice, weight-row tile, token tile of an expert).
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 256 with four consumer
-    warpgroups; TN routed rows in {16, 32, 64, 80, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit). At launch:
+    warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit). At launch:
     ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
     top-k sum) and ``splits`` (K slices, summed in the kernel in slice order). The tile rules are
     the dense family's (:class:`~mixed_gemm.kernels.sm90s.Sm90sConfig`, one CTA per SM, no
@@ -44,7 +44,8 @@ class MoeSm90sConfig:
     def __post_init__(self) -> None:
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
-            (self.tile[1] in (16, 32, 64, 80, 128), "tile N (routed rows per CTA) must be 16, 32, 64, 80 or 128"),
+            (self.tile[1] in (16, 32, 48, 64, 80, 96, 112, 128),
+             "tile N (routed rows per CTA) must be 16, 32, 48, 64, 80, 96, 112 or 128"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
             (isinstance(self.persistent, bool), "persistent must be a bool"),
         ], f"MoeSm90sConfig {self.tile}")

@@ -18,7 +18,7 @@ TILE_MS = (128, 256)    # 256: four consumer warpgroups behind one producer (Geo
 # At TM = 256 a consumer thread has 112 registers: TN/2 accumulators and one set of TK/4 fragment
 # registers must stay within 80 (t256x128x128 spills 92 bytes in the k-loop; t256x128x64 none).
 TM256_MAX_LIVE = 80
-TILE_NS = (16, 32, 64, 80, 128, 256)  # wgmma N of the RsOp specializations (80: grouped ~64 +- 8 rows)
+TILE_NS = (16, 32, 48, 64, 80, 96, 112, 128, 256)  # wgmma N of the RsOp specializations (48-112: grouped ragged rows)
 TILE_KS = (64, 128)
 # (C, 1): C adjacent row tiles share their x tile, each CTA loading TN/C token rows of it with TMA
 # multicast into all C.
@@ -46,7 +46,7 @@ class Sm90sConfig:
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, or 256 with four consumer
     warpgroups at one CTA per SM, no cluster and TN/2 + TK/4 <= 80; TN tokens in
-    {16, 32, 64, 80, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
+    {16, 32, 48, 64, 80, 96, 112, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
     C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32),
     ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 64,
