@@ -141,10 +141,10 @@ def _sched(shape, splits, kloop=False, ds=False):
 
 
 def _sweep_params():
-    """Every catalog gate|up schedule paired with every down schedule of its kind (all 32 pair-mode
+    """Every catalog gate|up schedule paired with every down schedule of its kind (all 48 pair-mode
     catalog kernels run), twice each with the FMA path and once with deferred group parameters
-    (``_ds``, both stages): 48 cases over which the zero kind and group size go through all 16
-    combinations three times, and top-k, T, splits, slot looping, id widths and shapes are drawn
+    (``_ds``, both stages): 108 cases over which the zero kind and group size go through all 16
+    combinations, and top-k, T, splits, slot looping, id widths and shapes are drawn
     (ragged against the 64/128-output CTAs; per-channel K with K % 16 == 8)."""
     rng = random.Random(24)
     cases = []

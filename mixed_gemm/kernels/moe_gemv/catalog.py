@@ -1,9 +1,9 @@
 """The moe_gemv family's default catalog: the compiled identities ``mixed-gemm build --all``
 precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled): per activation
-dtype and width, two pair-mode shapes per stage and one expert-mode shape per stage at 8 and 16
+dtype and width, three pair-mode shapes per stage and one expert-mode shape per stage at 8 and 16
 tokens, one persistent-mode shape per stage at 8 and 16 tokens, and the one-launch persistent kernel
 (both stages, ``_pe1``) at 8 and 16 tokens; the pair-mode shapes again with deferred group
-parameters (``_ds``: the mma path, for the large experts' one-token stream): 72 kernels."""
+parameters (``_ds``: the mma path, for the large experts' one-token stream): 88 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -20,6 +20,10 @@ SHAPES = (
     # down: the top-k slots of a token are planes (or one CTA's loop, _kloop)
     ("w2", 2, (4, 2), 8),    # 128 y columns per CTA (gemv's m1_s2_w4x2_u8)
     ("w2", 1, (4, 2), 8),    # 64 y columns: more CTAs for H = 2048
+    # 32 outputs per CTA, K over 4 warps: twice the CTAs again, each streaming a quarter of the K
+    # range per warp (the small experts' one-token stages are latency-bound: more loads in flight)
+    ("w13", 1, (2, 4), 8),
+    ("w2", 1, (2, 4), 8),
 )
 
 # Expert mode (by_expert): (stage, strips, warps, unroll, tokens), unroll halved for int8 likewise.
