@@ -11,7 +11,8 @@ A profile is a JSON file named for the GPU (``profiles/h100.json``)::
 
 An optional ``"grouped"`` list holds the grouped (MoE) families' entries: ``dtype``, ``bits``,
 ``zero_mode``, ``group_size``, ``experts``, ``top_k``, ``n``, ``k``, ``stage`` (``w13``/``w2``),
-``tokens`` (a bucket), ``schedule`` (``moe_gemv:...``), ``us`` (``mixed-gemm profile-moe``).
+``tokens`` (a bucket), ``schedule`` (``moe_gemv:...``), ``us`` (``mixed-gemm profile-moe``). A weight
+kind not measured for a layer borrows the nearest measured one (``Profile.lookup_grouped``).
 
 The key of an entry is the weight kind (dtype, bits, zero mode, group size) and the shape (N, K);
 ``m`` is an M bucket; ``schedule`` is ``family:schedule``. Format 1 (bare schedules, all of the
@@ -96,13 +97,36 @@ class Profile:
 
     def lookup_grouped(self, problem) -> Optional[Tuple[int, str]]:
         """``(tokens bucket, "family:schedule")`` measured for ``problem`` (a MoeProblem: same
-        experts, top-k, shape, stage and kind) at the nearest token bucket in log2, or None."""
-        key = grouped_key(problem)
+        experts, top-k, shape and stage) at the nearest token bucket in log2, or None. Its own weight
+        kind first; a kind nobody measured for this layer borrows the nearest measured one of the
+        same bit width (:meth:`nearest_grouped_kind`): the grouped kernels exist in both activation
+        dtypes with the same tiles, and fold every zero mode into one additive zero, so a bf16 or
+        GPTQ/HQQ layer runs the kernels measured on the fp16 AWQ one (callers still check that the
+        schedule can run the problem, e.g. its group size)."""
+        key = self.nearest_grouped_kind(grouped_key(problem))
         rows = [(t, e["schedule"]) for (k, t), e in self._grouped.items() if k == key]
         if not rows:
             return None
         lt = math.log2(max(problem.tokens, 1))
         return min(rows, key=lambda r: (abs(math.log2(r[0]) - lt), -r[0]))
+
+    def nearest_grouped_kind(self, key: GroupedKey) -> GroupedKey:
+        """``key`` if it was measured, else the measured key of the same layer (experts, top-k, N,
+        K, stage) and bit width whose weight kind is nearest (the dense :meth:`nearest_shapes`'
+        penalties: dtype 4, zero mode 2, group size 1 octave); ``key`` itself when none is."""
+        measured = {k for k, _ in self._grouped}
+        if key in measured:
+            return key
+        dtype, bits, zero_mode, group, *layer = key
+        same = [k for k in measured if k[1] == bits and list(k[4:]) == layer]
+        if not same:
+            return key
+
+        def distance(k: GroupedKey) -> float:
+            octaves = abs(math.log2(k[3] / group)) if k[3] > 0 and group > 0 else float(k[3] != group)
+            return 4 * (k[0] != dtype) + 2 * (k[2] != zero_mode) + octaves
+
+        return min(same, key=lambda k: (distance(k), k))
 
     def add(self, entry: dict) -> None:
         """Insert or replace the entry of (key, m); the schedule is stored as ``family:schedule``."""

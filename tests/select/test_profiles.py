@@ -299,6 +299,17 @@ def test_grouped_entries_round_trip_lookup_and_serve_the_plan(tmp_path):
     assert q.lookup_grouped(problem) == (16, "moe_gemv:w13_s1_w4x2_u8_m16_xe")  # log2 tie: the larger bucket
     assert q.lookup_grouped(dataclasses.replace(problem, tokens=2)) == (1, "moe_gemv:w13_s2_w4x1_u8_split2")
     assert q.lookup_grouped(dataclasses.replace(problem, experts=64)) is None  # another model: none
+    # A weight kind nobody measured for this layer borrows the nearest measured kind of its width:
+    # bf16 activations, GPTQ's symmetric or HQQ's float zeros, another group size; never another width.
+    for kind in (dict(dtype="bf16"), dict(zero_mode="sym"), dict(zero_mode="float", group_size=64),
+                 dict(dtype="bf16", zero_mode="offset", group_size=-1)):
+        assert q.lookup_grouped(dataclasses.replace(problem, **kind)) == (16, "moe_gemv:w13_s1_w4x2_u8_m16_xe")
+    assert q.lookup_grouped(dataclasses.replace(problem, bits=8)) is None
+    r = Profile.load(tmp_path / "h100.json")
+    r.add_grouped(dict(_grouped(16, "moe_gemv:w13_s2_w4x1_u8"), dtype="bf16"))
+    assert r.lookup_grouped(dataclasses.replace(problem, dtype="bf16")) == (16, "moe_gemv:w13_s2_w4x1_u8")  # its own
+    assert r.lookup_grouped(dataclasses.replace(problem, dtype="bf16", zero_mode="sym")) == (16, "moe_gemv:w13_s2_w4x1_u8")
+    assert r.lookup_grouped(problem) == (16, "moe_gemv:w13_s1_w4x2_u8_m16_xe")
     fam = family("moe_gemv")
     assert _profiled(fam, dataclasses.replace(problem, tokens=16), q).schedule == "w13_s1_w4x2_u8_m16_xe"
     assert _profiled(fam, dataclasses.replace(problem, stage="w2", n=4096, k=14336), q) is None
