@@ -5,10 +5,9 @@ and projection; write the winner (the fastest of all families) into the GPU's pr
 Each stage is timed alone on random int4 (``--bits 8``: int8) g128 experts and random softmax top-k
 routing (fixed seeds), replayed from a CUDA graph (median of replays): the gate|up stage on x, the
 down stage on the gate|up output of the family's heuristic schedule (or, where that passes, its
-first candidate). A candidate
-counts only when its output matches that schedule's element-wise (fp32 sums in another order, one
-rounding: ``rtol 2 eps``, ``atol`` grown like sqrt(K)); the heuristic schedules themselves are
-checked against the reference in the GPU suite.
+first candidate). A candidate counts only when its output matches that schedule's element-wise (fp32
+sums in another order, one rounding: ``rtol 2 eps``, ``atol`` grown like sqrt(K)); the heuristic
+schedules themselves are checked against the reference in the GPU suite.
 
 A stage timed alone replays its kernel on an L2 that still holds the experts it read (a few MB at
 a few tokens), so it can rank plans unlike the layer does. The best pairs (the two stage winners,
