@@ -342,7 +342,7 @@ CLI = [
     (["profile", "--zero-mode", "x"], "--zero-mode"),
     (["profile-moe", "--model", "nope"], "--model"), (["profile-moe", "--tokens", "0"], "--tokens"),
     (["profile-moe", "--replays", "x"], "--replays"), (["profile-moe", "--dtype", "x"], "--dtype"),
-    (["profile-moe", "--families", "sm90s"], "--families"),
+    (["profile-moe", "--families", "sm90s"], "--families"), (["profile-moe", "--bits", "5"], "--bits"),
     (["e2e", "--model", "gpt5"], "--model"), (["e2e", "--model", "llama3-8b,llama3-70b"], "--model"),
     (["e2e", "--layers", "-1"], "--layers"), (["e2e", "--layers", "x"], "--layers"),
     (["e2e", "--batches", "1,0"], "--batches"), (["e2e", "--batches", "x"], "--batches"),

@@ -137,7 +137,7 @@ def run_profile_moe(args: argparse.Namespace) -> int:
     models = [m for m in args.model.split(",") if m]
     path = run(models, args.tokens, torch.float16 if args.dtype == "f16" else torch.bfloat16, args.out or None,
                args.replays, families=args.families.split(",") if args.families else None,
-               against_profile=args.against_profile)
+               against_profile=args.against_profile, bits=args.bits)
     print(f"wrote {path} (grouped entries merged)")
     return 0
 
@@ -152,7 +152,7 @@ def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.A
     parser = subparsers.add_parser(
         "profile-moe", help="time the grouped MoE kernels' schedules per preset, token count and projection",
         description="Time every grouped-family candidate (CUDA graphs, median of replays) for each MoE "
-                    "preset's gate|up and down projections at each token count, on int4 g128 experts with "
+                    "preset's gate|up and down projections at each token count, on int4 (or --bits 8) g128 experts with "
                     "random routing; keep those whose output matches the heuristic schedule's; merge the "
                     "winners into <gpu>.json's grouped entries (read by mixed_gemm.moe).")
     parser.add_argument("--model", default="mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite",
@@ -160,6 +160,7 @@ def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.A
     parser.add_argument("--tokens", default="1,2,4,8,16,32,64", type=_args.positive_ints,
                         help="comma-separated token counts (default: %(default)s)")
     parser.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
+    parser.add_argument("--bits", type=int, choices=[4, 8], default=4, help="the experts' weight width (g128, zeros)")
     parser.add_argument("--families", default="", type=_args.presets(_grouped_families, noun="family"),
                         help="time only these comma-separated grouped families' candidates (e.g. moe_sm90s)")
     parser.add_argument("--against-profile", action="store_true",

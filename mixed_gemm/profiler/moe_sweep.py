@@ -2,12 +2,12 @@
 and projection; write the winner (the fastest of all families) into the GPU's profile (its
 ``"grouped"`` list, read by ``mixed_gemm.moe``'s plan).
 
-Each stage is timed alone on random int4 experts and random softmax top-k routing (fixed seeds),
-replayed from a CUDA graph (median of replays): the gate|up stage on x, the down stage on the gate|up
-output of the family's heuristic schedule (or, where that passes, its first candidate). A candidate
-counts only when its output matches that schedule's element-wise (fp32 sums in another order, one
-rounding: ``rtol 2 eps``, ``atol`` grown like sqrt(K)); the heuristic schedules themselves are
-checked against the reference in the GPU suite.
+Each stage is timed alone on random int4 (``--bits 8``: int8) g128 experts and random softmax top-k
+routing (fixed seeds), replayed from a CUDA graph (median of replays): the gate|up stage on x, the
+down stage on the gate|up output of the family's heuristic schedule (or, where that passes, its
+first candidate). A candidate counts only when its output matches that schedule's element-wise (fp32
+sums in another order, one rounding: ``rtol 2 eps``, ``atol`` grown like sqrt(K)); the heuristic
+schedules themselves are checked against the reference in the GPU suite.
 
 A stage timed alone replays its kernel on an L2 that still holds the experts it read (a few MB at
 a few tokens), so it can rank plans unlike the layer does. The best pairs (the two stage winners,
@@ -44,12 +44,15 @@ from .timing import time_graph
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
-def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int, gate_up: bool = False):
+def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int, gate_up: bool = False, bits: int = 4):
+    """Random ``bits``-wide g128 experts with integer zeros (AWQ's kind), scaled so that a row's
+    dot products stay O(1)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randint(0, 16, (e, n, k), generator=gen, dtype=torch.uint8, device="cuda")
-    s = ((torch.rand(e, n, k // 128, generator=gen, device="cuda") + 0.5) * (2.0 / (16 * k**0.5))).to(dtype)
-    z = torch.randint(0, 16, (e, n, k // 128), generator=gen, device="cuda").to(dtype)
-    return prepack_experts(q, s, z, bits=4, group_size=128, dtype=dtype, layout="sm90a", gate_up=gate_up)
+    levels = 1 << bits
+    q = torch.randint(0, levels, (e, n, k), generator=gen, dtype=torch.uint8, device="cuda")
+    s = ((torch.rand(e, n, k // 128, generator=gen, device="cuda") + 0.5) * (2.0 / (levels * k**0.5))).to(dtype)
+    z = torch.randint(0, levels, (e, n, k // 128), generator=gen, device="cuda").to(dtype)
+    return prepack_experts(q, s, z, bits=bits, group_size=128, dtype=dtype, layout="sm90a", gate_up=gate_up)
 
 
 def _agrees(y: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
@@ -74,7 +77,8 @@ def stage_schedules(fam, problem: MoeProblem, sms: int, families: Optional[Seque
 
 
 def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = torch.float16, replays: int = 7,
-          log=print, families: Optional[Sequence[str]] = None, current: Optional[Profile] = None) -> List[dict]:
+          log=print, families: Optional[Sequence[str]] = None, current: Optional[Profile] = None,
+          bits: int = 4) -> List[dict]:
     """Winning grouped entries (profile dicts) for every model x token count x stage; with ``families``,
     only those families' candidates (and ``current``'s entries: :func:`stage_schedules`)."""
     dev = torch.cuda.current_device()
@@ -83,8 +87,8 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
     winners = []
     for name in models:
         shape = MOE_MODELS[name]
-        w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, dtype, 13, gate_up=True)
-        w2 = _experts(shape.experts, shape.hidden, shape.inter, dtype, 2)
+        w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, dtype, 13, gate_up=True, bits=bits)
+        w2 = _experts(shape.experts, shape.hidden, shape.inter, dtype, 2, bits=bits)
         for t in tokens:
             bucket = m_bucket(t)
             gen = torch.Generator().manual_seed(t)
@@ -98,7 +102,7 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
             stage_times, heuristics = {}, {}  # stage -> {"family:schedule": seconds}; stage -> the heuristic's
             for stage, w, src, out, wts in (("w13", w13, x, h, None), ("w2", w2, h, y, weights)):
                 problem = MoeProblem(tokens=bucket, top_k=shape.top_k, experts=shape.experts, n=w.n, k=w.k,
-                                     dtype=KERNEL_DTYPES[dtype], bits=4, zero_mode=w.zero_mode, group_size=128,
+                                     dtype=KERNEL_DTYPES[dtype], bits=bits, zero_mode=w.zero_mode, group_size=128,
                                      layout="sm90a", stage=stage, gate_up=w.gate_up)
                 problems[stage] = problem
                 times: Dict[str, float] = {}  # "family:schedule" -> seconds, every grouped family
@@ -140,7 +144,7 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                 log(f"{name} T={t} {stage}: {best} {times[best] * 1e6:.1f} µs (heuristic {heuristic} "
                     f"{times.get(heuristic, float('nan')) * 1e6:.1f} µs; {len(times)} timed)")
                 stage_best[stage] = (len(winners), times[best])
-                winners.append(dict(dtype=problem.dtype, bits=4, zero_mode=problem.zero_mode, group_size=128,
+                winners.append(dict(dtype=problem.dtype, bits=bits, zero_mode=problem.zero_mode, group_size=128,
                                     experts=shape.experts, top_k=shape.top_k, n=w.n, k=w.k, stage=stage,
                                     tokens=bucket, schedule=best, us=round(times[best] * 1e6, 3)))
             if len(stage_best) == 2:  # h and y hold the stage references now
@@ -239,7 +243,7 @@ def _one_launch(winners, stage_best, problems, x, w13, w2, ids, weights, h, y, t
 
 
 def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=None, replays: int = 7,
-        families: Optional[Sequence[str]] = None, against_profile: bool = False) -> Path:
+        families: Optional[Sequence[str]] = None, against_profile: bool = False, bits: int = 4) -> Path:
     """Sweep and merge the winners into the profile at ``out`` (default: the GPU's in the cache).
     ``families`` keeps only those grouped families' candidates; ``against_profile`` also times, for each
     stage, the schedule of the merged-into profile's entry (what selection with it runs now)."""
@@ -250,7 +254,7 @@ def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=No
         {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
          "torch": _versions.torch_version(), "mixed_gemm": __version__})
     current = profile if against_profile and path.exists() else None
-    for e in sweep(models, tokens, dtype, replays, families=families, current=current):
+    for e in sweep(models, tokens, dtype, replays, families=families, current=current, bits=bits):
         profile.add_grouped(e)
     profile.save(path)
     clear_cache()  # this process's next plan reads the new entries
