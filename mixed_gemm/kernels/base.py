@@ -9,6 +9,7 @@ checklist for adding one.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -214,6 +215,9 @@ class Family:
         return f"<kernel family {self.name}>"
 
 
+_KEPT_LOCK = threading.Lock()  # making a kept launcher (rare): one lock for all grouped families
+
+
 class GroupedFamily(Family):
     """A grouped (mixture-of-experts) family: its configs carry the ``stage`` they run, and its
     problems are :class:`MoeProblem`. :meth:`can_implement` checks what every grouped family needs
@@ -240,6 +244,20 @@ class GroupedFamily(Family):
     def grouped_rules(self, config, problem: "MoeProblem") -> Verdict:
         """This family's own rules for a problem of the config's stage and weight kind."""
         return OK
+
+    def kept_launcher(self, key, make):
+        """The launcher kept under ``key`` (``(config, device)`` and what else tells launchers apart),
+        made once by ``make()``, thread-safe: for launchers that hold per-weight device state, and
+        whose making loads a module (the driver may synchronize the context), which a CUDA-graph
+        capture must not see."""
+        kept = self.__dict__.setdefault("_kept_launchers", {})
+        launcher = kept.get(key)
+        if launcher is None:
+            with _KEPT_LOCK:
+                launcher = kept.get(key)
+                if launcher is None:
+                    launcher = kept[key] = make()
+        return launcher
 
     def plan_rules(self, configs) -> Verdict:
         """Can ``configs`` = (gate|up config, down config) run as one plan (each already runs its own

@@ -218,3 +218,28 @@ class SortedGroupedLauncher:
             o = torch.empty((pairs, w.n), dtype=x.dtype, device=x.device)
             self.gemm(rows, w, routing, o, stream)
             self.combine(o, routing.pos, weights, out, tokens, w.n, top_k, stream)
+
+
+class LibraryRoutedLauncher(SortedGroupedLauncher):
+    """A :class:`SortedGroupedLauncher` whose family's host library (``self.lib``, opened by the
+    subclass) exports the route kernels with one C ABI: ``mg_route`` (the sort), ``mg_gather`` and
+    ``mg_combine`` (templates/common/moe_route.cuh). Subclasses set ``error`` (the exception a refused
+    launch raises: a bug, not bad input) and ``describe`` (their ABI's return-code text)."""
+
+    error = RuntimeError
+    describe = staticmethod(str)
+
+    def _fail(self, what: str, rc: int) -> None:
+        if rc:
+            raise self.error(f"{self.config.name}: {what}: {self.describe(rc)}")
+
+    def sort_launch(self, args: SortArgs, blocks: int, stream: int) -> None:
+        self._fail("the routing sort", self.lib.mg_route(ctypes.addressof(args), blocks, stream or None))
+
+    def gather(self, x, order, div: int, out, stream: int) -> None:
+        self._fail("the row gather", self.lib.mg_gather(x.data_ptr(), order.data_ptr(), div, out.data_ptr(),
+                                                         out.shape[0], out.shape[1], stream or None))
+
+    def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
+        self._fail("the down epilogue", self.lib.mg_combine(o.data_ptr(), pos.data_ptr(), weights.data_ptr(),
+                                                             out.data_ptr(), tokens, hidden, top_k, stream or None))

@@ -66,6 +66,12 @@ def grouped_key(e) -> GroupedKey:
             int(get("top_k")), int(get("n")), int(get("k")), get("stage"))
 
 
+def kind_penalty(a: Tuple[str, str, int], b: Tuple[str, str, int]) -> int:
+    """How far apart two weight kinds (dtype, zero mode, group size) are for borrowing a measured
+    entry: dtype 4, zero mode 2, group size 1 (what a kernel's speed depends on most, first)."""
+    return 4 * (a[0] != b[0]) + 2 * (a[1] != b[1]) + (a[2] != b[2])
+
+
 def entry_key(e: dict) -> Key:
     return (e["dtype"], int(e["bits"]), e["zero_mode"], int(e["group_size"]), int(e["n"]), int(e["k"]))
 
@@ -112,8 +118,8 @@ class Profile:
 
     def nearest_grouped_kind(self, key: GroupedKey) -> GroupedKey:
         """``key`` if it was measured, else the measured key of the same layer (experts, top-k, N,
-        K, stage) and bit width whose weight kind is nearest (the dense :meth:`nearest_shapes`'
-        penalties: dtype 4, zero mode 2, group size 1 octave); ``key`` itself when none is."""
+        K, stage) and bit width whose weight kind is nearest (:func:`kind_penalty`, as the dense
+        :meth:`nearest_shapes`); ``key`` itself when none is."""
         measured = {k for k, _ in self._grouped}
         if key in measured:
             return key
@@ -121,12 +127,7 @@ class Profile:
         same = [k for k in measured if k[1] == bits and list(k[4:]) == layer]
         if not same:
             return key
-
-        def distance(k: GroupedKey) -> float:
-            octaves = abs(math.log2(k[3] / group)) if k[3] > 0 and group > 0 else float(k[3] != group)
-            return 4 * (k[0] != dtype) + 2 * (k[2] != zero_mode) + octaves
-
-        return min(same, key=lambda k: (distance(k), k))
+        return min(same, key=lambda k: (kind_penalty((dtype, zero_mode, group), (k[0], k[2], k[3])), k))
 
     def add(self, entry: dict) -> None:
         """Insert or replace the entry of (key, m); the schedule is stored as ``family:schedule``."""
@@ -180,8 +181,8 @@ class Profile:
         for other, rows in self._index.items():
             if other[1] != bits or (bucket is not None and all(r[0] != bucket for r in rows)):
                 continue
-            d = (abs(math.log2(other[4] / n)) + 2 * abs(math.log2(other[5] / k)) + 4 * (other[0] != dtype)
-                 + 2 * (other[2] != zero_mode) + 1 * (other[3] != group))
+            d = (abs(math.log2(other[4] / n)) + 2 * abs(math.log2(other[5] / k))
+                 + kind_penalty((dtype, zero_mode, group), (other[0], other[2], other[3])))
             ranked.append((d, other))
         return [other for _, other in sorted(ranked)]
 

@@ -123,6 +123,12 @@ def test_shipped_profiles_parse_and_name_catalog_kernels():
         for e in prof.entries:
             c = parse_schedule(e["schedule"], dtype=e["dtype"], bits=e["bits"], zero_mode=e["zero_mode"])
             assert c.kernel.kernel_name in compiled, (path.name, e)
+        # Grouped (MoE) entries too, in both activation dtypes: a layer of another kind borrows them
+        # (Profile.lookup_grouped), and a kernel package (JIT off) must hold what they name.
+        for e in prof.grouped:
+            for dtype in ("f16", "bf16"):
+                c = parse_schedule(e["schedule"], dtype=dtype, bits=e["bits"], zero_mode=e["zero_mode"])
+                assert c.stage == e["stage"] and c.kernel.kernel_name in compiled, (path.name, e)
 
 
 def _problem(m, **kw):

@@ -14,7 +14,6 @@ heuristic passes (None) while the routed experts get few pairs each, leaving tho
 """
 from __future__ import annotations
 
-import threading
 from typing import List
 
 from ...codegen import render_template
@@ -41,10 +40,6 @@ class MoeSm90aFamily(GroupedFamily):
     output = "shared"  # CUTLASS 3.x parameters are built by the kernel's host code
     min_capability = (9, 0)
     max_capability = (9, 0)  # sm_90a SASS runs on 9.0 only
-
-    def __init__(self):
-        self._launchers = {}
-        self._lock = threading.Lock()
 
     def grouped_rules(self, config: MoeSm90aConfig, problem: MoeProblem) -> Verdict:
         tk = config.tile[2]
@@ -85,13 +80,7 @@ class MoeSm90aFamily(GroupedFamily):
         one sets the module up (the driver may synchronize the context to load it), which a CUDA-graph
         capture must not see."""
         key = (config, device_index)
-        launcher = self._launchers.get(key)
-        if launcher is None:
-            with self._lock:
-                launcher = self._launchers.get(key)
-                if launcher is None:
-                    launcher = self._launchers[key] = MoeSm90aLauncher(config, self.build_spec(config), device_index)
-        return launcher
+        return self.kept_launcher(key, lambda: MoeSm90aLauncher(config, self.build_spec(config), device_index))
 
 
 FAMILY = MoeSm90aFamily()

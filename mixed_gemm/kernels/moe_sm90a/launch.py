@@ -19,7 +19,7 @@ import torch
 from ...runtime import workspace
 from ...runtime.library import open_library
 from ..base import sm_count
-from ..moe_route import SortedGroupedLauncher
+from ..moe_route import LibraryRoutedLauncher
 from . import abi
 from .config import MoeSm90aConfig
 
@@ -55,12 +55,15 @@ class _Arrays:
         self.layouts_w, self.strides_x, self.strides_s, self.strides_y = arrays
 
 
-class MoeSm90aLauncher(SortedGroupedLauncher):
+class MoeSm90aLauncher(LibraryRoutedLauncher):
     """``launch(x, w, ids, weights, out, tokens, top_k, stream)`` for one config on one device,
     the interface of every grouped family (see ``moe_gemv.launch``): ``x`` the stage's rows (w13:
     ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)`` in pair order), ``w`` the stacked experts
     (``ops.experts.PackedExperts``, sm90a layout, contiguous), ``ids`` ``(tokens, top_k)`` int32/int64,
     ``weights`` fp32 ``(tokens, top_k)`` (w2; None for w13), ``out`` ``h`` (w13, pair order) or ``y``."""
+
+    error = MoeSm90aLaunchError
+    describe = staticmethod(abi.describe)
 
     def __init__(self, config: MoeSm90aConfig, spec, device_index: int):
         self.config = config
@@ -86,17 +89,6 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
                     arrays = self._arrays[key] = _Arrays(self.lib, self.info, w, w.b.device)
         return arrays
 
-    def sort_launch(self, args, blocks: int, stream: int) -> None:
-        rc = self.lib.mg_route(ctypes.addressof(args), blocks, stream or None)
-        if rc:
-            raise MoeSm90aLaunchError(f"{self.config.name}: the routing sort: {abi.describe(rc)}")
-
-    def gather(self, x, order, div: int, out, stream: int) -> None:
-        rc = self.lib.mg_gather(x.data_ptr(), order.data_ptr(), div, out.data_ptr(), out.shape[0], out.shape[1],
-                                stream or None)
-        if rc:
-            raise MoeSm90aLaunchError(f"{self.config.name}: the row gather: {abi.describe(rc)}")
-
     def gemm(self, rows: torch.Tensor, w, routing, out: torch.Tensor, stream: int, a_div: int = 0, y32=None,
              weights=None, top_k: int = 1) -> None:
         """``out[r] = rows[r] W_e^T`` for the sorted rows ``[offsets[e], offsets[e] + counts[e])`` of
@@ -114,8 +106,7 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
                                   rows.data_ptr(), rows.shape[1] * rows.element_size(), out.data_ptr(),
                                   out.shape[1] * out.element_size(), ptr_x.data_ptr(), ptr_y.data_ptr(),
                                   stream or None)
-        if rc:
-            raise MoeSm90aLaunchError(f"{self.config.name}: the problem arrays: {abi.describe(rc)}")
+        self._fail("the problem arrays", rc)
         ws_bytes = self._ws_bytes.get(e)
         if ws_bytes is None:
             ws_bytes = self._ws_bytes[e] = int(self.lib.mg_workspace_bytes(e, self.sms))
@@ -124,12 +115,5 @@ class MoeSm90aLauncher(SortedGroupedLauncher):
                              arrays.strides_x.data_ptr(), arrays.s.data_ptr(), arrays.strides_s.data_ptr(),
                              arrays.z.data_ptr(), ptr_y.data_ptr(), arrays.strides_y.data_ptr(), w.group_size,
                              self.sms, ws or None, ws_bytes, int(self.stage == "w13"), self.raster_n, stream or None)
-        if rc:
-            raise MoeSm90aLaunchError(f"{self.config.name}: mg_run(E={e}, N={w.n}, K={w.k}, group={w.group_size}): "
-                                      f"{abi.describe(rc)}")
-
-    def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
-        rc = self.lib.mg_combine(o.data_ptr(), pos.data_ptr(), weights.data_ptr(), out.data_ptr(), tokens, hidden,
-                                 top_k, stream or None)
-        if rc:
-            raise MoeSm90aLaunchError(f"{self.config.name}: the down epilogue: {abi.describe(rc)}")
+        if rc:  # (the message only on failure: no formatting per call)
+            self._fail(f"mg_run(E={e}, N={w.n}, K={w.k}, group={w.group_size})", rc)

@@ -12,7 +12,6 @@ only. A grouped family (``kernels.GROUPED_FAMILIES``); no heuristic: profiles na
 """
 from __future__ import annotations
 
-import threading
 from typing import List
 
 from ...codegen import render_template
@@ -27,7 +26,6 @@ from .config import MoeSm90sConfig
 from .launch import MoeSm90sLauncher
 
 
-
 class MoeSm90sFamily(GroupedFamily):
     name = "moe_sm90s"
     config_class = MoeSm90sConfig
@@ -37,10 +35,6 @@ class MoeSm90sFamily(GroupedFamily):
     output = "shared"  # TMA descriptors are encoded by the kernel library's host code
     min_capability = (9, 0)
     max_capability = (9, 0)
-
-    def __init__(self):
-        self._launchers = {}
-        self._lock = threading.Lock()
 
     def grouped_rules(self, config: MoeSm90sConfig, problem: MoeProblem) -> Verdict:
         tk = config.tile[2]
@@ -81,13 +75,7 @@ class MoeSm90sFamily(GroupedFamily):
         """One launcher per (config, device), kept (it holds the per-weight descriptors; making one
         loads the module, which a CUDA-graph capture must not see)."""
         key = (config.kernel, config.stage, config.splits, config.persistent, device_index)
-        launcher = self._launchers.get(key)
-        if launcher is None:
-            with self._lock:
-                launcher = self._launchers.get(key)
-                if launcher is None:
-                    launcher = self._launchers[key] = MoeSm90sLauncher(config, self.build_spec(config), device_index)
-        return launcher
+        return self.kept_launcher(key, lambda: MoeSm90sLauncher(config, self.build_spec(config), device_index))
 
 
 FAMILY = MoeSm90sFamily()

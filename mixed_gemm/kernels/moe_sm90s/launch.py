@@ -11,13 +11,12 @@ per-stream workspace and the counters from the zeroed semaphores, as the dense f
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 
 from ...runtime import semaphores, workspace
 from ...runtime.library import open_library
 from ..base import sm_count
-from ..moe_route import SortedGroupedLauncher
+from ..moe_route import LibraryRoutedLauncher
 from . import abi
 from .config import MoeSm90sConfig
 
@@ -26,9 +25,12 @@ class MoeSm90sLaunchError(RuntimeError):
     """The kernel library refused a launch it was set up for (a bug, not bad input)."""
 
 
-class MoeSm90sLauncher(SortedGroupedLauncher):
+class MoeSm90sLauncher(LibraryRoutedLauncher):
     """The grouped-family launcher (``launch(x, w, ids, weights, out, tokens, top_k, stream)``) of
     one config on one device (see ``moe_sm90a.launch`` for the interface)."""
+
+    error = MoeSm90sLaunchError
+    describe = staticmethod(abi.describe)
 
     def __init__(self, config: MoeSm90sConfig, spec, device_index: int):
         self.config = config
@@ -48,17 +50,6 @@ class MoeSm90sLauncher(SortedGroupedLauncher):
         lib = getattr(self, "lib", None)
         for slot in getattr(self, "_slots", {}).values():
             lib.mg_destroy(slot[0])
-
-    def _fail(self, what: str, rc: int) -> None:
-        if rc:
-            raise MoeSm90sLaunchError(f"{self.config.name}: {what}: {abi.describe(rc)}")
-
-    def sort_launch(self, args, blocks: int, stream: int) -> None:
-        self._fail("the routing sort", self.lib.mg_route(ctypes.addressof(args), blocks, stream or None))
-
-    def gather(self, x, order, div: int, out, stream: int) -> None:
-        self._fail("the row gather", self.lib.mg_gather(x.data_ptr(), order.data_ptr(), div, out.data_ptr(),
-                                                         out.shape[0], out.shape[1], stream or None))
 
     def gemm(self, rows, w, routing, out, stream: int, a_div: int = 0, y32=None, weights=None, top_k: int = 1) -> None:
         if a_div or y32 is not None:
@@ -86,7 +77,3 @@ class MoeSm90sLauncher(SortedGroupedLauncher):
                                  routing.counts.data_ptr(), routing.tile_ends_of(self.tile_rows).data_ptr(),
                                  ws or None, cnt or None, stream or None)
         self._fail("mg_run", rc)
-
-    def combine(self, o, pos, weights, out, tokens: int, hidden: int, top_k: int, stream: int) -> None:
-        self._fail("the down epilogue", self.lib.mg_combine(o.data_ptr(), pos.data_ptr(), weights.data_ptr(),
-                                                             out.data_ptr(), tokens, hidden, top_k, stream or None))
