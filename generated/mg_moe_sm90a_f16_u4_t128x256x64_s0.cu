@@ -43,22 +43,19 @@ mg_moe_sm90a_f16_u4_t128x256x64_s0(CUTLASS_GRID_CONSTANT G::Params const params)
 }
 
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_route::kRouteThreads)
-mg_combine(G::MmaType const* o, int const* pos, float const* weights, G::MmaType* y, int hidden, int top_k) {
+mg_combine_k(G::MmaType const* o, int const* pos, float const* weights, G::MmaType* y, int hidden, int top_k) {
   mixed_gemm::moe_route::combine(o, pos, weights, y, hidden, top_k);
 }
-
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
 mg_route_count(mixed_gemm::moe_sort::SortArgs const a) {
   mixed_gemm::moe_sort::count(a);
 }
-
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
 mg_route_scatter(mixed_gemm::moe_sort::SortArgs const a) {
   mixed_gemm::moe_sort::scatter(a);
 }
-
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
-mg_gather(void const* x, int const* order, int div, void* out, int cols) {
+mg_gather_k(void const* x, int const* order, int div, void* out, int cols) {
   mixed_gemm::moe_sort::gather_rows(x, order, div, out, cols);
 }
 
@@ -92,25 +89,16 @@ Loaded const& loaded() {
     Loaded r;
     r.error = cudaLibraryLoadData(&r.library, mg_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.kernel, r.library, "mg_moe_sm90a_f16_u4_t128x256x64_s0");
-    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.combine, r.library, "mg_combine");
+    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.combine, r.library, "mg_combine_k");
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.count, r.library, "mg_route_count");
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.scatter, r.library, "mg_route_scatter");
-    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.gather, r.library, "mg_gather");
+    if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.gather, r.library, "mg_gather_k");
     if (r.error == cudaSuccess) r.error = cudaLibraryGetKernel(&r.pointers, r.library, "mg_pointers");
     return r;
   }();
   return l;
 }
 
-// grid (rows, column blocks of kRouteThreads x 8 activations)
-int route_launch(cudaKernel_t kernel, long long rows, int columns, void** args, void* stream) {
-  if (rows <= 0) return 0;
-  constexpr int per_cta = mixed_gemm::moe_route::kRouteThreads * mixed_gemm::moe_route::kVec;
-  dim3 grid(unsigned(rows), unsigned((columns + per_cta - 1) / per_cta));
-  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, dim3(mixed_gemm::moe_route::kRouteThreads),
-                                   args, 0, static_cast<cudaStream_t>(stream));
-  return e == cudaSuccess ? 0 : mixed_gemm::sm90a::kErrLaunch;
-}
 }  // namespace
 
 extern "C" {
@@ -174,16 +162,23 @@ int mg_run(int groups, void* shapes, const void* w, const void* layouts_w, const
                                           static_cast<cudaStream_t>(stream));
 }
 
-// After the down GEMM: y[t] = sum_j weights[t, j] o[pos[t k + j]] over the top-k slots in order (pos,
-// int32, < 0: nothing), on `stream`.
+// After the down GEMM: y[t] = sum_j weights[t, j] o[pos[t k + j]] over the top-k slots in order
+// (pos, int32, < 0: nothing), on `stream`.
 int mg_combine(const void* o, const void* pos, const void* weights, void* y, long long tokens, int hidden, int top_k,
                void* stream) {
+  if (tokens <= 0) return 0;
+  Loaded const& l = loaded();
+  if (l.error != cudaSuccess) return mixed_gemm::sm90a::kErrLoad;
+  constexpr int per_cta = mixed_gemm::moe_route::kRouteThreads * mixed_gemm::moe_route::kVec;
   void* args[] = {&o, &pos, &weights, &y, &hidden, &top_k};
-  return route_launch(loaded().combine, tokens, hidden, args, stream);
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(l.combine),
+                                   dim3(unsigned(tokens), unsigned((hidden + per_cta - 1) / per_cta)),
+                                   dim3(mixed_gemm::moe_route::kRouteThreads), args, 0, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? 0 : mixed_gemm::sm90a::kErrLaunch;
 }
 
-// The pairs sorted by expert (templates/common/moe_sort.cuh): the count and scatter kernels over
-// `blocks` CTAs with the argument block `args` (a SortArgs), on `stream`.
+// The pairs sorted by expert (common/moe_sort.cuh): the count and scatter kernels over `blocks` CTAs
+// with the argument block `args` (a SortArgs), on `stream`.
 int mg_route(const void* args, int blocks, void* stream) {
   Loaded const& l = loaded();
   if (l.error != cudaSuccess) return mixed_gemm::sm90a::kErrLoad;
@@ -199,9 +194,11 @@ int mg_route(const void* args, int blocks, void* stream) {
 // out[r] = x[order[r] / div] for r < rows (cols 16-bit activations a row), on `stream`.
 int mg_gather(const void* x, const void* order, int div, void* out, long long rows, int cols, void* stream) {
   if (rows <= 0) return 0;
+  Loaded const& l = loaded();
+  if (l.error != cudaSuccess) return mixed_gemm::sm90a::kErrLoad;
   constexpr int per_cta = mixed_gemm::moe_sort::kThreads * 8;
   void* args[] = {&x, &order, &div, &out, &cols};
-  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(loaded().gather),
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(l.gather),
                                    dim3(unsigned(rows), unsigned((cols + per_cta - 1) / per_cta)),
                                    dim3(mixed_gemm::moe_sort::kThreads), args, 0, static_cast<cudaStream_t>(stream));
   return e == cudaSuccess ? 0 : mixed_gemm::sm90a::kErrLaunch;

@@ -90,7 +90,6 @@ Loaded const& loaded() {
   }();
   return l;
 }
-int launched(cudaError_t e) { return e == cudaSuccess ? 0 : s90::kErrLaunch; }
 }  // namespace
 
 extern "C" {
@@ -138,39 +137,46 @@ int mg_run(void* slot, const void* x, void* y, const void* offsets, const void* 
                        counters, static_cast<cudaStream_t>(stream));
 }
 
-// y[t] = sum_j weights[t, j] o[pos[t k + j]] over the top-k slots in order (pos < 0: nothing).
+// After the down GEMM: y[t] = sum_j weights[t, j] o[pos[t k + j]] over the top-k slots in order
+// (pos, int32, < 0: nothing), on `stream`.
 int mg_combine(const void* o, const void* pos, const void* weights, void* y, long long tokens, int hidden, int top_k,
                void* stream) {
   if (tokens <= 0) return 0;
+  Loaded const& l = loaded();
+  if (l.error != cudaSuccess) return s90::kErrLoad;
   constexpr int per_cta = mixed_gemm::moe_route::kRouteThreads * mixed_gemm::moe_route::kVec;
   void* args[] = {&o, &pos, &weights, &y, &hidden, &top_k};
-  return launched(cudaLaunchKernel(reinterpret_cast<void const*>(loaded().combine),
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(l.combine),
                                    dim3(unsigned(tokens), unsigned((hidden + per_cta - 1) / per_cta)),
-                                   dim3(mixed_gemm::moe_route::kRouteThreads), args, 0,
-                                   static_cast<cudaStream_t>(stream)));
+                                   dim3(mixed_gemm::moe_route::kRouteThreads), args, 0, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? 0 : s90::kErrLaunch;
 }
 
-// The pairs sorted by expert: the count and scatter kernels over `blocks` CTAs (args: a SortArgs).
+// The pairs sorted by expert (common/moe_sort.cuh): the count and scatter kernels over `blocks` CTAs
+// with the argument block `args` (a SortArgs), on `stream`.
 int mg_route(const void* args, int blocks, void* stream) {
   Loaded const& l = loaded();
   if (l.error != cudaSuccess) return s90::kErrLoad;
   void* argv[] = {const_cast<void*>(args)};
   for (cudaKernel_t k : {l.count, l.scatter}) {
-    int rc = launched(cudaLaunchKernel(reinterpret_cast<void const*>(k), dim3(unsigned(blocks)),
-                                       dim3(mixed_gemm::moe_sort::kThreads), argv, 0, static_cast<cudaStream_t>(stream)));
-    if (rc) return rc;
+    cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(k), dim3(unsigned(blocks)),
+                                     dim3(mixed_gemm::moe_sort::kThreads), argv, 0, static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) return s90::kErrLaunch;
   }
   return 0;
 }
 
-// out[r] = x[order[r] / div] for r < rows (cols 16-bit activations a row).
+// out[r] = x[order[r] / div] for r < rows (cols 16-bit activations a row), on `stream`.
 int mg_gather(const void* x, const void* order, int div, void* out, long long rows, int cols, void* stream) {
   if (rows <= 0) return 0;
+  Loaded const& l = loaded();
+  if (l.error != cudaSuccess) return s90::kErrLoad;
   constexpr int per_cta = mixed_gemm::moe_sort::kThreads * 8;
   void* args[] = {&x, &order, &div, &out, &cols};
-  return launched(cudaLaunchKernel(reinterpret_cast<void const*>(loaded().gather),
+  cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(l.gather),
                                    dim3(unsigned(rows), unsigned((cols + per_cta - 1) / per_cta)),
-                                   dim3(mixed_gemm::moe_sort::kThreads), args, 0, static_cast<cudaStream_t>(stream)));
+                                   dim3(mixed_gemm::moe_sort::kThreads), args, 0, static_cast<cudaStream_t>(stream));
+  return e == cudaSuccess ? 0 : s90::kErrLaunch;
 }
 
 }  // extern "C"

@@ -38,7 +38,7 @@ def stage_of(name: str, gate_up_seen: bool) -> str:
     if name.startswith("mg_"):  # our kernels (extern "C" names: the config's kernel_name)
         if "_route_count" in low or "_route_scatter" in low:  # the counting sort (templates/common/moe_sort.cuh)
             return "sort"
-        if low.endswith("_gather") or low == "mg_gather":
+        if low.endswith("_gather") or low.startswith("mg_gather"):  # the grouped libraries' mg_gather_k
             return "gathers"
         if low == "mg_pointers":
             return "routing"

@@ -24,7 +24,7 @@ SM90A_CALL = [  # the sorted-h handover: gate|up stage, then down stage (moe_rou
     (WHERE, 2.0), (SORT, 9.0), (COUNTS, 1.5), (SCAN, 2.5), (GATHER, 6.0), (COPY, 1.0),
     ("mg_moe_sm90a_f16_u4_t128x128x64_s4", 300.0),
     (WHERE, 2.0), (SEGMENTS, 1.0), (ONESWEEP, 8.0), (COUNTS, 1.5), (SCAN, 2.5),
-    ("mg_moe_sm90a_f16_u4_t128x128x64_s4", 150.0), (POSITIONS, 1.0), ("mg_combine", 12.0),
+    ("mg_moe_sm90a_f16_u4_t128x128x64_s4", 150.0), (POSITIONS, 1.0), ("mg_combine_k", 12.0),
 ]
 GEMV_CALL = [("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda...>", 1.0),
              ("mg_moe_f16_u4_w13_s1_w4x2_u8", 13.0), ("mg_moe_f16_u4_w13_s1_w4x2_u8", 1.0),
@@ -64,7 +64,9 @@ def test_stages_of_the_counting_sort_and_the_fused_kernels():
     assert got["routing"] == (9.0, 2) and got["top-k combine"] == (0.0, 0)
     for lib in ("mg_route_count", "mg_route_scatter"):
         assert bd.stage_of(lib, gate_up_seen=False) == "sort"
-    assert bd.stage_of("mg_gather", gate_up_seen=True) == "gathers"
+    for lib in ("mg_gather", "mg_gather_k"):  # mg_gather_k: the grouped libraries' (common/moe_route_lib.j2)
+        assert bd.stage_of(lib, gate_up_seen=True) == "gathers"
+    assert bd.stage_of("mg_combine_k", gate_up_seen=True) == "top-k combine"
     assert bd.stage_of("mg_moe_sm80_f16_u4_t64x128x64_w2x2x1_s4_gather", gate_up_seen=False) == "gathers"
     assert bd.stage_of("mg_pointers", gate_up_seen=True) == "routing"
 
