@@ -1,0 +1,69 @@
+"""What a small-token MoE layer waits on: ``mg.moe`` on a cold L2 against the same call with the
+routed experts' down (w2) or gate|up (w13) bytes read into L2 just before it (a copy of their
+codes, scales and zeros; the copy's own time, timed alone, is subtracted). If the layer is bound by
+HBM bytes, serving half of them from L2 takes their share off; if it is bound by each CTA's chain
+of round trips, little changes (docs/notes/moe.md, "The ragged token tiles ... measured").
+
+    MIXED_GEMM_JIT=block python bench/moe_l2_probe.py --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b
+
+Every variant is timed by ``benchmark.moe._cold_s`` (a flush of twice the L2 before each call,
+graph replays, variants alternating, medians). Random int4 g128 experts (bench/moe_modes.py's
+``packed_layer``), random softmax top-k routing. Prints one line per model and token count.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("MIXED_GEMM_JIT", "block")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from mixed_gemm.benchmark.moe import _cold_s, random_routing  # noqa: E402
+from mixed_gemm.ops import moe  # noqa: E402
+from moe_modes import packed_layer  # noqa: E402
+
+
+def warm(stack, ids, frac: float):
+    """A call that copies the first ``frac`` of each routed expert's codes, scales and zeros (so
+    they sit in L2 afterwards); the buffers are made once, outside the timed call."""
+    experts = sorted(set(int(e) for e in ids.flatten().tolist() if 0 <= int(e) < stack.num_experts))
+    parts = [t[e].reshape(-1)[: int(t[e].numel() * frac)]
+             for t in (stack.b, stack.scales, stack.zeros) if t is not None for e in experts]
+    bufs = [torch.empty_like(p) for p in parts]
+
+    def call():
+        for b, p in zip(bufs, parts):
+            b.copy_(p)
+    return call
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b")
+    ap.add_argument("--tokens", default="1,2")
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args(argv)
+    for name in args.models.split(","):
+        shape, w13, w2 = packed_layer(name, torch.float16)
+        for t in map(int, args.tokens.split(",")):
+            weights, ids = random_routing(t, shape, torch.Generator().manual_seed(3))
+            x = torch.randn(t, shape.hidden, device="cuda", dtype=torch.float16)
+            layer = lambda: moe(x, w13, w2, weights, ids)  # noqa: E731
+            fns = {"layer": layer}
+            variants = [("w2", w2, 1.0), ("w13", w13, 1.0)] + ([("w2 quarter", w2, 0.25)] if shape.experts <= 8 else [])
+            for label, stack, frac in variants:
+                w = warm(stack, ids, frac)
+                fns[label] = w
+                fns[label + "+layer"] = lambda w=w: (w(), layer())
+            us = {k: v[0] * 1e6 for k, v in _cold_s(fns, rounds=args.rounds, eager=False).items()}
+            line = f"{name} T={t}: cold L2 {us['layer']:.1f} µs"
+            for label, _, _ in variants:
+                line += f" | {label} in L2 {us[label + '+layer'] - us[label]:.1f}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
