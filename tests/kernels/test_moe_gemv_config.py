@@ -687,3 +687,15 @@ def test_profile_entries_that_do_not_pair_fall_back_to_the_heuristics(monkeypatc
     plan = moe_grouped._family_plan((FAMILY,), problems, None, None, None, 0)
     assert isinstance(plan, moe_grouped.GroupedPlan) and plan.source == "heuristic"
     assert not any(c.fused for c in plan.configs)
+
+
+@pytest.mark.parametrize("e, top_k, h, inter, w13", [(128, 8, 2048, 768, "w13_s1_w2x4_u8_ds"),
+                                                     (64, 6, 2048, 1408, "w13_s1_w2x4_u8_ds"),
+                                                     (8, 2, 4096, 14336, "w13_s1_w4x2_u8_ds")])
+def test_heuristic_at_one_token_follows_the_measured_winners(e, top_k, h, inter, w13):
+    """profiles/h100.json's one-token stage winners for the presets: every stage `_ds`; the 32-output
+    gate|up where the 64-output grid would not exceed the SMs (the small experts); the 64-output down."""
+    up = FAMILY.heuristic(_problem(tokens=1, top_k=top_k, experts=e, h=h, inter=inter), 132)
+    down = FAMILY.heuristic(_problem(stage="w2", tokens=1, top_k=top_k, experts=e, h=h, inter=inter), 132)
+    assert up.schedule == w13 and down.deferred and down.strips == 1 and down.warps == (4, 2)
+    assert FAMILY.heuristic(_problem(stage="w2", tokens=2, top_k=top_k, experts=e, h=h, inter=inter), 132).strips == 2

@@ -12,11 +12,19 @@ measured yet: the numbers follow gemv's, docs/notes/moe.md).
   ``WORKSPACE_FLOATS`` of them the down projection stays in pair mode (``_kloop``, no planes).
   For the presets that means expert mode from T = 16 (Qwen3-30B-A3B, E=128 k=8), T = 4 (Mixtral,
   E=8 k=2) and T = 8 (DeepSeek-V2-Lite, E=64 k=6). Unmeasured: the crossover is a guess.
-- The schedule per stage and token count (``ROWS``, pair mode): up to ``SMALL_T`` tokens, 64-output
-  CTAs with K split over two warps (more CTAs for the few pairs there are), above them 128-output CTAs.
+- The schedule per stage and token count (``ROWS``, pair mode): up to ``SMALL_T`` tokens (down: one),
+  64-output CTAs with K split over two warps (more CTAs for the few pairs there are), above them
+  128-output CTAs;
+  gate|up takes the 32-output CTAs with K over four warps (``NARROW``) while the 64-output grid
+  (pairs x row tiles) would not exceed the SMs; the down projection takes the 128-output CTAs from
+  two tokens on (as its winners did). Pair mode applies the group parameters to the sums
+  (``_ds``): measured on the H100 (profiles/h100.json at 1-4 tokens, the three presets), every stage
+  winner is a ``_ds`` schedule, and the 32-output one took the small experts' gate|up at one token
+  (Qwen3-30B-A3B 96 -> 192 CTAs: ~10.3 -> 8.1 µs).
 - ``splits``: K is split across CTAs until the row tiles x pairs (w13) or x slots x tokens (w2) --
-  in expert mode x the expected routed experts x their chunks -- reach ``CTAS_PER_SM`` per SM,
-  keeping every split non-empty and the fp32 planes under ``WORKSPACE_FLOATS``.
+  in expert mode x the expected routed experts x their chunks -- reach ``CTAS_PER_SM`` per SM
+  (``DEFERRED_CTAS_PER_SM`` for ``_ds``: its winners split only where the CTAs were fewer than the
+  SMs), keeping every split non-empty and the fp32 planes under ``WORKSPACE_FLOATS``.
 - The down projection (pair mode) spreads a token's top-k slots over CTAs (fp32 planes, added in
   slot order by the last to arrive) until the tokens alone fill the GPU (``CTAS_PER_SM`` CTAs per
   SM) or the planes outgrow ``WORKSPACE_FLOATS``; then each CTA loops over its token's slots (``_kloop``).
@@ -44,14 +52,16 @@ from .config import (MAX_SPLITS, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, P
                      MoeGemvConfig)
 
 CTAS_PER_SM = 4
+DEFERRED_CTAS_PER_SM = 1
 WORKSPACE_FLOATS = 1 << 24  # 64 MB of split-K / slot planes per launch at most
 PAIR_REREAD = 4
 SMALL_T = 4
 # (stage, max tokens or None, schedule) for int4; int8 halves the unroll (catalog.shapes_for).
 ROWS = (
-    ("w13", SMALL_T, "w13_s1_w4x2_u8"), ("w13", None, "w13_s2_w4x1_u8"),
-    ("w2", SMALL_T, "w2_s1_w4x2_u8"), ("w2", None, "w2_s2_w4x2_u8"),
+    ("w13", SMALL_T, "w13_s1_w4x2_u8_ds"), ("w13", None, "w13_s2_w4x1_u8_ds"),
+    ("w2", 1, "w2_s1_w4x2_u8_ds"), ("w2", None, "w2_s2_w4x2_u8_ds"),
 )
+NARROW = "w13_s1_w2x4_u8_ds"  # gate|up while the pairs x 64-output row tiles are fewer than the SMs
 EXPERT_MIN_REUSE = 1.25   # expected pairs per routed expert from which expert mode runs (unmeasured)
 EXPERT_MAX_TOKENS = 256   # pays(): the grouped path for every T up to this
 # Expert mode: (stage, max expected pairs per routed expert or None, chunk tokens).
@@ -103,8 +113,13 @@ def persistent_config(problem: MoeProblem) -> MoeGemvConfig:
                          **problem.kind)
 
 
-def schedule_for(problem: MoeProblem) -> str:
-    return next(s for stage, max_t, s in ROWS if stage == problem.stage and (max_t is None or problem.tokens <= max_t))
+def schedule_for(problem: MoeProblem, sms: int = 0) -> str:
+    schedule = next(s for stage, max_t, s in ROWS if stage == problem.stage and (max_t is None or problem.tokens <= max_t))
+    if problem.stage == "w13" and problem.tokens <= SMALL_T and sms:
+        row_tiles = MoeGemvConfig.from_schedule(schedule).launch_geometry(problem.n, problem.k)[0]
+        if problem.pairs * row_tiles <= sms:
+            return NARROW
+    return schedule
 
 
 def expert_config(problem: MoeProblem) -> MoeGemvConfig:
@@ -137,7 +152,7 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
     else:  # slot groups per token: one (the CTA loops over the slots) or one per slot
         groups = 1 if slot_loop else problem.top_k
         ctas, plane = tokens * groups * row_tiles, tokens * groups * outputs
-    want = -(-CTAS_PER_SM * sms // ctas)
+    want = -(-(DEFERRED_CTAS_PER_SM if config.deferred else CTAS_PER_SM) * sms // ctas)
     splits = max(1, min(want, config.steps(problem.k), MAX_SPLITS, WORKSPACE_FLOATS // max(1, plane)))
     return config.replace(splits=splits, slot_loop=slot_loop)
 
@@ -149,7 +164,7 @@ def heuristic_config(problem: MoeProblem, sms: int, persistent_mode: bool = PERS
         return launch_fields(persistent_config(problem), problem, sms)
     if by_expert(problem):
         return launch_fields(expert_config(problem), problem, sms)
-    config = MoeGemvConfig.from_schedule(schedule_for(problem), **problem.kind)
+    config = MoeGemvConfig.from_schedule(schedule_for(problem, sms), **problem.kind)
     if problem.bits == 8:
         config = config.replace(unroll=max(1, config.unroll // 2))
     return launch_fields(config, problem, sms)
