@@ -11,8 +11,9 @@ A profile is a JSON file named for the GPU (``profiles/h100.json``)::
 
 An optional ``"grouped"`` list holds the grouped (MoE) families' entries: ``dtype``, ``bits``,
 ``zero_mode``, ``group_size``, ``experts``, ``top_k``, ``n``, ``k``, ``stage`` (``w13``/``w2``),
-``tokens`` (a bucket), ``schedule`` (``moe_gemv:...``), ``us`` (``mixed-gemm profile-moe``). A weight
-kind not measured for a layer borrows the nearest measured one (``Profile.lookup_grouped``).
+``tokens`` (a bucket), ``schedule`` (``moe_gemv:...``), ``us`` (``mixed-gemm profile-moe``). A layer's
+call takes the entry nearest in tokens and weight kind (``Profile.lookup_grouped``): a kind not
+measured near its token count borrows another's.
 
 The key of an entry is the weight kind (dtype, bits, zero mode, group size) and the shape (N, K);
 ``m`` is an M bucket; ``schedule`` is ``family:schedule``. Format 1 (bare schedules, all of the
@@ -102,32 +103,26 @@ class Profile:
         return [self._grouped[k] for k in sorted(self._grouped)]
 
     def lookup_grouped(self, problem) -> Optional[Tuple[int, str]]:
-        """``(tokens bucket, "family:schedule")`` measured for ``problem`` (a MoeProblem: same
-        experts, top-k, shape and stage) at the nearest token bucket in log2, or None. Its own weight
-        kind first; a kind nobody measured for this layer borrows the nearest measured one of the
-        same bit width (:meth:`nearest_grouped_kind`): the grouped kernels exist in both activation
-        dtypes with the same tiles, and fold every zero mode into one additive zero, so a bf16 or
-        GPTQ/HQQ layer runs the kernels measured on the fp16 AWQ one (callers still check that the
-        schedule can run the problem, e.g. its group size)."""
-        key = self.nearest_grouped_kind(grouped_key(problem))
-        rows = [(t, e["schedule"]) for (k, t), e in self._grouped.items() if k == key]
-        if not rows:
-            return None
+        """``(tokens bucket, "family:schedule")`` measured for ``problem``'s layer (a MoeProblem: same
+        experts, top-k, shape and stage) and bit width, or None: the entry nearest in log2(tokens),
+        where a weight kind other than the problem's counts as :func:`kind_penalty` / 4 doublings
+        (another activation dtype: one; ties go to the nearer kind, then the larger bucket). So a
+        layer's own kind serves it wherever it was measured near the call's token count, and a kind
+        measured at a few token counts only (a bf16 sweep at one token) does not decide the others,
+        which the nearest measured kind serves: the grouped kernels exist in both activation dtypes
+        with the same tiles and fold every zero mode into one additive zero (callers still check
+        that the schedule can run the problem, e.g. its group size). Never another width."""
+        dtype, bits, zero_mode, group, *layer = grouped_key(problem)
         lt = math.log2(max(problem.tokens, 1))
-        return min(rows, key=lambda r: (abs(math.log2(r[0]) - lt), -r[0]))
-
-    def nearest_grouped_kind(self, key: GroupedKey) -> GroupedKey:
-        """``key`` if it was measured, else the measured key of the same layer (experts, top-k, N,
-        K, stage) and bit width whose weight kind is nearest (:func:`kind_penalty`, as the dense
-        :meth:`nearest_shapes`); ``key`` itself when none is."""
-        measured = {k for k, _ in self._grouped}
-        if key in measured:
-            return key
-        dtype, bits, zero_mode, group, *layer = key
-        same = [k for k in measured if k[1] == bits and list(k[4:]) == layer]
-        if not same:
-            return key
-        return min(same, key=lambda k: (kind_penalty((dtype, zero_mode, group), (k[0], k[2], k[3])), k))
+        best, hit = None, None
+        for (k, t), e in self._grouped.items():
+            if k[1] != bits or list(k[4:]) != layer:
+                continue
+            penalty = kind_penalty((dtype, zero_mode, group), (k[0], k[2], k[3]))
+            rank = (abs(math.log2(t) - lt) + penalty / 4, penalty, -t, k)
+            if best is None or rank < best:
+                best, hit = rank, (t, e["schedule"])
+        return hit
 
     def add(self, entry: dict) -> None:
         """Insert or replace the entry of (key, m); the schedule is stored as ``family:schedule``."""
