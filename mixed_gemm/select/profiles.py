@@ -105,8 +105,8 @@ class Profile:
     def lookup_grouped(self, problem) -> Optional[Tuple[int, str]]:
         """``(tokens bucket, "family:schedule")`` measured for ``problem``'s layer (a MoeProblem: same
         experts, top-k, shape and stage) and bit width, or None: the entry nearest in log2(tokens),
-        where a weight kind other than the problem's counts as :func:`kind_penalty` / 4 doublings
-        (another activation dtype: one; ties go to the nearer kind, then the larger bucket). So a
+        where a weight kind other than the problem's counts as :func:`kind_penalty` / 8 doublings
+        (another activation dtype: half of one; ties go to the nearer kind, then the larger bucket). So a
         layer's own kind serves it wherever it was measured near the call's token count, and a kind
         measured at a few token counts only (a bf16 sweep at one token) does not decide the others,
         which the nearest measured kind serves: the grouped kernels exist in both activation dtypes
@@ -119,7 +119,7 @@ class Profile:
             if k[1] != bits or list(k[4:]) != layer:
                 continue
             penalty = kind_penalty((dtype, zero_mode, group), (k[0], k[2], k[3]))
-            rank = (abs(math.log2(t) - lt) + penalty / 4, penalty, -t, k)
+            rank = (abs(math.log2(t) - lt) + penalty / 8, penalty, -t, k)
             if best is None or rank < best:
                 best, hit = rank, (t, e["schedule"])
         return hit

@@ -317,12 +317,14 @@ def test_grouped_entries_round_trip_lookup_and_serve_the_plan(tmp_path):
     assert r.lookup_grouped(dataclasses.replace(problem, dtype="bf16", zero_mode="sym")) == (16, "moe_gemv:w13_s2_w4x1_u8")
     assert r.lookup_grouped(problem) == (16, "moe_gemv:w13_s1_w4x2_u8_m16_xe")
     # A kind measured at one token count only (a bf16 sweep at one token) serves the calls near it;
-    # farther off the nearer measured kind does (a dtype counts as one doubling of tokens).
+    # farther off the nearer measured kind does (a dtype counts as half a doubling of tokens).
     b = Profile.load(tmp_path / "h100.json")
     b.add_grouped(dict(_grouped(1, "moe_gemv:w13_s1_w2x4_u8_ds"), dtype="bf16"))
     bf16 = dataclasses.replace(problem, dtype="bf16")
     assert b.lookup_grouped(dataclasses.replace(bf16, tokens=1)) == (1, "moe_gemv:w13_s1_w2x4_u8_ds")
-    assert b.lookup_grouped(dataclasses.replace(bf16, tokens=2)) == (1, "moe_gemv:w13_s1_w2x4_u8_ds")  # a tie: its own
+    assert b.lookup_grouped(dataclasses.replace(bf16, tokens=2)) == (1, "moe_gemv:w13_s1_w2x4_u8_ds")
+    b.add_grouped(_grouped(2, "moe_gemv:w13_s1_w4x2_u8_ds"))  # fp16 measured at the call's own count
+    assert b.lookup_grouped(dataclasses.replace(bf16, tokens=2)) == (2, "moe_gemv:w13_s1_w4x2_u8_ds")
     assert b.lookup_grouped(dataclasses.replace(bf16, tokens=16)) == (16, "moe_gemv:w13_s1_w4x2_u8_m16_xe")
     assert b.lookup_grouped(dataclasses.replace(problem, tokens=1)) == (1, "moe_gemv:w13_s2_w4x1_u8_split2")
     fam = family("moe_gemv")
