@@ -1,5 +1,6 @@
-"""The moe_gemv family's choices when no profile covers a problem, kept as data (none of it is
-measured yet: the numbers follow gemv's, docs/notes/moe.md).
+"""The moe_gemv family's choices when no profile covers a problem, kept as data (pair mode's
+schedules follow the H100 profile's winners at 1-4 tokens; the mode crossovers are still guesses
+that follow gemv's numbers, docs/notes/moe.md).
 
 - Pair mode or expert mode. Pair mode streams an expert's weight once per pair routed to it;
   expert mode once per ``tokens`` (8 or 16) of its pairs, for the price of a routing scan per CTA
