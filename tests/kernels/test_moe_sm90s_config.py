@@ -86,3 +86,20 @@ def test_candidates_follow_the_rows_per_expert():
     assert {MoeSm90sConfig.from_schedule(s).tile[1] for s in pre} == {64, 80, 96, 112, 128}
     # Mixtral's down at 2 tokens: ~3.5 routed experts x 32 row tiles = 112 CTAs, on 264 SMs a split of 2.
     assert "w2_t128x16x128_s0_split2" in candidate_schedules(_problem(tokens=2, stage="w2"), 264)
+
+
+def test_library_families_render_one_routing_source():
+    """moe_sm90a and moe_sm90s carry the same routing kernels and C entry points, rendered from
+    templates/common/moe_route_lib.j2: the same text in both libraries (the activation type aside)."""
+    from mixed_gemm.kernels.moe_sm90a import FAMILY as SM90A
+    from mixed_gemm.kernels.moe_sm90a.catalog import default_catalog as sm90a_catalog
+
+    srcs = [FAMILY.render(default_catalog()[0]), SM90A.render(sm90a_catalog()[0])]
+    blocks = []
+    for src in srcs:
+        for name in ("mg_combine_k(", "mg_route_count(", "mg_route_scatter(", "mg_gather_k(", "int mg_combine(",
+                     "int mg_route(", "int mg_gather(", '"mg_combine_k"', '"mg_gather_k"'):
+            assert src.count(name) == 1, name
+        start = src.index("// After the down GEMM: y[t] = sum_j")
+        blocks.append(src[start:src.index("int mg_gather(")])
+    assert blocks[0].replace("s90::", "mixed_gemm::sm90a::") == blocks[1]
