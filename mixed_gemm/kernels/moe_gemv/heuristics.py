@@ -114,9 +114,9 @@ def persistent_config(problem: MoeProblem) -> MoeGemvConfig:
                          **problem.kind)
 
 
-def schedule_for(problem: MoeProblem, sms: int = 0) -> str:
+def schedule_for(problem: MoeProblem, sms: int) -> str:
     schedule = next(s for stage, max_t, s in ROWS if stage == problem.stage and (max_t is None or problem.tokens <= max_t))
-    if problem.stage == "w13" and problem.tokens <= SMALL_T and sms:
+    if problem.stage == "w13" and problem.tokens <= SMALL_T:
         row_tiles = MoeGemvConfig.from_schedule(schedule).launch_geometry(problem.n, problem.k)[0]
         if problem.pairs * row_tiles <= sms:
             return NARROW
