@@ -41,12 +41,12 @@ def run_e2e(args: argparse.Namespace) -> int:
             return _run_in_turn(args, preset, batches, fp16_bytes)
     compiled = not args.no_compiled
     title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
-             f"mixed_gemm int4 g128{'' if args.no_fuse else ' (q|k|v, gate|up fused' + ('' if args.no_residual else ', residual epilogues') + ')'}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
+             f"mixed_gemm int4 g128{_fused(args, preset)}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
              f"alternating; {e2e.PROMPT}-token prompt, {e2e.NEW_TOKENS} new tokens")
     # The table prints once: run logs its head and each row as it is measured, the memory table follows.
     print(f"# {title}\n", flush=True)
     result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled, fuse=not args.no_fuse,
-                     compare=args.compare, lm_head=args.lm_head, residual=not args.no_residual,
+                     compare=args.compare, lm_head=args.lm_head, residual=not args.no_residual, routers=not args.no_router,
                      unfused=not args.no_unfused, log=lambda line: print(line, flush=True))
     print("\n" + "\n".join(e2e.memory_table(result)) + "\n")
     text = "\n".join([f"# {title}", ""] + e2e.table(result, compiled)) + "\n"
@@ -60,6 +60,17 @@ def run_e2e(args: argparse.Namespace) -> int:
         why_not = e2e.plot(result, args.plot, title, compiled)
         print(f"plot: {why_not}" if why_not else f"plot: {args.plot}")
     return 0
+
+
+def _fused(args: argparse.Namespace, preset: str) -> str:
+    """What the int4 model fuses, for the table's title."""
+    from ..integrations import e2e
+
+    if args.no_fuse:
+        return ""
+    parts = ["q|k|v, gate|up fused"] + ([] if args.no_residual else ["residual epilogues"])
+    parts += ["one-launch routers"] if e2e.is_moe(preset) and not args.no_router else []
+    return f" ({', '.join(parts)})"
 
 
 def _run_in_turn(args: argparse.Namespace, preset: str, batches, fp16_bytes: int) -> int:
@@ -78,7 +89,7 @@ def _run_in_turn(args: argparse.Namespace, preset: str, batches, fp16_bytes: int
     layers = args.layers or e2e.PRESETS[preset]["num_hidden_layers"]
     gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     title = (f"{preset} ({layers} layers, random weights), fp16 then mixed_gemm int4 g128"
-             f"{'' if args.no_fuse else ' (q|k|v, gate|up fused' + ('' if args.no_residual else ', residual epilogues') + ')'}"
+             f"{_fused(args, preset)}"
              f"{f', lm_head {args.lm_head}' if args.lm_head else ''}, measured one after another, freed between: "
              f"{fp16_bytes / 1e9:.0f} GB of fp16 weights and an int4 copy do not fit the {gpu_gb:.0f} GB GPU together "
              f"— {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps} per model; compiled "
@@ -86,7 +97,8 @@ def _run_in_turn(args: argparse.Namespace, preset: str, batches, fp16_bytes: int
              f"{e2e.NEW_TOKENS} new tokens")
     print(f"# {title}\n", flush=True)
     result = e2e_moe.run(preset, args.layers, batches, reps=args.reps, fuse=not args.no_fuse, lm_head=args.lm_head,
-                         residual=not args.no_residual, log=lambda line: print(line, file=sys.stderr, flush=True))
+                         residual=not args.no_residual, routers=not args.no_router,
+                         log=lambda line: print(line, file=sys.stderr, flush=True))
     lines = e2e_moe.table(result)
     print("\n" + "\n".join(lines) + "\n", flush=True)
     if args.out:
@@ -126,6 +138,9 @@ def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--no-residual", action="store_true",
                         help="keep the decoder layers' skip connections as add kernels (default: fused into the "
                              "o_proj/down_proj epilogues, fuse_projections(residual=True))")
+    parser.add_argument("--no-router", action="store_true",
+                        help="keep a mixture-of-experts model's routers as transformers runs them (default: one "
+                             "launch each, fuse_projections(routers=True))")
     parser.add_argument("--no-unfused", action="store_true",
                         help="skip the int4 model without fusion (by default its eager generate is reported beside the "
                              "fused model's)")

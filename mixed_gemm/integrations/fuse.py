@@ -37,6 +37,7 @@ from torch import nn
 
 from ..nn import QuantLinear
 from ..ops import prepack
+from .router import fuse_routers
 
 
 class Slot:
@@ -229,11 +230,13 @@ def fuse_residual(model: nn.Module) -> int:
     return fused
 
 
-def fuse_projections(model: nn.Module, gated: bool = False, residual: bool = False) -> int:
+def fuse_projections(model: nn.Module, gated: bool = False, residual: bool = False, routers: bool = True) -> int:
     """Fuse q/k/v and gate/up of every qualifying block of ``model`` in place (QuantLinear
     projections, see the module docstring); returns how many groups were fused. ``gated``: SiLU·mul
     in the gate|up epilogue where the MLP allows it (:class:`FusedGateUpMLP`; off by default).
-    ``residual``: also :func:`fuse_residual` (the layers it changes are not counted)."""
+    ``residual``: also :func:`fuse_residual` (the layers it changes are not counted). ``routers``:
+    also :func:`~.router.fuse_routers`, each supported mixture-of-experts router one launch (not
+    counted)."""
     fused = 0
     for module in list(model.modules()):
         names = ("q_proj", "k_proj", "v_proj")
@@ -252,6 +255,8 @@ def fuse_projections(model: nn.Module, gated: bool = False, residual: bool = Fal
                 fused += 1
     if residual:
         fuse_residual(model)
+    if routers:
+        fuse_routers(model)
     return fused
 
 

@@ -1,5 +1,6 @@
-"""Modules for models: ``QuantLinear``, and ``QuantExperts`` for mixture-of-experts layers."""
+"""Modules for models: ``QuantLinear``, and ``QuantExperts`` and ``TopKRouter`` for mixture-of-experts layers."""
 from .moe import QuantExperts, is_experts
 from .quant_linear import QuantLinear
+from .router import TopKRouter
 
-__all__ = ["QuantExperts", "QuantLinear", "is_experts"]
+__all__ = ["QuantExperts", "QuantLinear", "TopKRouter", "is_experts"]

@@ -1,4 +1,4 @@
-"""``torch.ops.mixed_gemm.matmul`` (and ``.silu_mul_matmul``, ``.moe``): the ops as torch custom ops, for
+"""``torch.ops.mixed_gemm.matmul`` (and ``.silu_mul_matmul``, ``.moe``, ``.topk_router``): the ops as torch custom ops, for
 torch.compile and export.
 
 The op takes a :class:`PackedWeight`'s tensors and fields instead of the object (ops see tensors
@@ -9,7 +9,7 @@ layout, device), not per weight object, so a compiled call is still a dict looku
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -18,6 +18,7 @@ from .gated import silu_mul_matmul
 from .matmul import matmul
 from .moe import moe
 from .packed import PackedWeight
+from .router import topk_router
 
 
 def packed_view(b, scales, zeros, perm, n: int, k: int, bits: int, group_size: int, zero_mode: str,
@@ -99,3 +100,20 @@ def moe_packed_op(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_w
     return torch.ops.mixed_gemm.moe(x, topk_weights, topk_ids, w13.b, w13.scales, w13.zeros, w2.b, w2.scales,
                                     w2.zeros, w2.k, w13.k, w13.bits, w13.group_size, w2.group_size, w13.zero_mode,
                                     w13.layout)
+
+
+@torch.library.custom_op("mixed_gemm::topk_router", mutates_args=())
+def topk_router_op(x: torch.Tensor, weight: torch.Tensor, counters: torch.Tensor, top_k: int, renormalize: bool,
+                   scale: float, logits_dtype: torch.dtype,
+                   scores_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`mixed_gemm.ops.router.topk_router`: ``(logits, scores, ids)``. ``counters`` is left as
+    it was found (zero), so the op declares no mutation."""
+    return topk_router(x if x.is_contiguous() else x.contiguous(), weight, top_k, renormalize=renormalize,
+                       scale=scale, logits_dtype=logits_dtype, scores_dtype=scores_dtype, counters=counters)
+
+
+@topk_router_op.register_fake
+def _topk_router_fake(x, weight, counters, top_k, renormalize, scale, logits_dtype, scores_dtype):
+    tokens, experts = x.shape[0], weight.shape[0]
+    return (x.new_empty((tokens, experts), dtype=logits_dtype), x.new_empty((tokens, top_k), dtype=scores_dtype),
+            x.new_empty((tokens, top_k), dtype=torch.int64))

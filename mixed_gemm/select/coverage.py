@@ -18,6 +18,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from .._paths import profiles_dir
 from ..kernels import ALL_FAMILIES, FAMILIES, GROUPED_FAMILIES, LAYOUTS, Family, Problem, family, layout_on
 from ..kernels.common import DTYPES, ZERO_MODES
+from ..kernels.router import FAMILY as ROUTER
 from .heuristics import heuristic_choice
 from .profiles import Profile
 from .selection import choose
@@ -134,9 +135,9 @@ def selectable_for(capability: Tuple[int, int], sms: int, profile, shapes=SHAPES
     for fam in FAMILIES:
         for config in fam.packaged(capability):
             add(fam, config)
-    for fam in GROUPED_FAMILIES if grouped else ():
+    for fam in GROUPED_FAMILIES + (ROUTER,) if grouped else ():  # the MoE routers' kernels ship beside them
         if fam.runs_on(capability)[0]:
             for config in fam.catalog():
                 add(fam, config)
-    order = {f.name: i for i, f in enumerate(ALL_FAMILIES)}
+    order = {f.name: i for i, f in enumerate(ALL_FAMILIES + (ROUTER,))}
     return sorted(found.values(), key=lambda fc: (order[fc[0].name], fc[1].kernel_name))

@@ -1,0 +1,107 @@
+"""``RouterConfig``: one fused top-k router kernel (templates/router/router.cuh) for one set of
+element types (activations, router weight, logits, scores) and one CTA shape.
+
+Compiled identity ``mg_router_<x>_w<w>_l<logits>_s<scores>_<warps>w_k<split>_t<tokens>``: ``warps``
+warps a CTA, each expert's dot products split over ``split`` warps (along H), ``tokens`` tokens a CTA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from ..common import raise_on
+
+# element name -> (C++ type, bytes); torch dtype name -> element name
+ELEMENTS = {"f16": ("__half", 2), "bf16": ("__nv_bfloat16", 2), "f32": ("float", 4)}
+TORCH_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+ACTIVATIONS = ("f16", "bf16")
+
+# Mirrors of templates/router/router.cuh (rendered sources static_assert them).
+MAX_EXPERTS = 256   # kRouterMaxExperts
+MAX_TOP_K = 32      # kRouterMaxTopK
+VECTOR = 8          # kRouterVector: H must be a multiple of it (16-byte loads)
+UNROLL = 4          # kRouterUnroll
+
+TOKENS = (1, 4, 8)
+SPLITS = (1, 2, 4, 8)
+WARPS = 8
+# Above this many tokens a call runs the model's own router (cuBLAS reads the weight once for all
+# rows; the fused kernel reads it once per token tile).
+MAX_TOKENS = 256
+COUNTERS = MAX_TOKENS  # arrival counters a router module keeps: one per token tile, at most MAX_TOKENS tiles
+
+
+def constant_checks() -> List[Tuple[str, int]]:
+    """``(C++ expression, Python value)`` pairs that must be equal."""
+    return [("mixed_gemm::kRouterMaxExperts", MAX_EXPERTS), ("mixed_gemm::kRouterMaxTopK", MAX_TOP_K),
+            ("mixed_gemm::kRouterVector", VECTOR), ("mixed_gemm::kRouterUnroll", UNROLL)]
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """One router kernel: ``x`` activations, ``w`` router weight, ``logits`` and ``scores`` output
+    elements; ``warps`` warps a CTA, ``split`` warps an expert, ``tokens`` tokens a CTA."""
+
+    x: str = "f16"
+    w: str = "f16"
+    logits: str = "f16"
+    scores: str = "f16"
+    warps: int = WARPS
+    split: int = 2
+    tokens: int = 1
+
+    family = "router"
+
+    def __post_init__(self) -> None:
+        raise_on([(self.x in ACTIVATIONS, f"x must be one of {ACTIVATIONS}"),
+                  (self.w in ELEMENTS, f"w must be one of {tuple(ELEMENTS)}"),
+                  (self.logits in ELEMENTS, f"logits must be one of {tuple(ELEMENTS)}"),
+                  (self.scores in ELEMENTS, f"scores must be one of {tuple(ELEMENTS)}"),
+                  (self.warps in (4, 8, 16), "warps must be 4, 8 or 16"),
+                  (self.split in SPLITS and self.warps % self.split == 0,
+                   f"split must be one of {SPLITS} and divide warps"),
+                  (self.tokens in TOKENS, f"tokens must be one of {TOKENS}")],
+                 "RouterConfig")
+
+    @property
+    def kernel(self) -> "RouterConfig":
+        return self
+
+    @property
+    def kernel_name(self) -> str:
+        return (f"mg_router_{self.x}_w{self.w}_l{self.logits}_s{self.scores}_{self.warps}w_k{self.split}"
+                f"_t{self.tokens}")
+
+    @property
+    def name(self) -> str:
+        return self.kernel_name
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def experts_per_cta(self) -> int:
+        return self.warps // self.split
+
+    def grid(self, tokens: int, experts: int) -> Tuple[int, int, int]:
+        """Expert blocks x token tiles."""
+        return -(-experts // self.experts_per_cta), -(-tokens // self.tokens), 1
+
+
+def choose(x: str, w: str, logits: str, scores: str, tokens: int, hidden: int) -> RouterConfig:
+    """The kernel for a call: one token a CTA for a single token, else up to eight (each weight
+    vector read once for them); an expert's H split over enough warps that a lane's weight loads
+    are in flight at once (``UNROLL`` 16-byte vectors: ~1024 elements a warp)."""
+    tile = 1 if tokens == 1 else 4 if tokens <= 4 else 8
+    split = next((s for s in SPLITS if s * 32 * VECTOR * UNROLL >= hidden), SPLITS[-1])
+    return RouterConfig(x=x, w=w, logits=logits, scores=scores, split=split, tokens=tile)
+
+
+def catalog() -> List[RouterConfig]:
+    """What a kernel package ships: the element sets of the routers integrations.router serves
+    (fp16/bf16 throughout; fp32 scores; fp32 weight and logits) at every CTA shape."""
+    sets = [(a, a, a, a) for a in ACTIVATIONS] + [(a, a, a, "f32") for a in ACTIVATIONS] + \
+           [(a, "f32", "f32", "f32") for a in ACTIVATIONS]
+    return [RouterConfig(x=x, w=w, logits=lg, scores=s, split=k, tokens=t)
+            for x, w, lg, s in sets for k in SPLITS for t in TOKENS]
