@@ -82,8 +82,10 @@ __device__ __forceinline__ float router_warp_max(float v) {
   return v;
 }
 
-// One token's selection by one warp: probabilities from the rounded logits, k rounds of a warp
-// argmax; lane i keeps the i-th pick and writes it.
+// One token's selection by one warp: probabilities from the rounded logits, then k rounds of a
+// warp argmax; lane i keeps the i-th pick and writes it. A probability p >= 0 is ordered as its
+// bit pattern, so a round is two redux.sync (the largest key, then the lowest expert id holding
+// it) instead of ten dependent shuffles. Key = bits(p) + 1; 0 marks a taken or absent expert.
 template <typename L, typename S>
 __device__ void router_select(RouterArgs const& a, int token, int lane) {
   constexpr int kSlots = kRouterMaxExperts / 32;
@@ -105,29 +107,29 @@ __device__ void router_select(RouterArgs const& a, int token, int lane) {
     sum += p[j];
   }
   sum = router_warp_sum(sum);
+  unsigned key[kSlots];
 #pragma unroll
-  for (int j = 0; j < kSlots; ++j) p[j] = lane + 32 * j < a.experts ? p[j] / sum : -2.f;  // -2: never picked
+  for (int j = 0; j < kSlots; ++j) key[j] = lane + 32 * j < a.experts ? __float_as_uint(p[j] / sum) + 1u : 0u;
 
-  float mine = 0.f;
-  int mine_id = 0;
+  unsigned mine = 0u, mine_id = 0u;
   for (int i = 0; i < a.top_k; ++i) {
-    float best = -3.f;
-    int best_id = 0x7fffffff;
+    unsigned best = 0u, best_id = 0xffffffffu;
 #pragma unroll
-    for (int j = 0; j < kSlots; ++j)  // ascending expert ids: the first of equal values wins
-      if (p[j] > best) { best = p[j]; best_id = lane + 32 * j; }
+    for (int j = 0; j < kSlots; ++j)  // ascending expert ids: the first of equal keys wins
+      if (key[j] > best) { best = key[j]; best_id = lane + 32 * j; }
+    unsigned const top = __reduce_max_sync(0xffffffffu, best);
+    unsigned const id = __reduce_min_sync(0xffffffffu, best == top ? best_id : 0xffffffffu);
+    if (lane == i) { mine = top; mine_id = id; }
+    if ((id & 31u) == static_cast<unsigned>(lane)) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-      if (ov > best || (ov == best && oi < best_id)) { best = ov; best_id = oi; }
+      for (int j = 0; j < kSlots; ++j)  // a register array indexed by a constant: no local memory
+        if (j == static_cast<int>(id >> 5)) key[j] = 0u;
     }
-    if (lane == i) { mine = best; mine_id = best_id; }
-    if ((best_id & 31) == lane) p[best_id >> 5] = -1.f;  // taken (probabilities are >= 0)
   }
-  float total = router_warp_sum(lane < a.top_k ? mine : 0.f);
+  float const value = lane < a.top_k ? __uint_as_float(mine - 1u) : 0.f;
+  float const total = router_warp_sum(value);
   if (lane < a.top_k) {
-    float w = a.renormalize ? mine / total : mine;
+    float w = a.renormalize ? value / total : value;
     size_t at = static_cast<size_t>(token) * a.top_k + lane;
     static_cast<S*>(a.scores)[at] = RouterElement<S>::from_float(w * a.scale);
     a.ids[at] = mine_id;
@@ -189,14 +191,18 @@ __device__ void topk_router(RouterArgs const& a) {
     for (int k = 0; k < kSplit; ++k) s += partial[warp + k][lane];
     static_cast<L*>(a.logits)[static_cast<size_t>(t0 + lane) * a.experts + e] = RouterElement<L>::from_float(s);
   }
-  // Every writer fences before the barrier, then one thread takes the tile's arrival ticket: the
-  // CTA that sees all others arrived also sees their logits.
-  __threadfence();
+  // The barrier orders the CTA's logit stores before thread 0's fence (fences are cumulative),
+  // which orders them before its arrival ticket; the CTA that draws the last ticket fences again
+  // before its threads read the others' logits (cooperative groups' grid sync, the same way).
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.counters + tile, 1) == static_cast<int>(gridDim.x) - 1;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    bool const is_last = atomicAdd(a.counters + tile, 1) == static_cast<int>(gridDim.x) - 1;
+    if (is_last) __threadfence();
+    last = is_last;
+  }
   __syncthreads();
   if (!last) return;
-  __threadfence();
   for (int t = warp; t < nt; t += kWarps) router_select<L, S>(a, t0 + t, lane);
   if (threadIdx.x == 0) a.counters[tile] = 0;  // ready for the next launch (kernels on a stream run in order)
 }

@@ -13,8 +13,8 @@ from ...codegen import render_template
 from ...runtime import get_module
 from ..base import OK, Family, Verdict
 from .abi import ROUTER_ARGS_BYTES, RouterArgs
-from .config import (ELEMENTS, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, TORCH_DTYPES, VECTOR, COUNTERS, RouterConfig,
-                     catalog, choose, constant_checks)
+from .config import (COUNTERS, ELEMENTS, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, SPLITS, TOKENS, TORCH_DTYPES, VECTOR,
+                     RouterConfig, catalog, choose, constant_checks)
 
 
 @dataclass(frozen=True)
@@ -89,5 +89,6 @@ class RouterLauncher:
 
 FAMILY = RouterFamily()
 
-__all__ = ["COUNTERS", "ELEMENTS", "FAMILY", "MAX_EXPERTS", "MAX_TOKENS", "MAX_TOP_K", "TORCH_DTYPES", "VECTOR",
+__all__ = ["COUNTERS", "ELEMENTS", "FAMILY", "MAX_EXPERTS", "MAX_TOKENS", "MAX_TOP_K", "SPLITS", "TOKENS",
+           "TORCH_DTYPES", "VECTOR",
            "RouterArgs", "RouterConfig", "RouterFamily", "RouterLauncher", "RouterProblem", "catalog", "choose"]
