@@ -30,7 +30,7 @@ def test_config_rules(field, value, rule):
 
 
 @pytest.mark.parametrize("tokens, hidden, tile, split", [
-    (1, 2048, 1, 2), (1, 4096, 1, 4), (3, 1024, 4, 1), (16, 7168, 8, 8), (256, 16384, 8, 8)])
+    (1, 2048, 1, 8), (1, 512, 1, 8), (3, 1024, 4, 1), (4, 2048, 4, 2), (16, 7168, 8, 8), (64, 16384, 8, 8)])
 def test_choose(tokens, hidden, tile, split):
     c = choose("f16", "f16", "f16", "f16", tokens, hidden)
     assert (c.tokens, c.split) == (tile, split)
