@@ -99,6 +99,15 @@ def sm_count(device_index: int) -> int:
     return DEFAULT_SMS
 
 
+# The fatbin of a family that runs from Ampere on: sm_80 and sm_90 code, and sm_90 PTX that newer
+# GPUs compile at load (plain sm_90: no wgmma/setmaxnreg, which need sm_90a).
+SM80_UP_FLAGS: Tuple[str, ...] = (
+    "-gencode=arch=compute_80,code=sm_80",
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_90,code=compute_90",
+)
+
+
 class Family:
     """Base class of a kernel family; subclasses set the class attributes and override the hooks."""
 

@@ -11,7 +11,7 @@ from typing import List, Tuple
 
 from ...codegen import render_template
 from ...runtime import get_module
-from ..base import OK, Family, Verdict
+from ..base import OK, SM80_UP_FLAGS, Family, Verdict
 from .abi import ALLREDUCE_ARGS_BYTES, AllReduceArgs
 from .config import (ALGOS, DATA_OFFSET, ELEMENTS, MAX_BLOCKS, MAX_RANKS, THREADS, TORCH_DTYPES, VECTOR_BYTES,
                      AllReduceConfig, buffer_bytes, constant_checks)
@@ -40,11 +40,7 @@ class AllReduceFamily(Family):
     config_class = AllReduceConfig
     sets_layout = False
     # 16-byte vectors, bf16, ld.acquire/st.release.sys: sm_80 and later (PTX for newer GPUs).
-    arch_flags = (
-        "-gencode=arch=compute_80,code=sm_80",
-        "-gencode=arch=compute_90,code=sm_90",
-        "-gencode=arch=compute_90,code=compute_90",
-    )
+    arch_flags = SM80_UP_FLAGS
     min_capability = (8, 0)
 
     def can_implement(self, config: AllReduceConfig, problem: AllReduceProblem) -> Verdict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, Family, Problem, Verdict
+from ..base import OK, SM80_UP_FLAGS, Family, Problem, Verdict
 from ..common import DTYPES, ZERO_MODES, constant_checks, split_for_fill
 from ..sm90a import layout
 from . import lowbit_layout
@@ -26,11 +26,7 @@ class GemvFamily(Family):
     config_class = GemvConfig
     layout = layout.NAME
     sets_layout = False  # it reads the layout the large-M family of the device chose
-    arch_flags = (
-        "-gencode=arch=compute_80,code=sm_80",
-        "-gencode=arch=compute_90,code=sm_90",
-        "-gencode=arch=compute_90,code=compute_90",
-    )
+    arch_flags = SM80_UP_FLAGS
     min_capability = (8, 0)
 
     def can_implement(self, config: GemvConfig, problem: Problem) -> Verdict:

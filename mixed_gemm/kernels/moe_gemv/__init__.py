@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, GroupedFamily, MoeProblem, Verdict
+from ..base import OK, SM80_UP_FLAGS, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES
@@ -50,11 +50,7 @@ class MoeGemvFamily(GroupedFamily):
     layout = layout.NAME
     sets_layout = False  # it reads the sm90a copy prepack_experts made on the H100
     reads_gate_up_halves = True  # the gate|up order is a launch argument (ops.gated's dense weights)
-    arch_flags = (
-        "-gencode=arch=compute_80,code=sm_80",
-        "-gencode=arch=compute_90,code=sm_90",
-        "-gencode=arch=compute_90,code=compute_90",
-    )
+    arch_flags = SM80_UP_FLAGS
     min_capability = (8, 0)
 
     def grouped_rules(self, config: MoeGemvConfig, problem: MoeProblem) -> Verdict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, GroupedFamily, MoeProblem, Verdict
+from ..base import OK, SM80_UP_FLAGS, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, ZERO_MODES, grouped_constant_checks
 from ..sm90a import layout
 from ..moe_route import MAX_PAIRS, SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS, sort_limits
@@ -35,11 +35,7 @@ class MoeSm80Family(GroupedFamily):
     config_class = MoeSm80Config
     layout = layout.NAME
     sets_layout = False  # it reads the sm90a copy prepack_experts makes
-    arch_flags = (
-        "-gencode=arch=compute_80,code=sm_80",
-        "-gencode=arch=compute_90,code=sm_90",
-        "-gencode=arch=compute_90,code=compute_90",
-    )
+    arch_flags = SM80_UP_FLAGS
     min_capability = (8, 0)
 
     def grouped_rules(self, config: MoeSm80Config, problem: MoeProblem) -> Verdict:

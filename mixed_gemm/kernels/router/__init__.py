@@ -11,7 +11,7 @@ from typing import List
 
 from ...codegen import render_template
 from ...runtime import get_module
-from ..base import OK, Family, Verdict
+from ..base import OK, SM80_UP_FLAGS, Family, Verdict
 from .abi import ROUTER_ARGS_BYTES, RouterArgs
 from .config import (COUNTERS, ELEMENTS, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, SPLITS, TOKENS, TORCH_DTYPES, VECTOR,
                      RouterConfig, catalog, choose, constant_checks)
@@ -37,11 +37,7 @@ class RouterFamily(Family):
     config_class = RouterConfig
     sets_layout = False
     # 16-byte loads, bf16 conversions, __ldcg: sm_80 and later (PTX for newer GPUs).
-    arch_flags = (
-        "-gencode=arch=compute_80,code=sm_80",
-        "-gencode=arch=compute_90,code=sm_90",
-        "-gencode=arch=compute_90,code=compute_90",
-    )
+    arch_flags = SM80_UP_FLAGS
     min_capability = (8, 0)
 
     def can_implement(self, config: RouterConfig, problem: RouterProblem) -> Verdict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import List
 
 from ...codegen import render_template
-from ..base import OK, Family, Problem, Verdict
+from ..base import OK, SM80_UP_FLAGS, Family, Problem, Verdict
 from ..common import DTYPES, ZERO_MODES, constant_checks
 from . import layout
 from .abi import GEMM_ARGS_BYTES, REDUCE_ARGS_BYTES
@@ -27,11 +27,7 @@ class Sm80Family(Family):
     layout = layout.NAME
     # SASS for A100-class (sm_80) and H100-class (sm_90), compute_90 PTX for newer GPUs to JIT.
     # Plain sm_90 has no wgmma/setmaxnreg (those need sm_90a); mma.sync needs none of them.
-    arch_flags = (
-        "-gencode=arch=compute_80,code=sm_80",
-        "-gencode=arch=compute_90,code=sm_90",
-        "-gencode=arch=compute_90,code=compute_90",
-    )
+    arch_flags = SM80_UP_FLAGS
     min_capability = (8, 0)
 
     def can_implement(self, config: Sm80Config, problem: Problem) -> Verdict:
