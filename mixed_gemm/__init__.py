@@ -13,7 +13,7 @@ from .formats import pack, quantize, sparsify_quantize, unpack
 from .kernels.dequant_mm import DequantMMConfig
 from .kernels.sm80 import Sm80Config
 from .ops import (PackedExperts, PackedWeight, dequantize, explain, matmul, moe, prebuild, prepack, prepack_experts,
-                  silu_mul_matmul)
+                  silu_mul_matmul, topk_router)
 from .version import __version__
 
 KernelConfig = Sm80Config  # the sm80 family's config under its historical name
@@ -41,5 +41,6 @@ __all__ = [
     "sparsify_quantize",
     "reference",
     "silu_mul_matmul",
+    "topk_router",
     "unpack",
 ]
