@@ -2,7 +2,8 @@
 fp32, the ``top_k`` most probable, optionally renormalized to sum to one, then scaled. One launch
 on the GPU (the ``router`` family, templates/router/router.cuh) for up to
 :data:`~mixed_gemm.kernels.router.MAX_TOKENS` tokens; torch ops otherwise (the CPU, more tokens, a
-kernel that cannot be loaded with compiling switched off), with the same definition.
+kernel that cannot be loaded with compiling switched off, or one still compiling in the background
+with ``$MIXED_GEMM_JIT`` async), with the same definition.
 
 Contract (``T`` tokens, ``H`` hidden, ``E`` experts):
 
@@ -21,17 +22,20 @@ selection is exact for the logits it returns.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from ..compile import background, jit_mode
 from ..kernels.router import (COUNTERS, FAMILY, MAX_TOKENS, TORCH_DTYPES, RouterLauncher, RouterProblem, choose)
 from ..runtime import current_stream
 
 _LAUNCHERS: Dict[tuple, Optional[RouterLauncher]] = {}  # (config, device) -> launcher, None: not loadable
 _BY_PROBLEM: Dict[tuple, Optional[RouterLauncher]] = {}  # (problem, device) -> its launcher: one lookup a call
 WHY_NOT: Dict[tuple, str] = {}  # (config, device) -> why the kernel could not be loaded
+_PENDING: Dict[tuple, Future] = {}  # (config, device) -> its background build (async JIT)
 _COUNTERS: Dict[int, torch.Tensor] = {}  # device index -> the default arrival counters
 
 
@@ -83,6 +87,10 @@ def router_reference(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, renor
 
 
 def _launcher(problem: RouterProblem, device: int) -> Optional[RouterLauncher]:
+    """The launcher for ``problem`` on ``device``, or None while torch ops serve it: the kernel
+    cannot implement it or cannot be loaded (``WHY_NOT`` says why), or, with ``$MIXED_GEMM_JIT``
+    async (the default), it is compiling in the background (as ``matmul``'s stand-ins: a call never
+    waits for nvcc; a later call takes the kernel once built)."""
     found = _BY_PROBLEM.get((problem, device), False)
     if found is not False:
         return found
@@ -92,6 +100,8 @@ def _launcher(problem: RouterProblem, device: int) -> Optional[RouterLauncher]:
         ok, why = FAMILY.supports(device)
         if ok:
             ok, why = FAMILY.can_implement(config, problem)
+        if ok and not _built(config, key):
+            return None  # compiling in the background: torch ops meanwhile, nothing cached
         launcher = None
         if ok:
             try:
@@ -103,6 +113,18 @@ def _launcher(problem: RouterProblem, device: int) -> Optional[RouterLauncher]:
         _LAUNCHERS[key] = launcher
     _BY_PROBLEM[(problem, device)] = _LAUNCHERS[key]
     return _LAUNCHERS[key]
+
+
+def _built(config, key) -> bool:
+    """Whether ``config``'s binary can be loaded now; with async JIT, a missing one is submitted to
+    the background builds (once) and False returned until it is done (a failed build counts as
+    done: loading then raises its error, which ``_launcher`` records)."""
+    pending = _PENDING.get(key)
+    if pending is None:
+        if jit_mode() != "async" or FAMILY.ready(config):
+            return True
+        pending = _PENDING[key] = background.submit(FAMILY.build_spec(config))
+    return pending.done()
 
 
 def _default_counters(device: int) -> torch.Tensor:

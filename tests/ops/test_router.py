@@ -74,3 +74,28 @@ def test_reference_defaults_follow_logits():
     x, w = case(dtype=torch.bfloat16)
     logits, scores, _ = router_reference(x, w, 2, renormalize=True)
     assert logits.dtype == scores.dtype == torch.bfloat16
+
+
+def test_async_jit_serves_torch_ops_until_the_kernel_is_built(monkeypatch):
+    """With async JIT a missing kernel is built in the background (once) and calls take torch ops
+    meanwhile, caching nothing; the first call after the build takes the kernel."""
+    from concurrent.futures import Future
+
+    from mixed_gemm.kernels.router import FAMILY, RouterProblem
+    from mixed_gemm.ops import router
+
+    future, submitted, loaded = Future(), [], []
+    monkeypatch.setenv("MIXED_GEMM_JIT", "async")
+    monkeypatch.setattr(router, "_LAUNCHERS", {})
+    monkeypatch.setattr(router, "_BY_PROBLEM", {})
+    monkeypatch.setattr(router, "_PENDING", {})
+    monkeypatch.setattr(FAMILY, "supports", lambda device: (True, ""))
+    monkeypatch.setattr(FAMILY, "ready", lambda config: False)
+    monkeypatch.setattr(router.background, "submit", lambda spec: submitted.append(spec.name) or future)
+    monkeypatch.setattr(FAMILY, "launcher", lambda config, device: loaded.append(config) or "launcher")
+    problem = RouterProblem(1, 128, 2048, 8, "f16", "f16", "f16", "f16")
+    assert router._launcher(problem, 0) is None and router._launcher(problem, 0) is None
+    assert submitted == ["mg_router_f16_wf16_lf16_sf16_8w_k8_t1"] and not loaded and not router._BY_PROBLEM
+    future.set_result("built")
+    assert router._launcher(problem, 0) == "launcher" and router._launcher(problem, 0) == "launcher"
+    assert len(loaded) == 1 and len(submitted) == 1
