@@ -16,6 +16,9 @@ Mistral- and Qwen2-family blocks fused into one prepacked weight each (outputs s
 Fusing needs the projections to share bits, group size, zero mode, dtype and layout, and no
 act-order permutation (each projection has its own); blocks that do not qualify stay as they were.
 
+- Routers (``routers=True``, the default): each supported mixture-of-experts router becomes one
+  launch (:mod:`.router`: logits, softmax, top-k and renormalization in one kernel).
+
 - Residual (``residual=True``): a pre-norm decoder layer (Llama, Mistral, Qwen2, Qwen3) adds its
   skip connections in the epilogues of ``o_proj`` and ``down_proj`` (:class:`SkipProj`) instead
   of two add kernels: the layer's forward is replaced on the instance (its class, hooks and

@@ -116,3 +116,36 @@ def test_the_command_prints_the_table_once_with_its_head(monkeypatch, capsys, tm
     assert written[2:5] == [head[0], printed[printed.index(head[0]) + 1], rows[0]]
     assert [line for line in written if line.startswith("| weights")] == \
         [line for line in printed if line.startswith("| weights")]
+
+
+def test_router_flag_reaches_the_int4_model_and_the_title(monkeypatch):
+    """``--no-router`` keeps transformers' routers (``build_models(routers=False)``); the title names
+    the one-launch routers only for a mixture-of-experts preset that gets them."""
+    import argparse
+
+    from mixed_gemm import cli
+    from mixed_gemm.cli.e2e import _fused
+    from mixed_gemm.profiler import timing
+
+    seen = {}
+
+    def stop(*a, **k):
+        seen.update(k)
+        raise RuntimeError("stop after the build")
+
+    import torch
+
+    monkeypatch.setattr(timing, "gpu_missing", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(e2e, "build_models", stop)
+    with pytest.raises(RuntimeError, match="stop after the build"):
+        cli.main(["e2e", "--layers", "2", "--batches", "1", "--no-router"])
+    assert seen["routers"] is False
+
+    def args(**kw):
+        return argparse.Namespace(**dict(dict(no_fuse=False, no_residual=False, no_router=False), **kw))
+
+    assert _fused(args(), "qwen3-30b-a3b") == " (q|k|v, gate|up fused, residual epilogues, one-launch routers)"
+    assert _fused(args(no_router=True), "qwen3-30b-a3b") == " (q|k|v, gate|up fused, residual epilogues)"
+    assert _fused(args(), "llama3-8b") == " (q|k|v, gate|up fused, residual epilogues)"
+    assert _fused(args(no_fuse=True), "qwen3-30b-a3b") == ""
