@@ -8,6 +8,10 @@ from typing import List, Tuple
 
 # dtype name -> (CUTLASS element type in the templates, torch dtype name)
 DTYPES = {"f16": ("cutlass::half_t", "float16"), "bf16": ("cutlass::bfloat16_t", "bfloat16")}
+# Element names of the non-GEMM kernels (allreduce, router) -> (C++ type in CUDA's headers, bytes),
+# and torch dtype name -> element name.
+CUDA_ELEMENTS = {"f16": ("__half", 2), "bf16": ("__nv_bfloat16", 2), "f32": ("float", 4)}
+ELEMENT_NAMES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 # zero mode -> mixed_gemm::ZeroMode
 ZERO_MODES = {"sym": 0, "int": 1, "float": 2, "offset": 3}
 # split-K mode -> mixed_gemm::SplitKMode

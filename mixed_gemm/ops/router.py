@@ -39,8 +39,11 @@ _PENDING: Dict[tuple, Future] = {}  # (config, device) -> its background build (
 _COUNTERS: Dict[int, torch.Tensor] = {}  # device index -> the default arrival counters
 
 
+_NAMES = {getattr(torch, k): v for k, v in TORCH_DTYPES.items()}  # torch dtype -> "f16" | "bf16" | "f32"
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return TORCH_DTYPES.get(str(dtype).replace("torch.", ""), "")
+    return _NAMES.get(dtype, "")
 
 
 def check_router_args(x, weight, top_k, logits_dtype, scores_dtype, counters) -> None:

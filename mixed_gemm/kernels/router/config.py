@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from ..common import raise_on
+from ..common import CUDA_ELEMENTS, ELEMENT_NAMES, raise_on
 
 # element name -> (C++ type, bytes); torch dtype name -> element name
-ELEMENTS = {"f16": ("__half", 2), "bf16": ("__nv_bfloat16", 2), "f32": ("float", 4)}
-TORCH_DTYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+ELEMENTS, TORCH_DTYPES = CUDA_ELEMENTS, ELEMENT_NAMES  # kernels/common.py
 ACTIVATIONS = ("f16", "bf16")
 
 # Mirrors of templates/router/router.cuh (rendered sources static_assert them).
