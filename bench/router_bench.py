@@ -43,7 +43,7 @@ def main() -> None:
             fns = {"torch": lambda: router_reference(x, w, k, **kw),
                    "fused": lambda: topk_router(x, w, k, counters=counters, **kw)}
             if t == 1:
-                chosen = choose("f16", _dtype_name(wdt), _dtype_name(ldt), _dtype_name(sdt), 1, h)
+                chosen = choose("f16", _dtype_name(wdt), _dtype_name(ldt), _dtype_name(sdt), 1, h, e)
                 for split in SPLITS:
                     cfg = RouterConfig(x="f16", w=_dtype_name(wdt), logits=_dtype_name(ldt), scores=_dtype_name(sdt),
                                        split=split, tokens=1)

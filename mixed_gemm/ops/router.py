@@ -97,7 +97,8 @@ def _launcher(problem: RouterProblem, device: int) -> Optional[RouterLauncher]:
     found = _BY_PROBLEM.get((problem, device), False)
     if found is not False:
         return found
-    config = choose(problem.x, problem.w, problem.logits, problem.scores, problem.tokens, problem.hidden)
+    config = choose(problem.x, problem.w, problem.logits, problem.scores, problem.tokens, problem.hidden,
+                    problem.experts)
     key = (config, device)
     if key not in _LAUNCHERS:
         ok, why = FAMILY.supports(device)

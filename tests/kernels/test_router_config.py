@@ -29,10 +29,11 @@ def test_config_rules(field, value, rule):
         RouterConfig(**{field: value})
 
 
-@pytest.mark.parametrize("tokens, hidden, tile, split", [
-    (1, 2048, 1, 8), (1, 512, 1, 8), (3, 1024, 4, 1), (4, 2048, 4, 2), (16, 7168, 8, 8), (64, 16384, 8, 8)])
-def test_choose(tokens, hidden, tile, split):
-    c = choose("f16", "f16", "f16", "f16", tokens, hidden)
+@pytest.mark.parametrize("tokens, hidden, experts, tile, split", [
+    (1, 2048, 256, 1, 8), (1, 512, 8, 1, 8), (16, 2048, 128, 1, 8), (64, 4096, 8, 1, 8), (64, 2048, 64, 1, 8),
+    (3, 1024, 2048, 4, 1), (4, 2048, 1025, 4, 2), (33, 7168, 128, 8, 8), (64, 16384, 256, 8, 8)])
+def test_choose(tokens, hidden, experts, tile, split):
+    c = choose("f16", "f16", "f16", "f16", tokens, hidden, experts)
     assert (c.tokens, c.split) == (tile, split)
 
 

@@ -89,13 +89,20 @@ class RouterConfig:
         return -(-experts // self.experts_per_cta), -(-tokens // self.tokens), 1
 
 
-def choose(x: str, w: str, logits: str, scores: str, tokens: int, hidden: int) -> RouterConfig:
-    """The kernel for a call. One token: one expert a CTA over all eight warps (the most CTAs in
-    flight: measured fastest for Qwen3's, Mixtral's and DeepSeek's routers, 5.2-6.0 µs against
-    6.1-7.0 at the next split). More: up to eight tokens a CTA (each weight vector read once for
-    them), an expert's H split over enough warps that a lane's weight loads are in flight at once
+# The one-token shape serves T tokens as T token tiles while the grid stays within this many CTAs
+# (H100, bench/results/h100-router.md: Qwen3's router at 16 tokens, 2048 CTAs, 14.6 against 18.7 µs
+# on the 8-token tile; at 64 tokens, 8192 CTAs, 42.7 against 19.8).
+ONE_TOKEN_CTAS = 4096
+
+
+def choose(x: str, w: str, logits: str, scores: str, tokens: int, hidden: int, experts: int = 1) -> RouterConfig:
+    """The kernel for a call. One token, or T tokens whose T x E one-expert CTAs stay within
+    ``ONE_TOKEN_CTAS``: one expert a CTA over all eight warps (the most CTAs in flight: measured
+    fastest for Qwen3's, Mixtral's and DeepSeek's routers, 5.2-6.0 µs against 6.1-7.0 at the next
+    split at one token). More: up to eight tokens a CTA (each weight vector read once for them),
+    an expert's H split over enough warps that a lane's weight loads are in flight at once
     (``UNROLL`` 16-byte vectors: ~1024 elements a warp)."""
-    tile = 1 if tokens == 1 else 4 if tokens <= 4 else 8
+    tile = 1 if tokens == 1 or tokens * experts <= ONE_TOKEN_CTAS else 4 if tokens <= 4 else 8
     split = SPLITS[-1] if tile == 1 else next((s for s in SPLITS if s * 32 * VECTOR * UNROLL >= hidden), SPLITS[-1])
     return RouterConfig(x=x, w=w, logits=logits, scores=scores, split=split, tokens=tile)
 
