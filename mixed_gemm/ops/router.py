@@ -184,5 +184,5 @@ def launch_router(launcher: RouterLauncher, x: torch.Tensor, weight: torch.Tenso
         a.ids, a.counters = ids.data_ptr(), counters.data_ptr()
         a.tokens, a.experts, a.hidden, a.top_k = tokens, experts, hidden, top_k
         a.renormalize, a.scale = int(bool(renormalize)), float(scale)
-        launcher.launch(tokens, experts, current_stream(x.device.index))
+        launcher.launch(tokens, experts, hidden, current_stream(x.device.index))
     return logits, scores, ids

@@ -4,7 +4,8 @@
 // each is a few microseconds of launch and latency for ~0.5 MB of router weight.
 //
 // Grid: x = expert blocks (kExperts experts a CTA, each over kSplit warps that divide H), y = token
-// tiles (kTokens tokens a CTA; each weight vector is read once for the tile). Every CTA writes its
+// tiles (kTokens tokens a CTA, their x rows staged in dynamic shared memory; each weight vector is
+// read once for the tile). Every CTA writes its
 // experts' logits, rounded as the model's linear rounds them (type L), to the logits output; the
 // last CTA of a token tile to finish (an arrival counter per tile) reads the tile's logits back and
 // selects, one warp per token. The last CTA resets its counter, so counters are zero between
@@ -68,6 +69,15 @@ __device__ __forceinline__ void router_load8(T const* p, float (&out)[8]) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = RouterElement<T>::to_float(e[i]);
   }
+}
+
+// Eight consecutive 16-bit elements of the staged x tile (shared memory) as floats.
+template <typename X>
+__device__ __forceinline__ void router_smem8(X const* p, float (&out)[8]) {
+  uint4 v = *reinterpret_cast<uint4 const*>(p);
+  X const* e = reinterpret_cast<X const*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = RouterElement<X>::to_float(e[i]);
 }
 
 __device__ __forceinline__ float router_warp_sum(float v) {
@@ -147,11 +157,23 @@ __device__ void topk_router(RouterArgs const& a) {
   int const nt = min(kTokens, a.tokens - t0);
   int const e = blockIdx.x * kExperts + warp / kSplit, part = warp % kSplit;
 
+  // A multi-token tile stages its x rows in shared memory once (dynamic, nt x hidden elements):
+  // read from global inside the dot loop, each token's x vector was an L1/L2 round trip per weight
+  // vector (measured: the 8-token tile at 16 tokens 18.7 us against 14.6 for one token a CTA).
+  extern __shared__ uint4 router_x_tile[];
+  X const* x = static_cast<X const*>(a.x) + static_cast<size_t>(t0) * a.hidden;
+  if constexpr (kTokens > 1) {
+    uint4 const* src = reinterpret_cast<uint4 const*>(x);
+    int const vecs = nt * a.hidden / kRouterVector;
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) router_x_tile[i] = __ldg(src + i);
+    __syncthreads();
+    x = reinterpret_cast<X const*>(router_x_tile);
+  }
+
   float acc[kTokens];
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) acc[t] = 0.f;
   if (e < a.experts) {
-    X const* x = static_cast<X const*>(a.x) + static_cast<size_t>(t0) * a.hidden;
     W const* w = static_cast<W const*>(a.weight) + static_cast<size_t>(e) * a.hidden;
     int const vectors = a.hidden / kRouterVector, stride = kSplit * 32;
     // kRouterUnroll weight vectors issued before any is used: the weight comes from HBM once per
@@ -171,7 +193,8 @@ __device__ void topk_router(RouterArgs const& a) {
         for (int t = 0; t < kTokens; ++t) {
           if (t < nt) {
             float xv[8];
-            router_load8(x + static_cast<size_t>(t) * a.hidden + static_cast<size_t>(v) * kRouterVector, xv);
+            X const* xp = x + static_cast<size_t>(t) * a.hidden + static_cast<size_t>(v) * kRouterVector;
+            if constexpr (kTokens > 1) router_smem8(xp, xv); else router_load8(xp, xv);
 #pragma unroll
             for (int i = 0; i < 8; ++i) acc[t] = fmaf(xv[i], wv[u][i], acc[t]);
           }

@@ -31,7 +31,8 @@ def test_config_rules(field, value, rule):
 
 @pytest.mark.parametrize("tokens, hidden, experts, tile, split", [
     (1, 2048, 256, 1, 8), (1, 512, 8, 1, 8), (16, 2048, 128, 1, 8), (64, 4096, 8, 1, 8), (64, 2048, 64, 1, 8),
-    (3, 1024, 2048, 4, 1), (4, 2048, 1025, 4, 2), (33, 7168, 128, 8, 8), (64, 16384, 256, 8, 8)])
+    (3, 1024, 2048, 4, 1), (4, 2048, 1025, 4, 2), (33, 6144, 128, 8, 8), (33, 7168, 128, 4, 8),
+    (64, 16384, 256, 1, 8)])
 def test_choose(tokens, hidden, experts, tile, split):
     c = choose("f16", "f16", "f16", "f16", tokens, hidden, experts)
     assert (c.tokens, c.split) == (tile, split)
@@ -56,6 +57,10 @@ def test_can_implement_collects_reasons():
     for part in ("experts must lie in [1, 256]", "top_k must lie", "hidden must be a positive multiple of 8",
                  f"tokens must lie in [1, {MAX_TOKENS}]"):
         assert part in why
+    tile = RouterConfig(split=8, tokens=8)
+    ok, why = FAMILY.can_implement(tile, problem(hidden=6152, tokens=16))
+    assert not ok and "a 8-token tile stages 98432 bytes of x, more than 98304" in why
+    assert FAMILY.can_implement(tile, problem(hidden=6144, tokens=16))[0]
     ok, why = FAMILY.can_implement(c, problem(scores="f32"))
     assert not ok and "f16/f16/f16/f16" in why
     assert not FAMILY.can_implement(c, object())[0]

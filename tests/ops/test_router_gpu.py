@@ -5,7 +5,7 @@ ragged token tiles, the arrival counters left at zero, CUDA-graph replays with n
 import pytest
 import torch
 
-from mixed_gemm.kernels.router import FAMILY, MAX_TOKENS, RouterProblem, catalog
+from mixed_gemm.kernels.router import FAMILY, MAX_STAGED, MAX_TOKENS, RouterProblem, catalog
 from mixed_gemm.nn import TopKRouter
 from mixed_gemm.ops import topk_router
 from mixed_gemm.ops.router import _dtype_name, launch_router, router_reference
@@ -45,7 +45,8 @@ def check(x, w, top_k, logits, scores, ids, renormalize, scale):
 def test_every_config(config):
     launcher = FAMILY.launcher(config, 0)
     counters = torch.zeros(256, dtype=torch.int32, device="cuda")
-    hidden = 1024 * config.split + 8 * (config.split - 1)  # whole and partial rounds of the unrolled loads
+    # whole and partial rounds of the unrolled loads, within what a multi-token tile may stage
+    hidden = min(1024 * config.split + 8 * (config.split - 1), MAX_STAGED // (2 * config.tokens) // 8 * 8)
     for i, (experts, top_k, tokens) in enumerate([(8, 2, 1), (128, 8, config.tokens), (256, 8, 2 * config.tokens + 1),
                                                   (60, 6, 3)]):
         x, w = inputs(tokens, experts, hidden, DT[config.x], DT[config.w], seed=i)

@@ -13,8 +13,8 @@ from ...codegen import render_template
 from ...runtime import get_module
 from ..base import OK, SM80_UP_FLAGS, Family, Verdict
 from .abi import ROUTER_ARGS_BYTES, RouterArgs
-from .config import (COUNTERS, ELEMENTS, MAX_EXPERTS, MAX_TOKENS, MAX_TOP_K, SPLITS, TOKENS, TORCH_DTYPES, VECTOR,
-                     RouterConfig, catalog, choose, constant_checks)
+from .config import (COUNTERS, ELEMENTS, MAX_EXPERTS, MAX_STAGED, MAX_TOKENS, MAX_TOP_K, SPLITS, TOKENS, TORCH_DTYPES,
+                     VECTOR, RouterConfig, catalog, choose, constant_checks)
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class RouterFamily(Family):
             (problem.hidden > 0 and problem.hidden % VECTOR == 0,
              f"hidden must be a positive multiple of {VECTOR} (16-byte loads), got {problem.hidden}"),
             (1 <= problem.tokens <= MAX_TOKENS, f"tokens must lie in [1, {MAX_TOKENS}], got {problem.tokens}"),
+            (config.staged_bytes(problem.hidden) <= MAX_STAGED,
+             f"a {config.tokens}-token tile stages {config.staged_bytes(problem.hidden)} bytes of x, more than "
+             f"{MAX_STAGED} (hidden {problem.hidden})"),
         ) if not ok]
         return (False, "; ".join(reasons)) if reasons else OK
 
@@ -76,15 +79,18 @@ class RouterLauncher:
 
     def __init__(self, config: RouterConfig, module):
         self.config = config
-        self.fn = module.function(config.kernel_name, RouterArgs, config.threads)
+        # A multi-token tile opts in to MAX_STAGED bytes of dynamic shared memory; each launch asks
+        # for its hidden size's share.
+        self.fn = module.function(config.kernel_name, RouterArgs, config.threads,
+                                  MAX_STAGED if config.tokens > 1 else 0)
         self.args = self.fn.args
 
-    def launch(self, tokens: int, experts: int, stream: int) -> None:
-        self.fn.launch(self.config.grid(tokens, experts), stream)
+    def launch(self, tokens: int, experts: int, hidden: int, stream: int) -> None:
+        self.fn.launch(self.config.grid(tokens, experts), stream, smem=self.config.staged_bytes(hidden))
 
 
 FAMILY = RouterFamily()
 
-__all__ = ["COUNTERS", "ELEMENTS", "FAMILY", "MAX_EXPERTS", "MAX_TOKENS", "MAX_TOP_K", "SPLITS", "TOKENS",
+__all__ = ["COUNTERS", "ELEMENTS", "FAMILY", "MAX_EXPERTS", "MAX_STAGED", "MAX_TOKENS", "MAX_TOP_K", "SPLITS", "TOKENS",
            "TORCH_DTYPES", "VECTOR",
            "RouterArgs", "RouterConfig", "RouterFamily", "RouterLauncher", "RouterProblem", "catalog", "choose"]

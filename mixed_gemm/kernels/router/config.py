@@ -29,6 +29,9 @@ WARPS = 8
 # 19.7 against 29.2 µs at 64 tokens (Qwen3-30B-A3B's router), 62.2 against 30.2 at 256.
 MAX_TOKENS = 64
 COUNTERS = MAX_TOKENS  # arrival counters a router module keeps: one per token tile, at most MAX_TOKENS tiles
+# Shared-memory bytes a multi-token tile may stage its x rows in (tokens x hidden x 2): within every
+# sm_80+ GPU's opt-in per block (99 KB on sm_86/sm_89; 163 KB A100, 227 KB H100).
+MAX_STAGED = 96 * 1024
 
 
 def constant_checks() -> List[Tuple[str, int]]:
@@ -84,6 +87,10 @@ class RouterConfig:
     def experts_per_cta(self) -> int:
         return self.warps // self.split
 
+    def staged_bytes(self, hidden: int) -> int:
+        """Dynamic shared memory of a launch: a multi-token tile's x rows (16-bit), else none."""
+        return self.tokens * hidden * ELEMENTS[self.x][1] if self.tokens > 1 else 0
+
     def grid(self, tokens: int, experts: int) -> Tuple[int, int, int]:
         """Expert blocks x token tiles."""
         return -(-experts // self.experts_per_cta), -(-tokens // self.tokens), 1
@@ -103,6 +110,8 @@ def choose(x: str, w: str, logits: str, scores: str, tokens: int, hidden: int, e
     an expert's H split over enough warps that a lane's weight loads are in flight at once
     (``UNROLL`` 16-byte vectors: ~1024 elements a warp)."""
     tile = 1 if tokens == 1 or tokens * experts <= ONE_TOKEN_CTAS else 4 if tokens <= 4 else 8
+    while tile > 1 and tile * hidden * ELEMENTS[x][1] > MAX_STAGED:
+        tile = 4 if tile == 8 else 1
     split = SPLITS[-1] if tile == 1 else next((s for s in SPLITS if s * 32 * VECTOR * UNROLL >= hidden), SPLITS[-1])
     return RouterConfig(x=x, w=w, logits=logits, scores=scores, split=split, tokens=tile)
 
