@@ -80,12 +80,14 @@ def router_reference(x: torch.Tensor, weight: torch.Tensor, top_k: int, *, renor
         logits = F.linear(x.float(), weight.float())
     else:
         logits = F.linear(x, weight.to(x.dtype))
-    probs = torch.softmax(logits.float(), dim=-1)
+    # softmax's dtype casts its input first: the same values as .float() without a launch of its
+    # own (this path serves eager prefills, whose time is host time per launch)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     values, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
-        values = values / values.sum(dim=-1, keepdim=True)
+        values /= values.sum(dim=-1, keepdim=True)
     if scale != 1.0:
-        values = values * scale
+        values *= scale
     return logits, values.to(scores_dtype), ids
 
 
