@@ -4,6 +4,9 @@ alternating, medians), for the routers of Qwen3-30B-A3B, Mixtral-8x7B and DeepSe
 several token counts; at one token also every split of the fused kernel (its CTA shape).
 
     MIXED_GEMM_JIT=block python bench/router_bench.py [--tokens 1,4,16,64] [--rounds 15]
+
+Above ``MAX_TOKENS`` (where ``topk_router`` runs torch ops) the "fused" column is the kernel
+``choose`` would take, launched directly: the data for moving that bound.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 import torch  # noqa: E402
 
 from mixed_gemm.benchmark.moe import _cold_s  # noqa: E402
-from mixed_gemm.kernels.router import FAMILY, SPLITS, RouterConfig, choose  # noqa: E402
+from mixed_gemm.kernels.router import FAMILY, MAX_TOKENS, SPLITS, RouterConfig, choose  # noqa: E402
 from mixed_gemm.ops.router import _dtype_name, launch_router, router_reference, topk_router  # noqa: E402
 
 # name: experts, hidden, top_k, renormalize, scale, weight dtype, logits dtype, scores dtype (transformers' routers)
@@ -36,12 +39,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, (e, h, k, renorm, scale, wdt, ldt, sdt) in ROUTERS.items():
         w = (torch.randn(e, h, device="cuda") / h ** 0.5).to(wdt)
-        counters = torch.zeros(256, dtype=torch.int32, device="cuda")
+        counters = torch.zeros(4096, dtype=torch.int32, device="cuda")  # one per token tile
         for t in (int(v) for v in args.tokens.split(",")):
             x = torch.randn(t, h, device="cuda", dtype=torch.float16)
             kw = dict(renormalize=renorm, scale=scale, logits_dtype=ldt, scores_dtype=sdt)
             fns = {"torch": lambda: router_reference(x, w, k, **kw),
                    "fused": lambda: topk_router(x, w, k, counters=counters, **kw)}
+            if t > MAX_TOKENS:  # topk_router serves these in torch ops: the kernel choose() would take, forced
+                forced = FAMILY.launcher(choose("f16", _dtype_name(wdt), _dtype_name(ldt), _dtype_name(sdt), t, h, e), 0)
+                fns["fused"] = lambda ln=forced: launch_router(ln, x, w, k, renorm, scale, ldt, sdt, counters)
             if t == 1:
                 chosen = choose("f16", _dtype_name(wdt), _dtype_name(ldt), _dtype_name(sdt), 1, h, e)
                 for split in SPLITS:
@@ -50,14 +56,16 @@ def main() -> None:
                     launcher = FAMILY.launcher(cfg, 0)
                     fns[f"k{split}"] = (lambda ln=launcher: launch_router(ln, x, w, k, renorm, scale, ldt, sdt,
                                                                           counters))
-            else:  # one token a CTA, all warps on one expert: the single-token shape at this count
+            elif t <= counters.numel():  # one token a CTA, all warps on one expert: the single-token shape at this count
                 cfg = RouterConfig(x="f16", w=_dtype_name(wdt), logits=_dtype_name(ldt), scores=_dtype_name(sdt),
                                    split=8, tokens=1)
                 launcher = FAMILY.launcher(cfg, 0)
                 fns["t1k8"] = lambda ln=launcher: launch_router(ln, x, w, k, renorm, scale, ldt, sdt, counters)
             us = {n: s * 1e6 for n, (s, _) in _cold_s(fns, args.rounds, eager=False).items()}
             splits = ", ".join(f"k{s} {us[f'k{s}']:.1f}" + ("*" if s == chosen.split else "") for s in SPLITS) \
-                if t == 1 else f"one token a CTA, split 8: {us['t1k8']:.1f}"
+                if t == 1 else f"one token a CTA, split 8: {us['t1k8']:.1f}" if "t1k8" in us else ""
+            if t > MAX_TOKENS:
+                splits += f" (fused forced: above MAX_TOKENS={MAX_TOKENS})"
             print(f"| {name} | {t} | {us['torch']:.1f} | {us['fused']:.1f} | {us['torch'] / us['fused']:.2f}x "
                   f"| {splits} |", flush=True)
 
