@@ -18,7 +18,7 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 import torch  # noqa: E402
 
 from mixed_gemm.benchmark.moe import _cold_s  # noqa: E402
-from mixed_gemm.kernels.router import FAMILY, MAX_TOKENS, SPLITS, RouterConfig, choose  # noqa: E402
+from mixed_gemm.kernels.router import FAMILY, MAX_TOKENS, SPLITS, RouterConfig, choose, tiled  # noqa: E402
 from mixed_gemm.ops.router import _dtype_name, launch_router, router_reference, topk_router  # noqa: E402
 
 # name: experts, hidden, top_k, renormalize, scale, weight dtype, logits dtype, scores dtype (transformers' routers)
@@ -61,9 +61,15 @@ def main() -> None:
                                    split=8, tokens=1)
                 launcher = FAMILY.launcher(cfg, 0)
                 fns["t1k8"] = lambda ln=launcher: launch_router(ln, x, w, k, renorm, scale, ldt, sdt, counters)
+            if t > 1:  # the multi-token tile, whatever choose() takes
+                tile = tiled("f16", _dtype_name(wdt), _dtype_name(ldt), _dtype_name(sdt), t, h)
+                fns["tiled"] = lambda ln=FAMILY.launcher(tile, 0): launch_router(ln, x, w, k, renorm, scale, ldt, sdt,
+                                                                                 counters)
             us = {n: s * 1e6 for n, (s, _) in _cold_s(fns, args.rounds, eager=False).items()}
             splits = ", ".join(f"k{s} {us[f'k{s}']:.1f}" + ("*" if s == chosen.split else "") for s in SPLITS) \
                 if t == 1 else f"one token a CTA, split 8: {us['t1k8']:.1f}" if "t1k8" in us else ""
+            if t > 1:
+                splits += f"; t{tile.tokens} k{tile.split}: {us['tiled']:.1f}"
             if t > MAX_TOKENS:
                 splits += f" (fused forced: above MAX_TOKENS={MAX_TOKENS})"
             print(f"| {name} | {t} | {us['torch']:.1f} | {us['fused']:.1f} | {us['torch'] / us['fused']:.2f}x "

@@ -14,7 +14,7 @@ from ...runtime import get_module
 from ..base import OK, SM80_UP_FLAGS, Family, Verdict
 from .abi import ROUTER_ARGS_BYTES, RouterArgs
 from .config import (COUNTERS, ELEMENTS, MAX_EXPERTS, MAX_STAGED, MAX_TOKENS, MAX_TOP_K, SPLITS, TOKENS, TORCH_DTYPES,
-                     VECTOR, RouterConfig, catalog, choose, constant_checks)
+                     VECTOR, RouterConfig, catalog, choose, constant_checks, one_token, tiled)
 
 
 @dataclass(frozen=True)
@@ -93,4 +93,5 @@ FAMILY = RouterFamily()
 
 __all__ = ["COUNTERS", "ELEMENTS", "FAMILY", "MAX_EXPERTS", "MAX_STAGED", "MAX_TOKENS", "MAX_TOP_K", "SPLITS", "TOKENS",
            "TORCH_DTYPES", "VECTOR",
-           "RouterArgs", "RouterConfig", "RouterFamily", "RouterLauncher", "RouterProblem", "catalog", "choose"]
+           "RouterArgs", "RouterConfig", "RouterFamily", "RouterLauncher", "RouterProblem", "catalog", "choose",
+           "one_token", "tiled"]

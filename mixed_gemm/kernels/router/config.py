@@ -25,9 +25,11 @@ TOKENS = (1, 4, 8)
 SPLITS = (1, 2, 4, 8)
 WARPS = 8
 # Above this many tokens a call runs the router in torch ops (cuBLAS reads the weight once for all
-# rows; the fused kernel reads it once per token tile). H100, cold L2 (docs/notes/moe.md): fused
-# 19.7 against 29.2 µs at 64 tokens (Qwen3-30B-A3B's router), 62.2 against 30.2 at 256.
-MAX_TOKENS = 64
+# rows; the fused kernel reads it once per token tile). H100, cold L2, the 8-token tile with its x
+# rows staged (bench/results/h100-router.md): Qwen3-30B-A3B's router 19.3 against 26.9 µs at 128
+# tokens, 27.6 against 27.2 at 256, 44.8 against 28.7 at 512; DeepSeek-V2-Lite's 14.3 against 27.8
+# at 256.
+MAX_TOKENS = 256
 COUNTERS = MAX_TOKENS  # arrival counters a router module keeps: one per token tile, at most MAX_TOKENS tiles
 # Shared-memory bytes a multi-token tile may stage its x rows in (tokens x hidden x 2): within every
 # sm_80+ GPU's opt-in per block (99 KB on sm_86/sm_89; 163 KB A100, 227 KB H100).
@@ -97,23 +99,38 @@ class RouterConfig:
 
 
 # The one-token shape serves T tokens as T token tiles while the grid stays within this many CTAs
-# (H100, bench/results/h100-router.md: Qwen3's router at 16 tokens, 2048 CTAs, 14.6 against 18.7 µs
-# on the 8-token tile; at 64 tokens, 8192 CTAs, 42.7 against 19.8).
-ONE_TOKEN_CTAS = 4096
+# (H100, bench/results/h100-router.md, staged tiles: DeepSeek-V2-Lite's router at 64 tokens, 4096
+# one-token CTAs, 17.1 µs against 11.8 for the 8-token tile at 128 tokens; Mixtral's at 128 tokens,
+# 1024 CTAs, 9.7 µs).
+ONE_TOKEN_CTAS = 1024
+
+
+def one_token(x: str, w: str, logits: str, scores: str) -> RouterConfig:
+    """One token a CTA, one expert a CTA over all eight warps (the most CTAs in flight: measured
+    fastest for Qwen3's, Mixtral's and DeepSeek's routers, 5.2-6.0 µs against 6.1-7.0 at the next
+    split at one token)."""
+    return RouterConfig(x=x, w=w, logits=logits, scores=scores, split=SPLITS[-1], tokens=1)
+
+
+def tiled(x: str, w: str, logits: str, scores: str, tokens: int, hidden: int) -> RouterConfig:
+    """Up to eight tokens a CTA (each weight vector read once for them; their x rows staged in
+    shared memory within ``MAX_STAGED``), an expert's H split over enough warps that a lane's
+    weight loads are in flight at once (``UNROLL`` 16-byte vectors: ~1024 elements a warp)."""
+    tile = 4 if tokens <= 4 else 8
+    while tile > 1 and tile * hidden * ELEMENTS[x][1] > MAX_STAGED:
+        tile = 4 if tile == 8 else 1
+    if tile == 1:
+        return one_token(x, w, logits, scores)
+    split = next((s for s in SPLITS if s * 32 * VECTOR * UNROLL >= hidden), SPLITS[-1])
+    return RouterConfig(x=x, w=w, logits=logits, scores=scores, split=split, tokens=tile)
 
 
 def choose(x: str, w: str, logits: str, scores: str, tokens: int, hidden: int, experts: int = 1) -> RouterConfig:
-    """The kernel for a call. One token, or T tokens whose T x E one-expert CTAs stay within
-    ``ONE_TOKEN_CTAS``: one expert a CTA over all eight warps (the most CTAs in flight: measured
-    fastest for Qwen3's, Mixtral's and DeepSeek's routers, 5.2-6.0 µs against 6.1-7.0 at the next
-    split at one token). More: up to eight tokens a CTA (each weight vector read once for them),
-    an expert's H split over enough warps that a lane's weight loads are in flight at once
-    (``UNROLL`` 16-byte vectors: ~1024 elements a warp)."""
-    tile = 1 if tokens == 1 or tokens * experts <= ONE_TOKEN_CTAS else 4 if tokens <= 4 else 8
-    while tile > 1 and tile * hidden * ELEMENTS[x][1] > MAX_STAGED:
-        tile = 4 if tile == 8 else 1
-    split = SPLITS[-1] if tile == 1 else next((s for s in SPLITS if s * 32 * VECTOR * UNROLL >= hidden), SPLITS[-1])
-    return RouterConfig(x=x, w=w, logits=logits, scores=scores, split=split, tokens=tile)
+    """The kernel for a call: :func:`one_token` for one token, or T tokens whose T x E one-expert
+    CTAs stay within ``ONE_TOKEN_CTAS``; :func:`tiled` above."""
+    if tokens == 1 or tokens * experts <= ONE_TOKEN_CTAS:
+        return one_token(x, w, logits, scores)
+    return tiled(x, w, logits, scores, tokens, hidden)
 
 
 def catalog() -> List[RouterConfig]:
