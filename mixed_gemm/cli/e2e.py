@@ -41,7 +41,7 @@ def run_e2e(args: argparse.Namespace) -> int:
             return _run_in_turn(args, preset, batches, fp16_bytes)
     compiled = not args.no_compiled
     title = (f"{preset} ({args.layers or e2e.PRESETS[preset]['num_hidden_layers']} layers, random weights), fp16 vs "
-             f"mixed_gemm int4 g128{_fused(args, preset)}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps}, "
+             f"mixed_gemm int4 g128{_fused(args, preset)}{f', lm_head {args.lm_head}' if args.lm_head else ''}{' vs tinygemm int4 g128 (bf16)' if args.compare else ''} — {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps} (TTFT: of {max(args.reps, e2e.TTFT_REPS)}), "
              f"alternating; {e2e.PROMPT}-token prompt, {e2e.NEW_TOKENS} new tokens")
     # The table prints once: run logs its head and each row as it is measured, the memory table follows.
     print(f"# {title}\n", flush=True)
@@ -92,7 +92,7 @@ def _run_in_turn(args: argparse.Namespace, preset: str, batches, fp16_bytes: int
              f"{_fused(args, preset)}"
              f"{f', lm_head {args.lm_head}' if args.lm_head else ''}, measured one after another, freed between: "
              f"{fp16_bytes / 1e9:.0f} GB of fp16 weights and an int4 copy do not fit the {gpu_gb:.0f} GB GPU together "
-             f"— {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps} per model; compiled "
+             f"— {torch.cuda.get_device_name()}, {datetime.date.today()}; median of {args.reps} per model (TTFT: of {max(args.reps, e2e.TTFT_REPS)}); compiled "
              f"step = Inductor, then one CUDA graph; compiled generate with a static cache, {e2e.PROMPT}-token prompt, "
              f"{e2e.NEW_TOKENS} new tokens")
     print(f"# {title}\n", flush=True)

@@ -69,7 +69,7 @@ def _measure(model, batches: Sequence[int], reps: int) -> Dict:
                             "compiled_decode_tps": b * (e2e.NEW_TOKENS - 1) / max(full - first, 1e-9)})
         out["rows"][b] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
     torch.cuda.reset_peak_memory_stats()
-    out["ttft_ms"] = statistics.median(e2e.ttft_ms(model) for _ in range(reps))
+    out["ttft_ms"] = statistics.median(e2e.ttft_ms(model) for _ in range(max(reps, e2e.TTFT_REPS)))
     out["peak_bytes"] = torch.cuda.max_memory_allocated()
     out["weight_bytes"] = e2e.weight_bytes(model)
     if id(model) in e2e.CAPTURE_ERRORS:
