@@ -119,3 +119,17 @@ def split_for_fill(s0: int, columns_measured: int, columns: int, max_splits: int
 def grouped_constant_checks() -> List[Tuple[str, int]]:
     """:func:`constant_checks` and the grouped families' own (their sources include gate_up.cuh)."""
     return constant_checks() + [("mixed_gemm::kGateUpBlock", GATE_UP_BLOCK)]
+
+
+class OwnKernel:
+    """A config that is its own compiled identity (no launch-time fields: the families outside the
+    GEMM registry, ``allreduce`` and ``router``): ``kernel`` is the config, ``name`` its
+    ``kernel_name``."""
+
+    @property
+    def kernel(self):
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.kernel_name

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from ..common import CUDA_ELEMENTS, ELEMENT_NAMES, raise_on
+from ..common import CUDA_ELEMENTS, ELEMENT_NAMES, OwnKernel, raise_on
 
 ALGOS = ("one_shot", "two_shot", "rms_norm")
 # dtype name -> (C++ element type, bytes); torch dtype name -> dtype name
@@ -57,7 +57,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True)
-class AllReduceConfig:
+class AllReduceConfig(OwnKernel):
     """One all-reduce kernel: ``algo`` for ``world_size`` ranks of ``dtype`` values, ``threads``
     per block."""
 
@@ -77,16 +77,8 @@ class AllReduceConfig:
                  "AllReduceConfig")
 
     @property
-    def kernel(self) -> "AllReduceConfig":
-        return self
-
-    @property
     def kernel_name(self) -> str:
         return f"mg_allreduce_{self.algo}_{self.dtype}_w{self.world_size}_t{self.threads}"
-
-    @property
-    def name(self) -> str:
-        return self.kernel_name
 
     @property
     def schedule(self) -> str:

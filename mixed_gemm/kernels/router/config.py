@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from ..common import CUDA_ELEMENTS, ELEMENT_NAMES, raise_on
+from ..common import CUDA_ELEMENTS, ELEMENT_NAMES, OwnKernel, raise_on
 
 # element name -> (C++ type, bytes); torch dtype name -> element name
 ELEMENTS, TORCH_DTYPES = CUDA_ELEMENTS, ELEMENT_NAMES  # kernels/common.py
@@ -43,7 +43,7 @@ def constant_checks() -> List[Tuple[str, int]]:
 
 
 @dataclass(frozen=True)
-class RouterConfig:
+class RouterConfig(OwnKernel):
     """One router kernel: ``x`` activations, ``w`` router weight, ``logits`` and ``scores`` output
     elements; ``warps`` warps a CTA, ``split`` warps an expert, ``tokens`` tokens a CTA."""
 
@@ -69,17 +69,9 @@ class RouterConfig:
                  "RouterConfig")
 
     @property
-    def kernel(self) -> "RouterConfig":
-        return self
-
-    @property
     def kernel_name(self) -> str:
         return (f"mg_router_{self.x}_w{self.w}_l{self.logits}_s{self.scores}_{self.warps}w_k{self.split}"
                 f"_t{self.tokens}")
-
-    @property
-    def name(self) -> str:
-        return self.kernel_name
 
     @property
     def threads(self) -> int:
