@@ -144,7 +144,26 @@ def quantize_model(model: nn.Module, *, bits: int = 4, group_size: int = 128, sy
         config = getattr(model, "config", None)
         if getattr(config, "tie_word_embeddings", False):
             config.tie_word_embeddings = False  # so no later tie_weights() puts the fp16 weight back
+    no_experts_switch(model)
     return model
+
+
+def no_experts_switch(model: nn.Module) -> bool:
+    """Once every transformers experts module of ``model`` is a :class:`QuantExperts`, mark its
+    configs' experts implementation ``"eager"`` where it was ``"grouped_mm"``; returns whether it did.
+    transformers' ``generate`` switches ``grouped_mm`` to ``batched_mm`` for decoding and back,
+    walking every module twice a call (host time: ~2-4 ms of a 48-layer eager TTFT,
+    docs/notes/end-to-end.md), and neither implementation runs any more. A model that still holds
+    transformers experts keeps its implementation."""
+    modules = list(model.modules())
+    if any(is_experts(m) for m in modules) or not any(isinstance(m, QuantExperts) for m in modules):
+        return False
+    get = getattr(model, "get_experts_implementation", None)
+    current = get() if get is not None else None
+    if not isinstance(current, dict) or "grouped_mm" not in current.values():
+        return False
+    model.config._experts_implementation = {k: "eager" if v == "grouped_mm" else v for k, v in current.items()}
+    return True
 
 
 def save_quantized(model: nn.Module, out_dir, *, format: str = "awq") -> Path:
@@ -271,6 +290,7 @@ def load_quantized(model_dir, *, dtype: torch.dtype = torch.float16, device="cud
         _load_layers(model, shards, qnames, spec, dtype, device, progress)
         finish_loading(model, getattr(config, "tie_word_embeddings", False), device, "checkpoint")
     model.config.quantization_config = qc
+    no_experts_switch(model)
     return model.eval()
 
 

@@ -237,3 +237,19 @@ def test_quantized_lm_head(kind, bits, group, tol, tie, tmp_path):
 def test_quantized_lm_head_rules():
     with pytest.raises(ValueError, match=r"lm_head: expected None or one of \('int8', 'int4'\), got 'fp8'"):
         quantize_model(tiny_llama(), progress=False, lm_head="fp8")
+
+
+def test_experts_switch_off_only_once_every_experts_module_is_replaced():
+    """quantize_model marks a mixture-of-experts model's experts implementation "eager" once no
+    transformers experts module is left (generate's grouped_mm -> batched_mm switch walks every module
+    twice a call and has nothing to switch); with one left, the model keeps grouped_mm."""
+    from mixed_gemm.integrations.transformers import no_experts_switch
+    from test_router_fuse import qwen3
+
+    model = qwen3()
+    assert model.get_experts_implementation() == {"": "grouped_mm"} and not no_experts_switch(model)
+    quantize_model(model, bits=4, group_size=32, progress=False)
+    assert model.get_experts_implementation() == {"": "eager"} and not no_experts_switch(model)
+    partial = quantize_model(qwen3(), bits=4, group_size=32, progress=False, skip=("lm_head", "layers.1.mlp.experts"))
+    assert partial.get_experts_implementation() == {"": "grouped_mm"}
+    assert not no_experts_switch(tiny_llama(seed=1))  # no experts at all

@@ -154,6 +154,9 @@ def test_checkpoint_round_trip(arch, fmt, tmp_path):
     assert "model.layers.0.mlp.experts.3.up_proj.qweight" in keys and not any("gate_up_proj" in k for k in keys)
     loaded = load_quantized(tmp_path, dtype=torch.float32, device="cpu", progress=False)
     assert isinstance(loaded.model.layers[1].mlp.experts, QuantExperts)
+    # every experts module replaced: generate's grouped_mm -> batched_mm switch has nothing to switch
+    assert "grouped_mm" not in quantized.get_experts_implementation().values()
+    assert "grouped_mm" not in loaded.get_experts_implementation().values()
     ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, quantized(ids).logits, rtol=0, atol=1e-4)
