@@ -47,7 +47,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     print(f"# {title}\n", flush=True)
     result = e2e.run(preset, args.layers, batches, reps=args.reps, compiled=compiled, fuse=not args.no_fuse,
                      compare=args.compare, lm_head=args.lm_head, residual=not args.no_residual, routers=not args.no_router,
-                     unfused=not args.no_unfused, log=lambda line: print(line, flush=True))
+                     norms=not args.no_norms, unfused=not args.no_unfused, log=lambda line: print(line, flush=True))
     print("\n" + "\n".join(e2e.memory_table(result)) + "\n")
     text = "\n".join([f"# {title}", ""] + e2e.table(result, compiled)) + "\n"
     if args.out:
@@ -70,6 +70,7 @@ def _fused(args: argparse.Namespace, preset: str) -> str:
         return ""
     parts = ["q|k|v, gate|up fused"] + ([] if args.no_residual else ["residual epilogues"])
     parts += ["one-launch routers"] if e2e.is_moe(preset) and not args.no_router else []
+    parts += [] if args.no_norms else ["one-launch norms"]
     return f" ({', '.join(parts)})"
 
 
@@ -98,7 +99,7 @@ def _run_in_turn(args: argparse.Namespace, preset: str, batches, fp16_bytes: int
     print(f"# {title}\n", flush=True)
     result = e2e_moe.run(preset, args.layers, batches, reps=args.reps, fuse=not args.no_fuse, lm_head=args.lm_head,
                          residual=not args.no_residual, routers=not args.no_router,
-                         log=lambda line: print(line, file=sys.stderr, flush=True))
+                         norms=not args.no_norms, log=lambda line: print(line, file=sys.stderr, flush=True))
     lines = e2e_moe.table(result)
     print("\n" + "\n".join(lines) + "\n", flush=True)
     if args.out:
@@ -141,6 +142,9 @@ def add_e2e_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--no-router", action="store_true",
                         help="keep a mixture-of-experts model's routers as transformers runs them (default: one "
                              "launch each, fuse_projections(routers=True))")
+    parser.add_argument("--no-norms", action="store_true",
+                        help="keep transformers' RMSNorms (eight kernels each; default: one launch each, "
+                             "fuse_projections(norms=True))")
     parser.add_argument("--no-unfused", action="store_true",
                         help="skip the int4 model without fusion (by default its eager generate is reported beside the "
                              "fused model's)")

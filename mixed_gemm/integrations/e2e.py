@@ -45,11 +45,11 @@ TTFT_REPS = 9
 
 
 def build_models(preset: str, layers: int, group_size: int = 128, fuse: bool = True, lm_head=None,
-                 residual: bool = True, routers: bool = True):
+                 residual: bool = True, routers: bool = True, norms: bool = True):
     """(fp16 model, int4 model): random weights made on the GPU (:func:`build_fp16`), the int4 one
     a quantized deep copy (:func:`quantize_in_place`)."""
     fp16 = build_fp16(preset, layers)
-    return fp16, quantize_in_place(copy.deepcopy(fp16), group_size, fuse, lm_head, residual, routers)
+    return fp16, quantize_in_place(copy.deepcopy(fp16), group_size, fuse, lm_head, residual, routers, norms)
 
 
 def build_fp16(preset: str, layers: int):
@@ -76,16 +76,17 @@ def build_fp16(preset: str, layers: int):
 
 
 def quantize_in_place(model, group_size: int = 128, fuse: bool = True, lm_head=None, residual: bool = True,
-                      routers: bool = True):
+                      routers: bool = True, norms: bool = True):
     """``model`` made the int4 twin by quantize_model (and fuse_projections: one launch for q|k|v
     and one for gate|up; ``residual``: the skip connections in the o_proj/down_proj epilogues too;
+    ``routers``, ``norms``: one launch for each router and each RMSNorm;
     ``lm_head``: quantize the output head too, ``"int8"`` or ``"int4"``)."""
     from .fuse import fuse_projections
     from .transformers import quantize_model
 
     quantize_model(model, bits=4, group_size=group_size, progress=False, lm_head=lm_head)
     if fuse:
-        fuse_projections(model, residual=residual, routers=routers)
+        fuse_projections(model, residual=residual, routers=routers, norms=norms)
     torch.cuda.empty_cache()
     return model
 
@@ -264,7 +265,7 @@ def ttft_ms(model) -> float:
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compiled: bool = True,
         fuse: bool = True, compare: bool = False, lm_head=None, residual: bool = True, log=print,
-        unfused: bool = True, routers: bool = True) -> Dict:
+        unfused: bool = True, routers: bool = True, norms: bool = True) -> Dict:
     """Every measurement, the models alternating within each repetition (order reversed every
     other one); medians. ``compare`` adds the tinygemm peer; ``unfused`` (with ``fuse``) the int4
     model without fusion, for eager generate only (:func:`build_unfused`)."""
@@ -273,13 +274,15 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, compile
     # (the peer's compiled generate fell to 25 tok/s that way: docs/notes/end-to-end.md).
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
-    fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head, residual=residual, routers=routers)
+    fp16, int4 = build_models(preset, layers, fuse=fuse, lm_head=lm_head, residual=residual, routers=routers,
+                              norms=norms)
     models = {"fp16": fp16, "mixed_gemm": int4}
     if compare:
         models[PEER] = build_peer(fp16)
     eager_only = {UNFUSED: build_unfused(fp16, lm_head=lm_head)} if unfused and fuse else {}
     result: Dict = {"preset": preset, "layers": fp16.config.num_hidden_layers, "gpu": torch.cuda.get_device_name(),
-                    "fused": fuse, "unfused": bool(eager_only), "residual": fuse and residual, "routers": fuse and routers, "lm_head": lm_head or "fp16",
+                    "fused": fuse, "unfused": bool(eager_only), "residual": fuse and residual, "routers": fuse and routers,
+                    "norms": fuse and norms, "lm_head": lm_head or "fp16",
                     "weight_bytes": {k: weight_bytes(m) for k, m in models.items()}, "rows": []}
     everyone = list(models.items()) + list(eager_only.items())
     # Cold calls first (each batch's decode and prefill, the TTFT prompt): what compiles in the

@@ -85,7 +85,8 @@ def _free() -> None:
 
 
 def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, fuse: bool = True, lm_head=None,
-        residual: bool = True, group_size: int = 128, log=print, routers: bool = True) -> Dict:
+        residual: bool = True, group_size: int = 128, log=print, routers: bool = True,
+        norms: bool = True) -> Dict:
     """fp16, then int4 (the same seeded weights, quantized in place), one alive at a time; the
     result has :func:`.e2e.memory_table`'s keys and per batch each model's figures and the ratios."""
     dynamo = torch._dynamo.config
@@ -95,14 +96,15 @@ def run(preset: str, layers: int, batches: Sequence[int], reps: int = 3, fuse: b
         log(f"{name}: building, compiling, measuring")
         model = e2e.build_fp16(preset, layers)
         if name == "mixed_gemm":
-            e2e.quantize_in_place(model, group_size, fuse, lm_head, residual, routers)
+            e2e.quantize_in_place(model, group_size, fuse, lm_head, residual, routers, norms)
         measured[name] = _measure(model, batches, reps)
         e2e._COMPILED.pop(id(model), None)
         del model
         _free()
     result: Dict = {"preset": preset, "layers": layers or e2e.PRESETS[preset]["num_hidden_layers"],
                     "gpu": torch.cuda.get_device_name(), "one_at_a_time": True, "fused": fuse,
-                    "residual": fuse and residual, "routers": fuse and routers, "lm_head": lm_head or "fp16", "rows": []}
+                    "residual": fuse and residual, "routers": fuse and routers,
+                    "norms": fuse and norms, "lm_head": lm_head or "fp16", "rows": []}
     for key in ("weight_bytes", "peak_bytes", "ttft_ms"):
         result[key] = {name: m[key] for name, m in measured.items()}
     result["capture_errors"] = {name: m["capture_error"] for name, m in measured.items() if "capture_error" in m}

@@ -19,6 +19,10 @@ act-order permutation (each projection has its own); blocks that do not qualify 
 - Routers (``routers=True``, the default): each supported mixture-of-experts router becomes one
   launch (:mod:`.router`: logits, softmax, top-k and renormalization in one kernel).
 
+- Norms (``norms=True``, the default): every transformers RMSNorm of the Llama form (the layers'
+  norms, Qwen3's q and k norms, the final norm) becomes a :class:`~mixed_gemm.nn.OneKernelRMSNorm`
+  (:mod:`.norms`), one launch where transformers' eager norm makes eight.
+
 - Residual (``residual=True``): a pre-norm decoder layer (Llama, Mistral, Qwen2, Qwen3) adds its
   skip connections in the epilogues of ``o_proj`` and ``down_proj`` (:class:`SkipProj`) instead
   of two add kernels: the layer's forward is replaced on the instance (its class, hooks and
@@ -40,6 +44,7 @@ from torch import nn
 
 from ..nn import QuantLinear
 from ..ops import prepack
+from .norms import fuse_norms, one_kernel_norm, rms_norm
 from .router import fuse_routers
 
 
@@ -162,25 +167,6 @@ class SkipProj(nn.Module):
 RESIDUAL_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 
 
-# transformers' RMSNorms whose forward is weight * (x * rsqrt(mean(x^2) + eps)), fp32 statistics.
-RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
-
-
-def _one_kernel_norm(norm: nn.Module) -> bool:
-    weight = getattr(norm, "weight", None)
-    return (type(norm).__name__ in RMS_NORMS and "forward" not in vars(norm)
-            and isinstance(weight, torch.Tensor) and weight.dim() == 1
-            and isinstance(getattr(norm, "variance_epsilon", None), float))
-
-
-def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)`` as one rms_norm where it qualifies (module docstring), else the module."""
-    weight = norm._parameters.get("weight")
-    if norm._forward_hooks or norm._forward_pre_hooks or weight is None or weight.dtype != x.dtype:
-        return norm(x)
-    return torch.nn.functional.rms_norm(x, weight.shape, weight, norm.variance_epsilon)
-
-
 def _residual_forward(self, hidden_states, *args, **kwargs):
     """The layer's forward with both skip connections in the projections' epilogues and the norms
     as one kernel each (positional extras, which transformers does not pass, take the class's own
@@ -194,9 +180,9 @@ def _residual_forward(self, hidden_states, *args, **kwargs):
         h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
         down_slot.value = h
         return self.mlp(self.post_attention_layernorm(h))
-    h, _ = self.self_attn(hidden_states=_norm(norms[0], hidden_states), **kwargs)
+    h, _ = self.self_attn(hidden_states=rms_norm(norms[0], hidden_states), **kwargs)
     down_slot.value = h
-    return self.mlp(_norm(norms[1], h))
+    return self.mlp(rms_norm(norms[1], h))
 
 
 def decoder_projections(layer: nn.Module):
@@ -227,19 +213,21 @@ def fuse_residual(model: nn.Module) -> int:
             # The slots again, as a plain attribute: the forward skips two nn.Module.__getattr__ lookups.
             layer._mg_skip_slots = (o._handover, down._handover)
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            layer._mg_norms = norms if all(_one_kernel_norm(n) for n in norms) else None
+            layer._mg_norms = norms if all(one_kernel_norm(n) for n in norms) else None
             layer.forward = types.MethodType(_residual_forward, layer)
             fused += 1
     return fused
 
 
-def fuse_projections(model: nn.Module, gated: bool = False, residual: bool = False, routers: bool = True) -> int:
+def fuse_projections(model: nn.Module, gated: bool = False, residual: bool = False, routers: bool = True,
+                     norms: bool = True) -> int:
     """Fuse q/k/v and gate/up of every qualifying block of ``model`` in place (QuantLinear
     projections, see the module docstring); returns how many groups were fused. ``gated``: SiLU·mul
     in the gate|up epilogue where the MLP allows it (:class:`FusedGateUpMLP`; off by default).
     ``residual``: also :func:`fuse_residual` (the layers it changes are not counted). ``routers``:
     also :func:`~.router.fuse_routers`, each supported mixture-of-experts router one launch (not
-    counted)."""
+    counted). ``norms``: also :func:`~.norms.fuse_norms`, each transformers RMSNorm one launch
+    (:class:`~mixed_gemm.nn.OneKernelRMSNorm`; not counted)."""
     fused = 0
     for module in list(model.modules()):
         names = ("q_proj", "k_proj", "v_proj")
@@ -256,6 +244,8 @@ def fuse_projections(model: nn.Module, gated: bool = False, residual: bool = Fal
                 mlp = FusedGateUpMLP(concat([gate, up]), module.down_proj, module.act_fn, gate.out_features, gated)
                 _replace(model, module, mlp)
                 fused += 1
+    if norms:
+        fuse_norms(model)
     if residual:
         fuse_residual(model)
     if routers:

@@ -34,7 +34,8 @@ from torch import nn
 
 from ..nn.parallel import RowParallelQuantLinear, all_reduce_residual_rms_norm, tensor_parallel_all_reduce
 from ..ops.allreduce import group_name
-from .fuse import Slot, _norm, _one_kernel_norm, decoder_projections
+from .fuse import Slot, decoder_projections
+from .norms import one_kernel_norm, rms_norm
 
 
 class _TPState:
@@ -61,7 +62,7 @@ def _forward(self, hidden_states, *args, **kwargs):
         return type(self).forward(self, hidden_states, *args, **kwargs)
     st = self._mg_tp
     hand, st.slot.value = st.slot.value, None
-    h = hand[1] if hand is not None and hand[0] is hidden_states else _norm(st.in_norm, hidden_states)
+    h = hand[1] if hand is not None and hand[0] is hidden_states else rms_norm(st.in_norm, hidden_states)
     attn, _ = self.self_attn(hidden_states=h, **kwargs)
     h, x = st.reduce_add_norm(attn, hidden_states, st.post_norm)
     partial = self.mlp(h)
@@ -78,7 +79,7 @@ def _qualifies(layer: nn.Module) -> bool:
     if rows is None or not all(isinstance(r, RowParallelQuantLinear) and r.tp_size > 1 and r.reduce_results
                                and not r.fuse_all_reduce for r in rows):
         return False
-    return _one_kernel_norm(layer.input_layernorm) and _one_kernel_norm(layer.post_attention_layernorm)
+    return one_kernel_norm(layer.input_layernorm) and one_kernel_norm(layer.post_attention_layernorm)
 
 
 def fuse_all_reduce_norms(model: nn.Module) -> int:

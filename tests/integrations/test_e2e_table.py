@@ -118,9 +118,10 @@ def test_the_command_prints_the_table_once_with_its_head(monkeypatch, capsys, tm
         [line for line in printed if line.startswith("| weights")]
 
 
-def test_router_flag_reaches_the_int4_model_and_the_title(monkeypatch):
-    """``--no-router`` keeps transformers' routers (``build_models(routers=False)``); the title names
-    the one-launch routers only for a mixture-of-experts preset that gets them."""
+def test_router_and_norm_flags_reach_the_int4_model_and_the_title(monkeypatch):
+    """``--no-router`` keeps transformers' routers (``build_models(routers=False)``), ``--no-norms``
+    its RMSNorms; the title names the one-launch routers only for a mixture-of-experts preset that
+    gets them."""
     import argparse
 
     from mixed_gemm import cli
@@ -140,12 +141,18 @@ def test_router_flag_reaches_the_int4_model_and_the_title(monkeypatch):
     monkeypatch.setattr(e2e, "build_models", stop)
     with pytest.raises(RuntimeError, match="stop after the build"):
         cli.main(["e2e", "--layers", "2", "--batches", "1", "--no-router"])
-    assert seen["routers"] is False
+    assert seen["routers"] is False and seen["norms"] is True
+    with pytest.raises(RuntimeError, match="stop after the build"):
+        cli.main(["e2e", "--layers", "2", "--batches", "1", "--no-norms"])
+    assert seen["routers"] is True and seen["norms"] is False
 
     def args(**kw):
-        return argparse.Namespace(**dict(dict(no_fuse=False, no_residual=False, no_router=False), **kw))
+        return argparse.Namespace(**dict(dict(no_fuse=False, no_residual=False, no_router=False, no_norms=False),
+                                         **kw))
 
-    assert _fused(args(), "qwen3-30b-a3b") == " (q|k|v, gate|up fused, residual epilogues, one-launch routers)"
-    assert _fused(args(no_router=True), "qwen3-30b-a3b") == " (q|k|v, gate|up fused, residual epilogues)"
-    assert _fused(args(), "llama3-8b") == " (q|k|v, gate|up fused, residual epilogues)"
+    both = "q|k|v, gate|up fused, residual epilogues"
+    assert _fused(args(), "qwen3-30b-a3b") == f" ({both}, one-launch routers, one-launch norms)"
+    assert _fused(args(no_router=True), "qwen3-30b-a3b") == f" ({both}, one-launch norms)"
+    assert _fused(args(no_norms=True), "qwen3-30b-a3b") == f" ({both}, one-launch routers)"
+    assert _fused(args(), "llama3-8b") == f" ({both}, one-launch norms)"
     assert _fused(args(no_fuse=True), "qwen3-30b-a3b") == ""
