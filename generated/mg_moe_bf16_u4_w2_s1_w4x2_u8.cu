@@ -27,6 +27,9 @@ static_assert(mixed_gemm::kAtomK == 16, "mixed_gemm::kAtomK: mixed_gemm/kernels/
 static_assert(mixed_gemm::kAtomN == 64, "mixed_gemm::kAtomN: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kReduceThreads == 256, "mixed_gemm::kReduceThreads: mixed_gemm/kernels/common.py disagrees");
 static_assert(mixed_gemm::kGateUpBlock == 8, "mixed_gemm::kGateUpBlock: mixed_gemm/kernels/common.py disagrees");
+static_assert(mixed_gemm::kMoeWeightF32 == 0, "mixed_gemm::kMoeWeightF32: mixed_gemm/kernels/common.py disagrees");
+static_assert(mixed_gemm::kMoeWeightF16 == 1, "mixed_gemm::kMoeWeightF16: mixed_gemm/kernels/common.py disagrees");
+static_assert(mixed_gemm::kMoeWeightBf16 == 2, "mixed_gemm::kMoeWeightBf16: mixed_gemm/kernels/common.py disagrees");
 
 extern "C" __global__ void __launch_bounds__(256) mg_moe_bf16_u4_w2_s1_w4x2_u8(mixed_gemm::MoeGemvArgs const args) {
   __shared__ __align__(16) char smem[Kernel::kSmemBytes > 0 ? Kernel::kSmemBytes : 16];

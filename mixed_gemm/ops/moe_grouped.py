@@ -336,6 +336,16 @@ def _mixed_plan(configs, problems, stacked: Optional[str], device_index: int) ->
     return GroupedPlan([family_of(c) for c in configs], list(configs), device_index, source="configs argument")
 
 
+def _down_weights(down, topk_weights: torch.Tensor) -> torch.Tensor:
+    """The top-k weights as the down launcher reads them: a router's fp16/bf16 scores as they are
+    where the kernel reads them (moe_gemv's pair and persistent modes, 4-byte aligned), saving a cast
+    launch a layer; else fp32 (applied in fp32 either way)."""
+    if (getattr(down, "native_weights", False) and topk_weights.dtype in (torch.float16, torch.bfloat16)
+            and topk_weights.is_contiguous() and topk_weights.data_ptr() % 4 == 0):
+        return topk_weights
+    return topk_weights.to(torch.float32).contiguous()
+
+
 def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor) -> torch.Tensor:
     """The two grouped launches on the current stream: h = SiLU(gate) * up (``(T * k, I)``, the
@@ -345,7 +355,7 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)  # rows are read 16 bytes at a time
     ids = topk_ids.contiguous()
-    weights = topk_weights.to(torch.float32).contiguous()  # applied in fp32
+    weights = _down_weights(launchers[1], topk_weights)
     h = torch.empty((tokens * top_k, w2.k), dtype=x.dtype, device=x.device)
     y = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
     stream = current_stream(x.device.index)

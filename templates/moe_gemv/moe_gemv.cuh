@@ -46,7 +46,7 @@ struct MoeGemvArgs {
   void const* scales;    // expert 0's (num_groups, 16 * strips), activation dtype; expert e at + e * expert_s
   void const* zeros;     // the additive z', same shape and stride (never null in the sm90a layout)
   void const* ids;       // topk_ids (tokens, top_k), contiguous, int32 or int64 (ids_64)
-  float const* weights;  // kDown: topk_weights (tokens, top_k) in fp32, contiguous; kGateUp: unused
+  void const* weights;   // kDown: topk_weights (tokens, top_k), contiguous, of weights_dtype; kGateUp: unused
   void* y;               // kGateUp: h (tokens * top_k, n / 2); kDown: y (tokens, n)
   float* workspace;      // split-K / slot planes (fp32); null when one slice writes the output
   int* counters;         // one arrival counter per (pair or token, row tile), zero between launches
@@ -62,7 +62,31 @@ struct MoeGemvArgs {
   int chunks;            // expert mode: grid.z = experts * chunks; CTA z serves chunks z % chunks, + chunks, ...
   int gate_up;           // kGateUp: rows interleaved in blocks of kGateUpBlock (else gate rows, then up rows)
   int pdl;               // kDown launched with PDL (moe_pdl.cuh): prefetch the CTA's weight slices to L2 first
+  int weights_dtype;     // kMoeWeight*: the routers' fp16/bf16 scores are read as they are (no cast launch)
 };
+
+// MoeGemvArgs::weights_dtype (mirrored by mixed_gemm/kernels/moe_gemv/config.py WEIGHT_ELEMENTS).
+constexpr int kMoeWeightF32 = 0;
+constexpr int kMoeWeightF16 = 1;
+constexpr int kMoeWeightBf16 = 2;
+
+// Top-k weight `pair` as fp32: one 32-bit load (the weight, or for 16-bit weights the aligned word
+// holding it: the launcher requires 4-byte alignment) and selects, no branch around the load, so
+// pair and persistent modes keep their register counts.
+__device__ __forceinline__ float topk_weight(MoeGemvArgs const& a, int pair) {
+  int const dt = a.weights_dtype;
+  unsigned const word = __ldg(static_cast<unsigned const*>(a.weights) + (dt == kMoeWeightF32 ? pair : pair >> 1));
+  unsigned const half_bits = (pair & 1) ? word >> 16 : word & 0xffffu;
+  float const f16 = __half2float(__ushort_as_half(static_cast<unsigned short>(half_bits)));
+  float const wide = __uint_as_float(dt == kMoeWeightF32 ? word : half_bits << 16);  // bf16: fp32's upper half
+  return dt == kMoeWeightF16 ? f16 : wide;
+}
+
+// Expert mode reads fp32 weights only (the launcher casts for it): its down kernel sits at the
+// register bound where any extra test costs occupancy (see MoeGemvExpert::down).
+__device__ __forceinline__ float topk_weight_f32(MoeGemvArgs const& a, int pair) {
+  return __ldg(static_cast<float const*>(a.weights) + pair);
+}
 
 enum class MoeStage : int { kGateUp = 0, kDown = 1 };
 
@@ -291,7 +315,7 @@ struct MoeGemv {
       for (int i = 0; i < K::kAcc; ++i) flat[i] = 0.f;
       gemv_mainloop<K>(p, strip0, kbeg, kend, wk, smem + K::kReduceBytes, acc);
       K::finish(flat);
-      float const w = __ldg(a.weights + pair);
+      float const w = topk_weight(a, pair);
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) sum[i] = fmaf(w, flat[i], sum[i]);
     }
@@ -696,7 +720,7 @@ struct MoeGemvExpert {
         if (wk == 0)
           for_each_output(0, strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
             int const ent = sc.entries[r], pair = pair_of(ent);
-            y[(size_t)pair * a.n + col] = raw(ent < 0 ? 0.f : __ldg(a.weights + pair) * v);
+            y[(size_t)pair * a.n + col] = raw(ent < 0 ? 0.f : topk_weight_f32(a, pair) * v);
           });
         continue;
       }
@@ -704,7 +728,7 @@ struct MoeGemvExpert {
         for_each_output(0, strip0, lane, a.n, n, acc, [&](int col, int r, float v) {
           int const ent = sc.entries[r], pair = pair_of(ent);
           float* plane = a.workspace + ((size_t)pair * a.splits + blockIdx.y) * a.n;
-          __stcg(plane + col, ent < 0 ? 0.f : __ldg(a.weights + pair) * v);
+          __stcg(plane + col, ent < 0 ? 0.f : topk_weight_f32(a, pair) * v);
         });
       __threadfence();  // the planes are visible GPU-wide before the arrivals that announce them
       __syncthreads();

@@ -326,14 +326,14 @@ struct MoeGemvPersistent {
         if (wk == 0)
           X::for_each_output(0, strip0, lane, hidden, n, acc, [&](int col, int row, float v) {
             int const pair = ch.pair[row];
-            y[(size_t)pair * hidden + col] = raw(__ldg(a.weights + pair) * v);
+            y[(size_t)pair * hidden + col] = raw(topk_weight(a, pair) * v);
           });
         continue;
       }
       if (wk == 0)
         X::for_each_output(0, strip0, lane, hidden, n, acc, [&](int col, int row, float v) {
           int const pair = ch.pair[row];
-          __stcg(a.workspace + ((size_t)pair * splits + split) * hidden + col, __ldg(a.weights + pair) * v);
+          __stcg(a.workspace + ((size_t)pair * splits + split) * hidden + col, topk_weight(a, pair) * v);
         });
       __threadfence();  // the planes are visible GPU-wide before the arrivals that announce them
       __syncthreads();

@@ -502,3 +502,67 @@ def test_graph_capture_expert_mode_replays_new_routing(dtype, forced):
         torch.cuda.synchronize()
         assert torch.equal(out, run())  # eager, same kernels
         assert_elementwise(out, mg.reference.moe(x.float(), w13.dense, w2.dense, weights.float(), ids), 256, chained=2)
+
+
+# (gate|up, down) schedules of every mode the down kernel can be in: pair (FMA, deferred, slot
+# loop, split), persistent, the one-launch persistent mode, and expert mode (fp32 only: cast first).
+WEIGHT_MODES = {
+    "pair": ("w13_s1_w4x2_u8", "w2_s2_w4x2_u8"),
+    "pair_ds_split": ("w13_s1_w4x2_u8_ds", "w2_s2_w4x2_u8_ds_split2"),
+    "pair_kloop": ("w13_s1_w4x2_u8", "w2_s2_w4x2_u8_kloop"),
+    "persistent": ("w13_s1_w4x2_u8_m8_pe", "w2_s1_w4x2_u8_m8_pe_split2"),
+    "one_launch": ("w13_s1_w4x2_u8_m8_pe1", "w2_s1_w4x2_u8_m8_pe1"),
+    "expert": ("w13_s1_w4x2_u8_m8_xe", "w2_s1_w4x2_u8_m8_xe_split2"),
+}
+
+
+@pytest.mark.parametrize("wdtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", sorted(WEIGHT_MODES))
+@pytest.mark.parametrize("t, top_k", [(1, 8), (5, 3), (16, 1)])
+def test_16_bit_topk_weights_equal_their_fp32_cast(mode, wdtype, t, top_k):
+    """A router's fp16/bf16 scores, read as they are (pair and persistent modes) or cast first
+    (expert mode), give bit for bit the output of the same scores cast to fp32 (the kernel widens
+    each exactly as the cast does), and match the float32 reference."""
+    w13, w2 = layer(e=16, h=512, inter=256, group=128)
+    torch.manual_seed(seed_of("wdt", mode, t))
+    x = torch.randn(t, 512, device="cuda").half()
+    weights, ids = routing(t, top_k, 16, seed_of("wdt-route", mode, t, top_k), weights_dtype=wdtype)
+    s13, s2 = WEIGHT_MODES[mode]
+    configs = tuple(MoeGemvConfig.from_schedule(s, zero_mode=w13.packed.zero_mode) for s in (s13, s2))
+    with mg.compile.blocking():
+        got = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=configs)
+        want = moe_grouped(x, w13.packed, w2.packed, weights.float(), ids, configs=configs)
+    assert torch.equal(got, want)
+    ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights.float(), ids)
+    assert_elementwise(got, ref, 512, chained=2)
+
+
+def test_16_bit_topk_weights_rules():
+    """What each down launcher reads: expert mode fp32 only; 16-bit weights 4-byte aligned and
+    contiguous; no integer weights. A misaligned 16-bit tensor still runs through moe (cast)."""
+    w13, w2 = layer(e=8, h=256, inter=128)
+    t, k = 4, 2
+    x = torch.randn(t, 256, device="cuda").half()
+    weights, ids = routing(t, k, 8, seed_of("wdt-rules"), weights_dtype=torch.float16)
+    stream = current_stream(0)
+    h = torch.randn(t * k, 128, device="cuda").half()
+    y = torch.full((t, 256), float("nan"), dtype=torch.float16, device="cuda")
+    zm = w13.packed.zero_mode
+    with mg.compile.blocking():
+        expert = FAMILY.launcher(MoeGemvConfig.from_schedule("w2_s1_w4x2_u8_m8_xe", zero_mode=zm), 0)
+        pair = FAMILY.launcher(MoeGemvConfig.from_schedule("w2_s2_w4x2_u8", zero_mode=zm), 0)
+    assert pair.native_weights and not expert.native_weights
+    with pytest.raises(ValueError, match=r"weights: .*reads top-k weights of dtype float32, got float16"):
+        expert(h, w2.packed, ids, weights, y, t, k, stream)
+    odd = torch.empty(t * k + 1, dtype=torch.float16, device="cuda")[1:].view(t, k)
+    odd.copy_(weights)
+    with pytest.raises(ValueError, match=r"weights: 16-bit top-k weights .* 4-byte aligned"):
+        pair(h, w2.packed, ids, odd, y, t, k, stream)
+    with pytest.raises(ValueError, match=r"weights: expected a contiguous"):
+        pair(h, w2.packed, ids, torch.cat([weights, weights], 1)[:, ::2], y, t, k, stream)
+    with pytest.raises(ValueError, match=r"weights: .*got int32"):
+        pair(h, w2.packed, ids, ids.int(), y, t, k, stream)
+    assert torch.isnan(y).all()  # nothing launched
+    configs = (MoeGemvConfig.from_schedule("w13_s1_w4x2_u8", zero_mode=zm), pair.config)
+    got = moe_grouped(x, w13.packed, w2.packed, odd, ids, configs=configs)  # cast, then the fp32 path
+    assert torch.equal(got, moe_grouped(x, w13.packed, w2.packed, weights.float(), ids, configs=configs))

@@ -34,7 +34,7 @@ from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES
 from .candidates import candidate_schedules, layer_candidates
 from .catalog import default_catalog
 from .config import (GRID_Z, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
-                     MoeGemvConfig, route_bytes)
+                     MoeGemvConfig, route_bytes, weight_constant_checks)
 from .heuristics import heuristic_config, pays
 from .launch import MoeGemvLauncher
 
@@ -134,7 +134,7 @@ class MoeGemvFamily(GroupedFamily):
             tail_args=f", {kernel.tokens}" if kernel.tiled else ", true" if kernel.deferred else "",
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
-            rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=grouped_constant_checks(),
+            rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=grouped_constant_checks() + weight_constant_checks(),
             route_words_3_5=route_bytes(3, 5) // 4,
         )
 

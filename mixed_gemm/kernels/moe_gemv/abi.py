@@ -14,7 +14,7 @@ class MoeGemvArgs(ctypes.Structure):
         ("expert_b", _ll), ("expert_s", _ll),
         ("tokens", _i), ("top_k", _i), ("experts", _i), ("n", _i), ("k", _i), ("strips", _i), ("katoms", _i),
         ("group_shift", _i), ("num_groups", _i), ("splits", _i), ("chunk", _i), ("slots", _i), ("z0", _i),
-        ("ids_64", _i), ("chunks", _i), ("gate_up", _i), ("pdl", _i),
+        ("ids_64", _i), ("chunks", _i), ("gate_up", _i), ("pdl", _i), ("weights_dtype", _i),
     ]
 
 

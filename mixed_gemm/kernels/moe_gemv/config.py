@@ -26,6 +26,16 @@ PERSISTENT_MAX_EXPERTS = 1024
 PERSISTENT_MAX_TOP_K = 32
 ROUTE_SCRATCH_WORDS = 2 * 16 + 2  # MoeGemvPersistent::route_words: per-warp partials (16 warps) + 2
 FUSED_CLAIM_BYTES = 16  # one-launch persistent mode (MoeGemvFused): the claimed work item, in shared memory
+# torch dtype name of the down projection's top-k weights -> MoeGemvArgs::weights_dtype (mixed_gemm::kMoeWeight*,
+# templates/moe_gemv/moe_gemv.cuh; checked by weight_constant_checks). Pair and persistent modes read all
+# three; expert mode fp32 only (the launcher's native_weights).
+WEIGHT_ELEMENTS = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def weight_constant_checks():
+    """``(C++ expression, Python value)`` pairs of :data:`WEIGHT_ELEMENTS`, for the rendered sources."""
+    names = {"float32": "kMoeWeightF32", "float16": "kMoeWeightF16", "bfloat16": "kMoeWeightBf16"}
+    return [(f"mixed_gemm::{names[k]}", v) for k, v in WEIGHT_ELEMENTS.items()]
 
 
 def route_bytes(experts: int, pairs: int) -> int:

@@ -8,7 +8,10 @@ from ...runtime import get_module, semaphores, workspace
 from ..base import compute_capability, sm_count
 from ..common import PER_CHANNEL_SHIFT
 from .abi import MoeGemvArgs, MoeGemvFusedArgs
-from .config import GRID_Z, MoeGemvConfig
+from .config import GRID_Z, WEIGHT_ELEMENTS, MoeGemvConfig
+
+# torch dtype -> MoeGemvArgs::weights_dtype (a dict lookup on the hot path)
+_WEIGHT_CODES = {getattr(torch, name): code for name, code in WEIGHT_ELEMENTS.items()}
 
 
 class MoeGemvLauncher:
@@ -19,7 +22,8 @@ class MoeGemvLauncher:
     ``w``: stacked experts (``ops.experts.PackedExperts``, sm90a layout, contiguous); ``x``: the
     rows the stage reads (w13: ``(tokens, H)``; w2: ``h``, ``(tokens * top_k, I)``), contiguous and
     16-byte aligned; ``ids``: contiguous int32/int64 ``(tokens, top_k)``; ``weights``: contiguous
-    fp32 ``(tokens, top_k)`` (w2; None for w13); ``out``: ``h`` ``(tokens * top_k, I)`` (w13) or ``y``
+    ``(tokens, top_k)`` (w2; None for w13), fp32, or fp16/bf16 4-byte aligned where
+    :attr:`native_weights` (pair and persistent modes: the router's scores as they are, no cast launch); ``out``: ``h`` ``(tokens * top_k, I)`` (w13) or ``y``
     ``(tokens, H)`` (w2), contiguous. Nothing here reads a tensor's values (capturable).
 
     ``pdl=True`` (``pdl_capable`` launchers only: the down projection's two-launch kernels on sm_90+,
@@ -41,6 +45,25 @@ class MoeGemvLauncher:
         self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
         self.pdl_capable = (not config.gated and not config.fused
                             and (compute_capability(device_index) or (0, 0)) >= (9, 0))
+
+    @property
+    def native_weights(self) -> bool:
+        """Whether the kernel reads fp16/bf16 top-k weights as they are (pair and persistent modes);
+        expert mode reads fp32 only (templates/moe_gemv/moe_gemv.cuh, topk_weight_f32)."""
+        return not self.config.by_expert
+
+    def _check_weights(self, weights) -> None:
+        """Raise ValueError for top-k weights this kernel cannot read (before any launch)."""
+        code = _WEIGHT_CODES.get(weights.dtype)
+        if code is None or (code and not self.native_weights):
+            allowed = tuple(WEIGHT_ELEMENTS) if self.native_weights else ("float32",)
+            raise ValueError(f"weights: {self.config.schedule} reads top-k weights of dtype {', '.join(allowed)}, "
+                             f"got {str(weights.dtype).removeprefix('torch.')}")
+        if not weights.is_contiguous():
+            raise ValueError("weights: expected a contiguous (tokens, top_k) tensor")
+        if code and weights.data_ptr() % 4:
+            raise ValueError(f"weights: 16-bit top-k weights are read 4 bytes at a time and must be 4-byte aligned "
+                             f"(data_ptr % 4 == {weights.data_ptr() % 4})")
 
     @property
     def one_launch(self) -> bool:
@@ -83,6 +106,7 @@ class MoeGemvLauncher:
         """The call's tensors and sizes in argument block ``a``, with the scratch already placed."""
         a.x, a.ids, a.y = x.data_ptr(), ids.data_ptr(), out.data_ptr()
         a.weights = 0 if weights is None else weights.data_ptr()
+        a.weights_dtype = 0 if weights is None else _WEIGHT_CODES[weights.dtype]
         a.workspace, a.counters = planes_ptr, counters_ptr
         a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
 
@@ -97,6 +121,8 @@ class MoeGemvLauncher:
         if self.one_launch:
             raise RuntimeError(f"{self.config.schedule}: the one-launch mode runs both projections in one kernel "
                                "(launch_layer, which run_grouped calls), not one projection")
+        if weights is not None:
+            self._check_weights(weights)
         if pdl and not self.pdl_capable:
             raise ValueError(f"pdl: only the down projection's two-launch kernels on sm_90+ wait for the kernel before "
                              f"them; {self.config.schedule} on device {self.device_index} does not")
@@ -200,6 +226,7 @@ class MoeGemvLauncher:
         pairs = tokens * top_k
         if pairs == 0:
             return
+        down._check_weights(weights)
         key = (w13.b.data_ptr(), w13.scales.data_ptr(), w13.zeros.data_ptr(), w13.num_experts, w13.n, w13.k,
                w13.group_size, w13.gate_up, w2.b.data_ptr(), w2.scales.data_ptr(), w2.zeros.data_ptr(), w2.n, w2.k,
                w2.group_size, down.config)
