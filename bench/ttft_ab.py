@@ -22,7 +22,7 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 import torch  # noqa: E402
 
 from mixed_gemm.integrations import e2e  # noqa: E402
-from mixed_gemm.integrations.norms import _swappable  # noqa: E402
+from mixed_gemm.integrations.norms import swappable  # noqa: E402
 from mixed_gemm.integrations.router import fused_router  # noqa: E402
 from mixed_gemm.nn import OneKernelRMSNorm  # noqa: E402
 
@@ -32,7 +32,7 @@ def _module_swaps(model, kind):
     swaps = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if kind == "norms" and _swappable(child):
+            if kind == "norms" and swappable(child):
                 swaps.append((parent, name, child, OneKernelRMSNorm(child.weight, child.variance_epsilon)))
             elif kind == "routers" and name == "gate":
                 ours = fused_router(child)
@@ -69,11 +69,10 @@ def main() -> None:
         ap.error(f"--swap: expected a comma-separated list of norms, routers, experts, got {args.swap!r}")
     model = e2e.build_fp16(args.model, args.layers)
     e2e.quantize_in_place(model, lm_head="int4", routers="routers" not in kinds, norms="norms" not in kinds)
-    ids = torch.randint(0, model.config.vocab_size, (1, e2e.TTFT_PROMPT), device="cuda")
 
     def once():
         start = time.perf_counter()
-        gpu = e2e.cuda_ms(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False))
+        gpu = e2e.ttft_ms(model)
         return gpu, (time.perf_counter() - start) * 1e3
 
     print(f"# {args.model} ({args.layers} layers) int4, {e2e.TTFT_PROMPT}-token prompt; "

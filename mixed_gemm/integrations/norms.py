@@ -20,7 +20,7 @@ RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "
              "GraniteMoeRMSNorm")
 
 
-def _swappable(norm: nn.Module) -> bool:
+def _llama_form(norm: nn.Module) -> bool:
     weight = getattr(norm, "weight", None)
     return (type(norm).__name__ in RMS_NORMS and "forward" not in vars(norm)
             and isinstance(weight, torch.Tensor) and weight.dim() == 1
@@ -30,7 +30,12 @@ def _swappable(norm: nn.Module) -> bool:
 def one_kernel_norm(norm: nn.Module) -> bool:
     """Whether ``norm`` computes transformers' RMSNorm, as one of :data:`RMS_NORMS` or as the
     :class:`OneKernelRMSNorm` that replaced one."""
-    return isinstance(norm, OneKernelRMSNorm) or _swappable(norm)
+    return isinstance(norm, OneKernelRMSNorm) or _llama_form(norm)
+
+
+def swappable(norm: nn.Module) -> bool:
+    """Whether :func:`fuse_norms` replaces ``norm``: one of :data:`RMS_NORMS`, without hooks."""
+    return _llama_form(norm) and not (norm._forward_hooks or norm._forward_pre_hooks)
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -48,7 +53,7 @@ def fuse_norms(model: nn.Module) -> int:
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if _swappable(child) and not (child._forward_hooks or child._forward_pre_hooks):
+            if swappable(child):
                 setattr(parent, name, OneKernelRMSNorm(child.weight, child.variance_epsilon))
                 swapped += 1
     return swapped

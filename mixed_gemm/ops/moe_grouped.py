@@ -337,11 +337,11 @@ def _mixed_plan(configs, problems, stacked: Optional[str], device_index: int) ->
 
 
 def _down_weights(down, topk_weights: torch.Tensor) -> torch.Tensor:
-    """The top-k weights as the down launcher reads them: a router's fp16/bf16 scores as they are
-    where the kernel reads them (moe_gemv's pair and persistent modes, 4-byte aligned), saving a cast
-    launch a layer; else fp32 (applied in fp32 either way)."""
-    if (getattr(down, "native_weights", False) and topk_weights.dtype in (torch.float16, torch.bfloat16)
-            and topk_weights.is_contiguous() and topk_weights.data_ptr() % 4 == 0):
+    """The top-k weights as the down launcher reads them: as they are where it says it reads them
+    (``reads``: moe_gemv's pair and persistent modes take a router's fp16/bf16 scores, saving a cast
+    launch a layer), else fp32 (applied in fp32 either way)."""
+    reads = getattr(down, "reads", None)
+    if reads is not None and reads(topk_weights):
         return topk_weights
     return topk_weights.to(torch.float32).contiguous()
 

@@ -52,8 +52,17 @@ class MoeGemvLauncher:
         expert mode reads fp32 only (templates/moe_gemv/moe_gemv.cuh, topk_weight_f32)."""
         return not self.config.by_expert
 
+    def reads(self, weights) -> bool:
+        """Whether the kernel reads ``weights`` as they are: contiguous fp32, or where
+        :attr:`native_weights`, contiguous 4-byte aligned fp16/bf16 (run_grouped casts the rest)."""
+        code = _WEIGHT_CODES.get(weights.dtype)
+        return (code == 0 or (code is not None and self.native_weights and weights.data_ptr() % 4 == 0)) \
+            and weights.is_contiguous()
+
     def _check_weights(self, weights) -> None:
-        """Raise ValueError for top-k weights this kernel cannot read (before any launch)."""
+        """Raise ValueError, naming the rule, for top-k weights the kernel cannot read (before any launch)."""
+        if self.reads(weights):
+            return
         code = _WEIGHT_CODES.get(weights.dtype)
         if code is None or (code and not self.native_weights):
             allowed = tuple(WEIGHT_ELEMENTS) if self.native_weights else ("float32",)
