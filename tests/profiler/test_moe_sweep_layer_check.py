@@ -1,0 +1,99 @@
+"""profile-moe's layer check (moe_sweep._layer_check, choose_pair) with fake plans and fake timings
+(CPU): every pair is checked once against the staged reference and timed under every routing, the
+totals over the routings decide, and the stage winners stay unless beaten by the margin."""
+import contextlib
+
+import pytest
+import torch
+
+from mixed_gemm.profiler import moe_sweep
+
+W13 = {"a:1": 3.0, "a:2": 1.0}
+W2 = {"a:9": 2.0, "a:8": 1.0}
+STAGED = ("a:2", "a:8")  # the stage winners (the fastest of each stage)
+OTHER = ("a:1", "a:9")
+
+
+def test_choose_pair_sums_the_routings():
+    # Level under routing 0, 11% slower under routing 1: the other pair's total wins.
+    timed = {(STAGED, 0): 93.2, (STAGED, 1): 104.4, (OTHER, 0): 92.6, (OTHER, 1): 94.0}
+    best, totals = moe_sweep.choose_pair(timed, STAGED, 2)
+    assert best == OTHER and totals == {STAGED: pytest.approx(197.6), OTHER: pytest.approx(186.6)}
+    # One routing alone (the sweep's before): within the margin, the stage winners stay.
+    assert moe_sweep.choose_pair(timed, STAGED, 1)[0] == STAGED
+
+
+def test_choose_pair_drops_pairs_missing_a_routing_and_keeps_untimed_winners():
+    timed = {(STAGED, 0): 10.0, (STAGED, 1): 10.0, (OTHER, 0): 1.0}
+    best, totals = moe_sweep.choose_pair(timed, STAGED, 2)
+    assert best == STAGED and list(totals) == [STAGED]
+    assert moe_sweep.choose_pair({(OTHER, 0): 1.0}, STAGED, 1)[0] == STAGED
+
+
+class _Plan:
+    def __init__(self, pair):
+        self.configs = pair
+
+
+def _run(monkeypatch, seconds, wrong=()):
+    """_layer_check over two routings; ``seconds[(pair, routing)]`` is what the fake timer returns."""
+    forced = []
+
+    @contextlib.contextmanager
+    def forced_schedules(*pair):
+        forced.append(pair)
+        yield
+
+    ref = torch.linspace(-1, 1, 8).view(2, 4)
+    calls = []
+
+    def moe_grouped(x, w13, w2, weights, ids, configs):
+        calls.append((configs, int(ids[0, 0])))
+        return ref + (1.0 if configs in wrong else 0.0)
+
+    timed_keys = []
+
+    def cold_s(fns, rounds, eager=True):
+        timed_keys.extend(fns)
+        for fn in fns.values():
+            fn()
+        return {key: (seconds[key], "graph") for key in fns}
+
+    monkeypatch.setattr(moe_sweep, "forced_schedules", forced_schedules)
+    monkeypatch.setattr(moe_sweep, "grouped_plan", lambda x, w13, w2, top_k: _Plan(forced[-1]))
+    monkeypatch.setattr(moe_sweep, "moe_grouped", moe_grouped)
+    monkeypatch.setattr(moe_sweep, "_cold_s", cold_s)
+    winners = [dict(stage="w13", schedule=STAGED[0], us=1.0), dict(stage="w2", schedule=STAGED[1], us=1.0)]
+    routings = [(torch.full((2, 2), r), torch.ones(2, 2)) for r in (5, 6)]
+    logs = []
+    moe_sweep._layer_check(winners, {"w13": (0, 1e-6), "w2": (1, 1e-6)}, {"w13": W13, "w2": W2},
+                           {"w13": OTHER[0], "w2": OTHER[1]}, None, None, None, routings, ref.clone(), 2, 3,
+                           "test", logs.append)
+    return winners, logs, calls, timed_keys
+
+
+def test_layer_check_times_every_routing_and_takes_the_best_total(monkeypatch):
+    seconds = {(STAGED, 0): 93.2e-6, (STAGED, 1): 104.4e-6, (OTHER, 0): 92.6e-6, (OTHER, 1): 94.0e-6}
+    for a in W13:
+        for b in W2:
+            for r in (0, 1):
+                seconds.setdefault(((a, b), r), 200e-6)
+    winners, logs, calls, timed = _run(monkeypatch, seconds)
+    assert {r for _, r in timed} == {0, 1} and len(timed) == 2 * len({p for p, _ in timed})
+    assert [w["schedule"] for w in winners] == list(OTHER)
+    assert [w["us"] for w in winners] == [3e6, 2e6]  # each entry keeps its own stage time
+    assert "92.6 / 94.0" in logs[-1] and "93.2 / 104.4" in logs[-1] and logs[-1].endswith("taken")
+    assert {ids for configs, ids in calls[: len({p for p, _ in timed})]} == {5}  # checked on the sweep's routing
+
+
+def test_layer_check_skips_wrong_pairs_and_keeps_winners_within_the_margin(monkeypatch):
+    seconds = {}
+    for a in W13:
+        for b in W2:
+            for r in (0, 1):
+                seconds[((a, b), r)] = 100e-6
+    seconds[(OTHER, 0)] = 99.5e-6  # 0.25% faster in total: inside the margin
+    winners, logs, _, timed = _run(monkeypatch, seconds, wrong={("a:2", "a:9")})
+    assert ("a:2", "a:9") not in {p for p, _ in timed}
+    assert any("output differs from the staged reference" in line for line in logs)
+    assert [w["schedule"] for w in winners] == list(STAGED) and not logs[-1].endswith("taken")
