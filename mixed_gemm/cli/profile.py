@@ -91,7 +91,7 @@ def run_profile(args: argparse.Namespace) -> int:
                      against_profile=args.against_profile,
                      out=Path(args.out) if args.out else None, merge=not args.no_merge, fresh=args.fresh,
                      keep_faster=args.keep_faster,
-                     replays=args.replays, progress=not args.quiet)
+                     replays=args.replays, jobs=args.jobs, progress=not args.quiet)
     profile, path = run_sweep(spec)
     print(f"wrote {path} ({len(profile.entries)} entries) and {path.with_suffix('.csv')}")
     return 0
@@ -118,6 +118,8 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
                         help="merging: keep an existing entry measured faster than the new winner (for --schedules sweeps)")
     parser.add_argument("--fresh", action="store_true", help="discard a partial sweep instead of resuming it")
     parser.add_argument("--replays", type=_args.positive_int, default=7, help="graph replays per measurement (median)")
+    parser.add_argument("--jobs", type=_args.positive_int, default=None,
+                        help="nvcc processes compiling the candidates before they are timed (default: CPU count)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_profile)
     return parser
@@ -137,7 +139,7 @@ def run_profile_moe(args: argparse.Namespace) -> int:
     models = [m for m in args.model.split(",") if m]
     path = run(models, args.tokens, torch.float16 if args.dtype == "f16" else torch.bfloat16, args.out or None,
                args.replays, families=args.families.split(",") if args.families else None,
-               against_profile=args.against_profile, bits=args.bits)
+               against_profile=args.against_profile, bits=args.bits, jobs=args.jobs)
     print(f"wrote {path} (grouped entries merged)")
     return 0
 
@@ -168,5 +170,7 @@ def add_profile_moe_parser(subparsers: argparse._SubParsersAction) -> argparse.A
                              "run, so that a --families sweep replaces it only when faster")
     parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
     parser.add_argument("--replays", type=_args.positive_int, default=7, help="graph replays per measurement (median)")
+    parser.add_argument("--jobs", type=_args.positive_int, default=None,
+                        help="nvcc processes compiling the candidates before they are timed (default: CPU count)")
     parser.set_defaults(func=run_profile_moe)
     return parser

@@ -17,6 +17,10 @@ layer through ``moe_grouped`` on a cold L2, under the sweep's routing and LAYER_
 take repeated and untouched experts: one routing ranked a persistent gate|up level with pair mode
 where another ran it 11% slower), and the pair with the least total is what both entries name.
 
+Before timing a preset, every candidate of its token counts is compiled, several nvcc at once
+(:func:`candidate_specs`, :mod:`.prebuild`); one at a time as they were timed, a fresh machine
+spent minutes per token count in nvcc.
+
 Configs that run both projections in one launch (a family's ``layer_candidates``: moe_gemv's
 ``_pe1``) cannot be timed a stage at a time: each pair is timed as the layer (its launcher's
 ``launch_layer``, from a graph), its output checked against the down stage's reference, and it wins
@@ -42,6 +46,7 @@ from ..runtime import current_stream
 from ..select import Profile, m_bucket
 from ..select.profiles import clear_cache, default_profile_path
 from ..version import __version__
+from .prebuild import build_candidates
 from .timing import time_graph
 
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
@@ -87,11 +92,45 @@ def stage_schedules(fam, problem: MoeProblem, sms: int, families: Optional[Seque
     return [schedule] if owner.name == fam.name else []
 
 
+def stage_problem(shape, tokens: int, w, stage: str, dtype: torch.dtype, bits: int) -> MoeProblem:
+    """The grouped problem of one projection (``w``: its stacked experts) at ``tokens`` (bucketed)."""
+    return MoeProblem(tokens=m_bucket(tokens), top_k=shape.top_k, experts=shape.experts, n=w.n, k=w.k,
+                      dtype=KERNEL_DTYPES[dtype], bits=bits, zero_mode=w.zero_mode, group_size=128, layout="sm90a",
+                      stage=stage, gate_up=w.gate_up)
+
+
+def stage_configs(fam, problem: MoeProblem, sms: int, families=None, current=None):
+    """``(the family's heuristic config or None, its candidate configs that can run problem)``."""
+    cands = [fam.from_schedule(sc, **problem.kind) for sc in stage_schedules(fam, problem, sms, families, current)]
+    return fam.heuristic(problem, sms), [c for c in cands if fam.can_implement(c, problem)[0]]
+
+
+def candidate_specs(shape, tokens: Sequence[int], w13, w2, dtype: torch.dtype, bits: int, dev: int, sms: int,
+                    families=None, current=None) -> list:
+    """The build specs of every kernel :func:`sweep` times for ``shape`` at ``tokens``: each stage's
+    candidates and reference (the family's heuristic), and the one-launch pairs."""
+    specs = []
+    for t in tokens:
+        problems = tuple(stage_problem(shape, t, w, stage, dtype, bits) for stage, w in (("w13", w13), ("w2", w2)))
+        for fam in GROUPED_FAMILIES:
+            if not fam.supports(dev)[0]:
+                continue
+            for problem in problems:
+                own, cands = stage_configs(fam, problem, sms, families, current)
+                specs += [fam.build_spec(c) for c in ([own] if own is not None else []) + cands]
+            for pair in fam.layer_candidates(problems, sms):
+                cfgs = [fam.from_schedule(sc, **p.kind) for sc, p in zip(pair, problems)]
+                if all(fam.can_implement(c, p)[0] for c, p in zip(cfgs, problems)) and fam.plan_rules(cfgs)[0]:
+                    specs += [fam.build_spec(c) for c in cfgs]
+    return specs
+
+
 def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = torch.float16, replays: int = 7,
           log=print, families: Optional[Sequence[str]] = None, current: Optional[Profile] = None,
-          bits: int = 4) -> List[dict]:
+          bits: int = 4, jobs: Optional[int] = None) -> List[dict]:
     """Winning grouped entries (profile dicts) for every model x token count x stage; with ``families``,
-    only those families' candidates (and ``current``'s entries: :func:`stage_schedules`)."""
+    only those families' candidates (and ``current``'s entries: :func:`stage_schedules`). Each model's
+    candidates are compiled first, ``jobs`` nvcc at a time (:func:`~.prebuild.build_candidates`)."""
     dev = torch.cuda.current_device()
     sms = sm_count(dev)
     stream = current_stream(dev)
@@ -100,6 +139,8 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
         shape = MOE_MODELS[name]
         w13 = _experts(shape.experts, 2 * shape.inter, shape.hidden, dtype, 13, gate_up=True, bits=bits)
         w2 = _experts(shape.experts, shape.hidden, shape.inter, dtype, 2, bits=bits)
+        build_candidates(candidate_specs(shape, tokens, w13, w2, dtype, bits, dev, sms, families, current), jobs,
+                         lambda line, name=name: log(f"{name}: {line}"))
         for t in tokens:
             bucket = m_bucket(t)
             gen = torch.Generator().manual_seed(t)
@@ -112,21 +153,16 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
             problems, stage_best = {}, {}  # stage -> its problem; stage -> (winners index, seconds)
             stage_times, heuristics = {}, {}  # stage -> {"family:schedule": seconds}; stage -> the heuristic's
             for stage, w, src, out, wts in (("w13", w13, x, h, None), ("w2", w2, h, y, weights)):
-                problem = MoeProblem(tokens=bucket, top_k=shape.top_k, experts=shape.experts, n=w.n, k=w.k,
-                                     dtype=KERNEL_DTYPES[dtype], bits=bits, zero_mode=w.zero_mode, group_size=128,
-                                     layout="sm90a", stage=stage, gate_up=w.gate_up)
+                problem = stage_problem(shape, t, w, stage, dtype, bits)
                 problems[stage] = problem
                 times: Dict[str, float] = {}  # "family:schedule" -> seconds, every grouped family
                 heuristic = None
                 for fam in GROUPED_FAMILIES:
                     if not fam.supports(dev)[0]:
                         continue
-                    cands = [fam.from_schedule(sc, **problem.kind)
-                             for sc in stage_schedules(fam, problem, sms, families, current)]
-                    cands = [c for c in cands if fam.can_implement(c, problem)[0]]
+                    own, cands = stage_configs(fam, problem, sms, families, current)
                     # The family's heuristic schedule is its reference; where it passes (another family's
                     # side of the token range), its first candidate.
-                    own = fam.heuristic(problem, sms)
                     base = own or (cands[0] if cands else None)
                     if base is None or not cands:
                         continue
@@ -279,7 +315,8 @@ def _one_launch(winners, stage_best, problems, x, w13, w2, ids, weights, h, y, t
 
 
 def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=None, replays: int = 7,
-        families: Optional[Sequence[str]] = None, against_profile: bool = False, bits: int = 4) -> Path:
+        families: Optional[Sequence[str]] = None, against_profile: bool = False, bits: int = 4,
+        jobs: Optional[int] = None) -> Path:
     """Sweep and merge the winners into the profile at ``out`` (default: the GPU's in the cache).
     ``families`` keeps only those grouped families' candidates; ``against_profile`` also times, for each
     stage, the schedule of the merged-into profile's entry (what selection with it runs now)."""
@@ -290,7 +327,7 @@ def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=No
         {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
          "torch": _versions.torch_version(), "mixed_gemm": __version__})
     current = profile if against_profile and path.exists() else None
-    for e in sweep(models, tokens, dtype, replays, families=families, current=current, bits=bits):
+    for e in sweep(models, tokens, dtype, replays, families=families, current=current, bits=bits, jobs=jobs):
         profile.add_grouped(e)
     profile.save(path)
     clear_cache()  # this process's next plan reads the new entries

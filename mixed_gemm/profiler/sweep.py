@@ -2,7 +2,9 @@
 verify the winners, and write the GPU's profile (JSON) and every measurement (CSV).
 
 Each measurement is appended to ``<profile>.partial.jsonl`` as it is taken, so an interrupted
-sweep resumes where it stopped; the partial file is removed once the profile is written.
+sweep resumes where it stopped; the partial file is removed once the profile is written. When a
+shape's weights are made, its candidates still to time (every M) are compiled first, several nvcc
+at once (:func:`shape_specs`, :mod:`.prebuild`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from ..kernels import PRIMARY_LAYOUT, Problem, layout_for, parse_schedule, split
 from ..select.profiles import Profile, default_profile_path, entry_key
 from ..version import __version__
 from .candidates import candidate_schedules
+from .prebuild import build_candidates
 from .timing import calls_for, copies_for, time_graph
 from .workload import TORCH_DTYPES, packed_bytes, random_weights
 
@@ -44,6 +47,7 @@ class SweepSpec:
     keep_faster: bool = False                      # merging: an existing entry measured faster stays
     fresh: bool = False                            # ignore a partial sweep instead of resuming
     replays: int = 7
+    jobs: Optional[int] = None                     # nvcc processes compiling a shape's candidates (CPU count)
     progress: bool = True
     log: Callable[[str], None] = field(default=print)
 
@@ -84,6 +88,24 @@ def _with_current(plan, current: Profile, spec: SweepSpec):
             schedules = schedules + [old["schedule"]]
         out.append((label, n, k, m, schedules))
     return out
+
+
+def shape_specs(plan, n: int, k: int, key: dict, done: Dict[tuple, dict], spec: SweepSpec, zero_mode: str) -> list:
+    """Build specs of the schedules still to time for shape ``(n, k)`` at every M of ``plan``, as
+    the sweep will parse them (``zero_mode``: the packed weight's)."""
+    specs = []
+    for _, n2, k2, m, schedules in plan:
+        if (n2, k2) != (n, k):
+            continue
+        for schedule in schedules:
+            if _row_id(dict(key, m=m, schedule=schedule)) in done:
+                continue
+            try:
+                cfg = parse_schedule(schedule, dtype=spec.dtype, bits=spec.bits, zero_mode=zero_mode)
+            except ValueError:  # the sweep records why when it gets there
+                continue
+            specs.append(split_schedule(schedule)[0].build_spec(cfg))
+    return specs
 
 
 def _rel_err(y, ref) -> float:
@@ -151,6 +173,8 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
                     weights = random_weights(n, k, bits=spec.bits, group_size=spec.group_size, layout=spec.layout,
                                              zero_mode=spec.zero_mode, dtype=spec.dtype,
                                              copies=copies_for(nbytes, l2))
+                    build_candidates(shape_specs(plan, n, k, key, done, spec, weights[0].zero_mode), spec.jobs,
+                                     lambda line, label=label: spec.log(f"{label}: {line}"))
                 x = torch.randn(m, k, device="cuda").to(TORCH_DTYPES[spec.dtype])
                 y = torch.empty(m, n, device="cuda", dtype=TORCH_DTYPES[spec.dtype])
             for schedule in need:
