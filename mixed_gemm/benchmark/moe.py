@@ -221,7 +221,6 @@ class MoeLayer:
     dense2: torch.Tensor
     dense13_t: torch.Tensor
     dense2_t: torch.Tensor
-    gen: torch.Generator
 
 
 def build_layer(name: str, dtype: torch.dtype, group_size: int = 128, shape: Optional[MoeShape] = None) -> MoeLayer:
@@ -241,7 +240,20 @@ def build_layer(name: str, dtype: torch.dtype, group_size: int = 128, shape: Opt
                                       group_size=group_size, dtype=dtype, gate_up=gate_up))
     w13, w2 = dense13.to("cuda", dtype), dense2.to("cuda", dtype)
     return MoeLayer(name, shape, packed[0], packed[1], w13, w2, w13.transpose(1, 2).contiguous(),
-                    w2.transpose(1, 2).contiguous(), gen)
+                    w2.transpose(1, 2).contiguous())
+
+
+ROUTING_SEED = 3
+
+
+def layer_inputs(layer: MoeLayer, tokens: int, device: str = "cuda"):
+    """``(x, topk_weights, topk_ids)`` for ``tokens`` tokens of ``layer``, from a generator seeded by
+    the token count alone: a token count gets the same activations and routing (so the same touched
+    experts) whatever else one invocation measures, in the layer table and the stage breakdown alike."""
+    gen = torch.Generator().manual_seed(ROUTING_SEED * 100_003 + tokens)
+    x = (torch.randn(tokens, layer.shape.hidden, generator=gen) / 4).to(device, layer.dense13.dtype)
+    weights, ids = random_routing(tokens, layer.shape, gen, device=device)
+    return x, weights, ids
 
 
 # Keys of the int4 paths beside mg.moe among the timed paths (the rest but mixed_gemm are fp16): the
@@ -277,14 +289,13 @@ def bench_moe(layer: MoeLayer, tokens: Sequence[int], reps: int = 7, compare: bo
     from ..ops.moe_grouped import moe_grouped
     from . import moe_peer
 
-    shape, gen = layer.shape, layer.gen
+    shape = layer.shape
     peer, peer_note = (moe_peer.prepare(layer.w13, layer.w2, shape.top_k, tokens) if compare else (None, ""))
     bytes_per_expert = packed_expert_bytes(layer.w13, layer.w2)
     w13, w2, w13_t, w2_t = layer.dense13, layer.dense2, layer.dense13_t, layer.dense2_t
     rows = []
     for t in tokens:
-        x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", w13.dtype)
-        weights, ids = random_routing(t, shape, gen)
+        x, weights, ids = layer_inputs(layer, t)
         fns = {"mixed_gemm": lambda: moe(x, layer.w13, layer.w2, weights, ids),
                "dense loop": lambda: dense_loop(x, w13, w2, weights, ids)}
         if t * shape.top_k * 3 * shape.hidden * shape.inter * w13.element_size() <= GATHER_LIMIT:

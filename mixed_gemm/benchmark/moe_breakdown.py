@@ -138,12 +138,11 @@ def breakdown(layer, tokens: Sequence[int], replays: int = 5) -> List[Dict]:
     replays and the grouped kernels that ran, or ``error`` where it could not be profiled."""
     from ..ops import moe
     from ..ops.moe_grouped import grouped_plan
-    from .moe import random_routing
+    from .moe import layer_inputs
 
     shape, rows = layer.shape, []
     for t in tokens:
-        x = (torch.randn(t, shape.hidden, generator=layer.gen) / 4).to("cuda", layer.dense13.dtype)
-        weights, ids = random_routing(t, shape, layer.gen)
+        x, weights, ids = layer_inputs(layer, t)
         plan = grouped_plan(x, layer.w13, layer.w2, shape.top_k)
         row = dict(model=layer.name, tokens=t, kernels_run=plan if isinstance(plan, str) else
                    " + ".join(f"{f.name}:{c.schedule}" for f, c in zip(plan.families, plan.configs)))

@@ -133,3 +133,19 @@ def test_command_errors(capsys):
     if not torch.cuda.is_available():
         assert main(["bench", "--moe", "mixtral-8x7b"]) == 1
         assert main(["bench", "--moe", "qwen3-30b-a3b", "--compare", "--breakdown", "--tokens", "1,4096"]) == 1
+
+
+def test_layer_inputs_depend_on_the_token_count_alone():
+    # A token count's activations and routing are the same whatever else one invocation measures
+    # (the layer table and the stage breakdown of one run, two runs with other token lists).
+    from types import SimpleNamespace
+
+    shape = MoeShape(experts=16, top_k=4, hidden=64, inter=32)
+    layer = SimpleNamespace(shape=shape, dense13=torch.zeros(1, dtype=torch.float16))
+    x8, w8, ids8 = bench.layer_inputs(layer, 8, device="cpu")
+    bench.layer_inputs(layer, 1, device="cpu")
+    again = bench.layer_inputs(layer, 8, device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip((x8, w8, ids8), again))
+    assert x8.dtype == torch.float16 and x8.shape == (8, 64) and ids8.shape == (8, 4)
+    assert torch.allclose(w8.sum(-1), torch.ones(8)) and int(ids8.max()) < 16
+    assert not torch.equal(bench.layer_inputs(layer, 16, device="cpu")[2][:8], ids8)  # another count: another draw
