@@ -233,6 +233,14 @@ EOF
         --out "$OUT/h100.json" 2>&1 | tee "$OUT/profile-moe.log" | grep -vE "$QUIET" | tail -50
       MIXED_GEMM_PROFILE=$OUT/h100.json timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -m gpu tests/ops/test_moe_gemv_gpu.py \
         tests/ops/test_moe_sm90a_gpu.py tests/nn/test_moe.py -p no:cacheprovider 2>&1 | tail -2 ;;
+    moe-ab)  # the shipped profile against $OUT/h100.json (profile-moe's), bench --moe alternating MOE_AB_ROUNDS times at MOE_TOKENS: a re-sweep ships only if it wins here
+      [ -f "$OUT/h100.json" ] || { echo "moe-ab: no $OUT/h100.json (run profile-moe first)"; continue; }
+      for r in $(seq "${MOE_AB_ROUNDS:-2}"); do for p in shipped swept; do
+        prof=$PWD/profiles/h100.json; [ $p = swept ] && prof=$OUT/h100.json
+        MIXED_GEMM_PROFILE=$prof timeout "${BENCH_TIMEOUT:-200}" $MG bench --moe "${MOE_MODELS:-mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite}" \
+          --tokens "${MOE_TOKENS:-1,2,4,8,16,32,64,256}" --out "$OUT/moe-ab-$p-$r.md" > /dev/null 2>&1
+        echo "-- $p, round $r"; grep -E '^\| [a-z]' "$OUT/moe-ab-$p-$r.md" | grep -v '^| model' | cut -d'|' -f2,3,5,11
+      done; done ;;
     heldout)  # shapes no preset has: every candidate timed, then how close selection gets (bench/heldout_check.py)
       timeout "${HELDOUT_TIMEOUT:-300}" $MG profile --shapes 5120:5120,13824:5120,5120:13824,2048:2048,3072:3072 \
         --ms 1,4,16,64,256 --out "$OUT/heldout.json" --no-merge --quiet 2>&1 | tail -3
