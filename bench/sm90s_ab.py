@@ -58,13 +58,14 @@ def sm90s_configs(dtype: str, bits: int, decompositions: List[str], only: str = 
 
 def short(schedule: str) -> str:
     """t128x64x128_c1x1_o1_s0_auto -> 64x128o1 auto, t128x64x128_c2x1_o1_s0_ph_split2 ->
-    64x128o1c2ph split2, t256x64x128_c1x1_o1_s0_auto -> 64x128o1m256 (the column header)."""
+    64x128o1c2ph split2, t256x64x128_c1x1_o1_s0_hi_auto -> 64x128o1him256 (the column header)."""
     tm, tn, tk = schedule.split("_")[0][1:].split("x")
     parts = schedule.split("_")
     cluster = "" if parts[1] == "c1x1" else parts[1][:2]
     phased = "ph" if "ph" in parts[4:-1] else ""
+    half = "hi" if "hi" in parts[4:-1] else ""
     rows = "" if tm == "128" else f"m{tm}"
-    return f"{tn}x{tk}{parts[2]}{cluster}{phased}{rows}{'' if parts[-1] == 'auto' else ' ' + parts[-1]}"
+    return f"{tn}x{tk}{parts[2]}{cluster}{phased}{half}{rows}{'' if parts[-1] == 'auto' else ' ' + parts[-1]}"
 
 
 def prebuild(shapes, ms: List[int], dtype: str, bits: int, group: int, configs, jobs: int) -> None:

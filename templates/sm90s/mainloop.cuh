@@ -199,7 +199,9 @@ struct Mainloop {
   // the whole k-tile lies in one scale group (group >= TK, per-channel included), so its scale row
   // is read once and the 8 k16 blocks are one branch-free block the compiler interleaves; else the
   // row is re-read at each group boundary (a runtime test per k16 block).
-  template <bool kOneGroup>
+  // k16 blocks [kB0, kB1) only (half issue): the scale row is read again at kB0, where the range
+  // starts inside a group.
+  template <bool kOneGroup, int kB0 = 0, int kB1 = KB>
   static __device__ __forceinline__ void convert(char const* stage, Params const& p, int atom_row, int lane,
                                                  Frag& a) {
     uint32_t const* w = reinterpret_cast<uint32_t const*>(stage + Geo::kXBytes);
@@ -209,8 +211,8 @@ struct Mainloop {
     uint32_t s[2], z[2];
     int const kpg_mask = (1 << p.kb_shift) - 1;
 #pragma unroll
-    for (int kb = 0; kb < KB; ++kb) {
-      if (kOneGroup ? kb == 0 : (kb & kpg_mask) == 0) {  // a new scale row: once per group inside the k-tile
+    for (int kb = kB0; kb < kB1; ++kb) {
+      if (kb == kB0 || (!kOneGroup && (kb & kpg_mask) == 0)) {  // a new scale row: once per group inside the k-tile
         int const r = (kb >> p.kb_shift) * kTileM + row;
         s[0] = uint32_t(sc[r]) * 0x10001u;
         s[1] = uint32_t(sc[r + 8]) * 0x10001u;
@@ -268,6 +270,10 @@ struct Mainloop {
     for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
   }
 
+  // The wgmmas of k16 blocks [kB0, kB1) as one batch (half issue: two batches a k-tile, the second
+  // accumulating onto the first while it runs; wgmma.fence again first, as the second half's
+  // fragments were written after the first batch's fence).
+  template <int kB0 = 0, int kB1 = KB>
   static __device__ __forceinline__ void mma(char const* stage, Frag& a, float (&acc)[kAcc]) {
     // One descriptor per k-tile; each k16 block adds its constant offset to the low word (one add,
     // not the mask-shift-or chain per wgmma that a descriptor built from each address costs).
@@ -275,7 +281,7 @@ struct Mainloop {
     fence(acc);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int kb = 0; kb < KB; ++kb) {
+    for (int kb = kB0; kb < kB1; ++kb) {
       uint64_t const desc = desc_sw128(lo + uint32_t(((kb / 4) * TN * 128 + (kb % 4) * 32) >> 4));
       wgmma_rs<Op>(a[kb], desc, acc, std::make_index_sequence<kAcc>{});
     }
@@ -456,10 +462,17 @@ struct Mainloop {
         int const s = (q0 + i) % Geo::kStages;
         char const* stage = smem + s * Geo::kStageBytes;
         mbar_wait(&full[s], ((q0 + i) / Geo::kStages) & 1);
-        convert<kOneGroup>(stage, p, atom_row, lane, a);
-        turn_take(cw);
-        mma(stage, a, acc);
-        turn_pass(cw, i + 1 == nk);
+        if constexpr (Geo::kHalfIssue) {  // the first half's wgmmas run while the second half converts
+          convert<kOneGroup, 0, KB / 2>(stage, p, atom_row, lane, a);
+          mma<0, KB / 2>(stage, a, acc);
+          convert<kOneGroup, KB / 2, KB>(stage, p, atom_row, lane, a);
+          mma<KB / 2, KB>(stage, a, acc);
+        } else {
+          convert<kOneGroup>(stage, p, atom_row, lane, a);
+          turn_take(cw);
+          mma(stage, a, acc);
+          turn_pass(cw, i + 1 == nk);
+        }
         cute::warpgroup_wait<0>();
         fence(acc);
         release(empty, s, lane);

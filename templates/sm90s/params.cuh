@@ -29,7 +29,7 @@ constexpr int kMaxStages = 12;
 // grid z walks the token tiles of every expert's block of sorted rows (the routing sort's tile
 // prefix sums), and the gate|up stage stores SiLU(gate) * up.
 template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false,
-          bool Grouped = false>
+          bool Grouped = false, bool HalfIssue = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80),
@@ -81,6 +81,14 @@ struct Geometry {
   // and at two CTAs per SM from TN = 32 on (104 registers a consumer thread: the other CTA overlaps),
   // as at TM = 256 (112 registers; the other three warpgroups overlap).
   static constexpr bool kDoubleBuffer = TN <= 128 && ((CtasPerSm == 1 && TM == 128) || TN <= 16);
+  // Half issue (`_hi`): without the double buffer, a warpgroup converts the first half of a k-tile's
+  // k16 blocks and issues their wgmmas before it converts the second half, so the tensor cores start
+  // on the first half while the second converts (one fragment set: no registers added). With the
+  // double buffer the next k-tile already converts under this one's wgmmas; the phase offset orders
+  // whole k-tiles between warpgroups.
+  static constexpr bool kHalfIssue = HalfIssue;
+  static_assert(!HalfIssue || (!kDoubleBuffer && !Phased && kKBlocks % 2 == 0),
+                "half issue: only without the double buffer and the phase offset");
 };
 
 // Everything the kernel reads, passed by value (__grid_constant__: the TMA descriptors must live

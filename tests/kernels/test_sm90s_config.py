@@ -254,3 +254,47 @@ def test_refit_shrinks_a_borrowed_kernel_only_where_its_tiles_fall_short():
     # int8 has no 128-token tile at TK = 64: the borrowed kernel stays.
     u8 = Sm90sConfig.from_schedule("t128x256x64_c1x1_o1_s0_auto", bits=8)
     assert FAMILY.refit(u8, at(2048, 2048, 256), 132, big) is u8
+
+
+def test_half_issue_only_with_one_fragment_set():
+    """`_hi`: where the kernel has one fragment set (TN >= 32 at two CTAs per SM or TM = 256, and TN
+    = 256) and no phase offset; compiled in (Geometry's HalfIssue) and the double buffer checked."""
+    from mixed_gemm.kernels.sm90s.config import double_buffered
+
+    c = Sm90sConfig.from_schedule("t128x32x128_c1x1_o2_s0_hi_auto")
+    assert c.half_issue and c.schedule == "t128x32x128_c1x1_o2_s0_hi_auto"
+    assert c.kernel_name == "mg_sm90s_f16_u4_t128x32x128_c1x1_o2_s0_hi" and c.kernel != c.replace(half_issue=False).kernel
+    src = FAMILY.render(c)
+    assert f"Geometry<4, 128, 32, 128, {c.pipeline_stages}, 2, 1, false, false, true>" in src
+    assert "static_assert(Geo::kDoubleBuffer == false" in src
+    assert "static_assert(Geo::kDoubleBuffer == true" in FAMILY.render(c.replace(half_issue=False, ctas_per_sm=1))
+    assert ", false, false, true>" not in FAMILY.render(c.replace(half_issue=False))  # the plain kernel's line as before
+    for schedule in ("t128x32x128_c1x1_o1_s0_hi_auto", "t128x16x128_c1x1_o2_s0_hi_auto",
+                     "t256x16x128_c1x1_o1_s0_hi_auto"):  # double-buffered
+        with pytest.raises(ValueError, match="half_issue"):
+            Sm90sConfig.from_schedule(schedule)
+    with pytest.raises(ValueError, match="half_issue"):
+        Sm90sConfig(tile=(128, 256, 128), cluster=(2, 1), phased=True, half_issue=True)
+    assert not double_buffered((128, 256, 128), 1) and Sm90sConfig(tile=(128, 256, 128), half_issue=True).half_issue
+    assert double_buffered((128, 128, 128), 1) and not double_buffered((256, 64, 128), 1)
+
+
+def test_half_issue_kernels_are_profile_candidates_only():
+    half = [c for c in default_catalog() if c.half_issue]
+    assert len(half) == 16 and all(not c.phased and c.cluster == (1, 1) for c in half)
+    assert {c.replace(half_issue=False) for c in half} <= set(default_catalog())  # each beside its plain kernel
+    assert "t128x32x128_c1x1_o2_s0_hi_auto" in candidate_schedules(32, 8192, 8192, 132)
+    assert not any("_hi" in s for s in candidate_schedules(16, 8192, 8192, 132) if "x16x" in s)
+    assert FAMILY.heuristic(_problem(m=32), 132) is None or not FAMILY.heuristic(_problem(m=32), 132).half_issue
+
+
+def test_refit_keeps_half_issue_only_where_it_still_applies():
+    from mixed_gemm.kernels import Problem
+
+    def at(n, k, m):
+        return Problem(m=m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
+
+    o2 = Sm90sConfig.from_schedule("t128x64x128_c1x1_o2_s0_hi_auto")  # -> o1: double-buffered, plain
+    assert FAMILY.refit(o2, at(2048, 2048, 64), 132, at(3584, 3584, 64)).schedule == "t128x64x128_c1x1_o1_s0_auto"
+    rows = Sm90sConfig.from_schedule("t256x64x128_c1x1_o1_s0_hi_split4")  # -> TM 128 at o1: plain
+    assert FAMILY.refit(rows, at(4096, 4096, 64), 132, at(8192, 28672, 64)).schedule == "t128x64x128_c1x1_o1_s0_auto"

@@ -17,7 +17,7 @@ from ..sm90a import layout
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import BITS, catalog_kernels, default_catalog
-from .config import TILE_M, Sm90sConfig
+from .config import TILE_M, Sm90sConfig, double_buffered
 from .heuristics import SWITCH_ENV, heuristic_config
 from .launch import Sm90sLauncher
 from .refit import refit_config
@@ -64,8 +64,9 @@ class Sm90sFamily(Family):
 
     def packaged(self, capability) -> List[Sm90sConfig]:
         """The whole catalog on the GPUs it runs on: its heuristic is off by default (see
-        :mod:`.heuristics`), and a package must serve the switch and profiles that name it."""
-        return self.catalog() if self.runs_on(capability)[0] else []
+        :mod:`.heuristics`), and a package must serve the switch and profiles that name it. Half
+        issue kernels (``_hi``, profile candidates) only come in through a profile naming them."""
+        return [c for c in self.catalog() if not c.half_issue] if self.runs_on(capability)[0] else []
 
     def render(self, config: Sm90sConfig) -> str:
         kernel = config.kernel
@@ -75,7 +76,9 @@ class Sm90sFamily(Family):
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
             stages=kernel.pipeline_stages, ctas_per_sm=kernel.ctas_per_sm, cluster_m=kernel.cluster[0],
-            phased="true" if kernel.phased else "false", smem_bytes=kernel.smem_bytes,
+            phased="true" if kernel.phased else "false", half_issue="true" if kernel.half_issue else "false",
+            double_buffer="true" if double_buffered(kernel.tile, kernel.ctas_per_sm) else "false",
+            smem_bytes=kernel.smem_bytes,
             threads=kernel.threads, abi_version=ABI_VERSION, constants=constant_checks(),
         )
 

@@ -1,13 +1,13 @@
 """The sm90s schedules ``mixed-gemm profile`` tries for one problem: for 9 <= M <= 512, the
 catalog token tiles that M fills (the smallest TN >= M, capped at 256, and the one below it),
-every catalog kernel of those tiles (CTAs per SM, cluster, phase offset), each with the split
+every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half issue), each with the split
 factor chosen per shape (``auto``) and, where the tiles alone give at least two waves, one CTA
 per tile (``dp``)."""
 from __future__ import annotations
 
 from typing import List
 
-from .catalog import shapes_for
+from .catalog import catalog_shapes
 from .config import Sm90sConfig
 
 FROM_M, TO_M = 9, 512
@@ -16,15 +16,16 @@ FROM_M, TO_M = 9, 512
 def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List[str]:
     if not FROM_M <= m <= TO_M:
         return []
-    shapes = shapes_for(bits)
+    shapes = catalog_shapes(bits)
     tns = sorted({shape[0][1] for shape in shapes})
     fit = next((tn for tn in tns if tn >= m), tns[-1])
     keep = {fit} | {tn for tn in tns if tn < fit and tns.index(tn) == tns.index(fit) - 1}
     out: List[str] = []
-    for tile, ctas, cluster, phased in shapes:
+    for tile, ctas, cluster, phased, half_issue in shapes:
         if tile[1] not in keep:
             continue
-        base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased)
+        base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased,
+                           half_issue=half_issue)
         out.append(base.schedule)  # auto
         if base.tiles(m, n) >= 2 * sms * ctas:
             out.append(base.replace(decomposition="dp").schedule)

@@ -7,7 +7,7 @@ import functools
 from typing import FrozenSet, List
 
 from ..common import DTYPES
-from .config import Sm90sConfig
+from .config import Sm90sConfig, double_buffered
 
 # (tile (TM, TN tokens, TK), CTAs per SM, cluster, phased), from small M to large M. Every group
 # size the sm90a layout holds (powers of two >= 32, per-channel) runs with TK = 128: a k-tile loads
@@ -67,13 +67,26 @@ def shapes_for(bits: int):
     return SHAPES if bits == 4 else SHAPES_U8
 
 
-def kernel_of(tile, ctas_per_sm, cluster=C1, phased=False, *, dtype: str, bits: int) -> Sm90sConfig:
+def catalog_shapes(bits: int):
+    """``(tile, CTAs per SM, cluster, phased, half issue)`` of every catalog kernel: the shapes
+    above, then again with half issue (``_hi``) those with one fragment set, no phase offset and no
+    cluster (TN >= 32 at two CTAs per SM or TM = 256, and TN = 256). Profile candidates only,
+    unmeasured: at one fragment set a warpgroup converts a whole k-tile before its first wgmma
+    (docs/notes/serving-mainloop.md, "Half issue")."""
+    plain = [shape + (False,) for shape in shapes_for(bits)]
+    return plain + [shape[:4] + (True,) for shape in plain
+                    if shape[2] == C1 and not shape[3] and not double_buffered(shape[0], shape[1])]
+
+
+def kernel_of(tile, ctas_per_sm, cluster=C1, phased=False, half_issue=False, *, dtype: str,
+              bits: int) -> Sm90sConfig:
     return Sm90sConfig(dtype=dtype, bits=bits, tile=tile, ctas_per_sm=ctas_per_sm, cluster=cluster,
-                       phased=phased).kernel
+                       phased=phased, half_issue=half_issue).kernel
 
 
 def default_catalog() -> List[Sm90sConfig]:
-    return [kernel_of(*shape, dtype=dtype, bits=bits) for dtype in DTYPES for bits in BITS for shape in shapes_for(bits)]
+    return [kernel_of(*shape, dtype=dtype, bits=bits) for dtype in DTYPES for bits in BITS
+            for shape in catalog_shapes(bits)]
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?_(dp|auto|split(\d+))$")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?_(dp|auto|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
 TILE_MS = (128, 256)    # 256: four consumer warpgroups behind one producer (Geometry's TM)
 # At TM = 256 a consumer thread has 112 registers: TN/2 accumulators and one set of TK/4 fragment
@@ -38,6 +38,13 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def double_buffered(tile: Tuple[int, int, int], ctas_per_sm: int) -> bool:
+    """Does the kernel convert the next k-tile while this one's wgmmas run? (Geometry::kDoubleBuffer,
+    static_asserted in every rendered source: a second fragment set fits the consumer's registers.)"""
+    tm, tn, _ = tile
+    return tn <= 128 and ((ctas_per_sm == 1 and tm == TILE_M) or tn <= 16)
+
+
 @hash_once
 @dataclass(frozen=True)
 class Sm90sConfig:
@@ -52,7 +59,10 @@ class Sm90sConfig:
     ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 64,
     where the registers allow it), ``stages`` (0: as many as fit the shared memory of
     ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
-    consumer warpgroups take turns issuing their wgmmas, so one converts while the other's run). At
+    consumer warpgroups take turns issuing their wgmmas, so one converts while the other's run), and
+    ``half_issue`` (``_hi``, only where the kernel has one fragment set, :func:`double_buffered`
+    false, and no phase offset: each warpgroup converts half of a k-tile's k16 blocks and issues
+    their wgmmas before converting the other half). At
     launch: ``decomposition``, ``"dp"`` (one CTA
     per output tile), ``"split"`` with ``splits`` K slices, or ``"auto"`` (the split factor chosen
     per shape to fill the SMs, :meth:`launch_splits`); slices are summed in the kernel by the last
@@ -70,6 +80,7 @@ class Sm90sConfig:
     ctas_per_sm: int = 1
     stages: int = 0
     phased: bool = False
+    half_issue: bool = False
     decomposition: str = "auto"
     splits: int = 1
 
@@ -90,6 +101,10 @@ class Sm90sConfig:
              f"cluster {self.cluster} needs tile N a multiple of {X_ATOM_ROWS * self.cluster[0]}: each CTA loads "
              f"TN/{self.cluster[0]} token rows of x, which must fill whole 8-row 128-byte swizzle atoms"),
             (isinstance(self.phased, bool), "phased must be a bool"),
+            (isinstance(self.half_issue, bool), "half_issue must be a bool"),
+            (not self.half_issue or (not double_buffered(self.tile, self.ctas_per_sm) and not self.phased),
+             "half_issue (_hi) only without the double buffer (TN >= 32 at two CTAs per SM or TM = 256, or "
+             "TN = 256) and without the phase offset"),
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
             (self.ctas_per_sm == 1 or tn <= 64, "two CTAs per SM only at TN <= 64 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
@@ -135,7 +150,8 @@ class Sm90sConfig:
     def _tile_schedule(self) -> str:
         tm, tn, tk = self.tile
         cm, cn = self.cluster
-        return f"t{tm}x{tn}x{tk}_c{cm}x{cn}_o{self.ctas_per_sm}_s{self.stages}{'_ph' if self.phased else ''}"
+        return (f"t{tm}x{tn}x{tk}_c{cm}x{cn}_o{self.ctas_per_sm}_s{self.stages}{'_ph' if self.phased else ''}"
+                f"{'_hi' if self.half_issue else ''}")
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -155,12 +171,12 @@ class Sm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph]_<dp|auto|split<S>>")
-        tm, tn, tk, cm, cn, o, st, ph, tail, sp = m.groups()
+                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi]_<dp|auto|split<S>>")
+        tm, tn, tk, cm, cn, o, st, ph, hi, tail, sp = m.groups()
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
                    cluster=(int(cm), int(cn)), ctas_per_sm=int(o), stages=int(st), phased=bool(ph),
-                   decomposition=decomposition,
+                   half_issue=bool(hi), decomposition=decomposition,
                    splits=int(sp or 1))
 
     def replace(self, **changes) -> "Sm90sConfig":

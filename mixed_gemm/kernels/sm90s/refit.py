@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import AbstractSet, Iterator
 
 from ..base import Problem
-from .config import TILE_M, Sm90sConfig
+from .config import TILE_M, Sm90sConfig, double_buffered
 
 SHRINK = 0.75
 
@@ -21,11 +21,16 @@ SHRINK = 0.75
 def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
     tm, tn, tk = config.tile
     if config.ctas_per_sm == 2:
-        yield config.replace(ctas_per_sm=1)
+        step = dict(ctas_per_sm=1)
     elif tm != TILE_M:
-        yield config.replace(tile=(TILE_M, tn, tk))
+        step = dict(tile=(TILE_M, tn, tk))
     elif tn >= 32:
-        yield config.replace(tile=(tm, tn // 2, tk))
+        step = dict(tile=(tm, tn // 2, tk))
+    else:
+        return
+    tile, ctas = step.get("tile", config.tile), step.get("ctas_per_sm", config.ctas_per_sm)
+    # Half issue stays only where the smaller kernel still has one fragment set.
+    yield config.replace(half_issue=config.half_issue and not double_buffered(tile, ctas), **step)
 
 
 def refit_config(config: Sm90sConfig, problem: Problem, measured: Problem,
