@@ -194,16 +194,17 @@ struct Mainloop {
   static constexpr int kWords = kBits / 4;  // 32-bit words of one lane's atom slice
   using Op = typename RsOp<Element, TN>::type;
   using Frag = uint32_t[KB][4];
+  using Half = uint32_t[KB / 2][4];  // half a k-tile's fragments (half issue)
 
   // One k-tile's A fragments for this warp's 16 rows: LDS, lop3 conversion, q' s + z'. kOneGroup:
   // the whole k-tile lies in one scale group (group >= TK, per-channel included), so its scale row
   // is read once and the 8 k16 blocks are one branch-free block the compiler interleaves; else the
   // row is re-read at each group boundary (a runtime test per k16 block).
-  // k16 blocks [kB0, kB1) only (half issue): the scale row is read again at kB0, where the range
-  // starts inside a group.
+  // k16 blocks [kB0, kB1) only (half issue: into a half-size array, block kb at a[kb - kB0]): the
+  // scale row is read again at kB0, where the range starts inside a group.
   template <bool kOneGroup, int kB0 = 0, int kB1 = KB>
   static __device__ __forceinline__ void convert(char const* stage, Params const& p, int atom_row, int lane,
-                                                 Frag& a) {
+                                                 uint32_t (&a)[kB1 - kB0][4]) {
     uint32_t const* w = reinterpret_cast<uint32_t const*>(stage + Geo::kXBytes);
     uint16_t const* sc = reinterpret_cast<uint16_t const*>(stage + Geo::kXBytes + Geo::kWBytes);
     uint16_t const* ze = sc + Geo::kMaxScaleRows * kTileM;
@@ -228,8 +229,8 @@ struct Mainloop {
         codes[0] = v.x;
         codes[1] = v.y;
       }
-      AtomConvert<Element, kBits>::run(codes, a[kb]);
-      atom_scale<Element>(a[kb], s, z);
+      AtomConvert<Element, kBits>::run(codes, a[kb - kB0]);
+      atom_scale<Element>(a[kb - kB0], s, z);
     }
   }
 
@@ -270,11 +271,11 @@ struct Mainloop {
     for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
   }
 
-  // The wgmmas of k16 blocks [kB0, kB1) as one batch (half issue: two batches a k-tile, the second
-  // accumulating onto the first while it runs; wgmma.fence again first, as the second half's
-  // fragments were written after the first batch's fence).
+  // The wgmmas of k16 blocks [kB0, kB1) as one batch, block kb's fragments at a[kb - kB0] (half
+  // issue: two batches a k-tile, the second accumulating onto the first while it runs; each opens
+  // with its own wgmma.fence, as its fragments were written after the previous batch's).
   template <int kB0 = 0, int kB1 = KB>
-  static __device__ __forceinline__ void mma(char const* stage, Frag& a, float (&acc)[kAcc]) {
+  static __device__ __forceinline__ void mma(char const* stage, uint32_t (&a)[kB1 - kB0][4], float (&acc)[kAcc]) {
     // One descriptor per k-tile; each k16 block adds its constant offset to the low word (one add,
     // not the mask-shift-or chain per wgmma that a descriptor built from each address costs).
     uint32_t const lo = desc_sw128_lo(smem_u32(stage));
@@ -283,7 +284,7 @@ struct Mainloop {
 #pragma unroll
     for (int kb = kB0; kb < kB1; ++kb) {
       uint64_t const desc = desc_sw128(lo + uint32_t(((kb / 4) * TN * 128 + (kb % 4) * 32) >> 4));
-      wgmma_rs<Op>(a[kb], desc, acc, std::make_index_sequence<kAcc>{});
+      wgmma_rs<Op>(a[kb - kB0], desc, acc, std::make_index_sequence<kAcc>{});
     }
     cute::warpgroup_commit_batch();
     fence(acc);
@@ -456,17 +457,26 @@ struct Mainloop {
         step<kOneGroup>(p, smem, full, empty, q0, i, nk, cw, atom_row, lane, a0, a1, acc);
         if (i + 1 < nk) step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
       }
+    } else if constexpr (Geo::kHalfBuffer) {
+      Half lo0, lo1, hi;
+      int const s0 = q0 % Geo::kStages;
+      mbar_wait(&full[s0], (q0 / Geo::kStages) & 1);
+      convert<kOneGroup, 0, KB / 2>(smem + s0 * Geo::kStageBytes, p, atom_row, lane, lo0);
+      for (int i = 0; i < nk; i += 2) {
+        half_step<kOneGroup>(p, smem, full, empty, q0, i, nk, atom_row, lane, lo0, lo1, hi, acc);
+        if (i + 1 < nk) half_step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, atom_row, lane, lo1, lo0, hi, acc);
+      }
     } else {
       Frag a;
       for (int i = 0; i < nk; ++i) {
         int const s = (q0 + i) % Geo::kStages;
         char const* stage = smem + s * Geo::kStageBytes;
         mbar_wait(&full[s], ((q0 + i) / Geo::kStages) & 1);
-        if constexpr (Geo::kHalfIssue) {  // the first half's wgmmas run while the second half converts
-          convert<kOneGroup, 0, KB / 2>(stage, p, atom_row, lane, a);
-          mma<0, KB / 2>(stage, a, acc);
-          convert<kOneGroup, KB / 2, KB>(stage, p, atom_row, lane, a);
-          mma<KB / 2, KB>(stage, a, acc);
+        if constexpr (Geo::kHalfIssue) {  // one set: the first half's wgmmas run while the second half converts
+          convert<kOneGroup, 0, KB / 2>(stage, p, atom_row, lane, reinterpret_cast<Half&>(a[0]));
+          mma<0, KB / 2>(stage, reinterpret_cast<Half&>(a[0]), acc);
+          convert<kOneGroup, KB / 2, KB>(stage, p, atom_row, lane, reinterpret_cast<Half&>(a[KB / 2]));
+          mma<KB / 2, KB>(stage, reinterpret_cast<Half&>(a[KB / 2]), acc);
         } else {
           convert<kOneGroup>(stage, p, atom_row, lane, a);
           turn_take(cw);
@@ -478,6 +488,30 @@ struct Mainloop {
         release(empty, s, lane);
       }
     }
+  }
+
+  // Half issue, k-tile i in two batches: the first half's wgmmas from `lo` (converted under the
+  // previous k-tile's wgmmas), the second half converted into `hi` while they run and issued, then
+  // the next k-tile's first half converted into `next_lo` while both batches run. Three half
+  // fragment sets (1.5 of a k-tile's) where the double buffer needs two whole ones: the tensor
+  // cores wait only for the conversion of the second half.
+  template <bool kOneGroup>
+  static __device__ __forceinline__ void half_step(Params const& p, char* smem, uint64_t* full, uint64_t* empty,
+                                                   int q0, int i, int nk, int atom_row, int lane, Half& lo,
+                                                   Half& next_lo, Half& hi, float (&acc)[kAcc]) {
+    int const s = (q0 + i) % Geo::kStages;
+    char const* stage = smem + s * Geo::kStageBytes;
+    mma<0, KB / 2>(stage, lo, acc);
+    convert<kOneGroup, KB / 2, KB>(stage, p, atom_row, lane, hi);
+    mma<KB / 2, KB>(stage, hi, acc);
+    if (i + 1 < nk) {
+      int const s1 = (q0 + i + 1) % Geo::kStages;
+      mbar_wait(&full[s1], ((q0 + i + 1) / Geo::kStages) & 1);
+      convert<kOneGroup, 0, KB / 2>(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next_lo);
+    }
+    cute::warpgroup_wait<0>();
+    fence(acc);
+    release(empty, s, lane);
   }
 
   // k-tile i: its wgmmas from `cur`, then (while they run) the next k-tile converted into `next`.

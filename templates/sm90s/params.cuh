@@ -81,14 +81,16 @@ struct Geometry {
   // and at two CTAs per SM from TN = 32 on (104 registers a consumer thread: the other CTA overlaps),
   // as at TM = 256 (112 registers; the other three warpgroups overlap).
   static constexpr bool kDoubleBuffer = TN <= 128 && ((CtasPerSm == 1 && TM == 128) || TN <= 16);
-  // Half issue (`_hi`): without the double buffer, a warpgroup converts the first half of a k-tile's
-  // k16 blocks and issues their wgmmas before it converts the second half, so the tensor cores start
-  // on the first half while the second converts (one fragment set: no registers added). With the
-  // double buffer the next k-tile already converts under this one's wgmmas; the phase offset orders
-  // whole k-tiles between warpgroups.
+  // Half issue (`_hi`): where two whole fragment sets do not fit, a warpgroup issues a k-tile's
+  // wgmmas in two halves, the second half converting while the first half's run. kHalfBuffer: where
+  // three half sets fit (TK/4 registers a set; ptxas spilled and serialized the wgmmas with less
+  // than 32 registers to spare: t128x64 at two CTAs per SM, t256x128x64), the first half of the next
+  // k-tile converts too while both halves run (Mainloop::half_step); else one set, each k-tile's
+  // halves in turn. The phase offset orders whole k-tiles between warpgroups instead.
   static constexpr bool kHalfIssue = HalfIssue;
   static_assert(!HalfIssue || (!kDoubleBuffer && !Phased && kKBlocks % 2 == 0),
                 "half issue: only without the double buffer and the phase offset");
+  static constexpr bool kHalfBuffer = HalfIssue && TN / 2 + 3 * TK / 8 + 32 <= kConsumerRegs;
 };
 
 // Everything the kernel reads, passed by value (__grid_constant__: the TMA descriptors must live

@@ -61,8 +61,9 @@ class Sm90sConfig:
     ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
     consumer warpgroups take turns issuing their wgmmas, so one converts while the other's run), and
     ``half_issue`` (``_hi``, only where the kernel has one fragment set, :func:`double_buffered`
-    false, and no phase offset: each warpgroup converts half of a k-tile's k16 blocks and issues
-    their wgmmas before converting the other half). At
+    false, and no phase offset: each warpgroup issues a k-tile's wgmmas in two halves, the second
+    half converting under the first half's wgmmas and, where three half fragment sets fit, the next
+    k-tile's first half under both; templates/sm90s/params.cuh, ``kHalfBuffer``). At
     launch: ``decomposition``, ``"dp"`` (one CTA
     per output tile), ``"split"`` with ``splits`` K slices, or ``"auto"`` (the split factor chosen
     per shape to fill the SMs, :meth:`launch_splits`); slices are summed in the kernel by the last
