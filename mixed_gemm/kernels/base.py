@@ -254,6 +254,11 @@ class GroupedFamily(Family):
         """This family's own rules for a problem of the config's stage and weight kind."""
         return OK
 
+    def shipped(self) -> List:
+        """The catalog kernels a kernel package holds where this family runs (default: all of
+        them; ``select.coverage`` adds what a shipped profile's grouped entries name)."""
+        return self.catalog()
+
     def kept_launcher(self, key, make):
         """The launcher kept under ``key`` (``(config, device)`` and what else tells launchers apart),
         made once by ``make()``, thread-safe: for launchers that hold per-weight device state, and

@@ -16,7 +16,7 @@ import json
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .._paths import profiles_dir
-from ..kernels import ALL_FAMILIES, FAMILIES, GROUPED_FAMILIES, LAYOUTS, Family, Problem, family, layout_on
+from ..kernels import ALL_FAMILIES, FAMILIES, GROUPED_FAMILIES, LAYOUTS, Family, Problem, family, layout_on, split_schedule
 from ..kernels.common import DTYPES, ZERO_MODES
 from ..kernels.router import FAMILY as ROUTER
 from .heuristics import heuristic_choice
@@ -137,7 +137,13 @@ def selectable_for(capability: Tuple[int, int], sms: int, profile, shapes=SHAPES
             add(fam, config)
     for fam in GROUPED_FAMILIES + (ROUTER,) if grouped else ():  # the MoE routers' kernels ship beside them
         if fam.runs_on(capability)[0]:
-            for config in fam.catalog():
+            for config in (fam.shipped() if fam in GROUPED_FAMILIES else fam.catalog()):
                 add(fam, config)
+    for prof in (profile if isinstance(profile, (list, tuple)) else (profile,)) if grouped else ():
+        for entry in prof.grouped if prof is not None else ():  # kernels a profile names, shipped or not
+            fam, schedule = split_schedule(entry["schedule"])
+            if fam in GROUPED_FAMILIES and fam.runs_on(capability)[0]:
+                add(fam, fam.from_schedule(schedule, dtype=entry["dtype"], bits=entry["bits"],
+                                           zero_mode=entry["zero_mode"]))
     order = {f.name: i for i, f in enumerate(ALL_FAMILIES + (ROUTER,))}
     return sorted(found.values(), key=lambda fc: (order[fc[0].name], fc[1].kernel_name))

@@ -50,7 +50,41 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true>" in src
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
     assert "__launch_bounds__(640, 1)" in src
-    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * (len(TILES) + len(TILES_U8))
+    # and each tile with one fragment set (TM = 256 from TN = 32) again with half issue (_hi)
+    half = [k for k in default_catalog() if k.half_issue]
+    assert len(half) == 2 * (7 + 1) and all(k.tile[0] == 256 and k.tile[1] >= 32 for k in half)
+    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * (len(TILES) + len(TILES_U8)) + len(half)
+
+
+def test_half_issue_is_the_dense_rule_and_ships_only_where_a_profile_names_it():
+    from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
+    from mixed_gemm.select.coverage import selectable_for
+    from mixed_gemm.select.profiles import Profile
+
+    c = MoeSm90sConfig.from_schedule("w2_t256x32x128_s0_hi_split2_p")
+    assert c.half_issue and c.splits == 2 and c.persistent and c.schedule == "w2_t256x32x128_s0_hi_split2_p"
+    assert c.kernel_name == "mg_moe_sm90s_f16_u4_t256x32x128_s0_hi" and c.kernel.half_issue
+    src = FAMILY.render(c)
+    assert f"Geometry<4, 256, 32, 128, {c.pipeline_stages}, 1, 1, false, true, true>" in src
+    assert "static_assert(Geo::kDoubleBuffer == false" in src
+    assert "static_assert(Geo::kDoubleBuffer == true" in FAMILY.render(MoeSm90sConfig(tile=(128, 32, 128)))
+    for tile in ((128, 32, 128), (256, 16, 128)):  # double-buffered
+        with pytest.raises(ValueError, match="half_issue"):
+            MoeSm90sConfig(tile=tile, half_issue=True)
+    problem = MoeProblem(tokens=256, top_k=8, experts=128, n=1536, k=2048, dtype="f16", bits=4, zero_mode="int",
+                         group_size=128, layout="sm90a", stage="w13", gate_up=True)
+    cands = candidate_schedules(problem, 132)
+    assert "w13_t256x32x128_s0_hi_p" in cands and "w13_t256x32x128_s0_p" in cands
+    assert not any("t256x16x128_s0_hi" in s for s in cands)
+    assert not any(k.half_issue for k in FAMILY.shipped())
+    entry = dict(dtype="f16", bits=4, zero_mode="int", group_size=128, experts=128, top_k=8, n=1536, k=2048,
+                 stage="w13", tokens=256, schedule="moe_sm90s:w13_t256x32x128_s0_hi_p", us=90.0)
+    prof = Profile({"name": "x"}, {})
+    prof.add_grouped(entry)
+    names = {k.kernel_name for f, k in selectable_for((9, 0), 132, prof, shapes=((4096, 4096),), m_buckets=(1,),
+                                                      grouped=True) if f is FAMILY}
+    assert "mg_moe_sm90s_f16_u4_t256x32x128_s0_hi" in names  # named by the profile: packaged
+    assert "mg_moe_sm90s_f16_u4_t256x64x128_s0_hi" not in names
 
 
 def test_can_implement_reasons():

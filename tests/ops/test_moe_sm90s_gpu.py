@@ -11,7 +11,7 @@ import torch
 
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90s import MoeSm90sConfig
-from mixed_gemm.kernels.moe_sm90s.catalog import tiles_for
+from mixed_gemm.kernels.moe_sm90s.catalog import half_issue_tiles, tiles_for
 from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
 from test_moe_gemv_gpu import TOP_KS, layer
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
@@ -25,7 +25,7 @@ GROUPS = (32, 64, 128, -1)
 
 
 def _sweep_params():
-    """Each catalog tile as gate|up with itself and with the next tile as down, per dtype; the
+    """Each catalog tile (then each half-issue one) as gate|up with itself and with the next tile as down, per dtype; the
     second case of a tile splits K (2 or 3 slices); half the down kernels and a quarter of the
     gate|up ones on a persistent grid (a CTA per SM walking the items); zero kind x group cycle
     through all 16 combinations; top-k and T rotate; N and K ragged against the 128/256-row tiles."""
@@ -33,8 +33,12 @@ def _sweep_params():
     cases = []
     for dtype, bits in [(d, b) for d in DTYPES for b in (4, 8)]:
         tiles = tiles_for(bits)
-        for i, a in enumerate(tiles):
-            for j, b in enumerate((a, tiles[(i + 1) % len(tiles)])):
+        # Then the half-issue kernels (_hi), each as gate|up with itself and with the next as down.
+        half = [(t, True) for t in half_issue_tiles(bits)]
+        for i, (a, hi) in enumerate([(t, False) for t in tiles] + half):
+            group_tiles = half if hi else [(t, False) for t in tiles]
+            at = group_tiles.index((a, hi))
+            for j, (b, _) in enumerate(((a, hi), group_tiles[(at + 1) % len(group_tiles)])):
                 c = len(cases)
                 zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4 + c) % 4]
                 top_k, t = TOP_KS[(c + c // 4) % 4], (2, 16, 64, 300)[(c // 2 + c // 8) % 4]
@@ -46,8 +50,8 @@ def _sweep_params():
                 else:
                     h, inter = g * rng.randrange(1, 6), g * rng.randrange(1, 4)
                 splits = 1 + j * (1 + c % 2)
-                s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits, persistent=c % 4 == 1).schedule
-                s2 = MoeSm90sConfig(stage="w2", tile=b, persistent=c % 2 == 0).schedule
+                s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits, persistent=c % 4 == 1, half_issue=hi).schedule
+                s2 = MoeSm90sConfig(stage="w2", tile=b, persistent=c % 2 == 0, half_issue=hi).schedule
                 cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route,
                                           id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}"
                                              f"-{route}"))

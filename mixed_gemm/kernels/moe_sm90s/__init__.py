@@ -22,6 +22,7 @@ from ..sm90a import layout
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import BITS, default_catalog
+from ..sm90s.config import double_buffered
 from .config import MoeSm90sConfig
 from .launch import MoeSm90sLauncher
 
@@ -53,6 +54,11 @@ class MoeSm90sFamily(GroupedFamily):
     def catalog(self) -> List[MoeSm90sConfig]:
         return default_catalog()
 
+    def shipped(self) -> List[MoeSm90sConfig]:
+        """The catalog but the half-issue kernels (profile candidates: in a package where a
+        profile names them)."""
+        return [c for c in default_catalog() if not c.half_issue]
+
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
 
@@ -67,6 +73,8 @@ class MoeSm90sFamily(GroupedFamily):
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
             stages=kernel.pipeline_stages, smem_bytes=kernel.smem_bytes, threads=kernel.threads,
+            half_issue="true" if kernel.half_issue else "false",
+            double_buffer="true" if double_buffered(kernel.tile, 1) else "false",
             abi_version=ABI_VERSION, sort_args_bytes=SORT_ARGS_BYTES, sort_threads=SORT_THREADS,
             sort_max_experts=SORT_MAX_EXPERTS, constants=grouped_constant_checks(),
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import List
 
 from ..common import DTYPES
+from ..sm90s.config import double_buffered
 from .config import MoeSm90sConfig
 
 TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128), (256, 48, 128), (256, 64, 128),
@@ -24,5 +25,14 @@ def tiles_for(bits: int):
     return TILES if bits == 4 else TILES_U8
 
 
+def half_issue_tiles(bits: int):
+    """The tiles with one fragment set (TM = 256 from TN = 32), compiled again with half issue
+    (``_hi``): profile candidates, unmeasured; a kernel package holds them only where a profile
+    names them (``MoeSm90sFamily.shipped``)."""
+    return tuple(t for t in tiles_for(bits) if not double_buffered(t, 1))
+
+
 def default_catalog() -> List[MoeSm90sConfig]:
-    return [MoeSm90sConfig(dtype=d, bits=b, tile=t) for d in DTYPES for b in BITS for t in tiles_for(b)]
+    return ([MoeSm90sConfig(dtype=d, bits=b, tile=t) for d in DTYPES for b in BITS for t in tiles_for(b)]
+            + [MoeSm90sConfig(dtype=d, bits=b, tile=t, half_issue=True) for d in DTYPES for b in BITS
+               for t in half_issue_tiles(b)])

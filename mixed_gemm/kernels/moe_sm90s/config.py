@@ -11,7 +11,7 @@ from typing import Tuple
 from ..common import check_weight_kind, hash_once, raise_on
 from ..sm90s.config import MAX_SPLITS, Sm90sConfig
 
-_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(?:_split(\d+))?(_p)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(?:_split(\d+))?(_p)?$")
 STAGES = ("w13", "w2")
 
 
@@ -23,7 +23,9 @@ class MoeSm90sConfig:
     expert's block of sorted rows, one CTA per (K slice, weight-row tile, token tile of an expert).
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 256 with four consumer
-    warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit). At launch:
+    warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit),
+    ``half_issue`` (``_hi``: the dense family's, where the tile has one fragment set, i.e. TM = 256
+    from TN = 32: a k-tile's wgmmas in two halves, the second converting under the first). At launch:
     ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
     top-k sum) and ``splits`` (K slices, summed in the kernel in slice order). The tile rules are
     the dense family's (:class:`~mixed_gemm.kernels.sm90s.Sm90sConfig`, one CTA per SM, no
@@ -36,6 +38,7 @@ class MoeSm90sConfig:
     stage: str = "w13"
     tile: Tuple[int, int, int] = (128, 16, 128)
     stages: int = 0
+    half_issue: bool = False
     splits: int = 1
     persistent: bool = False
 
@@ -54,7 +57,8 @@ class MoeSm90sConfig:
     @functools.cached_property
     def dense(self) -> Sm90sConfig:
         """The dense sm90s config of the same compiled tile (its geometry: stages, shared memory)."""
-        return Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=self.stages)
+        return Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=self.stages,
+                           half_issue=self.half_issue)
 
     @property
     def layout(self) -> str:
@@ -81,7 +85,7 @@ class MoeSm90sConfig:
     @functools.cached_property
     def _tile_schedule(self) -> str:
         tm, tn, tk = self.tile
-        return f"t{tm}x{tn}x{tk}_s{self.stages}"
+        return f"t{tm}x{tn}x{tk}_s{self.stages}" + ("_hi" if self.half_issue else "")
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -102,10 +106,10 @@ class MoeSm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_split<S>][_p]")
-        stage, tm, tn, tk, stages, splits, persistent = m.groups()
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_split<S>][_p]")
+        stage, tm, tn, tk, stages, hi, splits, persistent = m.groups()
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
-                     stages=int(stages), splits=int(splits or 1), persistent=bool(persistent))
+                     stages=int(stages), half_issue=bool(hi), splits=int(splits or 1), persistent=bool(persistent))
         if config.schedule != schedule:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
         return config
