@@ -168,6 +168,9 @@ for step in "$@"; do
     ab)  # bench/schedule_ab.py over the case file AB_CASES (its kernels carried as kcache/ab.txz)
       timeout "${AB_TIMEOUT:-540}" python3 bench/schedule_ab.py --cases "${AB_CASES:?set AB_CASES to a case file}" \
         --rounds "${AB_ROUNDS:-3}" --dtype "${AB_DTYPE:-f16}" --out "$OUT/ab.txt" 2>&1 | grep -vE "$QUIET" ;;
+    sm90s-ab)  # bench/sm90s_ab.py: cuBLAS, the selection and the sm90s catalog kernels whose schedule contains SM90S_ONLY (e.g. _o2_s0: each half-issue kernel beside its plain one), at SM90S_MS
+      timeout "${AB_TIMEOUT:-540}" python3 bench/sm90s_ab.py --ms "${SM90S_MS:-32,64}" --only "${SM90S_ONLY:-}" \
+        --rounds "${AB_ROUNDS:-3}" --dtype "${AB_DTYPE:-f16}" --out "$OUT/sm90s-ab${SM90S_ONLY}.txt" 2>&1 | grep -vE "$QUIET" | tail -40 ;;
     ncu)  # hardware counters: one bench/ncu_case.py argument line per case, from NCU_CASES or the defaults below
       i=0
       while read -r line; do
