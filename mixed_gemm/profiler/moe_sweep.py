@@ -65,9 +65,9 @@ def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int, gate_up: boo
     return prepack_experts(q, s, z, bits=bits, group_size=128, dtype=dtype, layout="sm90a", gate_up=gate_up)
 
 
-def _routing(tokens: int, shape, seed: int):
-    """``(topk_ids, fp32 topk_weights)``, contiguous, of another random routing (the layer check's)."""
-    weights, ids = random_routing(tokens, shape, torch.Generator().manual_seed(seed))
+def _routing(tokens: int, shape, gen: torch.Generator):
+    """``(topk_ids, fp32 topk_weights)``, contiguous, of a random routing drawn from ``gen``."""
+    weights, ids = random_routing(tokens, shape, gen)
     return ids.contiguous(), weights.float().contiguous()
 
 
@@ -145,8 +145,7 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
             bucket = m_bucket(t)
             gen = torch.Generator().manual_seed(t)
             x = torch.randn(t, shape.hidden, generator=gen).to("cuda", dtype)
-            weights, ids = random_routing(t, shape, gen)
-            ids, weights = ids.contiguous(), weights.float().contiguous()
+            ids, weights = _routing(t, shape, gen)
             pairs = t * shape.top_k
             h = torch.empty((pairs, shape.inter), dtype=dtype, device="cuda")
             y = torch.empty((t, shape.hidden), dtype=dtype, device="cuda")
@@ -195,7 +194,8 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                                     experts=shape.experts, top_k=shape.top_k, n=w.n, k=w.k, stage=stage,
                                     tokens=bucket, schedule=best, us=round(times[best] * 1e6, 3)))
             if len(stage_best) == 2:  # h and y hold the stage references now
-                routings = [(ids, weights)] + [_routing(t, shape, 1000 * i + t) for i in range(1, LAYER_ROUTINGS)]
+                routings = [(ids, weights)] + [_routing(t, shape, torch.Generator().manual_seed(1000 * i + t))
+                                               for i in range(1, LAYER_ROUTINGS)]
                 _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routings, y, shape.top_k,
                              replays, f"{name} T={t}", log)
                 _one_launch(winners, stage_best, (problems["w13"], problems["w2"]), x, w13, w2, ids, weights, h, y,
