@@ -254,10 +254,11 @@ class GroupedFamily(Family):
         """This family's own rules for a problem of the config's stage and weight kind."""
         return OK
 
-    def shipped(self) -> List:
-        """The catalog kernels a kernel package holds where this family runs (default: all of
-        them; ``select.coverage`` adds what a shipped profile's grouped entries name)."""
-        return self.catalog()
+    def packaged(self, capability: Tuple[int, int]) -> List:
+        """A grouped family's choice depends on the routing and the experts' shapes, which no grid
+        enumerates: a package for GPUs it runs on holds its whole catalog (``select.coverage`` adds
+        what a shipped profile's grouped entries name)."""
+        return self.catalog() if self.runs_on(capability)[0] else []
 
     def kept_launcher(self, key, make):
         """The launcher kept under ``key`` (``(config, device)`` and what else tells launchers apart),

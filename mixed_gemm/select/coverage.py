@@ -135,10 +135,12 @@ def selectable_for(capability: Tuple[int, int], sms: int, profile, shapes=SHAPES
     for fam in FAMILIES:
         for config in fam.packaged(capability):
             add(fam, config)
-    for fam in GROUPED_FAMILIES + (ROUTER,) if grouped else ():  # the MoE routers' kernels ship beside them
-        if fam.runs_on(capability)[0]:
-            for config in (fam.shipped() if fam in GROUPED_FAMILIES else fam.catalog()):
-                add(fam, config)
+    for fam in GROUPED_FAMILIES if grouped else ():
+        for config in fam.packaged(capability):
+            add(fam, config)
+    if grouped and ROUTER.runs_on(capability)[0]:  # the MoE routers' kernels ship beside them
+        for config in ROUTER.catalog():
+            add(ROUTER, config)
     for prof in (profile if isinstance(profile, (list, tuple)) else (profile,)) if grouped else ():
         for entry in prof.grouped if prof is not None else ():  # kernels a profile names, shipped or not
             fam, schedule = split_schedule(entry["schedule"])

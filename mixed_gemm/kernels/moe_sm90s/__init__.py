@@ -54,10 +54,10 @@ class MoeSm90sFamily(GroupedFamily):
     def catalog(self) -> List[MoeSm90sConfig]:
         return default_catalog()
 
-    def shipped(self) -> List[MoeSm90sConfig]:
+    def packaged(self, capability) -> List[MoeSm90sConfig]:
         """The catalog but the half-issue kernels (profile candidates: in a package where a
         profile names them)."""
-        return [c for c in default_catalog() if not c.half_issue]
+        return [c for c in super().packaged(capability) if not c.half_issue]
 
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []

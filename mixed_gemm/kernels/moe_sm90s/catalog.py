@@ -28,7 +28,7 @@ def tiles_for(bits: int):
 def half_issue_tiles(bits: int):
     """The tiles with one fragment set (TM = 256 from TN = 32), compiled again with half issue
     (``_hi``): profile candidates, unmeasured; a kernel package holds them only where a profile
-    names them (``MoeSm90sFamily.shipped``)."""
+    names them (``MoeSm90sFamily.packaged``)."""
     return tuple(t for t in tiles_for(bits) if not double_buffered(t, 1))
 
 
