@@ -16,6 +16,9 @@ layer through ``moe_grouped`` on a cold L2, under the sweep's routing and LAYER_
 (an entry serves every routing of its token count, and at a few tokens plans differ in how they
 take repeated and untouched experts: one routing ranked a persistent gate|up level with pair mode
 where another ran it 11% slower), and the pair with the least total is what both entries name.
+With ``--against-profile`` the pair the profile runs now is timed beside them and stays unless
+beaten by the margin: Mixtral's down stage alone ranked a K split 1.3 µs ahead of the shipped one
+whose layer then ran 2.5-3 µs faster in the bench.
 
 Before timing a preset, every candidate of its token counts is compiled, several nvcc at once
 (:func:`candidate_specs`, :mod:`.prebuild`); one at a time as they were timed, a fresh machine
@@ -197,12 +200,19 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                 routings = [(ids, weights)] + [_routing(t, shape, torch.Generator().manual_seed(1000 * i + t))
                                                for i in range(1, LAYER_ROUTINGS)]
                 _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routings, y, shape.top_k,
-                             replays, f"{name} T={t}", log)
+                             replays, f"{name} T={t}", log, incumbent=current_pair(current, problems))
                 _one_launch(winners, stage_best, (problems["w13"], problems["w2"]), x, w13, w2, ids, weights, h, y,
                             t, shape.top_k, dev, sms, replays, f"{name} T={t}", log)
         del w13, w2
         torch.cuda.empty_cache()
     return winners
+
+
+def current_pair(current: Optional[Profile], problems: Dict[str, MoeProblem]) -> Optional[tuple]:
+    """The (gate|up, down) schedules ``current`` runs for ``problems`` (stage -> problem) now, or None
+    without a profile or where either stage has no entry."""
+    hits = [current.lookup_grouped(problems[stage]) if current is not None else None for stage in ("w13", "w2")]
+    return tuple(hit[1] for hit in hits) if all(hits) else None
 
 
 def layer_agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -241,14 +251,20 @@ def choose_pair(timed: Dict[tuple, float], staged: tuple, routings: int, margin:
 
 
 def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routings, y, top_k: int,
-                 replays: int, what: str, log) -> None:
+                 replays: int, what: str, log, incumbent: Optional[tuple] = None) -> None:
     """Time :func:`layer_pairs` as the layer (cold L2, graphs) under each of ``routings`` (``(ids,
     weights)``; the first is the sweep's, whose output ``y`` is the staged reference every pair is
     checked against); :func:`choose_pair` picks, and both entries take its pair (each with its stage
-    time)."""
+    time, or half the pair's layer time where a stage was not timed). ``incumbent``: the pair the
+    swept-against profile runs now (``--against-profile``); it is timed too, and it is the pair
+    another must beat by the margin (a stage timed alone can rank a split above the incumbent's that
+    the layer on a cold L2 runs slower)."""
     fns = {}
     ids, weights = routings[0]
-    for pair in layer_pairs(stage_times, heuristics):
+    pairs = layer_pairs(stage_times, heuristics)
+    if incumbent is not None and incumbent not in pairs:
+        pairs.append(incumbent)
+    for pair in pairs:
         try:
             with forced_schedules(*pair):
                 plan = grouped_plan(x, w13, w2, top_k)
@@ -268,18 +284,25 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routi
     if (staged, 0) not in fns or len(fns) < 2 * len(routings):  # nothing to compare with the stage winners
         return
     timed = {key: secs for key, (secs, _) in _cold_s(fns, replays, eager=False).items()}
-    best, totals = choose_pair(timed, staged, len(routings))
-    if staged not in totals:
+    reference = staged
+    if incumbent is not None and all((incumbent, r) in timed for r in range(len(routings))):
+        reference = incumbent
+    best, totals = choose_pair(timed, reference, len(routings))
+    if reference not in totals:
         return
+
+    def per(pair):
+        return " / ".join(f"{timed[(pair, r)] * 1e6:.1f}" for r in range(len(routings)))
     fastest = min(totals, key=totals.get)
-    per = " / ".join(f"{timed[(fastest, r)] * 1e6:.1f}" for r in range(len(routings)))
-    log(f"{what} layer: {fastest[0]} + {fastest[1]} {per} µs ({len(routings)} routings), stage winners "
-        f"{' / '.join(f'{timed[(staged, r)] * 1e6:.1f}' for r in range(len(routings)))} µs ({len(totals)} pairs, "
-        f"cold L2){'' if best == staged else '; taken'}")
+    held = f", current {per(incumbent)} µs" if reference == incumbent and incumbent != staged else ""
+    log(f"{what} layer: {fastest[0]} + {fastest[1]} {per(fastest)} µs ({len(routings)} routings), stage winners "
+        f"{per(staged) if staged in totals else '-'} µs{held} ({len(totals)} pairs, cold L2)"
+        f"{'' if best == staged else '; taken'}")
     if best != staged:
         for stage, schedule in zip(("w13", "w2"), best):
             index = stage_best[stage][0]
-            winners[index].update(schedule=schedule, us=round(stage_times[stage][schedule] * 1e6, 3))
+            secs = stage_times[stage].get(schedule, timed[(best, 0)] / 2)
+            winners[index].update(schedule=schedule, us=round(secs * 1e6, 3))
 
 
 def _one_launch(winners, stage_best, problems, x, w13, w2, ids, weights, h, y, t: int, top_k: int, dev: int,

@@ -35,7 +35,7 @@ class _Plan:
         self.configs = pair
 
 
-def _run(monkeypatch, seconds, wrong=()):
+def _run(monkeypatch, seconds, wrong=(), incumbent=None):
     """_layer_check over two routings; ``seconds[(pair, routing)]`` is what the fake timer returns."""
     forced = []
 
@@ -68,7 +68,7 @@ def _run(monkeypatch, seconds, wrong=()):
     logs = []
     moe_sweep._layer_check(winners, {"w13": (0, 1e-6), "w2": (1, 1e-6)}, {"w13": W13, "w2": W2},
                            {"w13": OTHER[0], "w2": OTHER[1]}, None, None, None, routings, ref.clone(), 2, 3,
-                           "test", logs.append)
+                           "test", logs.append, incumbent=incumbent)
     return winners, logs, calls, timed_keys
 
 
@@ -97,3 +97,50 @@ def test_layer_check_skips_wrong_pairs_and_keeps_winners_within_the_margin(monke
     assert ("a:2", "a:9") not in {p for p, _ in timed}
     assert any("output differs from the staged reference" in line for line in logs)
     assert [w["schedule"] for w in winners] == list(STAGED) and not logs[-1].endswith("taken")
+
+
+INCUMBENT = ("b:5", "b:6")  # the profile's pair, neither schedule timed as a stage
+
+
+def _seconds(staged, incumbent, rest=200e-6):
+    out = {((a, b), r): rest for a in W13 for b in W2 for r in (0, 1)}
+    for r in (0, 1):
+        out[(STAGED, r)], out[(INCUMBENT, r)] = staged, incumbent
+    return out
+
+
+@pytest.mark.parametrize("staged,incumbent,kept", [
+    (100e-6, 99.5e-6, True),    # the stage winners are slower as the layer: the incumbent stays
+    (99.5e-6, 100e-6, True),    # 0.5% faster: inside the margin, the incumbent stays
+    (95e-6, 100e-6, False),     # 5% faster: the stage winners replace it
+])
+def test_layer_check_holds_the_current_pair_to_the_margin(monkeypatch, staged, incumbent, kept):
+    winners, logs, _, timed = _run(monkeypatch, _seconds(staged, incumbent), incumbent=INCUMBENT)
+    assert {(INCUMBENT, 0), (INCUMBENT, 1)} <= set(timed)
+    if kept:
+        # Neither schedule was timed as a stage: each entry records half the pair's layer time.
+        assert [w["schedule"] for w in winners] == list(INCUMBENT)
+        assert [w["us"] for w in winners] == [pytest.approx(incumbent / 2 * 1e6)] * 2
+        assert "current" in logs[-1] and logs[-1].endswith("taken")
+    else:
+        assert [w["schedule"] for w in winners] == list(STAGED) and not logs[-1].endswith("taken")
+
+
+def test_layer_check_falls_back_to_the_stage_winners_when_the_current_pair_is_wrong(monkeypatch):
+    winners, logs, _, _ = _run(monkeypatch, _seconds(100e-6, 50e-6), wrong={INCUMBENT}, incumbent=INCUMBENT)
+    assert [w["schedule"] for w in winners] == list(STAGED)
+
+
+class _Profile:
+    def __init__(self, entries):
+        self.entries = entries
+
+    def lookup_grouped(self, problem):
+        return self.entries.get(problem)
+
+
+def test_current_pair_needs_both_stages():
+    problems = {"w13": "p13", "w2": "p2"}
+    assert moe_sweep.current_pair(None, problems) is None
+    assert moe_sweep.current_pair(_Profile({"p13": (1, "a:1")}), problems) is None
+    assert moe_sweep.current_pair(_Profile({"p13": (1, "a:1"), "p2": (2, "b:2")}), problems) == ("a:1", "b:2")
