@@ -6,7 +6,7 @@ of round trips, little changes (docs/notes/moe.md, "The ragged token tiles ... m
 
     MIXED_GEMM_JIT=block python bench/moe_l2_probe.py --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b
 
-Every variant is timed by ``benchmark.moe._cold_s`` (a flush of twice the L2 before each call,
+Every variant is timed by ``profiler.timing.time_cold`` (a flush of twice the L2 before each call,
 graph replays, variants alternating, medians). Random int4 g128 experts (bench/moe_modes.py's
 ``packed_layer``), random softmax top-k routing. Prints one line per model and token count.
 """
@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from mixed_gemm.benchmark.moe import _cold_s, random_routing  # noqa: E402
+from mixed_gemm.profiler.timing import time_cold  # noqa: E402
+from mixed_gemm.profiler.workload import random_routing  # noqa: E402
 from mixed_gemm.ops import moe  # noqa: E402
 from moe_modes import packed_layer  # noqa: E402
 
@@ -58,7 +59,7 @@ def main(argv=None) -> None:
                 w = warm(stack, ids, frac)
                 fns[label] = w
                 fns[label + "+layer"] = lambda w=w: (w(), layer())
-            us = {k: v[0] * 1e6 for k, v in _cold_s(fns, rounds=args.rounds, eager=False).items()}
+            us = {k: v[0] * 1e6 for k, v in time_cold(fns, rounds=args.rounds, eager=False).items()}
             line = f"{name} T={t}: cold L2 {us['layer']:.1f} µs"
             for label, _, _ in variants:
                 line += f" | {label} in L2 {us[label + '+layer'] - us[label]:.1f}"

@@ -6,7 +6,7 @@ per pass, each with a few K splits per projection, (d) each persistent plan of (
 ONE launch (``_pe1``: gate|up and down items from one work queue, ``templates/moe_gemv/moe_fused.cuh``;
 labelled ``pe1 ...``). Each row: µs and the share of the int4 floor
 (the touched experts' codes, scales and zeros once at 3.0 TB/s: ``benchmark.moe.int4_floor_s``).
-Every plan is timed the same way (``benchmark.moe._cold_s`` with ``eager=False``: cold L2, each plan
+Every plan is timed the same way (``profiler.timing.time_cold`` with ``eager=False``: cold L2, each plan
 called once eagerly, then captured in a CUDA graph and timed from its replay only, every plan
 alternating, median), so host time counts for none of them; a plan that cannot be captured is timed
 eagerly, marked (e), with the reason printed beside it. Each forced plan runs first through
@@ -46,8 +46,7 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 
 import torch  # noqa: E402
 
-from mixed_gemm.benchmark.moe import (MOE_MODELS, _cold_s, int4_floor_s, packed_expert_bytes,  # noqa: E402
-                                      random_routing, touched_experts)
+from mixed_gemm.benchmark.moe import MOE_MODELS, int4_floor_s, packed_expert_bytes, touched_experts  # noqa: E402
 from mixed_gemm.kernels.base import sm_count  # noqa: E402
 from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig  # noqa: E402
 from mixed_gemm.kernels.moe_gemv.catalog import persistent_shapes_for  # noqa: E402
@@ -56,6 +55,8 @@ from mixed_gemm.ops import moe, prepack_experts  # noqa: E402
 from mixed_gemm.ops.moe_grouped import (GroupedPlan, _problems, forced_schedules, grouped_plan,  # noqa: E402
                                         moe_grouped, pdl_launches)
 from mixed_gemm.profiler.moe_sweep import layer_agrees  # noqa: E402
+from mixed_gemm.profiler.timing import time_cold  # noqa: E402
+from mixed_gemm.profiler.workload import random_routing  # noqa: E402
 from mixed_gemm.select import m_bucket  # noqa: E402
 
 DEFAULT_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
@@ -162,7 +163,7 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
             if not torch.equal(fns[f"{label} pdl"](), fns[label]()):  # the same kernels and sums
                 bad.add(f"{label} pdl")
     uncaptured = {}
-    timed = _cold_s(fns, reps, eager=False, uncaptured=uncaptured)  # every capturable plan: its graph only
+    timed = time_cold(fns, reps, eager=False, uncaptured=uncaptured)  # every capturable plan: its graph only
     log(f"{name} T={t}: {touched} touched experts, int4 floor {floor * 1e6:.1f} µs")
     rows = []
     for label, (secs, how) in timed.items():

@@ -1,6 +1,6 @@
 """The MoE layer with a router's 16-bit top-k weights read as they are (pair and persistent modes
 of moe_gemv) against the same weights cast to fp32 first (what ran before: a cast launch a layer):
-µs per call on a cold L2 from CUDA graphs (``benchmark.moe._cold_s``, alternating, medians), per
+µs per call on a cold L2 from CUDA graphs (``profiler.timing.time_cold``, alternating, medians), per
 model preset and token count.
 
     MIXED_GEMM_JIT=block python bench/moe_weights_ab.py [--models qwen3-30b-a3b,deepseek-v2-lite] [--tokens 1,4,16]
@@ -15,7 +15,8 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 import torch  # noqa: E402
 
 import mixed_gemm as mg  # noqa: E402
-from mixed_gemm.benchmark.moe import MOE_MODELS, _cold_s, build_layer  # noqa: E402
+from mixed_gemm.benchmark.moe import MOE_MODELS, build_layer  # noqa: E402
+from mixed_gemm.profiler.timing import time_cold  # noqa: E402
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
             fns = {"cast": lambda: mg.moe(x, layer.w13, layer.w2, weights.float(), ids),
                    "native": lambda: mg.moe(x, layer.w13, layer.w2, weights, ids)}
             assert torch.equal(fns["cast"](), fns["native"]())
-            us = {n: s * 1e6 for n, (s, _) in _cold_s(fns, args.rounds, eager=False).items()}
+            us = {n: s * 1e6 for n, (s, _) in time_cold(fns, args.rounds, eager=False).items()}
             print(f"| {name} | {t} | {us['cast']:.1f} | {us['native']:.1f} | {us['cast'] - us['native']:.1f} |",
                   flush=True)
 

@@ -1,5 +1,5 @@
 """The fused router against transformers' own (a linear of T rows, softmax, topk, the division, a
-cast): µs per call on a cold L2 (``benchmark.moe._cold_s``: CUDA graphs, flushes subtracted,
+cast): µs per call on a cold L2 (``profiler.timing.time_cold``: CUDA graphs, flushes subtracted,
 alternating, medians), for the routers of Qwen3-30B-A3B, Mixtral-8x7B and DeepSeek-V2-Lite at
 several token counts; at one token also every split of the fused kernel (its CTA shape).
 
@@ -17,7 +17,7 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 
 import torch  # noqa: E402
 
-from mixed_gemm.benchmark.moe import _cold_s  # noqa: E402
+from mixed_gemm.profiler.timing import time_cold  # noqa: E402
 from mixed_gemm.kernels.router import FAMILY, MAX_TOKENS, SPLITS, RouterConfig, choose, tiled  # noqa: E402
 from mixed_gemm.ops.router import _dtype_name, launch_router, router_reference, topk_router  # noqa: E402
 
@@ -65,7 +65,7 @@ def main() -> None:
                 tile = tiled("f16", _dtype_name(wdt), _dtype_name(ldt), _dtype_name(sdt), t, h)
                 fns["tiled"] = lambda ln=FAMILY.launcher(tile, 0): launch_router(ln, x, w, k, renorm, scale, ldt, sdt,
                                                                                  counters)
-            us = {n: s * 1e6 for n, (s, _) in _cold_s(fns, args.rounds, eager=False).items()}
+            us = {n: s * 1e6 for n, (s, _) in time_cold(fns, args.rounds, eager=False).items()}
             splits = ", ".join(f"k{s} {us[f'k{s}']:.1f}" + ("*" if s == chosen.split else "") for s in SPLITS) \
                 if t == 1 else f"one token a CTA, split 8: {us['t1k8']:.1f}" if "t1k8" in us else ""
             if t > 1:

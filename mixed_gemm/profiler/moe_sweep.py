@@ -39,7 +39,6 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import _versions
-from ..benchmark.moe import MOE_MODELS, _cold_s, random_routing
 from ..kernels import GROUPED_FAMILIES, MoeProblem, split_schedule
 from ..kernels.base import sm_count
 from ..ops import prepack_experts
@@ -50,7 +49,9 @@ from ..select import Profile, m_bucket
 from ..select.profiles import clear_cache, default_profile_path
 from ..version import __version__
 from .prebuild import build_candidates
-from .timing import time_graph
+from .problems import MOE_MODELS
+from .timing import time_cold, time_graph
+from .workload import random_routing
 
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 LAYER_ROUTINGS = 3  # routings the layer check times each pair under (the sweep's first)
@@ -283,7 +284,7 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routi
     staged = tuple(min(stage_times[stage], key=stage_times[stage].get) for stage in ("w13", "w2"))
     if (staged, 0) not in fns or len(fns) < 2 * len(routings):  # nothing to compare with the stage winners
         return
-    timed = {key: secs for key, (secs, _) in _cold_s(fns, replays, eager=False).items()}
+    timed = {key: secs for key, (secs, _) in time_cold(fns, replays, eager=False).items()}
     reference = staged
     if incumbent is not None and all((incumbent, r) in timed for r in range(len(routings))):
         reference = incumbent

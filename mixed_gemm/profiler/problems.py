@@ -1,6 +1,8 @@
-"""Problem sets: linear-layer shapes of common models, M buckets, and ``N:K`` parsing."""
+"""Problem sets: linear-layer shapes of common models, M buckets, MoE layer shapes, and ``N:K``
+parsing."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 # (layer, N, K) of each model's linear layers, fused as inference servers run them:
@@ -24,6 +26,22 @@ MODELS: Dict[str, List[Tuple[str, int, int]]] = {
     "llama3-70b-tp2": [("qkv", 5120, 8192), ("o", 8192, 4096), ("gate_up", 28672, 8192), ("down", 8192, 14336)],
 }
 DEFAULT_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+# One MoE layer of each preset: experts, routed per token, hidden size, expert intermediate size.
+@dataclass(frozen=True)
+class MoeShape:
+    experts: int
+    top_k: int
+    hidden: int
+    inter: int
+
+
+MOE_MODELS = {
+    "mixtral-8x7b": MoeShape(8, 2, 4096, 14336),
+    "qwen3-30b-a3b": MoeShape(128, 8, 2048, 768),
+    "deepseek-v2-lite": MoeShape(64, 6, 2048, 1408),
+}
 
 
 def parse_ints(text: str, what: str) -> List[int]:

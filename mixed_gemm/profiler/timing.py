@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Callable, Dict, List, Optional
 
 
 def gpu_missing() -> Optional[str]:
@@ -99,3 +99,87 @@ def host_overhead(fn: Callable[[], object], calls: int = 200, repeats: int = 7) 
         samples.append((time.perf_counter() - t0) / calls)
     torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+def graph_of(fn: Callable[[], object], reps: int, why: Optional[List[str]] = None):
+    """``reps`` calls of ``fn`` captured in one CUDA graph, or None where it cannot be (mg.moe's
+    per-expert path reads the routing on the host; the dense loop too); ``why`` gets the reason."""
+    import torch
+
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        return graph
+    except (RuntimeError, ValueError, AssertionError) as exc:  # a peer checks with assert
+        torch.cuda.synchronize()
+        if why is not None:
+            why.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        return None
+
+
+def _elapsed_s(run: Callable[[], object]) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def time_cold(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10,
+              eager: bool = True, uncaptured: Optional[Dict[str, str]] = None) -> Dict[str, tuple]:
+    """``(seconds, how)`` per fn: one call on a cold L2, the median over ``rounds`` of ``calls``
+    calls each preceded by a write of a buffer twice the L2, less the same number of writes alone
+    (so neither the graph launch nor the event timing is counted in a call). Replayed from a
+    CUDA graph where the fn can be captured, else eager (``how`` says which; a capturable fn is
+    timed both ways and keeps the faster: mg.moe under capture always takes its grouped kernels,
+    eager it may take its per-expert path; ``eager=False``: a capturable fn is timed from its graph
+    only, the A/B of kernels where host time must not count). Eager, the flushes run while the host
+    issues the next call, which hides up to a flush's time of host work: in the dense paths' favour.
+    Each fn is called once eagerly before its capture (kernels built, plans and workspaces sized);
+    ``uncaptured`` gets, per fn that could not be captured, why. Fns alternate. The MoE bench's and
+    profile-moe's layer timing (their figures compare)."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+
+    def flushed(fn):
+        def call():
+            flush.zero_()
+            fn()
+        return call
+
+    def eager_calls(fn):
+        return lambda: [fn() for _ in range(calls)]
+
+    runs: Dict[tuple, Callable[[], object]] = {("flush", "eager"): eager_calls(flush.zero_)}
+    flush_graph = graph_of(flush.zero_, calls)
+    runs[("flush", "graph")] = flush_graph.replay
+    for name, fn in fns.items():
+        fn()
+        why: List[str] = []
+        graph = graph_of(flushed(fn), calls, why)
+        if why and uncaptured is not None:
+            uncaptured[name] = why[0]
+        if graph is not None:
+            runs[(name, "graph")] = graph.replay
+        if graph is None or eager:
+            runs[(name, "eager")] = eager_calls(flushed(fn))
+    samples: Dict[tuple, List[float]] = {key: [] for key in runs}
+    for rep in range(rounds):
+        for key, run in (list(runs.items()) if rep % 2 == 0 else list(reversed(runs.items()))):
+            samples[key].append(_elapsed_s(run))
+    base = {how: statistics.median(samples[("flush", how)]) for how in ("eager", "graph")}
+    out: Dict[str, tuple] = {}
+    for (name, how), times in samples.items():
+        if name == "flush":
+            continue
+        t = max(statistics.median(times) - base[how], 0.0) / calls
+        if name not in out or t < out[name][0]:
+            out[name] = (t, how)
+    return out

@@ -1,4 +1,5 @@
-"""Random quantized weights for timing: one packed weight and cheap copies of it (cold L2)."""
+"""Random quantized weights for timing: one packed weight and cheap copies of it (cold L2); random
+MoE routing."""
 from __future__ import annotations
 
 from typing import List
@@ -6,6 +7,7 @@ from typing import List
 import torch
 
 from ..ops import PackedWeight, prepack
+from .problems import MoeShape
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -49,3 +51,10 @@ def random_weights(n: int, k: int, *, bits: int = 4, group_size: int = 128, zero
                                 group_size=w.group_size, zero_mode=w.zero_mode, layout=w.layout,
                                 aux=tuple(t.clone() for t in w.aux)))
     return out
+
+
+def random_routing(tokens: int, shape: MoeShape, gen: torch.Generator, device="cuda"):
+    """``(topk_weights, topk_ids)`` of a softmax router over random logits (renormalized top-k)."""
+    logits = torch.randn(tokens, shape.experts, generator=gen).to(device)
+    weights, ids = torch.softmax(logits, dim=-1).topk(shape.top_k, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids

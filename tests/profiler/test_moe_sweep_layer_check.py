@@ -62,7 +62,7 @@ def _run(monkeypatch, seconds, wrong=(), incumbent=None):
     monkeypatch.setattr(moe_sweep, "forced_schedules", forced_schedules)
     monkeypatch.setattr(moe_sweep, "grouped_plan", lambda x, w13, w2, top_k: _Plan(forced[-1]))
     monkeypatch.setattr(moe_sweep, "moe_grouped", moe_grouped)
-    monkeypatch.setattr(moe_sweep, "_cold_s", cold_s)
+    monkeypatch.setattr(moe_sweep, "time_cold", cold_s)
     winners = [dict(stage="w13", schedule=STAGED[0], us=1.0), dict(stage="w2", schedule=STAGED[1], us=1.0)]
     routings = [(torch.full((2, 2), r), torch.ones(2, 2)) for r in (5, 6)]
     logs = []
