@@ -115,7 +115,8 @@ def add_profile_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     parser.add_argument("--out", default="", help="profile path (default: <cache dir>/profiles/<gpu>.json)")
     parser.add_argument("--no-merge", action="store_true", help="replace the profile instead of merging into it")
     parser.add_argument("--keep-faster", action="store_true",
-                        help="merging: keep an existing entry measured faster than the new winner (for --schedules sweeps)")
+                        help="merging: keep an existing entry measured faster than the new winner (for --schedules "
+                             "sweeps), unless this sweep timed that entry's schedule too (--against-profile)")
     parser.add_argument("--fresh", action="store_true", help="discard a partial sweep instead of resuming it")
     parser.add_argument("--replays", type=_args.positive_int, default=7, help="graph replays per measurement (median)")
     parser.add_argument("--jobs", type=_args.positive_int, default=None,

@@ -219,19 +219,31 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     profile.gpu = {"name": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": sms}
     profile.versions = {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
                         "torch": _versions.torch_version(), "mixed_gemm": __version__}
-    kept = 0
-    for w in winners:
-        old = profile.entry(entry_key(w), w["m"]) if spec.keep_faster else None
-        if old is not None and old.get("us") is not None and old["us"] <= w["us"]:
-            kept += 1  # a targeted sweep (--schedules) must not replace a faster winner it did not time
-            continue
-        profile.add(w)
+    kept = merge_winners(profile, winners, done, spec.keep_faster)
     if kept:
         spec.log(f"kept {kept} existing entries measured faster than this sweep's winners")
     profile.save(out)
     _write_csv(out.with_suffix(".csv"), done.values(), spec.layout)
     partial.unlink()
     return profile, out
+
+
+def merge_winners(profile: Profile, winners: List[dict], done: Dict[tuple, dict], keep_faster: bool) -> int:
+    """Add ``winners`` to ``profile``; returns how many existing entries stayed. ``keep_faster``: an
+    entry whose recorded time beats the new winner's stays, as a targeted sweep (``--schedules``)
+    must not replace a faster winner it did not time; but where this sweep timed that entry's
+    schedule itself (``--against-profile``), the winner already beat it on the same clocks, and the
+    recorded time (another run, maybe another build of the kernel) does not count."""
+    kept = 0
+    for w in winners:
+        old = profile.entry(entry_key(w), w["m"]) if keep_faster else None
+        if old is not None and old.get("us") is not None and old["us"] <= w["us"]:
+            row = done.get(_row_id(dict(w, schedule=old["schedule"])))
+            if row is None or row.get("us") is None:
+                kept += 1
+                continue
+        profile.add(w)
+    return kept
 
 
 def _write_csv(path: Path, rows, layout: str) -> None:
