@@ -414,7 +414,11 @@ struct Gemv {
       uint32_t xf[kUnroll][kXRows][2];
       if (kStageX) {
         XS::load(p, kb0, lane, xs);
-        if constexpr (!kFma && kUnroll % 2 == 0) {
+        // ldmatrix.x4 (two atoms per instruction) for the 1:2-sparse kernels only, where it measured
+        // 2-4% faster at M=16. Elsewhere its asm fixes the whole step's fragments in registers at
+        // once: the u8 _xs_ds kernel went from 80 to 92 registers (3 -> 2 CTAs per SM) and _xs_o4
+        // spilled 280 bytes, so those read two 32-bit pairs per atom as they were profiled.
+        if constexpr (kSparse && kUnroll % 2 == 0) {
           XS::fragments_x4(xs, lane, [](int r) { return r; }, xf);  // rows past M: staged zeros
         } else {
 #pragma unroll

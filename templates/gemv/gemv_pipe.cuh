@@ -197,7 +197,7 @@ struct GemvPipe : Gemv<Element, kBits, kTiles, kStrips, kWarpsN, kWarpsK, kUnrol
       char const* const params = stage + kWBytes;
       char const* const xs = xring + (i % kStages) * xstage_bytes;
       uint32_t xf[kUnroll][kXRows][2];
-      if constexpr (!kFma && kUnroll % 2 == 0) {
+      if constexpr (Base::kSparse && kUnroll % 2 == 0) {  // ldmatrix.x4 where it paid (gemv.cuh, step 2)
         XS::fragments_x4(xs, lane, [&](int r) { return min(r, rows - 1); }, xf);  // only rows < M are staged
       } else {
 #pragma unroll
