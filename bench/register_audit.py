@@ -7,7 +7,8 @@ those entries (``mixed-gemm profile --against-profile``). No GPU: nvcc and ptxas
                                    [--jobs 2]
 
 Each kernel is compiled from ``generated/<name>.cu`` of each tree (``--base``: a temporary git
-worktree) for sm_90a with ``-Xptxas=-v``, with that tree's templates and this tree's CUTLASS. Only the
+worktree) for sm_90a (``mixed_gemm.compile.ptxas_usage``), with that tree's templates and this
+tree's CUTLASS. Only the
 kernels whose figures differ are printed, with the entries that name them (kernels added since the
 base are only counted). CUTLASS 3.x families
 (sm90a, moe_sm90a) take minutes a kernel: leave them out unless asked for (``--families``).
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -24,7 +24,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mixed_gemm.compile.nvcc import cutlass_include_dir
+from mixed_gemm.compile import BuildError, ptxas_usage
 from mixed_gemm.kernels import split_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +51,10 @@ def ptxas(tree: Path, name: str):
     src = tree / "generated" / f"{name}.cu"
     if not src.is_file():
         return None
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["nvcc", "-std=c++17", "-O3", "--cubin", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-v",
-               f"-I{cutlass_include_dir()}", f"-I{tree / 'templates'}", "-arch=sm_90a", "-o", f"{tmp}/k.cubin", str(src)]
-        text = subprocess.run(cmd, capture_output=True, text=True).stderr
-    regs = re.findall(r"Used (\d+) registers", text)
-    spills = re.findall(r"(\d+) bytes spill stores", text)
-    if not regs:
-        return "build failed: " + (text.strip().splitlines()[-1][:120] if text.strip() else "no ptxas report")
-    return max(map(int, regs)), max(map(int, spills or ["0"]))
+    try:
+        return ptxas_usage(src, templates=tree / "templates")
+    except BuildError as exc:
+        return f"build failed: {str(exc).splitlines()[0][:120]}"
 
 
 def figures(r) -> str:

@@ -20,6 +20,7 @@ from .nvcc import (
     find_nvcc,
     key_flags,
     nvcc_version,
+    ptxas_usage,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "build_many",
     "cache_key",
     "compile_cubin",
+    "ptxas_usage",
     "compile_fatbin",
     "compile_flags",
     "cutlass_include_dir",

@@ -261,7 +261,28 @@ def compile_cubin(
     """
     source_path = Path(source_path)
     out = Path(out_path) if out_path is not None else source_path.with_suffix(f".{arch}.cubin")
-    flags = ["-std=c++17", "-O3", "--cubin", "--expt-relaxed-constexpr", "-DNDEBUG"] + (["-Xptxas=-v"] if verbose else []) + _include_flags() + [f"-arch={arch}", *extra]
-    cmd = [str(find_nvcc()), *flags, "-o", str(out), str(source_path)]
-    _run_nvcc(cmd, source_path)
+    _run_nvcc(_cubin_command(source_path, out, arch, verbose, _include_flags(), extra), source_path)
     return out
+
+
+def _cubin_command(source_path: Path, out: Path, arch: str, verbose: bool, includes: Sequence[str],
+                   extra: Sequence[str] = ()) -> list[str]:
+    flags = ["-std=c++17", "-O3", "--cubin", "--expt-relaxed-constexpr", "-DNDEBUG"] + (["-Xptxas=-v"] if verbose else [])
+    return [str(find_nvcc()), *flags, *includes, f"-arch={arch}", *extra, "-o", str(out), str(source_path)]
+
+
+def ptxas_usage(source_path: str | os.PathLike, *, arch: str = "sm_90a",
+                templates: str | os.PathLike | None = None) -> tuple[int, int]:
+    """``(registers, spill store bytes)`` that ptxas reports for the kernel of ``source_path`` (the
+    largest of each where the source holds several), compiled as :func:`compile_cubin` does;
+    ``templates``: another tree's template folder in place of this package's (comparing commits).
+    What a kernel's occupancy rests on: a template change that moves it moves the kernel's speed
+    away from what its profile entry measured."""
+    source_path = Path(source_path)
+    includes = _include_flags() if templates is None else [f"-I{cutlass_include_dir()}", f"-I{templates}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        text = _run_nvcc(_cubin_command(source_path, Path(tmp) / "k.cubin", arch, True, includes), source_path)
+    regs = [int(v) for v in re.findall(r"Used (\d+) registers", text)]
+    if not regs:
+        raise BuildError(f"ptxas reported no register use for {source_path}", source_path=source_path, stderr=text)
+    return max(regs), max([int(v) for v in re.findall(r"(\d+) bytes spill stores", text)] or [0])

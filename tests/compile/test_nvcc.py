@@ -19,6 +19,7 @@ from mixed_gemm.compile import (
     find_nvcc,
     key_flags,
     nvcc_version,
+    ptxas_usage,
 )
 
 
@@ -132,6 +133,19 @@ def test_compile_cubin(tmp_path):
     out = compile_cubin(src, arch="sm_90")
     assert out == tmp_path / "k.sm_90.cubin"
     assert out.read_bytes()[:4] == b"\x7fELF"
+
+
+@requires_nvcc
+def test_ptxas_usage(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" __global__ void k(float* p, int n) { float a[4];'
+                   ' for (int i = 0; i < 4; ++i) a[i] = p[threadIdx.x + i * n];'
+                   ' p[threadIdx.x] = a[0] * a[1] + a[2] * a[3]; }\n')
+    regs, spilled = ptxas_usage(src, arch="sm_90a")
+    assert 4 <= regs <= 32 and spilled == 0
+    (tmp_path / "bad.cu").write_text("__global__ void k() { not_declared_anywhere(); }\n")
+    with pytest.raises(BuildError, match="not_declared_anywhere"):
+        ptxas_usage(tmp_path / "bad.cu")
 
 
 @requires_nvcc
