@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mixed_gemm.compile import BuildError, ptxas_usage
-from mixed_gemm.kernels import split_schedule
+from mixed_gemm.kernels import parse_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = ("sm90a", "moe_sm90a")  # CUTLASS 3.x collectives: a minute or more each
@@ -36,10 +36,9 @@ def named_kernels(profile: dict, families) -> dict:
     out = defaultdict(list)
     for section in ("entries", "grouped"):
         for e in profile.get(section, []):
-            fam, sched = split_schedule(e["schedule"])
-            if fam.name not in families:
+            cfg = parse_schedule(e["schedule"], dtype=e["dtype"], bits=e["bits"], zero_mode=e["zero_mode"])
+            if cfg.family not in families:
                 continue
-            cfg = fam.from_schedule(sched, dtype=e["dtype"], bits=e["bits"], zero_mode=e["zero_mode"])
             where = f"m={e['m']}" if "m" in e else f"T={e['tokens']} {e['stage']}"
             out[cfg.kernel_name].append(f"{e['dtype']} u{e['bits']} {e['n']}x{e['k']} {where}")
     return out

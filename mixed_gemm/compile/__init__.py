@@ -40,7 +40,6 @@ __all__ = [
     "build_many",
     "cache_key",
     "compile_cubin",
-    "ptxas_usage",
     "compile_fatbin",
     "compile_flags",
     "cutlass_include_dir",
@@ -50,5 +49,6 @@ __all__ = [
     "key_flags",
     "load_bytes",
     "nvcc_version",
+    "ptxas_usage",
     "toolchain",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mixed_gemm.compile import ptxas_usage
-from mixed_gemm.kernels import split_schedule
+from mixed_gemm.kernels import parse_schedule
 
 pytestmark = pytest.mark.nvcc  # skipped without nvcc (tests/conftest.py)
 
@@ -51,8 +51,7 @@ def test_register_cap():
 @pytest.mark.parametrize("schedule,dtype,bits,ctas,spills", BUDGETS,
                          ids=[f"{s.replace(':', '-')}-{d}-u{b}" for s, d, b, *_ in BUDGETS])
 def test_kernel_keeps_its_occupancy(schedule, dtype, bits, ctas, spills):
-    family, name = split_schedule(schedule)
-    config = family.from_schedule(name, dtype=dtype, bits=bits, zero_mode="int")
+    config = parse_schedule(schedule, dtype=dtype, bits=bits, zero_mode="int")
     regs, spilled = ptxas_usage(GENERATED / f"{config.kernel_name}.cu")
     cap = register_cap(config.threads, ctas)
     assert regs <= cap, (f"{config.kernel_name}: {regs} registers, over the {cap} that {ctas} CTAs of "

@@ -19,10 +19,10 @@ from ..base import GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, grouped_constant_checks
 from ..moe_route import SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS, sort_limits
 from ..sm90a import layout
+from ..sm90s.config import double_buffered
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import BITS, default_catalog
-from ..sm90s.config import double_buffered
 from .config import MoeSm90sConfig
 from .launch import MoeSm90sLauncher
 
