@@ -85,15 +85,16 @@ def _agrees(y: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
 def stage_schedules(fam, problem: MoeProblem, sms: int, families: Optional[Sequence[str]] = None,
                     current: Optional[Profile] = None) -> List[str]:
     """The schedules of ``fam`` to time for ``problem``: all its candidates, or, for a family outside
-    ``families``, only the schedule ``current`` (the profile swept against) runs for the problem now,
-    if it is ``fam``'s, so that a sweep of a few families replaces an entry only when faster."""
-    if not families or fam.name in families:
-        return list(fam.candidates(problem, sms))
+    ``families``, none; and in either case the schedule ``current`` (the profile swept against) runs
+    for the problem now, if it is ``fam``'s, so that a sweep replaces an entry only when faster, and
+    the layer check has the incumbent's own stage times (its entries record those, not a guess)."""
+    out = list(fam.candidates(problem, sms)) if not families or fam.name in families else []
     entry = current.lookup_grouped(problem) if current is not None else None
-    if entry is None:
-        return []
-    owner, schedule = split_schedule(entry[1])
-    return [schedule] if owner.name == fam.name else []
+    if entry is not None:
+        owner, schedule = split_schedule(entry[1])
+        if owner.name == fam.name and schedule not in out:
+            out.append(schedule)
+    return out
 
 
 def stage_problem(shape, tokens: int, w, stage: str, dtype: torch.dtype, bits: int) -> MoeProblem:

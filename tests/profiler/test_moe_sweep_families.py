@@ -1,6 +1,7 @@
 """profile-moe --families F --against-profile (moe_sweep.stage_schedules, CPU): a family in F offers
 every candidate; a family outside F offers only the schedule the swept-against profile runs now for
-the problem, and only when that schedule is its own."""
+the problem, and only when that schedule is its own; a family in F offers that schedule too when it
+is no longer among its candidates (the layer check records the incumbent's own stage times)."""
 from mixed_gemm.kernels import MoeProblem
 from mixed_gemm.kernels.moe_gemv import FAMILY as GEMV
 from mixed_gemm.kernels.moe_sm90s import FAMILY as SM90S
@@ -30,3 +31,12 @@ def test_family_outside_the_filter_offers_only_the_current_entry():
     assert stage_schedules(GEMV, PROBLEM, 132, ["moe_sm90s"], None) == []  # no --against-profile
     other = _profile(f"moe_sm90s:{SM90S.candidates(PROBLEM, 132)[0]}")
     assert stage_schedules(GEMV, PROBLEM, 132, ["moe_sm80"], other) == []  # the entry is another family's
+
+
+def test_family_in_the_filter_adds_a_current_entry_outside_its_candidates():
+    cands = list(GEMV.candidates(PROBLEM, 132))
+    retired = "w2_s2_w4x2_u8_ds_split7"  # a schedule the candidates do not offer at this problem
+    assert retired not in cands
+    assert stage_schedules(GEMV, PROBLEM, 132, ["moe_gemv"], _profile(f"moe_gemv:{retired}")) == cands + [retired]
+    assert stage_schedules(GEMV, PROBLEM, 132, ["moe_gemv"], _profile(f"moe_gemv:{cands[0]}")) == cands
+    assert stage_schedules(GEMV, PROBLEM, 132, None, _profile(f"moe_gemv:{retired}")) == cands + [retired]
