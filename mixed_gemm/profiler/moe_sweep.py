@@ -299,7 +299,7 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routi
     held = f", current {per(incumbent)} µs" if reference == incumbent and incumbent != staged else ""
     log(f"{what} layer: {fastest[0]} + {fastest[1]} {per(fastest)} µs ({len(routings)} routings), stage winners "
         f"{per(staged) if staged in totals else '-'} µs{held} ({len(totals)} pairs, cold L2)"
-        f"{'' if best == staged else '; taken'}")
+        f"{'' if best == staged else '; current kept' if best == incumbent else '; taken'}")
     if best != staged:
         for stage, schedule in zip(("w13", "w2"), best):
             index = stage_best[stage][0]

@@ -121,7 +121,7 @@ def test_layer_check_holds_the_current_pair_to_the_margin(monkeypatch, staged, i
         # Neither schedule was timed as a stage: each entry records half the pair's layer time.
         assert [w["schedule"] for w in winners] == list(INCUMBENT)
         assert [w["us"] for w in winners] == [pytest.approx(incumbent / 2 * 1e6)] * 2
-        assert "current" in logs[-1] and logs[-1].endswith("taken")
+        assert "current" in logs[-1] and logs[-1].endswith("current kept")
     else:
         assert [w["schedule"] for w in winners] == list(STAGED) and not logs[-1].endswith("taken")
 
