@@ -7,7 +7,9 @@ of round trips, little changes (docs/notes/moe.md, "The ragged token tiles ... m
     MIXED_GEMM_JIT=block python bench/moe_l2_probe.py --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b
 
 Every variant is timed by ``profiler.timing.time_cold`` (a flush of twice the L2 before each call,
-graph replays, variants alternating, medians). Random int4 g128 experts (bench/moe_modes.py's
+graph replays, variants alternating, medians). ``--flush write,read`` times them after each kind of
+flush: the bench's write (zeroes, leaving dirty lines that are written back while the layer reads)
+and a read (a clean L2). Equal times rule out the write-back as the cost of a cold first kernel. Random int4 g128 experts (bench/moe_modes.py's
 ``packed_layer``), random softmax top-k routing. Prints one line per model and token count.
 """
 from __future__ import annotations
@@ -46,6 +48,7 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default="qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b")
     ap.add_argument("--tokens", default="1,2")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--flush", default="write", help="comma-separated: write (the bench's), read")
     args = ap.parse_args(argv)
     for name in args.models.split(","):
         shape, w13, w2 = packed_layer(name, torch.float16)
@@ -59,11 +62,12 @@ def main(argv=None) -> None:
                 w = warm(stack, ids, frac)
                 fns[label] = w
                 fns[label + "+layer"] = lambda w=w: (w(), layer())
-            us = {k: v[0] * 1e6 for k, v in time_cold(fns, rounds=args.rounds, eager=False).items()}
-            line = f"{name} T={t}: cold L2 {us['layer']:.1f} µs"
-            for label, _, _ in variants:
-                line += f" | {label} in L2 {us[label + '+layer'] - us[label]:.1f}"
-            print(line, flush=True)
+            for how in args.flush.split(","):
+                us = {k: v[0] * 1e6 for k, v in time_cold(fns, rounds=args.rounds, eager=False, flush=how).items()}
+                line = f"{name} T={t} ({how} flush): cold L2 {us['layer']:.1f} µs"
+                for label, _, _ in variants:
+                    line += f" | {label} in L2 {us[label + '+layer'] - us[label]:.1f}"
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -130,8 +130,12 @@ def _elapsed_s(run: Callable[[], object]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
+FLUSHES = ("write", "read")  # how time_cold empties the L2 before each call
+
+
 def time_cold(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10,
-              eager: bool = True, uncaptured: Optional[Dict[str, str]] = None) -> Dict[str, tuple]:
+              eager: bool = True, uncaptured: Optional[Dict[str, str]] = None,
+              flush: str = "write") -> Dict[str, tuple]:
     """``(seconds, how)`` per fn: one call on a cold L2, the median over ``rounds`` of ``calls``
     calls each preceded by a write of a buffer twice the L2, less the same number of writes alone
     (so neither the graph launch nor the event timing is counted in a call). Replayed from a
@@ -142,23 +146,30 @@ def time_cold(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10
     issues the next call, which hides up to a flush's time of host work: in the dense paths' favour.
     Each fn is called once eagerly before its capture (kernels built, plans and workspaces sized);
     ``uncaptured`` gets, per fn that could not be captured, why. Fns alternate. The MoE bench's and
-    profile-moe's layer timing (their figures compare)."""
+    profile-moe's layer timing (their figures compare). ``flush``: ``"write"`` zeroes the buffer
+    (the published figures; it leaves the L2 full of dirty lines, written back while the call
+    reads), ``"read"`` sums it into one float (a clean L2: the A/B that tells the two apart)."""
     import torch
 
+    if flush not in FLUSHES:
+        raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    buf = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    buf.zero_()
+    total = torch.empty((), dtype=torch.float32, device="cuda")
+    empty_l2 = buf.zero_ if flush == "write" else (lambda: torch.sum(buf, dim=0, out=total))
 
     def flushed(fn):
         def call():
-            flush.zero_()
+            empty_l2()
             fn()
         return call
 
     def eager_calls(fn):
         return lambda: [fn() for _ in range(calls)]
 
-    runs: Dict[tuple, Callable[[], object]] = {("flush", "eager"): eager_calls(flush.zero_)}
-    flush_graph = graph_of(flush.zero_, calls)
+    runs: Dict[tuple, Callable[[], object]] = {("flush", "eager"): eager_calls(empty_l2)}
+    flush_graph = graph_of(empty_l2, calls)
     runs[("flush", "graph")] = flush_graph.replay
     for name, fn in fns.items():
         fn()
