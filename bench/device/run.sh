@@ -123,6 +123,10 @@ for step in "$@"; do
       MIXED_GEMM_JIT=block timeout "${MODES_TIMEOUT:-560}" python3 bench/moe_modes.py \
         --models "${MODES_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b}" --tokens "${MODES_TOKENS:-1,16,64,256}" \
         --json "$OUT/moe-modes.json" 2>&1 | grep -vE "$QUIET" | tee "$OUT/moe-modes.txt" | tail -"${MOE_TAIL:-90}" ;;
+    moe-l2)  # bench/moe_l2_probe.py: the layer on a cold L2 after a write and after a read flush, and with part of its experts in L2 (L2_MODELS, L2_TOKENS, L2_FLUSH)
+      MIXED_GEMM_JIT=block timeout "${L2_TIMEOUT:-400}" python3 bench/moe_l2_probe.py \
+        --models "${L2_MODELS:-mixtral-8x7b,qwen3-30b-a3b}" --tokens "${L2_TOKENS:-1}" --flush "${L2_FLUSH:-write,read}" \
+        2>&1 | grep -vE "$QUIET" | tee "$OUT/moe-l2.txt" | tail -20 ;;
     build-moe)  # the grouped kernels bench-moe can pick (f16 int4: moe_gemv and moe_sm90a), so none compiles while it times
       $MG build --all --filter mg_moe_f16_u4 --quiet && $MG build --all --filter mg_moe_sm90a_f16_u4 --quiet ;;
     e2e)  # mixed-gemm e2e: E2E_MODEL, E2E_LAYERS, E2E_BATCHES (default 1: one batch per call keeps 32 layers under 10 minutes), E2E_ARGS
