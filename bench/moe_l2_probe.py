@@ -9,7 +9,9 @@ of round trips, little changes (docs/notes/moe.md, "The ragged token tiles ... m
 Every variant is timed by ``profiler.timing.time_cold`` (a flush of twice the L2 before each call,
 graph replays, variants alternating, medians). ``--flush write,read`` times them after each kind of
 flush: the bench's write (zeroes, leaving dirty lines that are written back while the layer reads)
-and a read (a clean L2). Equal times rule out the write-back as the cost of a cold first kernel. Random int4 g128 experts (bench/moe_modes.py's
+and a read (a clean L2). Equal times rule out the write-back as the cost of a cold first kernel.
+"pages touched": the layer after a read of one element every 64 KB of its routed experts (their
+address translations warm, almost nothing in L2): what the first touch of each page costs. Random int4 g128 experts (bench/moe_modes.py's
 ``packed_layer``), random softmax top-k routing. Prints one line per model and token count.
 """
 from __future__ import annotations
@@ -43,6 +45,31 @@ def warm(stack, ids, frac: float):
     return call
 
 
+PAGE_STRIDE = 64 * 1024  # bytes between touches: every 64 KB, so 2 MB and 64 KB GPU pages alike
+
+
+def touch_pages(stacks, ids):
+    """A call that reads one element every :data:`PAGE_STRIDE` bytes of each routed expert's codes,
+    scales and zeros in ``stacks``: their address translations warm, next to nothing in L2 (a 32-byte
+    sector a page). Against the layer on a cold L2, it tells what the first touch of each page costs."""
+    experts = sorted(set(int(e) for e in ids.flatten().tolist() if 0 <= int(e) < stacks[0].num_experts))
+    views = []
+    for stack in stacks:
+        for t in (stack.b, stack.scales, stack.zeros):
+            if t is None:
+                continue
+            for e in experts:
+                flat = t[e].reshape(-1)
+                step = max(1, PAGE_STRIDE // flat.element_size())
+                idx = torch.arange(0, flat.numel(), step, device=flat.device)
+                views.append((flat, idx, torch.empty(idx.numel(), dtype=flat.dtype, device=flat.device)))
+
+    def call():
+        for flat, idx, out in views:
+            torch.index_select(flat, 0, idx, out=out)
+    return call
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b")
@@ -62,11 +89,14 @@ def main(argv=None) -> None:
                 w = warm(stack, ids, frac)
                 fns[label] = w
                 fns[label + "+layer"] = lambda w=w: (w(), layer())
+            touch = touch_pages((w13, w2), ids)
+            fns["pages"], fns["pages+layer"] = touch, lambda: (touch(), layer())
             for how in args.flush.split(","):
                 us = {k: v[0] * 1e6 for k, v in time_cold(fns, rounds=args.rounds, eager=False, flush=how).items()}
                 line = f"{name} T={t} ({how} flush): cold L2 {us['layer']:.1f} µs"
                 for label, _, _ in variants:
                     line += f" | {label} in L2 {us[label + '+layer'] - us[label]:.1f}"
+                line += f" | pages touched {us['pages+layer'] - us['pages']:.1f}"
                 print(line, flush=True)
 
 
