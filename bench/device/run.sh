@@ -248,9 +248,10 @@ EOF
         timeout $left $MG profile --model llama3-8b,llama3-70b --bits "$b" --group-size 64 --dtype "$d" \
           --ms "${PROFILE_MS:-1,2,4,8,16,32}" --out "$OUT/h100.json" --quiet 2>&1 | tail -1
       done; done ;;
-    profile-moe)  # the grouped kernels' schedules per MoE preset, tokens and projection, into a copy of the profile
+    profile-moe)  # the grouped kernels' schedules per MoE preset, tokens and projection, into a copy of the profile (MOE_PROFILE_ARGS: --model, --families, --against-profile)
       [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
-      timeout "${PROFILE_TIMEOUT:-400}" $MG profile-moe --tokens "${MOE_TOKENS:-1,2,4,8,16,32,64,256}" \
+      # shellcheck disable=SC2086
+      timeout "${PROFILE_TIMEOUT:-400}" $MG profile-moe --tokens "${MOE_TOKENS:-1,2,4,8,16,32,64,256}" ${MOE_PROFILE_ARGS:-} \
         --out "$OUT/h100.json" 2>&1 | tee "$OUT/profile-moe.log" | grep -vE "$QUIET" | tail -50
       MIXED_GEMM_PROFILE=$OUT/h100.json timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -m gpu tests/ops/test_moe_gemv_gpu.py \
         tests/ops/test_moe_sm90a_gpu.py tests/nn/test_moe.py -p no:cacheprovider 2>&1 | tail -2 ;;

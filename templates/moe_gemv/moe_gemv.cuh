@@ -108,10 +108,20 @@ __device__ __forceinline__ GateUpRuns gate_up_runs(int gate_up, int strip0, int 
 // widens to fp32 for four FMAs; the mma path issues one mma per 16x16 atom on the raw codes, which
 // is what keeps a large expert's stream (Mixtral at 1 token: 117 MB of gate|up) at the copy rate.
 // The weight is then never rounded to the activation dtype (q' s + z' stays fp32 in the fold).
+//
+// kTouchPages (`_tp`, gate|up only): before the main loop, thread i of the CTA prefetches into L2 the
+// first line of 2 MB page i of the CTA's K slice of the expert (all strips of atoms [kbeg, kend):
+// the sm90a layout is atom-major, so the slice is one contiguous range). At one token every gate|up
+// CTA walks K at about the same pace, so without it all of them reach each of an expert's pages
+// together and, if a first touch stalls for the address translation, wait for one page at a time
+// (Mixtral: ~29 pages an expert); the prefetches start every translation of the slice at once.
+// Only gate|up: in the down kernels the same code cost registers (w2_s1_w4x2_u8_ds 90 -> 104), and
+// inside the shared main loop it cost 50 (a per-step prefetch) or 16 (a prologue in dense gemv).
 template <typename Element, int kBits, MoeStage kStage, int kStrips, int kWarpsN, int kWarpsK, int kUnroll,
-          bool kDeferred = false>
+          bool kDeferred = false, bool kTouchPages = false>
 struct MoeGemv {
   static constexpr bool kGated = kStage == MoeStage::kGateUp;
+  static_assert(kGated || !kTouchPages, "touch_pages (_tp) is the gate|up kernel's");
   // The gate|up kernel's warps hold two runs of strips: kStrips gate strips and, I/16 strips
   // further, their up strips (templates/gemv/gemv.cuh, kRuns). The weight needs no repack.
   static constexpr int kRuns = kGated ? 2 : 1;
@@ -188,6 +198,18 @@ struct MoeGemv {
     }
   }
 
+  // kTouchPages: one prefetch.global.L2 per 2 MB page of the expert's atoms [kbeg, kend) (all strips),
+  // thread i taking pages i, i + kThreads, ...; the first page's line is the slice's own first.
+  static __device__ __forceinline__ void touch_pages(GemvArgs const& p, int kbeg, int kend) {
+    constexpr uintptr_t kPage = uintptr_t(2) << 20;
+    constexpr size_t kAtomRowBytes = 128 * K::W::kWords;  // one strip of one atom
+    uintptr_t const base = reinterpret_cast<uintptr_t>(p.b);
+    uintptr_t const lo = base + (size_t)kbeg * p.strips * kAtomRowBytes;
+    uintptr_t const hi = base + (size_t)kend * p.strips * kAtomRowBytes;
+    for (uintptr_t at = (lo & ~(kPage - 1)) + threadIdx.x * kPage; at < hi; at += kThreads * kPage)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(at < lo ? lo : at));
+  }
+
   // f(i, gate, up) for each gate|up output i (a column of h) the lane holds after the reduction.
   // Interleaved: strip j (of 2 kStrips from 2 strip0) holds gate row 8 (2 strip0 + j) + g as its row
   // g (row half 0) and the up row as its row g + 8 (row half 1). Otherwise gate strip j's rows g,
@@ -233,6 +255,7 @@ struct MoeGemv {
     GemvArgs const p = expert_args(a, e, static_cast<raw const*>(a.x) + (size_t)token * a.k);
     int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
     int const kbeg = blockIdx.y * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
+    if constexpr (kTouchPages) touch_pages(p, kbeg, kend);
     typename K::Acc acc;
     float (&flat)[K::kAcc] = reinterpret_cast<float(&)[K::kAcc]>(acc);
 #pragma unroll

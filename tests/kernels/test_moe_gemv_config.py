@@ -36,7 +36,8 @@ def _problem(stage="w13", tokens=1, top_k=2, experts=8, h=4096, inter=1024, **kw
                                       "w2_s1_w4x2_u4_kloop", "w2_s4_w2x2_u2", "w13_s1_w4x2_u8_m16_xe",
                                       "w2_s1_w4x2_u4_m8_xe_split3", "w13_s2_w2x2_u8_m8_xe_split2",
                                       "w13_s1_w4x2_u8_m16_pe_split6", "w2_s1_w4x2_u4_m8_pe", "w13_s1_w4x2_u8_ds_split2",
-                                      "w2_s2_w4x2_u8_ds_split4_kloop"])
+                                      "w2_s2_w4x2_u8_ds_split4_kloop", "w13_s1_w4x2_u8_ds_tp_split4",
+                                      "w13_s2_w4x1_u8_tp"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeGemvConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_gemv:{schedule}"
@@ -47,6 +48,7 @@ def test_schedule_round_trip_and_names(schedule):
     assert (k.by_expert, k.tokens) == (c.by_expert, c.tokens) == ("_xe" in schedule, tokens)
     assert k.persistent == c.persistent == ("_pe" in schedule) and c.tiled == (tokens > 1)
     assert k.deferred == c.deferred == ("_ds" in schedule)
+    assert k.touch_pages == c.touch_pages == ("_tp" in schedule)
     assert c.kernel_name == k.kernel_name == f"mg_moe_bf16_u8_{k.schedule}"
     assert c.name == f"mg_moe_bf16_u8_zfloat_{schedule}"
     assert family("moe_gemv") is FAMILY and FAMILY in GROUPED_FAMILIES
@@ -66,6 +68,8 @@ def test_schedule_round_trip_and_names(schedule):
         MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_pe")  # persistent mode names its tokens
     with pytest.raises(ValueError, match="not a moe_gemv schedule"):
         MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_split2_ds")  # _ds comes before the split
+    with pytest.raises(ValueError, match="not a moe_gemv schedule"):
+        MoeGemvConfig.from_schedule("w13_s1_w4x2_u8_tp_ds")  # _tp comes after _ds
 
 
 @pytest.mark.parametrize("kw, rule", [
@@ -89,6 +93,9 @@ def test_schedule_round_trip_and_names(schedule):
     (dict(persistent=True, by_expert=True, tokens=8), r"by_expert \(_xe\) and persistent \(_pe\) are two modes"),
     (dict(by_expert=True, tokens=8, deferred=True), r"deferred \(_ds: .*\) is pair mode's"),
     (dict(persistent=True, tokens=16, deferred=True), r"deferred \(_ds: .*\) is pair mode's"),
+    (dict(stage="w2", touch_pages=True), r"touch_pages \(_tp: .*\) is pair mode's gate\|up"),
+    (dict(by_expert=True, tokens=8, touch_pages=True), r"touch_pages \(_tp: .*\) is pair mode's gate\|up"),
+    (dict(persistent=True, tokens=16, touch_pages=True), r"touch_pages \(_tp: .*\) is pair mode's gate\|up"),
     (dict(by_expert=True, tokens=16, strips=2, warps=(4, 2), unroll=16),
      "shared memory 84288 B above the static 49152 B"),  # 8 staged slices of 16 rows x 16 atoms
 ])
@@ -116,7 +123,10 @@ def test_derived_sizes():
 
 def test_catalog_is_small_and_covers_every_kind_and_stage():
     cat = FAMILY.catalog()
-    assert 0 < len(cat) <= 88 and len(IDENTITIES) == len(cat)
+    assert 0 < len(cat) <= 100 and len(IDENTITIES) == len(cat)
+    touch = [c for c in cat if c.touch_pages]  # profile candidates: packaged only where a profile names them
+    assert len(touch) == 12 and all(c.deferred and c.stage == "w13" and not c.tiled for c in touch)
+    assert {c.kernel_name for c in FAMILY.packaged((9, 0))} == IDENTITIES - {c.kernel_name for c in touch}
     assert cat[0].stage == "w13"  # tests/kernels/test_families.py builds its problem from the first config
     for dtype in ("f16", "bf16"):
         for bits in (4, 8):
@@ -163,7 +173,8 @@ def test_every_catalog_config_renders_its_numbers(config):
     stage = "kGateUp" if config.stage == "w13" else "kDown"
     element = "cutlass::half_t" if config.dtype == "f16" else "cutlass::bfloat16_t"
     struct = "MoeGemvExpert" if config.by_expert else "MoeGemvPersistent" if config.persistent else "MoeGemv"
-    tokens = f", {config.tokens}" if config.tiled else ", true" if config.deferred else ""  # then kDeferred
+    tokens = (f", {config.tokens}" if config.tiled else ", true, true" if config.touch_pages  # kDeferred, kTouchPages
+              else ", true" if config.deferred else "")
     args = "MoeGemvFusedArgs" if config.fused else "MoeGemvArgs"
     if config.fused:  # both stages in one kernel
         assert re.search(rf"mixed_gemm::MoeGemvFused<{re.escape(element)}, {config.bits}, {config.strips}, "
@@ -184,6 +195,28 @@ def test_every_catalog_config_renders_its_numbers(config):
         assert f"static_assert({expr} == {value}," in src
     assert f"__launch_bounds__({config.threads}) {config.kernel_name}(mixed_gemm::{args} const args)" in src
     assert FAMILY.render(config.replace(splits=3, zero_mode="offset")) == src  # launch fields and zeros: one source
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_touch_pages_is_a_template_argument_the_other_kernels_never_see(deferred):
+    """``_tp`` renders ``kDeferred, kTouchPages`` after the unroll; every other pair-mode kernel keeps
+    the arguments it had before the option existed. The profiler's candidates offer it beside each
+    deferred gate|up pair-mode schedule."""
+    plain = MoeGemvConfig(stage="w13", strips=1, warps=(4, 2), unroll=8, deferred=deferred)
+    touch = plain.replace(touch_pages=True)
+    tail = ", true, true>;" if deferred else ", false, true>;"
+    src = FAMILY.render(touch)
+    assert re.search(r"mixed_gemm::MoeGemv<cutlass::half_t, 4, mixed_gemm::MoeStage::kGateUp, 1,\s+4, 2, 8" +
+                     re.escape(tail), src)
+    assert f"__launch_bounds__(256) {touch.kernel_name}(" in src and touch.kernel_name.endswith("_tp")
+    plain_tail = "4, 2, 8, true>;" if deferred else "4, 2, 8>;"
+    assert plain_tail in FAMILY.render(plain) and tail not in FAMILY.render(plain)
+    sched = candidate_schedules(_problem(tokens=1, top_k=2, experts=8, h=4096, inter=14336), 132)
+    touched = [s for s in sched if "_tp" in s]
+    assert touched and all("_ds_tp" in s and s.startswith("w13_") for s in touched)
+    assert {s.replace("_tp", "") for s in touched} == {s for s in sched if s.startswith("w13_") and "_ds" in s
+                                                       and "_tp" not in s and "_m" not in s}
+    assert not [s for s in candidate_schedules(_problem(stage="w2", tokens=1), 132) if "_tp" in s]
 
 
 @pytest.mark.parametrize("stage, n, k, splits", [("w13", 2 * 768, 2048, 6), ("w13", 2 * 80, 520, 32),

@@ -377,6 +377,37 @@ def test_split_and_slot_planes_are_deterministic(s13, s2, t):
     assert_elementwise(first, ref, 512, chained=2)
 
 
+def _touch_pages_params():
+    """Every catalog gate|up pair shape, with and without ``_ds``, in f16 int4, and one bf16 int8
+    kernel; one K slice and three (slices that start inside a 2 MB page)."""
+    cases = [("f16", 4, _sched(a, splits, ds=ds)) for a in shapes_for(4, "w13") for ds in (False, True)
+             for splits in (1, 3)]
+    return cases + [("bf16", 8, _sched(shapes_for(8, "w13")[1], 3, ds=True))]
+
+
+@pytest.mark.parametrize("dtype, bits, s13", _touch_pages_params())
+def test_touch_pages_changes_no_bit(dtype, bits, s13):
+    """``_tp`` only prefetches (one L2 line per 2 MB page of the CTA's K slice): h is bitwise the
+    kernel's without it, and within the reference. 4 MB (int4) to 8 MB (int8) an expert, so the
+    slices span several pages."""
+    e, h, inter, top_k, t = 4, 2048, 2048, 2, 3
+    seed = seed_of("touch", dtype, bits, s13)
+    w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero="int", group=128, seed=seed, gate_up=True)
+    w2 = Experts(e, h, inter, dtype=dtype, bits=bits, zero="int", group=128, seed=seed + 1)
+    zm = w13.packed.zero_mode
+    plain = MoeGemvConfig.from_schedule(s13, dtype=dtype, bits=bits, zero_mode=zm)
+    touch = plain.replace(touch_pages=True)
+    assert touch.schedule.endswith(("_tp", f"_tp_split{plain.splits}")) and touch.kernel_name != plain.kernel_name
+    down = MoeGemvConfig.from_schedule(_sched(shapes_for(bits, "w2")[0], 1), dtype=dtype, bits=bits, zero_mode=zm)
+    x = torch.randn(t, h, generator=torch.Generator().manual_seed(seed)).to("cuda", DTYPES[dtype])
+    weights, ids = routing(t, top_k, e, seed)
+    h_plain, _ = run_stages(plain, down, x, w13.packed, w2.packed, weights, ids)
+    h_touch, _ = run_stages(touch, down, x, w13.packed, w2.packed, weights, ids)
+    assert not torch.isnan(h_touch).any(), "an output was never written"
+    assert torch.equal(h_touch, h_plain)
+    assert_elementwise(h_touch, ref_h(x, w13.kernel, ids, top_k), h)
+
+
 def test_moe_takes_the_grouped_path_and_falls_back_for_sm80_experts():
     w13, w2 = layer()
     x = torch.randn(2, 256, device="cuda").half()

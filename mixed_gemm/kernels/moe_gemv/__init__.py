@@ -44,6 +44,17 @@ MAX_PAIRS = 2**31 - 1  # pair indices are 32-bit in the kernel
 MAX_EXPERT_PAIRS = 2**30  # expert mode: scan rounds index up to pairs + 4 * threads, invalid ids as ~p
 
 
+def _tail_args(kernel: MoeGemvConfig) -> str:
+    """The kernel struct's template arguments after the unroll: expert and persistent mode's rows per
+    pass; pair mode's ``kDeferred, kTouchPages``, left at their defaults when false (the source of
+    every earlier pair-mode kernel stays as it was)."""
+    if kernel.tiled:
+        return f", {kernel.tokens}"
+    if kernel.touch_pages:
+        return f", {str(kernel.deferred).lower()}, true"
+    return ", true" if kernel.deferred else ""
+
+
 class MoeGemvFamily(GroupedFamily):
     name = "moe_gemv"
     config_class = MoeGemvConfig
@@ -98,6 +109,11 @@ class MoeGemvFamily(GroupedFamily):
     def catalog(self) -> List[MoeGemvConfig]:
         return default_catalog()
 
+    def packaged(self, capability) -> List[MoeGemvConfig]:
+        """The catalog (a grouped family's choice depends on the routing), less the page-touch
+        kernels (``_tp``, profile candidates), which come in only through a profile naming them."""
+        return [c for c in super().packaged(capability) if not c.touch_pages]
+
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
 
@@ -131,7 +147,7 @@ class MoeGemvFamily(GroupedFamily):
             fused=kernel.fused, tokens=kernel.tokens, fused_args_bytes=MOE_GEMV_FUSED_ARGS_BYTES,
             args_type="MoeGemvFusedArgs" if kernel.fused else "MoeGemvArgs",
             kernel_struct=struct,
-            tail_args=f", {kernel.tokens}" if kernel.tiled else ", true" if kernel.deferred else "",
+            tail_args=_tail_args(kernel),
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,
             warps_n=kernel.warps[0], warps_k=kernel.warps[1], unroll=kernel.unroll, threads=kernel.threads,
             rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=MOE_GEMV_ARGS_BYTES, constants=grouped_constant_checks() + weight_constant_checks(),

@@ -1,5 +1,7 @@
 """The moe_gemv schedules worth timing for one projection: every catalog shape of its stage (pair
-mode with and without deferred group parameters, ``_ds``), at
+mode with and without deferred group parameters, ``_ds``; the deferred gate|up ones also with the
+page touch before the main loop, ``_tp``, which a kernel package holds only where a profile names
+it), at
 split counts around the heuristic's (and, for the down projection, with and without ``_kloop``);
 from two tokens on, the expert-mode shapes too (their down kernel while its per-pair planes fit);
 the persistent-mode shapes at every token count their rules allow (pairs and experts sorted in
@@ -28,9 +30,10 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
         for slot_loop in loops:
             best, steps = base.splits, base.steps(problem.k)
             for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
-                name = base.replace(splits=s, slot_loop=slot_loop).schedule
-                if name not in out:
-                    out.append(name)
+                for touch in (False, True) if stage == "w13" and deferred else (False,):
+                    name = base.replace(splits=s, slot_loop=slot_loop, touch_pages=touch).schedule
+                    if name not in out:
+                        out.append(name)
     expert = (problem.tokens >= 2 and problem.experts <= GRID_Z
               and (problem.stage == "w13" or problem.pairs * problem.n <= WORKSPACE_FLOATS))
     for stage, strips, warps, unroll, tokens in expert_shapes_for(problem.bits, problem.stage) if expert else ():

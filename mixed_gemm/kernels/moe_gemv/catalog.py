@@ -3,7 +3,10 @@ precompiles and ``generated/`` shows. Kept small (every kernel in it is compiled
 dtype and width, three pair-mode shapes per stage and one expert-mode shape per stage at 8 and 16
 tokens, one persistent-mode shape per stage at 8 and 16 tokens, and the one-launch persistent kernel
 (both stages, ``_pe1``) at 8 and 16 tokens; the pair-mode shapes again with deferred group
-parameters (``_ds``: the mma path, for the large experts' one-token stream): 88 kernels."""
+parameters (``_ds``: the mma path, for the large experts' one-token stream): 88 kernels. Profile
+candidates besides (in the catalog so that ``build --all`` and the tests reach them, in a kernel
+package only where a profile names them: ``MoeGemvFamily.packaged``): the deferred gate|up shapes
+with the page touch before the main loop (``_tp``): 12 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -65,10 +68,11 @@ def persistent_shapes_for(bits: int, stage: str = None, tokens: int = None):
 def default_catalog() -> List[MoeGemvConfig]:
     pair = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, deferred=ds)
             for ds in (False, True) for d in DTYPES for b in (4, 8) for st, s, w, u in shapes_for(b)]
+    touch = [c.replace(touch_pages=True) for c in pair if c.deferred and c.stage == "w13"]
     expert = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, by_expert=True)
               for d in DTYPES for b in (4, 8) for st, s, w, u, t in expert_shapes_for(b)]
     persistent = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True)
                   for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b)]
     fused = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True, fused=True)
              for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b, "w13")]
-    return pair + expert + persistent + fused
+    return pair + expert + persistent + fused + touch

@@ -11,7 +11,7 @@ from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(_ds)?(?:_split(\d+))?(_kloop)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(_ds)?(_tp)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -59,7 +59,10 @@ class MoeGemvConfig:
     templates/gemv/gemv.cuh for one token) in pair mode, or with ``deferred`` (``_ds``, pair mode
     only) gemv's mma path on one n8 tile with the group's scale and zero applied to the fp32 sums once
     per group (templates/atoms/deferred.cuh: the dense decode kernels' ``_ds``; fewer instructions
-    per weight byte than converting and scaling every weight for one token's FMAs); ``by_expert`` (``_m<tokens>_xe``: expert
+    per weight byte than converting and scaling every weight for one token's FMAs); ``touch_pages``
+    (``_tp``, pair mode's gate|up only): each CTA first prefetches one L2 line per 2 MB page of its
+    K slice of the expert, so the slice's address translations start together instead of one page
+    at a time as the CTAs' common k-walk reaches them (``MoeGemv::touch_pages``); ``by_expert`` (``_m<tokens>_xe``: expert
     mode, ``MoeGemvExpert``): grid.z indexes experts, each CTA scans the routing for its expert's
     pairs and serves ``tokens`` (8 or 16, gemv's meaning: rows of x per CTA, mma n8 tiles) of them
     per pass over the expert's weight, x rows gathered and staged in shared memory; ``persistent``
@@ -89,6 +92,7 @@ class MoeGemvConfig:
     persistent: bool = False
     fused: bool = False
     deferred: bool = False
+    touch_pages: bool = False
     splits: int = 1
     slot_loop: bool = False
 
@@ -111,6 +115,9 @@ class MoeGemvConfig:
              "(mma n8 tiles) and 1 in pair mode (one pair per CTA)"),
             (not (self.deferred and self.tiled),
              "deferred (_ds: the mma path with the group's parameters applied to the sums) is pair mode's"),
+            (not self.touch_pages or (self.stage == "w13" and not self.tiled),
+             "touch_pages (_tp: a prefetch per 2 MB page of the K slice before the main loop) is pair mode's "
+             "gate|up (stage w13)"),
             (self.stage == "w2" or not self.slot_loop, "slot_loop (_kloop) is the down projection's (stage w2)"),
             (not ((self.by_expert or self.persistent) and self.slot_loop),
              "slot_loop (_kloop) is pair mode's: in expert and persistent mode a token's slots lie in different "
@@ -191,7 +198,7 @@ class MoeGemvConfig:
         return (f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
                 + (f"_m{self.tokens}_xe" if self.by_expert
                    else f"_m{self.tokens}_pe{'1' if self.fused else ''}" if self.persistent else "")
-                + ("_ds" if self.deferred else ""))
+                + ("_ds" if self.deferred else "") + ("_tp" if self.touch_pages else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -213,11 +220,11 @@ class MoeGemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_split<S>][_kloop]")
-        stage, s, wn, wk, u, tokens, mode, ds, sp, kloop = m.groups()
+                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_tp][_split<S>][_kloop]")
+        stage, s, wn, wk, u, tokens, mode, ds, tp, sp, kloop = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode in ("pe", "pe1"), fused=mode == "pe1",
-                   deferred=bool(ds), splits=int(sp or 1), slot_loop=bool(kloop))
+                   deferred=bool(ds), touch_pages=bool(tp), splits=int(sp or 1), slot_loop=bool(kloop))
 
     def replace(self, **changes) -> "MoeGemvConfig":
         return dataclasses.replace(self, **changes)
