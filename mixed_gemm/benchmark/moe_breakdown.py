@@ -112,10 +112,9 @@ def profile_replays(fn, replays: int = 5) -> List[List[Tuple[str, float, float]]
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from ..profiler.timing import graph_of
+    from ..profiler.timing import graph_of, l2_flush_buffer
 
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    flush = l2_flush_buffer()
     fn()
     torch.cuda.synchronize()
     graph = graph_of(lambda: (flush.zero_(), fn()), 1)

@@ -133,6 +133,15 @@ def _elapsed_s(run: Callable[[], object]) -> float:
 FLUSHES = ("write", "read")  # how time_cold empties the L2 before each call
 
 
+def l2_flush_buffer():
+    """An fp32 buffer twice the current GPU's L2: writing (or reading) all of it evicts what a
+    timed call would otherwise find in L2."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+
+
 def time_cold(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10,
               eager: bool = True, uncaptured: Optional[Dict[str, str]] = None,
               flush: str = "write") -> Dict[str, tuple]:
@@ -153,8 +162,7 @@ def time_cold(fns: Dict[str, Callable[[], object]], rounds: int, calls: int = 10
 
     if flush not in FLUSHES:
         raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    buf = torch.empty(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    buf = l2_flush_buffer()
     buf.zero_()
     total = torch.empty((), dtype=torch.float32, device="cuda")
     empty_l2 = buf.zero_ if flush == "write" else (lambda: torch.sum(buf, dim=0, out=total))
