@@ -69,11 +69,11 @@ Loaded const& loaded() {
 extern "C" {
 
 // [abi version, sizeof(Params), shared memory bytes, threads, stages, bits, tile M, tile N, tile K, CTAs per SM,
-//  cluster M, phased]
+//  cluster M, phased, cluster K]
 int mg_info(long long* out, int count) {
-  long long v[] = {3, (long long)sizeof(s90::Params), (long long)Geo::kSmemBytes, Geo::kThreads,
+  long long v[] = {4, (long long)sizeof(s90::Params), (long long)Geo::kSmemBytes, Geo::kThreads,
                    Geo::kStages, Geo::kBitsW, Geo::kTileM, Geo::kTN, Geo::kTK, Geo::kCtasPerSm, Geo::kClusterM,
-                   Geo::kPhased ? 1 : 0};
+                   Geo::kPhased ? 1 : 0, Geo::kClusterK};
   int total = int(sizeof(v) / sizeof(v[0]));
   for (int i = 0; i < count && i < total; ++i) out[i] = v[i];
   return total;
@@ -99,8 +99,8 @@ int mg_max_active_clusters() {
 }
 
 int mg_init(void* slot, const void* w, const void* s, const void* z, const void* x, int m, int n, int n_pad, int k,
-            int group, int groups, int splits) {
-  return s90::init<Geo>(static_cast<s90::Slot*>(slot), w, s, z, x, m, n, n_pad, k, group, groups, splits);
+            int group, int groups, int splits, int sk_ctas) {
+  return s90::init<Geo>(static_cast<s90::Slot*>(slot), w, s, z, x, m, n, n_pad, k, group, groups, splits, sk_ctas);
 }
 
 long long mg_workspace_floats(void* slot) { return s90::workspace_floats<Geo>(static_cast<s90::Slot*>(slot)); }

@@ -108,11 +108,29 @@ void set_shape(Params& p, int m, int n, int k, int g, int rows, int kb_shift, in
   p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * Geo::kTileM * rows * 2;
 }
 
+// Stream-K over `ctas` CTAs (at most one per unit): the CTA that holds unit u (Mainloop::sk_owner),
+// and the most K segments a tile gets (the CTA boundaries inside it, + 1).
+inline int sk_owner(long long u, int ctas, long long units) { return int(((u + 1) * ctas - 1) / units); }
+inline int sk_most_segments(int tiles, int k_tiles, int ctas) {
+  long long const units = (long long)tiles * k_tiles;
+  int most = 1;
+  for (int t = 0; t < tiles; ++t) {
+    long long const u0 = (long long)t * k_tiles;
+    int const segs = sk_owner(u0 + k_tiles - 1, ctas, units) - sk_owner(u0, ctas, units) + 1;
+    most = segs > most ? segs : most;
+  }
+  return most;
+}
+
+// splits: K slices asked for (1: none); sk_ctas > 0: stream-K over that many CTAs instead (no
+// cluster), the grid one-dimensional.
 template <class Geo>
 int init(Slot* slot, void const* w, void const* s, void const* z, void const* x, int m, int n, int n_pad, int k,
-         int group, int groups, int splits) {
+         int group, int groups, int splits, int sk_ctas) {
   if (!encode_fn()) return kErrNoDriver;
-  if (m < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1) return kErrShape;
+  if (m < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1 || sk_ctas < 0 ||
+      (sk_ctas > 0 && (Geo::kClusterM > 1 || Geo::kClusterK > 1 || Geo::kPhased)))
+    return kErrShape;
   int g, rows, kb_shift;
   if (!group_geometry<Geo>(group, groups, g, rows, kb_shift)) return kErrShape;
 
@@ -137,8 +155,23 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   // Row tiles rounded up to whole clusters: a CTA past N still loads its part of x for its peers
   // (its weight boxes are out of bounds, zero-filled) and stores nothing.
   int const row_tiles = (n + Geo::kTileM * Geo::kClusterM - 1) / (Geo::kTileM * Geo::kClusterM) * Geo::kClusterM;
-  slot->grid = dim3(p.splits, row_tiles, (m + Geo::kTN - 1) / Geo::kTN);
-  slot->tiles = (long long)slot->grid.y * slot->grid.z;
+  int const token_tiles = (m + Geo::kTN - 1) / Geo::kTN;
+  if (Geo::kClusterK > 1) {
+    // A 1xS cluster is the S slices of one tile, whatever K: a slice past K gets no k-tile.
+    p.split_tiles = (p.k_tiles + Geo::kClusterK - 1) / Geo::kClusterK;
+    p.splits = Geo::kClusterK;
+  }
+  slot->grid = dim3(p.splits, row_tiles, token_tiles);
+  slot->tiles = (long long)row_tiles * token_tiles;
+  if (sk_ctas > 0) {
+    long long const units = slot->tiles * p.k_tiles;
+    p.sk_ctas = int(units < sk_ctas ? units : sk_ctas);
+    p.sk_units = int(units);
+    p.row_tiles = row_tiles;
+    p.splits = sk_most_segments(int(slot->tiles), p.k_tiles, p.sk_ctas);
+    p.split_tiles = p.k_tiles;
+    slot->grid = dim3(p.sk_ctas);
+  }
   slot->m = m;
   return 0;
 }
@@ -222,11 +255,11 @@ int max_active_clusters(void const* kernel) {
 // (one per consumer warp of each output tile).
 template <class Geo>
 long long workspace_floats(Slot const* slot) {
-  if (slot->params.splits < 2) return 0;
+  if (slot->params.splits < 2 || Geo::kClusterK > 1) return 0;  // a 1xS cluster sums in shared memory
   return (long long)slot->params.splits * slot->tiles * Geo::kConsumerThreads * (Geo::kTN / 2);
 }
 template <class Geo>
-long long counter_count(Slot const* slot) { return slot->tiles * Geo::kConsumerWarps; }
+long long counter_count(Slot const* slot) { return Geo::kClusterK > 1 ? 0 : slot->tiles * Geo::kConsumerWarps; }
 
 // Grouped: the routing's device arrays of this call (offsets and counts int64, tile_ends int32 for
 // tiles of TN rows), then run().
@@ -258,14 +291,15 @@ int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias
   cfg.dynamicSmemBytes = Geo::kSmemBytes;
   cfg.stream = stream;
   // A Cx1 cluster groups the C CTAs of adjacent row tiles (grid y) of one K slice and token tile
-  // (grid y is a multiple of C, above).
+  // (grid y is a multiple of C, above); a 1xS cluster the S K slices (grid x) of one tile.
+  constexpr bool kCluster = Geo::kClusterM > 1 || Geo::kClusterK > 1;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.x = Geo::kClusterK;
   attr[0].val.clusterDim.y = Geo::kClusterM;
   attr[0].val.clusterDim.z = 1;
-  cfg.attrs = Geo::kClusterM > 1 ? attr : nullptr;
-  cfg.numAttrs = Geo::kClusterM > 1 ? 1 : 0;
+  cfg.attrs = kCluster ? attr : nullptr;
+  cfg.numAttrs = kCluster ? 1 : 0;
   void* args[] = {&p};
   // The Params are copied into the launch (a captured graph node owns its copy).
   return cudaLaunchKernelExC(&cfg, kernel, args) == cudaSuccess ? 0 : kErrLaunch;

@@ -15,6 +15,13 @@
 // part of all partials in split order (deterministic) and runs its epilogue. No memset per launch:
 // the counters are zero between launches.
 //
+// Stream-K (Params::sk_ctas > 0, dense, no cluster): a persistent grid of G CTAs splits the U =
+// tiles x k-tiles work units into G contiguous ranges of U/G units (k inner), so every SM streams the
+// same number of k-tiles whatever the tile count: 224 tiles on 132 SMs run as 1.7 tiles a CTA, not
+// two waves with 40% of the SMs idle in the second. A range that starts or ends inside a tile makes
+// a K segment of it; the segments of a tile are summed like split-K slices (the segment index is the
+// CTA count between the tile's first unit and the segment's, so every CTA derives the same split).
+//
 // Cx1 cluster (Geo::kClusterM = C, 2 or 4): the C CTAs take adjacent row tiles of one K slice and
 // token tile, so their x stages are equal. Producer r loads token rows [r TN/C, (r+1) TN/C) of x with
 // TMA multicast into all C CTAs' stage (same offset, and complete_tx on each CTA's full barrier,
@@ -23,6 +30,12 @@
 // lane j on CTA rank ^ j (8 C arrivals a phase). Before the producer exits it waits for the last
 // releases, so no peer arrival targets an exited CTA's shared memory; the multicasts into a CTA are
 // all awaited by its own consumers.
+//
+// 1xS cluster (Geo::kClusterK = S, 2 or 4): the S K slices of a tile are one cluster. Slices 1..S-1
+// write their partials with st.async into slice 0's shared memory (a region after the ring), each
+// completing its bytes on slice 0's reduce barrier, which slice 0 armed for all of them before the
+// cluster's start barrier; slice 0 waits on it, sums in slice order and stores. Slices that get no
+// k-tile (K shorter than S slices) send zeros.
 //
 // Phased (Geo::kPhased): the consumer warpgroups take turns issuing their k-tile's wgmmas (two
 // named barriers, warpgroup 0 first), so one warpgroup's wgmmas run while the other converts and
@@ -111,6 +124,18 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 // Every thread of the cluster's CTAs: the barrier inits are visible cluster-wide past it.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Four floats into cluster CTA `cta`'s shared memory at the offset of `dst` here, completing 16
+// bytes on its barrier at the offset of `bar` (st.async: the writer does not wait).
+__device__ __forceinline__ void st_async_f4(float* dst, float4 v, uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 rdst, rbar;\n"
+      "mapa.shared::cluster.u32 rdst, %0, %6;\n"
+      "mapa.shared::cluster.u32 rbar, %1, %6;\n"
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [rdst], {%2, %3, %4, %5}, [rbar];\n"
+      "}\n" ::"r"(smem_u32(dst)), "r"(smem_u32(bar)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(cta)
+      : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
@@ -290,15 +315,42 @@ struct Mainloop {
     fence(acc);
   }
 
-  // One output tile's work: its K slice, weight rows, split-K tile index, expert and token rows.
+  // One output tile's work: its K slice (split of nsplit; k-tiles kt0 .. kt0 + nk), weight rows,
+  // split-K tile index, expert and token rows.
   struct Work {
-    int split, row0, tile, expert, tok0, tok_end;
+    int split, nsplit, row0, tile, expert, tok0, tok_end, kt0, nk;
   };
+
+  // The k-tiles of a split-K slice (>= 1: the host drops empty slices).
+  static __device__ __forceinline__ void slice_tiles(Params const& p, Work& wk) {
+    wk.kt0 = wk.split * p.split_tiles;
+    wk.nk = max(0, min(p.k_tiles, wk.kt0 + p.split_tiles) - wk.kt0);  // 0: a 1xS cluster's idle slice
+  }
 
   // Dense: the CTA's one tile, from blockIdx (x: K slice, y: row tile, z: token tile).
   static __device__ __forceinline__ Work dense_work(Params const& p) {
-    return Work{int(blockIdx.x), int(blockIdx.y) * kTileM, int(blockIdx.y + gridDim.y * blockIdx.z), 0,
-                int(blockIdx.z) * TN, p.m};
+    Work wk{int(blockIdx.x), p.splits, int(blockIdx.y) * kTileM, int(blockIdx.y + gridDim.y * blockIdx.z), 0,
+            int(blockIdx.z) * TN, p.m, 0, 0};
+    slice_tiles(p, wk);
+    return wk;
+  }
+
+  // Stream-K: the first unit of CTA g's range, and the CTA whose range holds unit u.
+  static __device__ __forceinline__ int sk_begin(Params const& p, int g) {
+    return int((long long)g * p.sk_units / p.sk_ctas);
+  }
+  static __device__ __forceinline__ int sk_owner(Params const& p, int u) {
+    return int(((long long)(u + 1) * p.sk_ctas - 1) / p.sk_units);
+  }
+
+  // Stream-K: the segment of unit w's tile from w to the tile's end or the CTA's range end.
+  static __device__ __forceinline__ Work stream_work(Params const& p, int w, int end) {
+    int const tile = w / p.k_tiles;
+    int const u0 = tile * p.k_tiles;
+    int const first = sk_owner(p, u0);
+    int const rt = tile % p.row_tiles;
+    return Work{sk_owner(p, w) - first, sk_owner(p, u0 + p.k_tiles - 1) - first + 1, rt * kTileM, tile, 0,
+                (tile / p.row_tiles) * TN, p.m, w - u0, min(u0 + p.k_tiles, end) - w};
   }
 
   // Grouped: item w = split + splits (row tile + row_tiles token item), the token item mapped to
@@ -320,14 +372,25 @@ struct Mainloop {
       }
     }
     long long const first = p.offsets[lo];
-    return Work{split, rt * kTileM, rt + p.row_tiles * it, lo,
-                int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN, int(first + p.counts[lo])};
+    Work wk{split, p.splits, rt * kTileM, rt + p.row_tiles * it, lo,
+            int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN, int(first + p.counts[lo]), 0, 0};
+    slice_tiles(p, wk);
+    return wk;
   }
 
-  // The k-tiles of a work item's K slice (>= 1: the host drops empty slices).
-  static __device__ __forceinline__ int slice_tiles(Params const& p, int split, int& kt0) {
-    kt0 = split * p.split_tiles;
-    return min(p.k_tiles, kt0 + p.split_tiles) - kt0;
+  // Work item w of the CTA's walk (`end`: the end of a stream-K range), and the item after it.
+  static __device__ __forceinline__ Work work_at(Params const& p, int w, int end) {
+    if constexpr (Geo::kGrouped) {
+      return grouped_work(p, w);
+    } else {
+      return p.sk_ctas ? stream_work(p, w, end) : dense_work(p);
+    }
+  }
+  static __device__ __forceinline__ int next_item(Params const& p, int w, Work const& wk, int stride, int total) {
+    if constexpr (!Geo::kGrouped) {
+      if (p.sk_ctas) return w + wk.nk;
+    }
+    return w + (stride ? stride : total);
   }
 
   // One stage's TMAs for k-tile kt of a work item, into ring slot s.
@@ -362,16 +425,23 @@ struct Mainloop {
   }
 
   static __device__ void run(Params const& p, char* smem_raw) {
-    // The CTA's first work item and the stride to its next (grouped; dense: one item, stride 0).
+    // The CTA's first work item and the stride to its next (grouped; dense: one item, stride 0;
+    // stream-K: the CTA's unit range, each item the rest of a tile's k-tiles within it).
     int first = 0, stride = 0, total = 1;
     if constexpr (Geo::kGrouped) {
       first = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
       stride = int(gridDim.x * gridDim.y * gridDim.z);
       total = p.tile_ends[p.experts - 1] * p.row_tiles * p.splits;
       if (first >= total) return;  // the whole CTA, before any barrier exists
+    } else {
+      if (p.sk_ctas) {
+        first = sk_begin(p, int(blockIdx.x));
+        total = sk_begin(p, int(blockIdx.x) + 1);
+        if (first >= total) return;
+      }
     }
     char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes + Geo::kReduceBytes);
     uint64_t* empty = full + Geo::kStages;
     int const warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
     if (threadIdx.x == 0) {
@@ -379,10 +449,16 @@ struct Mainloop {
         mbar_init(&full[s], 1);
         mbar_init(&empty[s], Geo::kClusterM * kConsumerThreads / 32);  // one per consumer warp of the cluster
       }
+      if constexpr (Geo::kClusterK > 1) {
+        // Armed before the start barrier: every peer's bytes, whenever they land.
+        uint64_t* const reduce = full + 2 * kMaxStages;
+        mbar_init(reduce, 1);
+        if (cluster_rank() == 0) mbar_expect_tx(reduce, Geo::kReduceBytes);
+      }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if constexpr (Geo::kClusterM > 1) {
-      cluster_sync();  // the peers multicast to and arrive on this CTA's barriers
+    if constexpr (Geo::kClusterM > 1 || Geo::kClusterK > 1) {
+      cluster_sync();  // the peers multicast to and arrive on this CTA's barriers, or write its partials
     } else {
       __syncthreads();
     }
@@ -395,15 +471,14 @@ struct Mainloop {
         prefetch_map(&p.s);
         prefetch_map(&p.z);
         int q = 0;  // k-tiles loaded so far: ring slot q % stages, phase q / stages
-        for (int w = first; w < total; w += (stride ? stride : total)) {
-          Work const wk = Geo::kGrouped ? grouped_work(p, w) : dense_work(p);
-          int kt0;
-          int const nk = slice_tiles(p, wk.split, kt0);
-          for (int i = 0; i < nk; ++i, ++q) {
+        for (int w = first; w < total;) {
+          Work const wk = work_at(p, w, total);
+          for (int i = 0; i < wk.nk; ++i, ++q) {
             int const s = q % Geo::kStages;
             mbar_wait(&empty[s], ((q / Geo::kStages) & 1) ^ 1);  // a fresh barrier passes parity 1
-            load_stage(p, smem, full, s, kt0 + i, wk);
+            load_stage(p, smem, full, s, wk.kt0 + i, wk);
           }
+          w = next_item(p, w, wk, stride, total);
         }
         if constexpr (Geo::kClusterM > 1) {
           // The releases of the last k-tiles (the peers' remote arrivals included) have landed.
@@ -425,22 +500,27 @@ struct Mainloop {
       if (cw == 1) turn_arrive<2, kConsumerThreads>();  // warpgroup 0 issues first
     }
     int q = 0;  // k-tiles consumed so far, as the producer counts them
-    for (int w = first; w < total; w += (stride ? stride : total)) {
-      Work const wk = Geo::kGrouped ? grouped_work(p, w) : dense_work(p);
-      int kt0;
-      int const nk = slice_tiles(p, wk.split, kt0);
+    for (int w = first; w < total;) {
+      Work const wk = work_at(p, w, total);
+      int const nk = wk.nk;
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
       // The k-loop twice, one uniform branch per launch: the common groups (g >= TK, per-channel)
       // take the branch-free conversion.
-      if ((1 << p.kb_shift) >= KB) {
+      if (nk == 0) {
+        // A 1xS cluster's slice past K: its partial is zeros.
+      } else if ((1 << p.kb_shift) >= KB) {
         consume<true>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc);
       } else {
         consume<false>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc);
       }
       q += nk;
+      if constexpr (Geo::kClusterK > 1) {
+        if (!cluster_reduce(smem, full + 2 * kMaxStages, acc, ct)) return;
+      }
       epilogue(p, acc, ct, cw, warp, lane, wk);
+      w = next_item(p, w, wk, stride, total);
     }
   }
 
@@ -533,10 +613,40 @@ struct Mainloop {
     release(empty, s, lane);
   }
 
+  // 1xS cluster: slices 1..S-1 send their partials to slice 0 (false: this CTA is done); slice 0
+  // waits for them and adds them to its own in slice order (true: it stores the tile).
+  static __device__ __forceinline__ bool cluster_reduce(char* smem, uint64_t* reduce, float (&acc)[kAcc], int ct) {
+    float* const red = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
+    uint32_t const rank = cluster_rank();
+    if (rank != 0) {
+      // [slice - 1][TN/8 float4][consumer threads]: a warp's 16-byte writes cover 512 contiguous bytes.
+      float* const mine = red + size_t(rank - 1) * kConsumerThreads * kAcc;
+#pragma unroll
+      for (int q = 0; q < kAcc / 4; ++q)
+        st_async_f4(mine + (size_t(q) * kConsumerThreads + ct) * 4,
+                    make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]), reduce, 0);
+      return false;
+    }
+    mbar_wait(reduce, 0);
+#pragma unroll
+    for (int r = 1; r < Geo::kClusterK; ++r) {
+      float4 const* src = reinterpret_cast<float4 const*>(red + size_t(r - 1) * kConsumerThreads * kAcc);
+#pragma unroll
+      for (int q = 0; q < kAcc / 4; ++q) {
+        float4 const v = src[q * kConsumerThreads + ct];
+        acc[4 * q] += v.x;
+        acc[4 * q + 1] += v.y;
+        acc[4 * q + 2] += v.z;
+        acc[4 * q + 3] += v.w;
+      }
+    }
+    return true;
+  }
+
   static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], int ct, int cw, int warp,
                                                   int lane, Work const& wk) {
     int const row0 = wk.row0, tok0 = wk.tok0, tok_end = wk.tok_end;
-    if (p.splits > 1) {
+    if (Geo::kClusterK == 1 && wk.nsplit > 1) {
       int const tile = wk.tile;
       // Partials as [TN/8 float4][256 threads]: each warp's float4 stores cover 512 contiguous bytes.
       float4* base = reinterpret_cast<float4*>(p.workspace) + size_t(tile) * p.splits * (kConsumerThreads * kAcc / 4);
@@ -552,7 +662,7 @@ struct Mainloop {
       int last = 0;
       if (lane == 0) {
         int* const counter = &p.counters[tile * kConsumerWarps + (ct >> 5)];
-        last = atomicAdd(counter, 1) == p.splits - 1;
+        last = atomicAdd(counter, 1) == wk.nsplit - 1;
         if (last) *counter = 0;  // every split has arrived: ready for the next launch
       }
       if (!__shfl_sync(0xffffffffu, last, 0)) return;
@@ -565,7 +675,7 @@ struct Mainloop {
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) sum[i] = 0.f;
         int const me = wk.split;
-        for (int sp = 0; sp < p.splits; ++sp) {
+        for (int sp = 0; sp < wk.nsplit; ++sp) {
           float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
 #pragma unroll
           for (int q = 0; q < kAcc / 4; ++q) {
@@ -583,7 +693,7 @@ struct Mainloop {
         // No room for a second set (128 accumulators, or 64 at TM = 256): every partial is read back.
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-        for (int sp = 0; sp < p.splits; ++sp) {
+        for (int sp = 0; sp < wk.nsplit; ++sp) {
           float4 const* src = base + size_t(sp) * (kConsumerThreads * kAcc / 4);
 #pragma unroll
           for (int q = 0; q < kAcc / 4; ++q) {

@@ -25,11 +25,15 @@ constexpr int kMaxStages = 12;
 // TM = 256: four consumer warpgroups (64 rows each) behind one producer. Per x byte from L2 twice
 // the weight of TM = 128, and as many converting warps a scheduler as two CTAs of 128 rows, without
 // a second ring, a second CTA's barriers or the split-K slices that fill the SMs twice over.
+// ClusterK = 2 or 4 (1xS cluster): the S CTAs of a cluster are the S K slices of one output tile
+// (grid x); the slices' partials meet in the first one's shared memory (st.async into a region
+// after the ring, counted by one transaction barrier) instead of a workspace in global memory, so
+// a tile's sum waits for no store, fence and atomic round trip through L2.
 // Grouped: the mixture-of-experts launch (templates/moe_sm90s/): the weight is E stacked experts,
 // grid z walks the token tiles of every expert's block of sorted rows (the routing sort's tile
 // prefix sums), and the gate|up stage stores SiLU(gate) * up.
 template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false,
-          bool Grouped = false, bool HalfIssue = false>
+          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80),
@@ -53,6 +57,9 @@ struct Geometry {
   static constexpr bool kPhased = Phased;
   static constexpr bool kGrouped = Grouped;
   static_assert(!Grouped || (ClusterM == 1 && !Phased), "grouped: no cluster, no phase offset");
+  static_assert(ClusterK == 1 || ((ClusterK == 2 || ClusterK == 4) && ClusterM == 1 && !Phased && !Grouped),
+                "cluster K: 2 or 4 K slices of one tile, without a row cluster, phase offset or grouping");
+  static constexpr int kClusterK = ClusterK;
   static constexpr int kXBoxRows = TN / ClusterM;                  // token rows of x one CTA loads
   // CTA r's part of the box lands r * kXBoxRows 128-byte rows into each panel: whole 8-row
   // (1024-byte) swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives
@@ -67,10 +74,12 @@ struct Geometry {
   static constexpr int kMaxScaleRows = TK / 32;
   static constexpr int kSBytes = kMaxScaleRows * kTileM * 2;
   static constexpr int kStageBytes = (kXBytes + kWBytes + 2 * kSBytes + 1023) / 1024 * 1024;
-  static constexpr int kBarrierBytes = 256;                        // full[], empty[]
-  static_assert(2 * kMaxStages * 8 <= kBarrierBytes, "barrier area");
+  // Cluster K: the other slices' fp32 partials, (ClusterK - 1) x consumer threads x TN/2 floats.
+  static constexpr int kReduceBytes = (ClusterK - 1) * kConsumerThreads * (TN / 2) * 4;
+  static constexpr int kBarrierBytes = 256;                        // full[], empty[], the reduce barrier
+  static_assert((2 * kMaxStages + 1) * 8 <= kBarrierBytes, "barrier area");
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel aligns it up.
-  static constexpr int kSmemBytes = Stages * kStageBytes + kBarrierBytes + 1024;
+  static constexpr int kSmemBytes = Stages * kStageBytes + kReduceBytes + kBarrierBytes + 1024;
   // setmaxnreg: the producer warpgroup gives registers to the consumers (multiples of 8; per CTA
   // at most 65536 / CtasPerSm, what __launch_bounds__(384, CtasPerSm) leaves each thread x 384).
   static constexpr int kLaunchRegs = (65536 / (kThreads * CtasPerSm)) / 8 * 8;
@@ -114,12 +123,18 @@ struct Params {
   int kb_shift;       // log2(k16 blocks per scale row inside a k-tile)
   int stage_tx;       // bytes the TMAs of one stage deliver to each CTA (boxes are whole, zero-filled out of
                       // bounds; with a cluster, the other CTAs' parts of x come from their multicasts)
+  // Stream-K (dense, no cluster; 0: off): a grid of sk_ctas CTAs, CTA g taking work units
+  // [g U / G, (g+1) U / G) of the sk_units = tiles x k_tiles (k inner); splits is then the most K
+  // segments any tile gets (the workspace's partials per tile), and row_tiles is set.
+  int sk_ctas;
+  int sk_units;
   // Grouped launches only (w: (words, N_pad/16, K16/16, E); s, z: (N_pad, G, E); x: the sorted rows):
   long long const* offsets;  // each expert's first sorted row (the routing sort's, int64)
   long long const* counts;   // each expert's rows
   int const* tile_ends;      // inclusive prefix sums of ceil(counts / TN): grid z item -> expert
   int experts;
-  int row_tiles;             // ceil(N / TM): a work item is (K slice, row tile, token tile of an expert)
+  int row_tiles;             // ceil(N / TM): a work item is (K slice, row tile, token tile of an expert);
+                             // dense stream-K: row tiles rounded to whole clusters
   int gate_up;               // store SiLU(gate) * up: N/2 columns (rows interleaved in blocks of 8)
 };
 

@@ -35,7 +35,8 @@ def test_names_schedules_and_round_trip():
     assert c.kernel == Sm90sConfig(dtype="bf16", tile=(128, 64, 128))  # zero mode and split folded
     for sched in ("t128x16x128_c1x1_o2_s0_auto", "t128x256x64_c1x1_o1_s3_dp", "t128x32x128_c1x1_o1_s6_split16",
                   "t128x128x128_c2x1_o1_s0_ph_auto", "t128x64x128_c2x1_o1_s0_split3",
-                  "t128x256x128_c4x1_o1_s0_dp", "t128x32x128_c4x1_o1_s0_ph_split2"):
+                  "t128x256x128_c4x1_o1_s0_dp", "t128x32x128_c4x1_o1_s0_ph_split2",
+                  "t256x64x128_c1x1_o1_s0_sk", "t128x32x128_c1x1_o2_s0_hi_sk"):
         again = parse_schedule(f"sm90s:{sched}", dtype="f16", bits=8, zero_mode="sym")
         assert again.schedule == sched and qualified(again) == f"sm90s:{sched}" and again.bits == 8
     with pytest.raises(ValueError, match="is not an sm90s schedule"):
@@ -51,7 +52,8 @@ def test_names_schedules_and_round_trip():
     (dict(tile=(256, 64, 128), phased=True), "tile M 256"),
     (dict(tile=(128, 40, 128)), "tile N"),
     (dict(tile=(128, 64, 32)), "tile K"),
-    (dict(cluster=(1, 2)), "cluster"),
+    (dict(cluster=(2, 2)), "cluster"),
+    (dict(cluster=(1, 4), decomposition="split", splits=2), r"cluster \(1, 4\) \(K slices\) is its own split factor"),
     (dict(cluster=(8, 1)), "cluster"),
     (dict(cluster=(3, 1)), "cluster"),
     (dict(tile=(128, 16, 128), cluster=(4, 1)), r"cluster \(4, 1\) needs tile N a multiple of 32"),
@@ -61,7 +63,9 @@ def test_names_schedules_and_round_trip():
     (dict(decomposition="split"), "splits > 1 exactly"),
     (dict(decomposition="dp", splits=2), "splits > 1 exactly"),
     (dict(decomposition="split", splits=17), "splits must be in"),
-    (dict(decomposition="sk"), "decomposition"),
+    (dict(decomposition="stream"), "decomposition"),
+    (dict(decomposition="sk", cluster=(2, 1)), r"stream-K \(sk\) only at cluster \(1, 1\)"),
+    (dict(decomposition="sk", phased=True), r"stream-K \(sk\) only at cluster \(1, 1\)"),
     (dict(bits=3), "bits"),
     (dict(tile=(128, 256, 128), stages=4), "shared memory"),
     (dict(tile=(128, 16, 128), ctas_per_sm=2, stages=8), "shared memory"),
@@ -142,10 +146,28 @@ def test_catalog_covers_the_token_tiles_of_both_dtypes():
         # x multicast over 2x1 clusters from TN = 64 on, beside the c1x1 kernels, with and without
         # the phase offset, and over 4x1 clusters.
         for tn in (64, 128, 256):
-            kinds = {(c.cluster, c.phased) for c in cat if c.dtype == dtype and c.bits == 4 and c.tile[1] == tn}
+            kinds = {(c.cluster, c.phased) for c in cat if c.dtype == dtype and c.bits == 4 and c.tile[1] == tn
+                     and c.cluster[1] == 1}
             assert kinds == {((1, 1), False), ((2, 1), False), ((2, 1), True), ((4, 1), False)}
         assert any(c.dtype == dtype and c.bits == 8 and c.cluster == (2, 1) for c in cat)
+        # Split-K as a 1xS cluster at the decode-batch token tiles.
+        assert {(c.tile[1], c.cluster) for c in cat if c.dtype == dtype and c.bits == 4 and c.cluster[1] > 1} \
+            >= {(16, (1, 2)), (16, (1, 4)), (32, (1, 4))}
     assert all(c == c.kernel and c.decomposition == "auto" for c in cat)
+
+
+def test_k_cluster_is_its_own_split_factor_and_takes_shared_memory():
+    c = Sm90sConfig.from_schedule("t128x16x128_c1x4_o1_s0_auto")
+    assert c.cluster == (1, 4) and c.kernel_name == "mg_sm90s_f16_u4_t128x16x128_c1x4_o1_s0"
+    assert c.launch_splits(16, 4096, 4096, 132) == 4 and c.launch_splits(16, 57344, 8192, 132) == 4
+    assert c.reduce_bytes == 3 * 128 * 16 * 4
+    plain = Sm90sConfig(tile=(128, 16, 128))
+    assert c.smem_bytes == c.pipeline_stages * c.stage_bytes + c.reduce_bytes + 256 + 1024
+    assert c.pipeline_stages <= plain.pipeline_stages
+    assert Sm90sConfig(tile=(256, 16, 128), cluster=(1, 4)).threads == 640  # TM = 256 takes K clusters
+    # No dp or stream-K candidate for a K cluster (its split factor is fixed).
+    for s in candidate_schedules(16, 57344, 8192, 132):
+        assert not ("_c1x2_" in s or "_c1x4_" in s) or s.endswith("_auto")
 
 
 @pytest.mark.parametrize("g,k,ok", [(32, 4096, True), (64, 4096, True), (128, 4096, True), (256, 4096, True),
@@ -197,6 +219,11 @@ def test_candidates_parse_and_fit_m():
             config = Sm90sConfig.from_schedule(s)
             assert config.kernel in default_catalog()
     assert any(s.endswith("_dp") for s in candidate_schedules(64, 57344, 8192, 132))
+    # Stream-K beside auto where the tiles are not whole waves (224 tiles of 256 rows on 132 SMs),
+    # never on a cluster or phased kernel.
+    at64 = candidate_schedules(64, 57344, 8192, 132)
+    assert "t256x64x128_c1x1_o1_s0_sk" in at64 and "t256x64x128_c1x1_o1_s0_auto" in at64
+    assert not any(s.endswith("_sk") and ("_c2x1" in s or "_c4x1" in s or "_ph" in s) for s in at64)
     at128 = candidate_schedules(128, 4096, 4096, 132)
     assert {"t128x128x128_c1x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_ph_auto",
             "t128x128x128_c4x1_o1_s0_auto"} <= set(at128)

@@ -1,8 +1,9 @@
 """The sm90s family on an sm_90 GPU: every catalog kernel against the float32 reference
 (element-wise, fresh seeded inputs, NaN-poisoned outputs) at M in {9, 16, 33, 64, 128, 256} on
 model shapes; group sizes, zero modes, ragged shapes, decompositions, bias and residual on small
-ones; the cluster kernels' edges (C = 2, 4) and wave size; split-K determinism, tile counters left
-at zero, and CUDA-graph replay.
+ones; stream-K on every kernel that takes it (tiles cut into K segments at CTA boundaries, more
+CTAs than units, several token tiles); the cluster kernels' edges (C = 2, 4) and wave size; split-K
+and stream-K determinism, tile counters left at zero, and CUDA-graph replay.
 
     python -m pytest -m gpu tests/kernels/test_sm90s_gpu.py
 """
@@ -85,11 +86,13 @@ def _small_cases():
     kinds = [("sym", 128, 200, 1152), ("int", 32, 1048, 800), ("float", 64, 4100, 832), ("offset", -1, 136, 776),
              ("int", 256, 520, 1280)]
     decomps = [dict(decomposition="dp"), dict(decomposition="auto"), dict(decomposition="split", splits=3),
-               dict(decomposition="split", splits=7)]
+               dict(decomposition="split", splits=7), dict(decomposition="sk")]
     i = 0
     for c in tiles:
         for zero, group, n, k in kinds:
             d = decomps[i % len(decomps)]
+            if (d["decomposition"] == "sk" and (c.cluster != (1, 1) or c.phased)) or c.cluster[1] > 1:
+                d = dict(decomposition="auto")  # a 1xS cluster is its own split factor
             m = (7, 16, 77)[i % 3]
             tail = d["decomposition"] + (str(d["splits"]) if "splits" in d else "")
             cases.append(pytest.param(c.replace(**d), zero, group, n, k, m,
@@ -109,19 +112,51 @@ def test_group_sizes_zero_modes_ragged_shapes_and_decompositions(config, zero, g
 @pytest.mark.parametrize("config", [c for c in CATALOG if c.bits == 8], ids=lambda c: c.kernel_name)
 def test_int8_kernels_with_zero_modes(config):
     for zero, group in (("int", 128), ("sym", -1), ("offset", 64)):
-        out, want = run_case(config.replace(decomposition="split", splits=2), config.dtype, 8, zero, group, 40, 1040, 2048,
+        d = dict(decomposition="split", splits=2) if config.cluster[1] == 1 else {}  # a 1xS cluster: its own
+        out, want = run_case(config.replace(**d), config.dtype, 8, zero, group, 40, 1040, 2048,
                              bias=True)
         assert rel_err(out, want, 2048) <= (2e-3 if config.dtype == "f16" else 1e-2)
 
 
+STREAM_K = [c.replace(decomposition="sk") for c in CATALOG if c.cluster == (1, 1) and not c.phased]
+# (N, K, M): 32 tiles x 32 k-tiles over one wave (several segments a tile); 112 tiles x 2 token
+# tiles (M past TN); 1.7 tiles a CTA; fewer units than CTAs (a grid of one CTA a unit); ragged N, K.
+STREAM_K_SHAPES = ((4096, 4096, 64), (14336, 4096, 33), (28672, 4096, 16), (136, 800, 7), (1048, 800, 77))
+
+
+@pytest.mark.parametrize("n,k,m", STREAM_K_SHAPES, ids=[f"m{m}n{n}k{k}" for n, k, m in STREAM_K_SHAPES])
+@pytest.mark.parametrize("config", STREAM_K, ids=lambda c: c.kernel_name)
+def test_stream_k_on_every_kernel_that_takes_it(config, n, k, m):
+    out, want = run_case(config, config.dtype, config.bits, "int", 128 if k % 128 == 0 else 32, m, n, k,
+                         bias=m % 2 == 1)
+    assert rel_err(out, want, k) <= (2e-3 if config.dtype == "f16" else 1e-2)
+
+
+K_CLUSTER = [c for c in CATALOG if c.cluster[1] > 1]
+# (N, K, M): K of 3 k-tiles (a 1x4 cluster's last slice idle), 7 k-tiles (uneven slices), several
+# token tiles and ragged N; 8B o at one token tile.
+K_CLUSTER_SHAPES = ((1048, 320, 33), (1048, 800, 77), (4096, 4096, 16))
+
+
+@pytest.mark.parametrize("n,k,m", K_CLUSTER_SHAPES, ids=[f"m{m}n{n}k{k}" for n, k, m in K_CLUSTER_SHAPES])
+@pytest.mark.parametrize("config", K_CLUSTER, ids=lambda c: c.kernel_name)
+def test_k_slices_summed_in_shared_memory(config, n, k, m):
+    out, want = run_case(config, config.dtype, config.bits, "int", 32, m, n, k, bias=True,
+                         residual=m % 2 == 1)
+    assert rel_err(out, want, k) <= (2e-3 if config.dtype == "f16" else 1e-2)
+
+
 @pytest.mark.parametrize("schedule", ["t128x16x128_c1x1_o1_s0_split8", "t128x64x128_c1x1_o1_s0_auto",
+                                      "t128x16x128_c1x4_o1_s0_auto", "t256x16x128_c1x4_o1_s0_auto",
+                                      "t128x16x128_c1x1_o2_s0_sk", "t256x64x128_c1x1_o1_s0_sk",
                                       "t128x16x128_c1x1_o2_s0_split4", "t128x64x128_c2x1_o1_s0_split4",
                                       "t128x128x128_c2x1_o1_s0_ph_split3", "t128x64x128_c4x1_o1_s0_split4",
                                       "t128x128x128_c4x1_o1_s0_ph_split3", "t256x64x128_c1x1_o1_s0_split4",
                                       "t256x16x128_c1x1_o1_s0_split8"])
 def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
-    """Split-K partials are summed in slice order: bit-identical results, across eager calls and
-    CUDA-graph replays (the tile counters are left at zero for the next launch)."""
+    """Split-K partials (and stream-K segments) are summed in slice order: bit-identical results,
+    across eager calls and CUDA-graph replays (the tile counters are left at zero for the next
+    launch)."""
     w, ref = weight("f16", 4, "int", 128, 2048, 4096)
     cfg = Sm90sConfig.from_schedule(schedule)
     x = torch.randn(24, 4096, device="cuda").half()
@@ -132,7 +167,7 @@ def test_split_k_is_deterministic_counters_reset_and_graphs_replay(schedule):
         assert rel_err(mg.matmul(x, w, config=cfg), ref(x), 4096) <= 2e-3
 
 
-@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster != (1, 1) and c.dtype == "f16"],
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster[0] > 1 and c.dtype == "f16"],
                          ids=lambda c: c.kernel_name)
 def test_cluster_edges(config):
     """Cx1 clusters (C = 2, 4): row tiles not a multiple of C (the last cluster holds 1, 2 or 3 row
@@ -154,7 +189,7 @@ def test_cluster_edges(config):
         assert rel_err(out, want, k) <= 2e-3, (m, n, k, d)
 
 
-@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster != (1, 1) and c.dtype == "f16" and c.bits == 4
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster[0] > 1 and c.dtype == "f16" and c.bits == 4
                                     and not c.phased], ids=lambda c: c.kernel_name)
 def test_cluster_slots_are_whole_clusters_on_the_sms(config):
     """The launcher's wave (the split factor of ``auto``) counts the clusters that fit the GPCs at

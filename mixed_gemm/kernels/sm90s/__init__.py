@@ -76,6 +76,7 @@ class Sm90sFamily(Family):
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
             stages=kernel.pipeline_stages, ctas_per_sm=kernel.ctas_per_sm, cluster_m=kernel.cluster[0],
+            cluster_k=kernel.cluster[1],
             phased="true" if kernel.phased else "false", half_issue="true" if kernel.half_issue else "false",
             double_buffer="true" if double_buffered(kernel.tile, kernel.ctas_per_sm) else "false",
             smem_bytes=kernel.smem_bytes,

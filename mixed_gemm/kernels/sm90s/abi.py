@@ -10,10 +10,10 @@ import ctypes
 
 from ...runtime.library import signature_binder
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 # mg_info's fields, in order.
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k",
-               "ctas_per_sm", "cluster_m", "phased")
+               "ctas_per_sm", "cluster_m", "phased", "cluster_k")
 # Negative return codes of mg_init / mg_run / mg_prepare / mg_max_active_clusters (templates/sm90s/host.cuh).
 ERRORS = {-1: "driver entry points (cuTensorMapEncodeTiled / cuTensorMapReplaceAddress) unavailable",
           -2: "encoding the weight descriptor failed", -3: "encoding the scales descriptor failed",
@@ -22,7 +22,7 @@ ERRORS = {-1: "driver entry points (cuTensorMapEncodeTiled / cuTensorMapReplaceA
           -6: "re-targeting the x descriptor failed",
           -7: "cudaFuncSetAttribute or cudaOccupancyMaxActiveClusters failed",
           -8: "cudaLaunchKernelExC failed", -9: "loading the embedded fatbin (cudaLibraryLoadData) failed",
-          -10: "a shape the kernel cannot take (M, N, K, N_pad, group size or splits)"}
+          -10: "a shape the kernel cannot take (M, N, K, N_pad, group size, splits, or stream-K with a cluster or phase offset)"}
 
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 SIGNATURES = {
@@ -31,7 +31,7 @@ SIGNATURES = {
     "mg_destroy": (None, [_P]),
     "mg_prepare": (_I, []),
     "mg_max_active_clusters": (_I, []),
-    "mg_init": (_I, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I]),
+    "mg_init": (_I, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I]),
     "mg_workspace_floats": (_LL, [_P]),
     "mg_counters": (_LL, [_P]),
     "mg_splits": (_I, [_P]),

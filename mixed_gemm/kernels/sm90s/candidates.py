@@ -1,7 +1,8 @@
 """The sm90s schedules ``mixed-gemm profile`` tries for one problem: for 9 <= M <= 512, the
 catalog token tiles that M fills (the smallest TN >= M, capped at 256, and the one below it),
 every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half issue), each with the split
-factor chosen per shape (``auto``) and, where the tiles alone give at least two waves, one CTA
+factor chosen per shape (``auto``), stream-K (``sk``, kernels without a cluster or phase offset)
+where the tiles are not one whole wave, and, where the tiles alone give at least two waves, one CTA
 per tile (``dp``)."""
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
         base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased,
                            half_issue=half_issue)
         out.append(base.schedule)  # auto
-        if base.tiles(m, n) >= 2 * sms * ctas:
+        slots = sms * ctas
+        if cluster == (1, 1) and not phased and base.tiles(m, n) % slots:
+            out.append(base.replace(decomposition="sk").schedule)
+        if base.tiles(m, n) >= 2 * sms * ctas and cluster[1] == 1:
             out.append(base.replace(decomposition="dp").schedule)
     return out

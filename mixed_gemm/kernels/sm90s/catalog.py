@@ -13,6 +13,7 @@ from .config import Sm90sConfig, double_buffered
 # size the sm90a layout holds (powers of two >= 32, per-channel) runs with TK = 128: a k-tile loads
 # one scale row per group it touches.
 C1, C2, C4 = (1, 1), (2, 1), (4, 1)
+K2, K4 = (1, 2), (1, 4)   # the K slices of a tile as one cluster, summed in shared memory
 SHAPES = (
     ((128, 16, 128), 1, C1, False),
     ((128, 16, 128), 2, C1, False),   # two CTAs per SM: four converting warpgroups for the memory-bound
@@ -48,6 +49,18 @@ SHAPES = (
     ((256, 32, 128), 1, C1, False),
     ((256, 64, 128), 1, C1, False),
     ((256, 128, 64), 1, C1, False),   # TK = 64: 64 accumulators + 16 fragment registers fit 112 (TK = 128 spills)
+    # Split-K as a 1xS cluster for the shapes whose tiles fill a quarter or half of the SMs (8B o,
+    # q|k|v and down, 70B o and down): the slices' partials meet in shared memory (st.async), not
+    # through a workspace, a fence and an atomic in L2 (ncu at 4096x4096, M = 16: 17% of the warps'
+    # samples on that path, docs/notes/serving-mainloop.md).
+    ((128, 16, 128), 1, K2, False),
+    ((128, 16, 128), 1, K4, False),
+    ((128, 16, 128), 2, K4, False),
+    ((128, 32, 128), 1, K2, False),
+    ((128, 32, 128), 1, K4, False),
+    ((128, 32, 128), 2, K4, False),
+    ((128, 64, 128), 1, K2, False),
+    ((256, 16, 128), 1, K4, False),
 )
 # 8-bit weights: the same kernel with the 64-bit atom slices (AtomConvert<., 8>), on fewer tiles.
 SHAPES_U8 = (
@@ -59,6 +72,7 @@ SHAPES_U8 = (
     ((128, 256, 64), 1, C2, False),
     ((256, 16, 128), 1, C1, False),
     ((256, 64, 128), 1, C1, False),
+    ((128, 16, 128), 1, K4, False),
 )
 BITS = (4, 8)
 

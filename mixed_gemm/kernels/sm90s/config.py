@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?_(dp|auto|split(\d+))$")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?_(dp|auto|sk|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
 TILE_MS = (128, 256)    # 256: four consumer warpgroups behind one producer (Geometry's TM)
 # At TM = 256 a consumer thread has 112 registers: TN/2 accumulators and one set of TK/4 fragment
@@ -21,8 +21,11 @@ TM256_MAX_LIVE = 80
 TILE_NS = (16, 32, 48, 64, 80, 96, 112, 128, 256)  # wgmma N of the RsOp specializations (48-112: grouped ragged rows)
 TILE_KS = (64, 128)
 # (C, 1): C adjacent row tiles share their x tile, each CTA loading TN/C token rows of it with TMA
-# multicast into all C.
-CLUSTERS = ((1, 1), (2, 1), (4, 1))
+# multicast into all C. (1, S): the S K slices of one tile, their partials summed in the first
+# one's shared memory (Geometry::kClusterK).
+ROW_CLUSTERS = ((1, 1), (2, 1), (4, 1))
+K_CLUSTERS = ((1, 2), (1, 4))
+CLUSTERS = ROW_CLUSTERS + K_CLUSTERS
 X_ATOM_ROWS = 8         # a 128-byte swizzle atom is 8 rows of 128 bytes: a CTA's x part fills whole ones
 MAX_STAGES = 12
 AUTO_STAGES = 8         # the deepest ring stages=0 picks
@@ -55,7 +58,8 @@ class Sm90sConfig:
     warpgroups at one CTA per SM, no cluster and TN/2 + TK/4 <= 80; TN tokens in
     {16, 32, 48, 64, 80, 96, 112, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
-    C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32),
+    C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32; or (1, 2), (1, 4): the S K slices of
+    one tile, launched as S-way split-K whose partials meet in shared memory, at ``auto`` only),
     ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 64,
     where the registers allow it), ``stages`` (0: as many as fit the shared memory of
     ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
@@ -66,8 +70,10 @@ class Sm90sConfig:
     k-tile's first half under both; templates/sm90s/params.cuh, ``kHalfBuffer``). At
     launch: ``decomposition``, ``"dp"`` (one CTA
     per output tile), ``"split"`` with ``splits`` K slices, or ``"auto"`` (the split factor chosen
-    per shape to fill the SMs, :meth:`launch_splits`); slices are summed in the kernel by the last
-    one to finish, in slice order, with no memset per launch.
+    per shape to fill the SMs, :meth:`launch_splits`) or ``"sk"`` (stream-K: a persistent grid of
+    one wave, each CTA taking an equal run of the tiles' k-tiles, which may cross tiles; no cluster,
+    no phase offset); slices and segments are summed in the kernel by the last one to finish, in
+    order, with no memset per launch.
 
     ``zero_mode`` is not compiled in: every mode is the additive zero of the sm90a layout. The
     schedule (``t128x64x128_c1x1_o1_s0_auto``) is what profiles store (as ``sm90s:<schedule>``).
@@ -91,13 +97,16 @@ class Sm90sConfig:
         tm, tn, tk = self.tile
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (tm in TILE_MS, f"tile M (weight rows) must be one of {TILE_MS}: consumer warpgroups of 64 rows (wgmma m64)"),
-            (tm == TILE_M or (self.ctas_per_sm == 1 and self.cluster == (1, 1) and not self.phased
+            (tm == TILE_M or (self.ctas_per_sm == 1 and self.cluster[0] == 1 and not self.phased
                               and tn // 2 + tk // 4 <= TM256_MAX_LIVE),
-             f"tile M 256 (four consumer warpgroups) only at one CTA per SM, cluster (1, 1), no phase offset and "
+             f"tile M 256 (four consumer warpgroups) only at one CTA per SM, no row cluster, no phase offset and "
              f"TN/2 + TK/4 <= {TM256_MAX_LIVE} (accumulators and fragments in 112 registers a consumer thread)"),
             (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
             (tk in TILE_KS, f"tile K must be one of {TILE_KS} (64-element swizzle panels of x)"),
-            (self.cluster in CLUSTERS, "cluster must be (1, 1), (2, 1) or (4, 1) (x multicast over 2 or 4 row tiles)"),
+            (self.cluster in CLUSTERS, "cluster must be (1, 1), (2, 1) or (4, 1) (x multicast over 2 or 4 row tiles), "
+                                       "or (1, 2), (1, 4) (K slices summed in shared memory)"),
+            (self.cluster not in K_CLUSTERS or (self.decomposition == "auto" and not self.phased),
+             f"cluster {self.cluster} (K slices) is its own split factor: decomposition auto, no phase offset"),
             (self.cluster not in CLUSTERS or tn % (X_ATOM_ROWS * self.cluster[0]) == 0,
              f"cluster {self.cluster} needs tile N a multiple of {X_ATOM_ROWS * self.cluster[0]}: each CTA loads "
              f"TN/{self.cluster[0]} token rows of x, which must fill whole 8-row 128-byte swizzle atoms"),
@@ -109,7 +118,10 @@ class Sm90sConfig:
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
             (self.ctas_per_sm == 1 or tn <= 64, "two CTAs per SM only at TN <= 64 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
-            (self.decomposition in ("dp", "auto", "split"), "decomposition must be dp, auto or split"),
+            (self.decomposition in ("dp", "auto", "sk", "split"), "decomposition must be dp, auto, sk or split"),
+            (self.decomposition != "sk" or (self.cluster == (1, 1) and not self.phased),
+             "stream-K (sk) only at cluster (1, 1) and without the phase offset (the persistent CTAs walk tiles "
+             "alone)"),
             ((self.decomposition == "split") == (self.splits > 1), "splits > 1 exactly with decomposition 'split'"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
         ], f"Sm90sConfig {self.tile}")
@@ -125,16 +137,23 @@ class Sm90sConfig:
         return _round_up(tn * tk * 2 + tm * tk * self.bits // 8 + 2 * (tk // 32) * tm * 2, 1024)
 
     @property
+    def reduce_bytes(self) -> int:
+        """A 1xS cluster's partials of the other S - 1 slices in the first one's shared memory
+        (Geometry::kReduceBytes): fp32 TM x TN each."""
+        tm, tn, _ = self.tile
+        return (self.cluster[1] - 1) * tm * tn * 4
+
+    @property
     def pipeline_stages(self) -> int:
         """``stages``, or for 0 as many as fit (at most AUTO_STAGES)."""
         if self.stages:
             return self.stages
-        fit = (SMEM_PER_CTA[self.ctas_per_sm] - BARRIER_BYTES - ALIGN_SLACK) // self.stage_bytes
+        fit = (SMEM_PER_CTA[self.ctas_per_sm] - self.reduce_bytes - BARRIER_BYTES - ALIGN_SLACK) // self.stage_bytes
         return max(2, min(AUTO_STAGES, fit))
 
     @property
     def smem_bytes(self) -> int:
-        return self.pipeline_stages * self.stage_bytes + BARRIER_BYTES + ALIGN_SLACK
+        return self.pipeline_stages * self.stage_bytes + self.reduce_bytes + BARRIER_BYTES + ALIGN_SLACK
 
     @property
     def threads(self) -> int:
@@ -172,7 +191,7 @@ class Sm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi]_<dp|auto|split<S>>")
+                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi]_<dp|auto|sk|split<S>>")
         tm, tn, tk, cm, cn, o, st, ph, hi, tail, sp = m.groups()
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
@@ -205,7 +224,9 @@ class Sm90sConfig:
         wave count does not see). ``slots``: the CTAs that run at once, by default ``sms x
         ctas_per_sm``; a cluster kernel's launcher passes whole clusters x C (a cluster's CTAs share
         a GPC, so clusters of 4 may leave some of a GPC's SMs idle)."""
-        if self.decomposition == "dp":
+        if self.cluster in K_CLUSTERS:
+            return self.cluster[1]
+        if self.decomposition in ("dp", "sk"):
             return 1
         if self.decomposition == "split":
             return self.splits

@@ -36,6 +36,7 @@ class Sm90sLauncher:
                                            dict(tile_m=tm, tile_n=tn, tile_k=tk, bits=config.bits,
                                                 stages=config.pipeline_stages, ctas_per_sm=config.ctas_per_sm,
                                                 cluster_m=config.cluster[0], phased=int(config.phased),
+                                                cluster_k=config.cluster[1],
                                                 smem_bytes=config.smem_bytes), device_index, abi.describe)
         self.sms = sm_count(device_index)
         # The CTAs of one wave: for a cluster kernel, the clusters that fit the GPCs at once, x C.
@@ -58,11 +59,12 @@ class Sm90sLauncher:
     def _init(self, slot, x, w, m) -> None:
         view = w.parts[layout.NAME]
         splits = self.config.launch_splits(m, w.n, w.k, self.sms, self.slots)
+        sk_ctas = self.slots if self.config.decomposition == "sk" else 0  # stream-K: one wave of CTAs
         rc = self.lib.mg_init(slot[0], view.b.data_ptr(), view.scales.data_ptr(), view.zeros.data_ptr(), x.data_ptr(),
-                              m, w.n, view.n_pad, w.k, w.group_size, w.num_groups, splits)
+                              m, w.n, view.n_pad, w.k, w.group_size, w.num_groups, splits, sk_ctas)
         if rc:
             raise Sm90sLaunchError(f"{self.config.name}: mg_init(M={m}, N={w.n}, K={w.k}, group={w.group_size}, "
-                                   f"splits={splits}): {abi.describe(rc)}")
+                                   f"splits={splits}, sk_ctas={sk_ctas}): {abi.describe(rc)}")
         slot[1], slot[2], slot[3] = m, self.lib.mg_workspace_floats(slot[0]), self.lib.mg_counters(slot[0])
 
     def __call__(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
