@@ -164,11 +164,15 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   slot->grid = dim3(p.splits, row_tiles, token_tiles);
   slot->tiles = (long long)row_tiles * token_tiles;
   if (sk_ctas > 0) {
-    long long const units = slot->tiles * p.k_tiles;
+    // More tiles than one wave: the first wave's tiles whole (each CTA its own, the wave reading
+    // the same k-tiles together as data-parallel CTAs do), stream-K over the rest.
+    int const dp = slot->tiles > sk_ctas ? sk_ctas : 0;
+    long long const units = (slot->tiles - dp) * p.k_tiles;
     p.sk_ctas = int(units < sk_ctas ? units : sk_ctas);
     p.sk_units = int(units);
+    p.sk_dp_tiles = dp;
     p.row_tiles = row_tiles;
-    p.splits = sk_most_segments(int(slot->tiles), p.k_tiles, p.sk_ctas);
+    p.splits = sk_most_segments(int(slot->tiles) - dp, p.k_tiles, p.sk_ctas);
     p.split_tiles = p.k_tiles;
     slot->grid = dim3(p.sk_ctas);
   }

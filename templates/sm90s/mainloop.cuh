@@ -18,9 +18,12 @@
 // Stream-K (Params::sk_ctas > 0, dense, no cluster): a persistent grid of G CTAs splits the U =
 // tiles x k-tiles work units into G contiguous ranges of U/G units (k inner), so every SM streams the
 // same number of k-tiles whatever the tile count: 224 tiles on 132 SMs run as 1.7 tiles a CTA, not
-// two waves with 40% of the SMs idle in the second. A range that starts or ends inside a tile makes
-// a K segment of it; the segments of a tile are summed like split-K slices (the segment index is the
-// CTA count between the tile's first unit and the segment's, so every CTA derives the same split).
+// two waves with 40% of the SMs idle in the second. Where the tiles exceed one wave, the first wave
+// is data-parallel (CTA g takes tile g whole) and only the rest is split into ranges: CTAs at
+// different k offsets read scattered 1-2 KB pieces of the weight, where a data-parallel wave reads
+// whole k rows of it together. A range that starts or ends inside a tile makes a K segment of it;
+// the segments of a tile are summed like split-K slices (the segment index is the CTA count between
+// the tile's first unit and the segment's, so every CTA derives the same split).
 //
 // Cx1 cluster (Geo::kClusterM = C, 2 or 4): the C CTAs take adjacent row tiles of one K slice and
 // token tile, so their x stages are equal. Producer r loads token rows [r TN/C, (r+1) TN/C) of x with
@@ -335,22 +338,26 @@ struct Mainloop {
     return wk;
   }
 
-  // Stream-K: the first unit of CTA g's range, and the CTA whose range holds unit u.
+  // Stream-K, in units (k-tiles) counted from the first tile: the first unit of CTA g's stream-K
+  // range (after the data-parallel tiles), and the CTA whose stream-K range holds unit u.
   static __device__ __forceinline__ int sk_begin(Params const& p, int g) {
-    return int((long long)g * p.sk_units / p.sk_ctas);
+    return p.sk_dp_tiles * p.k_tiles + int((long long)g * p.sk_units / p.sk_ctas);
   }
   static __device__ __forceinline__ int sk_owner(Params const& p, int u) {
+    u -= p.sk_dp_tiles * p.k_tiles;
     return int(((long long)(u + 1) * p.sk_ctas - 1) / p.sk_units);
   }
 
-  // Stream-K: the segment of unit w's tile from w to the tile's end or the CTA's range end.
+  // Stream-K: a data-parallel tile whole, or the segment of unit w's tile from w to the tile's end
+  // or the CTA's range end.
   static __device__ __forceinline__ Work stream_work(Params const& p, int w, int end) {
     int const tile = w / p.k_tiles;
     int const u0 = tile * p.k_tiles;
+    int const rt = tile % p.row_tiles, tok0 = (tile / p.row_tiles) * TN;
+    if (tile < p.sk_dp_tiles) return Work{0, 1, rt * kTileM, tile, 0, tok0, p.m, 0, p.k_tiles};
     int const first = sk_owner(p, u0);
-    int const rt = tile % p.row_tiles;
-    return Work{sk_owner(p, w) - first, sk_owner(p, u0 + p.k_tiles - 1) - first + 1, rt * kTileM, tile, 0,
-                (tile / p.row_tiles) * TN, p.m, w - u0, min(u0 + p.k_tiles, end) - w};
+    return Work{sk_owner(p, w) - first, sk_owner(p, u0 + p.k_tiles - 1) - first + 1, rt * kTileM, tile, 0, tok0,
+                p.m, w - u0, min(u0 + p.k_tiles, end) - w};
   }
 
   // Grouped: item w = split + splits (row tile + row_tiles token item), the token item mapped to
@@ -388,7 +395,9 @@ struct Mainloop {
   }
   static __device__ __forceinline__ int next_item(Params const& p, int w, Work const& wk, int stride, int total) {
     if constexpr (!Geo::kGrouped) {
-      if (p.sk_ctas) return w + wk.nk;
+      if (p.sk_ctas) {  // after a data-parallel tile, the CTA's stream-K range
+        return wk.tile < p.sk_dp_tiles ? sk_begin(p, int(blockIdx.x)) : w + wk.nk;
+      }
     }
     return w + (stride ? stride : total);
   }
@@ -435,8 +444,9 @@ struct Mainloop {
       if (first >= total) return;  // the whole CTA, before any barrier exists
     } else {
       if (p.sk_ctas) {
-        first = sk_begin(p, int(blockIdx.x));
-        total = sk_begin(p, int(blockIdx.x) + 1);
+        int const g = int(blockIdx.x);
+        first = g < p.sk_dp_tiles ? g * p.k_tiles : sk_begin(p, g);
+        total = sk_begin(p, g + 1);
         if (first >= total) return;
       }
     }

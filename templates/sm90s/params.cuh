@@ -123,11 +123,14 @@ struct Params {
   int kb_shift;       // log2(k16 blocks per scale row inside a k-tile)
   int stage_tx;       // bytes the TMAs of one stage deliver to each CTA (boxes are whole, zero-filled out of
                       // bounds; with a cluster, the other CTAs' parts of x come from their multicasts)
-  // Stream-K (dense, no cluster; 0: off): a grid of sk_ctas CTAs, CTA g taking work units
-  // [g U / G, (g+1) U / G) of the sk_units = tiles x k_tiles (k inner); splits is then the most K
-  // segments any tile gets (the workspace's partials per tile), and row_tiles is set.
+  // Stream-K (dense, no cluster; 0: off): a grid of G = sk_ctas CTAs. Where the tiles exceed one
+  // wave, CTA g first takes tile g whole (g < sk_dp_tiles = G: the first wave, data-parallel);
+  // then units [g U / G, (g+1) U / G) of the sk_units = U = k-tiles of the tiles after those (k
+  // inner). splits is the most K segments any tile gets (the workspace's partials per tile), and
+  // row_tiles is set.
   int sk_ctas;
   int sk_units;
+  int sk_dp_tiles;
   // Grouped launches only (w: (words, N_pad/16, K16/16, E); s, z: (N_pad, G, E); x: the sorted rows):
   long long const* offsets;  // each expert's first sorted row (the routing sort's, int64)
   long long const* counts;   // each expert's rows
