@@ -174,7 +174,9 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
     p.row_tiles = row_tiles;
     p.splits = sk_most_segments(int(slot->tiles) - dp, p.k_tiles, p.sk_ctas);
     p.split_tiles = p.k_tiles;
-    slot->grid = dim3(p.sk_ctas);
+    // At most one range a unit (so no range is empty and every segment counted arrives); the
+    // data-parallel wave may still need more CTAs than the rest has units.
+    slot->grid = dim3(dp > p.sk_ctas ? dp : p.sk_ctas);
   }
   slot->m = m;
   return 0;

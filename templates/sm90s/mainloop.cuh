@@ -339,9 +339,11 @@ struct Mainloop {
   }
 
   // Stream-K, in units (k-tiles) counted from the first tile: the first unit of CTA g's stream-K
-  // range (after the data-parallel tiles), and the CTA whose stream-K range holds unit u.
+  // range (after the data-parallel tiles; CTAs from sk_ctas on, which the grid has where the
+  // data-parallel wave is wider than the rest's units, get none), and the CTA whose stream-K range
+  // holds unit u.
   static __device__ __forceinline__ int sk_begin(Params const& p, int g) {
-    return p.sk_dp_tiles * p.k_tiles + int((long long)g * p.sk_units / p.sk_ctas);
+    return p.sk_dp_tiles * p.k_tiles + int((long long)min(g, p.sk_ctas) * p.sk_units / p.sk_ctas);
   }
   static __device__ __forceinline__ int sk_owner(Params const& p, int u) {
     u -= p.sk_dp_tiles * p.k_tiles;

@@ -120,8 +120,10 @@ def test_int8_kernels_with_zero_modes(config):
 
 STREAM_K = [c.replace(decomposition="sk") for c in CATALOG if c.cluster == (1, 1) and not c.phased]
 # (N, K, M): 32 tiles x 32 k-tiles over one wave (several segments a tile); 112 tiles x 2 token
-# tiles (M past TN); 1.7 tiles a CTA; fewer units than CTAs (a grid of one CTA a unit); ragged N, K.
-STREAM_K_SHAPES = ((4096, 4096, 64), (14336, 4096, 33), (28672, 4096, 16), (136, 800, 7), (1048, 800, 77))
+# tiles (M past TN); 1.7 tiles a CTA; fewer units than CTAs (a grid of one CTA a unit); ragged N, K;
+# a data-parallel first wave wider than the rest's units (272 or 136 tiles of 2 k-tiles).
+STREAM_K_SHAPES = ((4096, 4096, 64), (14336, 4096, 33), (28672, 4096, 16), (136, 800, 7), (1048, 800, 77),
+                   (34816, 256, 16))
 
 
 @pytest.mark.parametrize("n,k,m", STREAM_K_SHAPES, ids=[f"m{m}n{n}k{k}" for n, k, m in STREAM_K_SHAPES])
