@@ -283,6 +283,28 @@ def test_refit_shrinks_a_borrowed_kernel_only_where_its_tiles_fall_short():
     assert FAMILY.refit(u8, at(2048, 2048, 256), 132, big) is u8
 
 
+def test_refit_keeps_stream_k_and_k_clusters_in_the_wave_regime_they_won_in():
+    """A borrowed stream-K entry stays stream-K only past one wave of tiles; a borrowed 1xS cluster
+    only where its slices of every tile still fit one wave (else the plain kernel, ``auto``)."""
+    from mixed_gemm.kernels import Problem
+
+    def at(n, k, m):
+        return Problem(m=m, n=n, k=k, dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
+
+    sk = Sm90sConfig.from_schedule("t256x64x128_c1x1_o1_s0_sk")
+    measured = at(57344, 8192, 64)
+    assert FAMILY.refit(sk, measured, 132, measured) is sk                          # 224 tiles: kept
+    assert FAMILY.refit(sk, at(49152, 8192, 64), 132, measured) is sk               # 192 tiles: kept
+    half = at(28672, 8192, 64)                                                      # 112 tiles: one wave
+    assert FAMILY.refit(sk, half, 132, half).schedule == "t256x64x128_c1x1_o1_s0_auto"
+    assert FAMILY.refit(sk, half, 132, measured).schedule == "t128x64x128_c1x1_o1_s0_auto"  # and shrunk
+    kc = Sm90sConfig.from_schedule("t128x16x128_c1x4_o2_s0_auto")
+    measured = at(6144, 4096, 16)
+    assert FAMILY.refit(kc, measured, 132, measured) is kc                          # 48 x 4 of 264
+    assert FAMILY.refit(kc, at(8192, 4096, 16), 132, measured) is kc                # 64 x 4 of 264
+    assert FAMILY.refit(kc, at(14336, 4096, 16), 132, measured).schedule == "t128x16x128_c1x1_o2_s0_auto"
+
+
 def test_half_issue_only_with_one_fragment_set():
     """`_hi`: where the kernel has one fragment set (TN >= 32 at two CTAs per SM or TM = 256, and TN
     = 256) and no phase offset; compiled in (Geometry's HalfIssue) and the double buffer checked."""

@@ -50,8 +50,9 @@ class Sm90sFamily(Family):
         return default_catalog()
 
     def refit(self, config: Sm90sConfig, problem: Problem, sms: int, measured: Problem) -> Sm90sConfig:
-        """A smaller kernel where a borrowed entry's tiles would not fill this shape (:mod:`.refit`)."""
-        return refit_config(config, problem, measured, catalog_kernels())
+        """A smaller kernel where a borrowed entry's tiles would not fill this shape, and stream-K or
+        a 1xS cluster only in the wave regime they won in (:mod:`.refit`)."""
+        return refit_config(config, problem, measured, catalog_kernels(), sms)
 
     def _reads(self, problem: Problem) -> bool:
         return problem.bits in BITS and self.layout in problem.layout.split("+")

@@ -7,6 +7,11 @@ M = 256 ran the borrowed 128 x 128 tile 1.55x slower than the sweep's best and t
 within 1.22x). So where the tiles fall below ``SHRINK`` of the measured shape's, one step toward a
 smaller kernel, each a catalog kernel (a package must hold it): two CTAs per SM -> one; 256 weight
 rows -> 128; else half the token tile. The split factor is re-chosen for the new tile (``auto``).
+
+Two decompositions won only in the wave regime they were measured in, so a borrowed entry keeps
+them only there (docs/notes/serving-mainloop.md, 2026-11-28): stream-K (``sk``) where the tiles
+exceed one wave (at one wave or less it read 5-30% slower than ``auto``), and a 1xS cluster where
+its S slices of every tile still fit one wave (else the same tile without the cluster, ``auto``).
 """
 from __future__ import annotations
 
@@ -33,12 +38,27 @@ def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
     yield config.replace(half_issue=config.half_issue and not double_buffered(tile, ctas), **step)
 
 
+def _wave_fit(config: Sm90sConfig, problem: Problem, sms: int, kernels: AbstractSet[Sm90sConfig]) -> Sm90sConfig:
+    """``config`` with stream-K or its 1xS cluster dropped where ``problem``'s tiles leave the wave
+    regime they won in (the plain kernel must be a catalog identity)."""
+    tiles, slots = config.tiles(problem.m, problem.n), sms * config.ctas_per_sm
+    if config.decomposition == "sk" and tiles <= slots:
+        return config.replace(decomposition="auto")
+    if config.cluster[1] > 1 and tiles * config.cluster[1] > slots:
+        plain = config.replace(cluster=(1, 1))
+        if plain.kernel in kernels:
+            return plain
+    return config
+
+
 def refit_config(config: Sm90sConfig, problem: Problem, measured: Problem,
-                 kernels: AbstractSet[Sm90sConfig]) -> Sm90sConfig:
-    """``config`` (best on ``measured``, at the same M) for ``problem``: unchanged unless its tiles
-    on ``problem`` fall below SHRINK of those on ``measured``, then the first smaller kernel of the
+                 kernels: AbstractSet[Sm90sConfig], sms: int = 132) -> Sm90sConfig:
+    """``config`` (best on ``measured``, at the same M) for ``problem``: stream-K and a 1xS cluster
+    only in the wave regime they won in (:func:`_wave_fit`); then unchanged unless its tiles on
+    ``problem`` fall below SHRINK of those on ``measured``, then the first smaller kernel of the
     catalog's compiled identities ``kernels`` (:func:`_smaller`), launched with the split factor
     chosen per shape."""
+    config = _wave_fit(config, problem, sms, kernels)
     if config.tiles(problem.m, problem.n) >= SHRINK * config.tiles(measured.m, measured.n):
         return config
     for smaller in _smaller(config):
