@@ -224,6 +224,8 @@ def test_candidates_parse_and_fit_m():
     at64 = candidate_schedules(64, 57344, 8192, 132)
     assert "t256x64x128_c1x1_o1_s0_sk" in at64 and "t256x64x128_c1x1_o1_s0_auto" in at64
     assert not any(s.endswith("_sk") and ("_c2x1" in s or "_c4x1" in s or "_ph" in s) for s in at64)
+    # Not within one wave (32 tiles of 8B o at TN = 64).
+    assert not any(s.endswith("_sk") for s in candidate_schedules(64, 4096, 4096, 132))
     at128 = candidate_schedules(128, 4096, 4096, 132)
     assert {"t128x128x128_c1x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_ph_auto",
             "t128x128x128_c4x1_o1_s0_auto"} <= set(at128)

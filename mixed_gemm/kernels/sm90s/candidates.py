@@ -2,7 +2,7 @@
 catalog token tiles that M fills (the smallest TN >= M, capped at 256, and the one below it),
 every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half issue), each with the split
 factor chosen per shape (``auto``), stream-K (``sk``, kernels without a cluster or phase offset)
-where the tiles are not one whole wave, and, where the tiles alone give at least two waves, one CTA
+where the tiles exceed one wave and are not whole waves, and, where the tiles alone give at least two waves, one CTA
 per tile (``dp``)."""
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
                            half_issue=half_issue)
         out.append(base.schedule)  # auto
         slots = sms * ctas
-        if cluster == (1, 1) and not phased and base.tiles(m, n) % slots:
+        # Stream-K past one wave only: within one it read 5-30% slower than auto on every shape tried
+        # (docs/notes/serving-mainloop.md, "Stream-K").
+        if cluster == (1, 1) and not phased and base.tiles(m, n) > slots and base.tiles(m, n) % slots:
             out.append(base.replace(decomposition="sk").schedule)
         if base.tiles(m, n) >= 2 * sms * ctas and cluster[1] == 1:
             out.append(base.replace(decomposition="dp").schedule)
