@@ -28,11 +28,11 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
         base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased,
                            half_issue=half_issue)
         out.append(base.schedule)  # auto
-        slots = sms * ctas
+        tiles, slots = base.tiles(m, n), sms * ctas
         # Stream-K past one wave only: within one it read 5-30% slower than auto on every shape tried
         # (docs/notes/serving-mainloop.md, "Stream-K").
-        if cluster == (1, 1) and not phased and base.tiles(m, n) > slots and base.tiles(m, n) % slots:
+        if cluster == (1, 1) and not phased and tiles > slots and tiles % slots:
             out.append(base.replace(decomposition="sk").schedule)
-        if base.tiles(m, n) >= 2 * sms * ctas and cluster[1] == 1:
+        if tiles >= 2 * slots and cluster[1] == 1:
             out.append(base.replace(decomposition="dp").schedule)
     return out
