@@ -108,9 +108,8 @@ void set_shape(Params& p, int m, int n, int k, int g, int rows, int kb_shift, in
   p.stage_tx = Geo::kXBytes + Geo::kWBytes + 2 * Geo::kTileM * rows * 2;
 }
 
-// Stream-K over `ctas` CTAs (at most one per unit): the CTA that holds unit u (Mainloop::sk_owner),
-// and the most K segments a tile gets (the CTA boundaries inside it, + 1).
-inline int sk_owner(long long u, int ctas, long long units) { return int(((u + 1) * ctas - 1) / units); }
+// Stream-K over `ctas` CTAs (at most one per unit): the most K segments a tile gets (the CTA
+// boundaries inside it, + 1; sk_owner: params.cuh).
 inline int sk_most_segments(int tiles, int k_tiles, int ctas) {
   long long const units = (long long)tiles * k_tiles;
   int most = 1;
@@ -238,17 +237,18 @@ int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void c
 
 // Clusters of this kernel that run at once (cudaOccupancyMaxActiveClusters; 0 without a cluster).
 // A cluster's CTAs share a GPC, so at one CTA per SM whole clusters of 4 may leave SMs of a GPC idle:
-// the split factor of "auto" counts these slots, not the SMs (mixed_gemm/kernels/sm90s/launch.py).
+// the split factor of "auto" counts these slots, not the SMs (mixed_gemm/kernels/sm90s/launch.py);
+// a 1xS cluster's wave is its tiles at once.
 template <class Geo>
 int max_active_clusters(void const* kernel) {
-  if (Geo::kClusterM == 1) return 0;
+  if (Geo::kClusterM == 1 && Geo::kClusterK == 1) return 0;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1, Geo::kClusterM, 1);
+  cfg.gridDim = dim3(Geo::kClusterK, Geo::kClusterM, 1);
   cfg.blockDim = dim3(Geo::kThreads);
   cfg.dynamicSmemBytes = Geo::kSmemBytes;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.x = Geo::kClusterK;
   attr[0].val.clusterDim.y = Geo::kClusterM;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;

@@ -190,11 +190,10 @@ struct Mainloop {
   // data-parallel wave is wider than the rest's units, get none), and the CTA whose stream-K range
   // holds unit u.
   static __device__ __forceinline__ int sk_begin(Params const& p, int g) {
-    return p.sk_dp_tiles * p.k_tiles + int((long long)min(g, p.sk_ctas) * p.sk_units / p.sk_ctas);
+    return p.sk_dp_tiles * p.k_tiles + sm90s::sk_begin(min(g, p.sk_ctas), p.sk_ctas, p.sk_units);
   }
   static __device__ __forceinline__ int sk_owner(Params const& p, int u) {
-    u -= p.sk_dp_tiles * p.k_tiles;
-    return int(((long long)(u + 1) * p.sk_ctas - 1) / p.sk_units);
+    return sm90s::sk_owner(u - p.sk_dp_tiles * p.k_tiles, p.sk_ctas, p.sk_units);
   }
 
   // Stream-K: a data-parallel tile whole, or the segment of unit w's tile from w to the tile's end

@@ -141,5 +141,15 @@ struct Params {
   int gate_up;               // store SiLU(gate) * up: N/2 columns (rows interleaved in blocks of 8)
 };
 
+// Stream-K's division of U units (k-tiles, k inner) over G CTAs, one formula for the host's
+// workspace sizing (host.cuh) and the kernel's walk (mainloop.cuh): CTA g holds units
+// [g U / G, (g + 1) U / G); sk_owner is the CTA whose range holds unit u.
+__host__ __device__ __forceinline__ int sk_begin(long long g, long long ctas, long long units) {
+  return int(g * units / ctas);
+}
+__host__ __device__ __forceinline__ int sk_owner(long long u, long long ctas, long long units) {
+  return int(((u + 1) * ctas - 1) / units);
+}
+
 }  // namespace sm90s
 }  // namespace mixed_gemm

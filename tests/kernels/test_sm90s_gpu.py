@@ -191,16 +191,16 @@ def test_cluster_edges(config):
         assert rel_err(out, want, k) <= 2e-3, (m, n, k, d)
 
 
-@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster[0] > 1 and c.dtype == "f16" and c.bits == 4
+@pytest.mark.parametrize("config", [c for c in CATALOG if c.cluster != (1, 1) and c.dtype == "f16" and c.bits == 4
                                     and not c.phased], ids=lambda c: c.kernel_name)
 def test_cluster_slots_are_whole_clusters_on_the_sms(config):
     """The launcher's wave (the split factor of ``auto``) counts the clusters that fit the GPCs at
-    once, C CTAs each: at most one CTA per SM. Printed (``-s``): the number the c4x1 predictions of
-    docs/notes/serving-mainloop.md assume to be 128."""
+    once, C x S CTAs each: at most one CTA per SM. Printed (``-s``): the number the c4x1 predictions of
+    docs/notes/serving-mainloop.md assume to be 128, and the 1xS clusters' wave."""
     launcher = sm90s.FAMILY.launcher(config, 0)
-    c = config.cluster[0]
+    c = config.cluster[0] * config.cluster[1]
     print(f"{config.kernel_name}: {launcher.slots // c} clusters of {c} at once on {launcher.sms} SMs")
-    assert 0 < launcher.slots <= launcher.sms and launcher.slots % c == 0
+    assert 0 < launcher.slots <= launcher.sms * config.ctas_per_sm and launcher.slots % c == 0
 
 
 def test_heuristic_leaves_sm90s_alone_without_the_switch(monkeypatch):

@@ -41,12 +41,12 @@ class Sm90sLauncher:
         self.sms = sm_count(device_index)
         # The CTAs of one wave: for a cluster kernel, the clusters that fit the GPCs at once, x C.
         self.slots = self.sms * config.ctas_per_sm
-        if config.cluster[0] > 1:
+        if config.cluster != (1, 1):
             with primary_context(device_index):
                 clusters = self.lib.mg_max_active_clusters()
             if clusters < 0:
                 raise Sm90sLaunchError(f"{config.name}: mg_max_active_clusters: {abi.describe(clusters)}")
-            self.slots = clusters * config.cluster[0]
+            self.slots = clusters * config.cluster[0] * config.cluster[1]
         self.lock = threading.Lock()
         # (weight view key, M bucket) -> [slot handle, M, workspace floats, split-K counters]
         self._slots = {}
