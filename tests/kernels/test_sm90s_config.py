@@ -287,7 +287,8 @@ def test_refit_shrinks_a_borrowed_kernel_only_where_its_tiles_fall_short():
 
 def test_refit_keeps_stream_k_and_k_clusters_in_the_wave_regime_they_won_in():
     """A borrowed stream-K entry stays stream-K only past one wave of tiles; a borrowed 1xS cluster
-    only where its slices of every tile still fit one wave (else the plain kernel, ``auto``)."""
+    only where its slices of every tile still fit one wave of whole clusters (else the plain
+    kernel, ``auto``): clusters of 4 keep 120 of 132 slots at one CTA per SM, 248 of 264 at two."""
     from mixed_gemm.kernels import Problem
 
     def at(n, k, m):
@@ -303,7 +304,11 @@ def test_refit_keeps_stream_k_and_k_clusters_in_the_wave_regime_they_won_in():
     kc = Sm90sConfig.from_schedule("t128x16x128_c1x4_o2_s0_auto")
     measured = at(6144, 4096, 16)
     assert FAMILY.refit(kc, measured, 132, measured) is kc                          # 48 x 4 of 264
-    assert FAMILY.refit(kc, at(8192, 4096, 16), 132, measured) is kc                # 64 x 4 of 264
+    assert FAMILY.refit(kc, at(7936, 4096, 16), 132, measured) is kc                # 62 x 4 of 248
+    assert FAMILY.refit(kc, at(8192, 4096, 16), 132, measured).schedule == "t128x16x128_c1x1_o2_s0_auto"
+    kc1 = Sm90sConfig.from_schedule("t128x16x128_c1x4_o1_s0_auto")
+    assert FAMILY.refit(kc1, at(3840, 4096, 16), 132, measured) is kc1             # 30 x 4 of 120
+    assert FAMILY.refit(kc1, at(4096, 4096, 16), 132, measured).schedule == "t128x16x128_c1x1_o1_s0_auto"
     assert FAMILY.refit(kc, at(14336, 4096, 16), 132, measured).schedule == "t128x16x128_c1x1_o2_s0_auto"
 
 

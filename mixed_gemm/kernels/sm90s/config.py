@@ -31,6 +31,10 @@ MAX_STAGES = 12
 AUTO_STAGES = 8         # the deepest ring stages=0 picks
 MAX_SPLITS = 16
 MIN_K_TILES = 2         # k-tiles each split keeps at least (auto)
+# Share of an H100's CTA slots that whole clusters of 4 keep (cudaOccupancyMaxActiveClusters,
+# measured 2026-11-28 on 132 SMs: 30 clusters at one CTA per SM, 62 at two; a GPC's SMs are not a
+# multiple of 4). Clusters of 2 keep every slot (66 and 132). The launcher asks the device itself.
+CLUSTER4_SLOTS = {1: 120 / 132, 2: 248 / 264}
 # Shared memory one CTA may take (H100: 227 KB opt-in; two CTAs share 228 KB, less 1 KB each).
 SMEM_PER_CTA = {1: 227 * 1024, 2: 228 * 1024 // 2 - 1024}
 BARRIER_BYTES = 256     # Geometry::kBarrierBytes
@@ -215,6 +219,14 @@ class Sm90sConfig:
 
     def k_tiles(self, k: int) -> int:
         return -(-_round_up(k, 16) // self.tile[2])
+
+    def wave_ctas(self, sms: int) -> int:
+        """CTAs of one wave without asking the device: ``sms x ctas_per_sm``, whole clusters of 4
+        scaled by CLUSTER4_SLOTS (the launcher's ``slots`` is the device's own count)."""
+        slots, size = sms * self.ctas_per_sm, self.cluster[0] * self.cluster[1]
+        if size == 4:
+            slots = int(slots * CLUSTER4_SLOTS[self.ctas_per_sm]) // 4 * 4
+        return slots
 
     def launch_splits(self, m: int, n: int, k: int, sms: int, slots: Optional[int] = None) -> int:
         """The K slices of a launch (the kernel library drops slices that would get no k-tile).

@@ -41,7 +41,7 @@ def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
 def _wave_fit(config: Sm90sConfig, problem: Problem, sms: int, kernels: AbstractSet[Sm90sConfig]) -> Sm90sConfig:
     """``config`` with stream-K or its 1xS cluster dropped where ``problem``'s tiles leave the wave
     regime they won in (the plain kernel must be a catalog identity)."""
-    tiles, slots = config.tiles(problem.m, problem.n), sms * config.ctas_per_sm
+    tiles, slots = config.tiles(problem.m, problem.n), config.wave_ctas(sms)
     if config.decomposition == "sk" and tiles <= slots:
         return config.replace(decomposition="auto")
     if config.cluster[1] > 1 and tiles * config.cluster[1] > slots:
