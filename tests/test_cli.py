@@ -156,6 +156,16 @@ def test_build_compiles_what_the_gpu_can_select(monkeypatch):
     assert build_items("mg_sm90a_f16", False) == [(f, c) for f, c in hopper if "mg_sm90a_f16" in c.kernel_name]
 
 
+def test_bench_repeat_is_a_positive_count_and_dense_only(capsys):
+    parser = cli.build_parser()
+    assert parser.parse_args(["bench"]).repeat == 1 and parser.parse_args(["bench", "--repeat", "5"]).repeat == 5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--repeat", "0"])
+    assert "--repeat" in capsys.readouterr().err
+    assert cli.main(["bench", "--moe", "mixtral-8x7b", "--repeat", "3"]) == 2
+    assert "--repeat applies to the dense tables" in capsys.readouterr().err
+
+
 def test_bench_takes_a_list_of_widths_profile_one(capsys):
     parser = cli.build_parser()
     assert parser.parse_args(["bench", "--bits", "2,3,4"]).bits == [2, 3, 4]

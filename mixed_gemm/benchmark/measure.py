@@ -3,6 +3,7 @@
 humming-kernels, each where installed), all on a cold L2 in CUDA graphs."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
@@ -46,7 +47,11 @@ def row_of(label: str, n: int, k: int, m: int, kind: WeightKind, t_mg: float, t_
 
 
 def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKind, bandwidth: float,
-                  compare: bool = False) -> List[Dict]:
+                  compare: bool = False, repeat: int = 1) -> List[Dict]:
+    """The rows of one shape, one per M. ``repeat`` > 1: mg.matmul and torch are timed that many
+    times each, alternately (mg, torch, mg, torch, ...), and each side's median makes the row (the
+    single times in ``us_runs`` and ``fp16_us_runs``): a drift of the host or the clocks during the
+    run then falls on both sides alike. The peers are timed once."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     td = TORCH_DTYPES[kind.dtype]
     qbytes = weight_bytes(n, k, kind)
@@ -59,10 +64,16 @@ def bench_problem(label: str, n: int, k: int, ms: Sequence[int], kind: WeightKin
     for m in ms:
         x = torch.randn(m, k, device="cuda").to(td)
         y = torch.empty(m, n, device="cuda", dtype=td)
-        t_mg = _timed(lambda i: matmul(x, ws[i % len(ws)], out=y), len(ws))
-        reference = y.clone() if ready else None  # the last replay's product of ws[-1]: the same weight
-        t_fp = _timed(lambda i: torch.mm(x, dense[i % len(dense)].t(), out=y), len(dense))
+        mg_runs, fp_runs, reference = [], [], None
+        for _ in range(repeat):
+            mg_runs.append(_timed(lambda i: matmul(x, ws[i % len(ws)], out=y), len(ws)))
+            if reference is None and ready:
+                reference = y.clone()  # the last replay's product of ws[-1]: the same weight
+            fp_runs.append(_timed(lambda i: torch.mm(x, dense[i % len(dense)].t(), out=y), len(dense)))
+        t_mg, t_fp = statistics.median(mg_runs), statistics.median(fp_runs)
         row = row_of(label, n, k, m, kind, t_mg, t_fp, explain(m, ws[0]).schedule, bandwidth)
+        if repeat > 1:
+            row.update(us_runs=[t * 1e6 for t in mg_runs], fp16_us_runs=[t * 1e6 for t in fp_runs])
         peer_libs.time_into(row, ready, notes, x, t_fp, _timed, reference)
         rows.append(row)
     del ws, dense, ready

@@ -6,7 +6,7 @@ import datetime
 import json
 
 from ..benchmark.limits import DEFAULT_MS
-from ._args import fail, positive_ints
+from ._args import fail, positive_int, positive_ints
 from .profile import _common, prepare
 
 
@@ -22,6 +22,9 @@ def run_bench_moe(args: argparse.Namespace) -> int:
     tokens = args.tokens
     if any(m not in MOE_MODELS for m in names) or not names:
         return fail("bench", f"--moe takes comma-separated presets from {', '.join(MOE_MODELS)}, got {args.moe!r}")
+    if args.repeat > 1:
+        return fail("bench", f"--repeat applies to the dense tables; --moe alternates its paths itself, got --repeat "
+                             f"{args.repeat}")
     why = gpu_missing()
     if why:
         print(f"mixed-gemm bench: {why}", file=sys.stderr)
@@ -88,11 +91,12 @@ def run_bench(args: argparse.Namespace) -> int:
         what = "1:2-sparse int7" if bits == 7 else f"int{bits}"
         title = (f"mg.matmul vs torch {'fp16' if args.dtype == 'f16' else 'bf16'} — {props.name}, {datetime.date.today()}, "
                  f"copy bandwidth {bw / 1e12:.2f} TB/s, {what} g{args.group_size} "
-                 f"{'symmetric' if args.symmetric else 'with zeros'}, cold L2, CUDA graphs")
+                 f"{'symmetric' if args.symmetric else 'with zeros'}, cold L2, CUDA graphs"
+                 + (f", median of {args.repeat} alternated runs" if args.repeat > 1 else ""))
         print(f"# {title}", flush=True)
         new_rows = []
         for label, n, k in problems:
-            new = bench_problem(label, n, k, ms, kind, bw, compare=args.compare)
+            new = bench_problem(label, n, k, ms, kind, bw, compare=args.compare, repeat=args.repeat)
             for line in report.table(new, args.compare)[2:]:
                 print(line, flush=True)
             new_rows += new
@@ -148,6 +152,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--plot", default="", help="PNG path (default: mixed_gemm_bench_<gpu>.png)")
     parser.add_argument("--out", default="", help="also write the tables (markdown) here")
     parser.add_argument("--json", default="", help="also write every measurement (JSON) here")
+    parser.add_argument("--repeat", type=positive_int, default=1,
+                        help="time mg.matmul and torch this many times each, alternately, and report each side's "
+                             "median (a noisy host's drift then falls on both sides; peers are timed once)")
     parser.add_argument("--moe", default="", metavar="PRESETS",
                         help="instead: one mixture-of-experts layer per preset (mixtral-8x7b, qwen3-30b-a3b, "
                              "deepseek-v2-lite), mg.moe on int4 experts vs the best fp16/bf16 path, the ideal fp16 "

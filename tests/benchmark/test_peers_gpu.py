@@ -43,3 +43,14 @@ def test_bench_problem_fills_peer_columns_or_notes():
         if "humming_rel_err" in r:
             assert r["humming_rel_err"] <= 2e-2
     assert len(report.table(rows, compare=True)) == 4
+
+
+def test_bench_problem_repeat_reports_the_medians_of_alternated_runs():
+    import statistics
+
+    from mixed_gemm.benchmark.measure import WeightKind, bench_problem
+
+    (row,) = bench_problem("small", 1024, 1024, [16], WeightKind(), bandwidth=3.0e12, repeat=3)
+    assert len(row["us_runs"]) == len(row["fp16_us_runs"]) == 3
+    assert row["us"] == statistics.median(row["us_runs"]) and row["fp16_us"] == statistics.median(row["fp16_us_runs"])
+    assert row["speedup"] == row["fp16_us"] / row["us"]
