@@ -224,8 +224,10 @@ def test_candidates_parse_and_fit_m():
     at64 = candidate_schedules(64, 57344, 8192, 132)
     assert "t256x64x128_c1x1_o1_s0_sk" in at64 and "t256x64x128_c1x1_o1_s0_auto" in at64
     assert not any(s.endswith("_sk") and ("_c2x1" in s or "_c4x1" in s or "_ph" in s) for s in at64)
-    # Not within one wave (32 tiles of 8B o at TN = 64).
+    # Not within one wave at memory-bound M (32 tiles of 8B o at TN = 64); from M = 256 on, where
+    # the tensor work bounds the time, also within one wave (8B o: 64 tiles of 128 x 128).
     assert not any(s.endswith("_sk") for s in candidate_schedules(64, 4096, 4096, 132))
+    assert "t128x128x128_c1x1_o1_s0_sk" in candidate_schedules(256, 4096, 4096, 132)
     at128 = candidate_schedules(128, 4096, 4096, 132)
     assert {"t128x128x128_c1x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_ph_auto",
             "t128x128x128_c4x1_o1_s0_auto"} <= set(at128)
@@ -286,7 +288,8 @@ def test_refit_shrinks_a_borrowed_kernel_only_where_its_tiles_fall_short():
 
 
 def test_refit_keeps_stream_k_and_k_clusters_in_the_wave_regime_they_won_in():
-    """A borrowed stream-K entry stays stream-K only past one wave of tiles; a borrowed 1xS cluster
+    """A borrowed stream-K entry stays stream-K only on the side of one wave of tiles it was measured
+    on; a borrowed 1xS cluster
     only where its slices of every tile still fit one wave of whole clusters (else the plain
     kernel, ``auto``): clusters of 4 keep 120 of 132 slots at one CTA per SM, 248 of 264 at two."""
     from mixed_gemm.kernels import Problem
@@ -299,8 +302,12 @@ def test_refit_keeps_stream_k_and_k_clusters_in_the_wave_regime_they_won_in():
     assert FAMILY.refit(sk, measured, 132, measured) is sk                          # 224 tiles: kept
     assert FAMILY.refit(sk, at(49152, 8192, 64), 132, measured) is sk               # 192 tiles: kept
     half = at(28672, 8192, 64)                                                      # 112 tiles: one wave
-    assert FAMILY.refit(sk, half, 132, half).schedule == "t256x64x128_c1x1_o1_s0_auto"
     assert FAMILY.refit(sk, half, 132, measured).schedule == "t128x64x128_c1x1_o1_s0_auto"  # and shrunk
+    assert FAMILY.refit(sk, half, 132, half) is sk                  # measured within one wave: kept there
+    within = Sm90sConfig.from_schedule("t128x128x128_c1x1_o1_s0_sk")
+    measured = at(4096, 4096, 256)                                                  # 64 tiles
+    assert FAMILY.refit(within, at(6144, 4096, 256), 132, measured) is within       # 96 tiles: kept
+    assert FAMILY.refit(within, at(28672, 4096, 256), 132, measured).schedule == "t128x128x128_c1x1_o1_s0_auto"
     kc = Sm90sConfig.from_schedule("t128x16x128_c1x4_o2_s0_auto")
     measured = at(6144, 4096, 16)
     assert FAMILY.refit(kc, measured, 132, measured) is kc                          # 48 x 4 of 264

@@ -2,8 +2,8 @@
 catalog token tiles that M fills (the smallest TN >= M, capped at 256, and the one below it),
 every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half issue), each with the split
 factor chosen per shape (``auto``), stream-K (``sk``, kernels without a cluster or phase offset)
-where the tiles exceed one wave and are not whole waves, and, where the tiles alone give at least two waves, one CTA
-per tile (``dp``)."""
+where the tiles exceed one wave and are not whole waves or, from COMPUTE_M on, fill less than one,
+and, where the tiles alone give at least two waves, one CTA per tile (``dp``)."""
 from __future__ import annotations
 
 from typing import List
@@ -12,6 +12,7 @@ from .catalog import catalog_shapes
 from .config import Sm90sConfig
 
 FROM_M, TO_M = 9, 512
+COMPUTE_M = 256         # from here a Llama-3 shape's time is its FLOPs at the tensor rate (the limit's max)
 
 
 def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List[str]:
@@ -29,9 +30,12 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
                            half_issue=half_issue)
         out.append(base.schedule)  # auto
         tiles, slots = base.tiles(m, n), sms * ctas
-        # Stream-K past one wave only: within one it read 5-30% slower than auto on every shape tried
-        # (docs/notes/serving-mainloop.md, "Stream-K").
-        if cluster == (1, 1) and not phased and tiles > slots and tiles % slots:
+        # Stream-K past one wave; within one it read 5-30% slower than auto on every shape tried at
+        # M <= 128, where the weight's bytes bound the time (docs/notes/serving-mainloop.md,
+        # "Stream-K"). From COMPUTE_M on the tiles' tensor work bounds it, and fewer tiles than slots
+        # leave SMs idle that stream-K's k ranges would fill: timed there within one wave too.
+        past_one_wave = tiles > slots and tiles % slots
+        if cluster == (1, 1) and not phased and (past_one_wave or (m >= COMPUTE_M and tiles < slots)):
             out.append(base.replace(decomposition="sk").schedule)
         if tiles >= 2 * slots and cluster[1] == 1:
             out.append(base.replace(decomposition="dp").schedule)

@@ -38,11 +38,13 @@ def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
     yield config.replace(half_issue=config.half_issue and not double_buffered(tile, ctas), **step)
 
 
-def _wave_fit(config: Sm90sConfig, problem: Problem, sms: int, kernels: AbstractSet[Sm90sConfig]) -> Sm90sConfig:
+def _wave_fit(config: Sm90sConfig, problem: Problem, measured: Problem, sms: int,
+              kernels: AbstractSet[Sm90sConfig]) -> Sm90sConfig:
     """``config`` with stream-K or its 1xS cluster dropped where ``problem``'s tiles leave the wave
-    regime they won in (the plain kernel must be a catalog identity)."""
+    regime they won in: stream-K on the side of one wave that ``measured``'s tiles were on, a 1xS
+    cluster where its slices of every tile fit one wave (the plain kernel must be a catalog identity)."""
     tiles, slots = config.tiles(problem.m, problem.n), config.wave_ctas(sms)
-    if config.decomposition == "sk" and tiles <= slots:
+    if config.decomposition == "sk" and (tiles > slots) != (config.tiles(measured.m, measured.n) > slots):
         return config.replace(decomposition="auto")
     if config.cluster[1] > 1 and tiles * config.cluster[1] > slots:
         plain = config.replace(cluster=(1, 1))
@@ -58,7 +60,7 @@ def refit_config(config: Sm90sConfig, problem: Problem, measured: Problem,
     ``problem`` fall below SHRINK of those on ``measured``, then the first smaller kernel of the
     catalog's compiled identities ``kernels`` (:func:`_smaller`), launched with the split factor
     chosen per shape."""
-    config = _wave_fit(config, problem, sms, kernels)
+    config = _wave_fit(config, problem, measured, sms, kernels)
     if config.tiles(problem.m, problem.n) >= SHRINK * config.tiles(measured.m, measured.n):
         return config
     for smaller in _smaller(config):
