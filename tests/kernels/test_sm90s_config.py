@@ -228,6 +228,11 @@ def test_candidates_parse_and_fit_m():
     # the tensor work bounds the time, also within one wave (8B o: 64 tiles of 128 x 128).
     assert not any(s.endswith("_sk") for s in candidate_schedules(64, 4096, 4096, 132))
     assert "t128x128x128_c1x1_o1_s0_sk" in candidate_schedules(256, 4096, 4096, 132)
+    # A 1xS cluster only where its slices fit one wave of whole clusters: 8B o at M=16 is 32 tiles,
+    # x 4 slices = 128 CTAs, past the 120 of clusters of 4 at one CTA per SM, within the 248 at two.
+    at16 = candidate_schedules(16, 4096, 4096, 132)
+    assert "t128x16x128_c1x4_o1_s0_auto" not in at16 and "t128x16x128_c1x4_o2_s0_auto" in at16
+    assert "t128x16x128_c1x2_o1_s0_auto" in at16
     at128 = candidate_schedules(128, 4096, 4096, 132)
     assert {"t128x128x128_c1x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_auto", "t128x128x128_c2x1_o1_s0_ph_auto",
             "t128x128x128_c4x1_o1_s0_auto"} <= set(at128)

@@ -1,9 +1,10 @@
 """The sm90s schedules ``mixed-gemm profile`` tries for one problem: for 9 <= M <= 512, the
 catalog token tiles that M fills (the smallest TN >= M, capped at 256, and the one below it),
-every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half issue), each with the split
-factor chosen per shape (``auto``), stream-K (``sk``, kernels without a cluster or phase offset)
-where the tiles exceed one wave and are not whole waves or, from COMPUTE_M on, fill less than one,
-and, where the tiles alone give at least two waves, one CTA per tile (``dp``)."""
+every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half issue; a 1xS cluster
+only where its slices fit one wave), each with the split factor chosen per shape (``auto``),
+stream-K (``sk``, kernels without a cluster or phase offset) where the tiles exceed one wave and are
+not whole waves or, from COMPUTE_M on, fill less than one, and, where the tiles alone give at least
+two waves, one CTA per tile (``dp``)."""
 from __future__ import annotations
 
 from typing import List
@@ -28,8 +29,13 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
             continue
         base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased,
                            half_issue=half_issue)
-        out.append(base.schedule)  # auto
         tiles, slots = base.tiles(m, n), sms * ctas
+        # A 1xS cluster only where its S slices of every tile fit one wave of whole clusters: past it
+        # the last clusters run as a second wave (8B o at M=16: 32 clusters of 4 where 30 fit, 13.6
+        # against 9.2 µs; docs/notes/serving-mainloop.md, "Split-K as a 1xS cluster").
+        if tiles * cluster[1] > base.wave_ctas(sms) and cluster[1] > 1:
+            continue
+        out.append(base.schedule)  # auto
         # Stream-K past one wave; within one it read 5-30% slower than auto on every shape tried at
         # M <= 128, where the weight's bytes bound the time (docs/notes/serving-mainloop.md,
         # "Stream-K"). From COMPUTE_M on the tiles' tensor work bounds it, and fewer tiles than slots
