@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -143,7 +143,10 @@ def pack_selected(target: str) -> None:
     print(f"{len(entries)} entries -> {target} ({Path(target).stat().st_size} bytes)")
 
 
-def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool) -> List[str]:
+def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
+               medians: Optional[Dict[Tuple[int, int, int, int, int, str], float]] = None) -> List[str]:
+    """The rows of every case (printed as they come); ``medians``, when given, also gets each
+    schedule's median seconds under (N, K, M, BITS, GROUP, schedule)."""
     from mixed_gemm.profiler.timing import copies_for, time_graph
     from mixed_gemm.profiler.workload import packed_bytes, random_weights
 
@@ -185,6 +188,8 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool) -> Lis
         base = statistics.median(times["dense"])
         for s in schedules:
             t = statistics.median(times[s])
+            if medians is not None:
+                medians[(n, k, m, bits, group, s)] = t
             line = (f"{n}x{k} m={m} u{bits} g{group} {s:34s} {t * 1e6:8.1f} us  {base / t:5.2f}x  "
                     f"floor {qbytes / FLOOR_BW / t:4.0%}  err {cfgs[s][1]:.1e}")
             print(line, flush=True)

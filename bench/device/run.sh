@@ -239,6 +239,10 @@ for key in sorted(new, key=str):
         print(f"{key[0]} u{key[1]} {key[4]}x{key[5]} M={key[6]}: {was} -> {b['schedule']} {b['us']:.1f} µs")
 EOF
       ;;
+    profile-confirm)  # the changes of $OUT/h100.json (a profile-merge or profile sweep) against the shipped profile, alternated CONFIRM_ROUNDS times on this GPU: $OUT/h100-confirmed.json takes only those that won by > 1%
+      [ -f "$OUT/h100.json" ] || { echo "profile-confirm: no $OUT/h100.json (run a profile step first)"; continue; }
+      timeout "${CONFIRM_TIMEOUT:-540}" python3 bench/profile_confirm.py --shipped profiles/h100.json --swept "$OUT/h100.json" \
+        --out "$OUT/h100-confirmed.json" --rounds "${CONFIRM_ROUNDS:-4}" 2>&1 | grep -vE "$QUIET" | tee "$OUT/profile-confirm.txt" | tail -40 ;;
     profile-lowbit)  # 2-, 3-bit and 1:2-sparse (group 64) at PROFILE_MS per dtype in PROFILE_DTYPES, within PROFILE_DEADLINE s
       [ -f "$OUT/h100.json" ] || cp profiles/h100.json "$OUT/h100.json"
       end=$(( $(date +%s) + ${PROFILE_DEADLINE:-540} ))
