@@ -25,8 +25,12 @@ class Change:
 
     @property
     def label(self) -> str:
-        dtype, bits, zero_mode, group, n, k = self.key
-        return f"{dtype} u{bits} {zero_mode} g{group} {n}x{k} M={self.m}"
+        return _label(self.key, self.m)
+
+
+def _label(key: Key, m: int) -> str:
+    dtype, bits, zero_mode, group, n, k = key
+    return f"{dtype} u{bits} {zero_mode} g{group} {n}x{k} M={m}"
 
 
 def changes(shipped: Profile, swept: Profile) -> Tuple[List[Change], List[str]]:
@@ -37,7 +41,7 @@ def changes(shipped: Profile, swept: Profile) -> Tuple[List[Change], List[str]]:
         key, m = entry_key(e), int(e["m"])
         old = shipped.entry(key, m)
         if old is None:
-            added.append(f"{e['dtype']} u{e['bits']} {e['zero_mode']} g{e['group_size']} {e['n']}x{e['k']} M={m}")
+            added.append(_label(key, m))
         elif old["schedule"] != e["schedule"]:
             out.append(Change(key, m, old["schedule"], e["schedule"]))
     return out, added

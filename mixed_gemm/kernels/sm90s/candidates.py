@@ -30,10 +30,7 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
         base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased,
                            half_issue=half_issue)
         tiles, slots = base.tiles(m, n), sms * ctas
-        # A 1xS cluster only where its S slices of every tile fit one wave of whole clusters: past it
-        # the last clusters run as a second wave (8B o at M=16: 32 clusters of 4 where 30 fit, 13.6
-        # against 9.2 µs; docs/notes/serving-mainloop.md, "Split-K as a 1xS cluster").
-        if tiles * cluster[1] > base.wave_ctas(sms) and cluster[1] > 1:
+        if not base.slices_fit_one_wave(m, n, sms):  # every such 1xS cluster lost (serving-mainloop.md)
             continue
         out.append(base.schedule)  # auto
         # Stream-K past one wave; within one it read 5-30% slower than auto on every shape tried at

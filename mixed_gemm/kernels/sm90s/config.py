@@ -228,6 +228,12 @@ class Sm90sConfig:
             slots = int(slots * CLUSTER4_SLOTS[self.ctas_per_sm]) // 4 * 4
         return slots
 
+    def slices_fit_one_wave(self, m: int, n: int, sms: int) -> bool:
+        """A 1xS cluster's S slices of every tile run in one wave of whole clusters (past it the last
+        clusters run as a second wave: 8B o at M=16, 32 clusters of 4 where 30 fit, 13.6 against 9.2
+        µs); always true of other kernels."""
+        return self.cluster[1] == 1 or self.tiles(m, n) * self.cluster[1] <= self.wave_ctas(sms)
+
     def launch_splits(self, m: int, n: int, k: int, sms: int, slots: Optional[int] = None) -> int:
         """The K slices of a launch (the kernel library drops slices that would get no k-tile).
         ``"auto"``: as many as keep every CTA in the first wave, with at least MIN_K_TILES k-tiles

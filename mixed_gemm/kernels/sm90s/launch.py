@@ -39,7 +39,7 @@ class Sm90sLauncher:
                                                 cluster_k=config.cluster[1],
                                                 smem_bytes=config.smem_bytes), device_index, abi.describe)
         self.sms = sm_count(device_index)
-        # The CTAs of one wave: for a cluster kernel, the clusters that fit the GPCs at once, x C.
+        # The CTAs of one wave: for a cluster kernel, the clusters that fit the GPCs at once, x C x S.
         self.slots = self.sms * config.ctas_per_sm
         if config.cluster != (1, 1):
             with primary_context(device_index):

@@ -9,9 +9,10 @@ smaller kernel, each a catalog kernel (a package must hold it): two CTAs per SM 
 rows -> 128; else half the token tile. The split factor is re-chosen for the new tile (``auto``).
 
 Two decompositions won only in the wave regime they were measured in, so a borrowed entry keeps
-them only there (docs/notes/serving-mainloop.md, 2026-11-28): stream-K (``sk``) where the tiles
-exceed one wave (at one wave or less it read 5-30% slower than ``auto``), and a 1xS cluster where
-its S slices of every tile still fit one wave (else the same tile without the cluster, ``auto``).
+them only there (docs/notes/serving-mainloop.md, 2026-11-28): stream-K (``sk``) on the side of one
+wave of tiles its measured shape was on (measured past one wave at M <= 128, where within one it read
+5-30% slower than ``auto``), and a 1xS cluster where its S slices of every tile still fit one wave
+of whole clusters (else the same tile without the cluster, ``auto``).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _wave_fit(config: Sm90sConfig, problem: Problem, measured: Problem, sms: int
     tiles, slots = config.tiles(problem.m, problem.n), config.wave_ctas(sms)
     if config.decomposition == "sk" and (tiles > slots) != (config.tiles(measured.m, measured.n) > slots):
         return config.replace(decomposition="auto")
-    if config.cluster[1] > 1 and tiles * config.cluster[1] > slots:
+    if not config.slices_fit_one_wave(problem.m, problem.n, sms):
         plain = config.replace(cluster=(1, 1))
         if plain.kernel in kernels:
             return plain
