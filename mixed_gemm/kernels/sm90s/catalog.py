@@ -60,6 +60,10 @@ SHAPES = (
     ((128, 32, 128), 1, K4, False),
     ((128, 32, 128), 2, K4, False),
     ((128, 64, 128), 1, K2, False),
+    # TN = 128 at M = 129-256 where 2 slices of every tile fit one wave (8B o and down, 70B o at
+    # 128): auto's L2 sum cost 4096x4096 M = 256 ~1.4 µs of 22.3 (a split-free TN = 64 tile ran 20.9,
+    # docs/notes/serving-mainloop.md). The 64 KB reduce region leaves a 3-stage ring.
+    ((128, 128, 128), 1, K2, False),
     ((256, 16, 128), 1, K4, False),
 )
 # 8-bit weights: the same kernel with the 64-bit atom slices (AtomConvert<., 8>), on fewer tiles.
