@@ -36,7 +36,8 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
         # Stream-K past one wave; within one it read 5-30% slower than auto on every shape tried at
         # M <= 128, where the weight's bytes bound the time (docs/notes/serving-mainloop.md,
         # "Stream-K"). From COMPUTE_M on the tiles' tensor work bounds it, and fewer tiles than slots
-        # leave SMs idle that stream-K's k ranges would fill: timed there within one wave too.
+        # leave SMs idle that stream-K's k ranges would fill: timed there within one wave too (it lost
+        # on every shape at M 256-512 as well, 8-25%: two segments a CTA cost more than auto's split).
         past_one_wave = tiles > slots and tiles % slots
         if cluster == (1, 1) and not phased and (past_one_wave or (m >= COMPUTE_M and tiles < slots)):
             out.append(base.replace(decomposition="sk").schedule)
