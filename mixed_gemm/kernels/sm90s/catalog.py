@@ -77,6 +77,10 @@ SHAPES_U8 = (
     ((256, 16, 128), 1, C1, False),
     ((256, 64, 128), 1, C1, False),
     ((128, 16, 128), 1, K4, False),
+    # int4's 8B q|k|v winner at M = 16 (c1x4 at two CTAs per SM: 62 clusters of 4 fit a wave, where
+    # 30 do at one, docs/notes/serving-mainloop.md) and the 1x2 cluster, for int8's small shapes.
+    ((128, 16, 128), 2, K4, False),
+    ((128, 16, 128), 1, K2, False),
 )
 BITS = (4, 8)
 
