@@ -322,7 +322,7 @@ struct Mainloop {
     }
 
     if (warpgroup == 0) {  // producer: one thread walks the items' k-tiles through the ring
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Geo::kProducerRegs));
+      if constexpr (Geo::kSetMaxNReg) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Geo::kProducerRegs));
       if (threadIdx.x == 0) {
         prefetch_map(&p.w);
         prefetch_map(&p.x);
@@ -347,7 +347,7 @@ struct Mainloop {
       return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Geo::kConsumerRegs));
+    if constexpr (Geo::kSetMaxNReg) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Geo::kConsumerRegs));
     int const ct = int(threadIdx.x) - 128;  // 0 .. consumer threads - 1
     int const cw = warpgroup - 1;
     int const warp = (ct / 32) % 4;

@@ -44,7 +44,10 @@ def test_names_schedules_and_round_trip():
 
 
 @pytest.mark.parametrize("kw,rule", [
-    (dict(tile=(64, 64, 128)), "tile M"),
+    (dict(tile=(32, 64, 128)), "tile M"),
+    (dict(tile=(64, 128, 128), cluster=(2, 1)), "tile M 64"),
+    (dict(tile=(64, 128, 128), phased=True), "tile M 64"),
+    (dict(tile=(64, 256, 128), ctas_per_sm=2), "two CTAs per SM"),
     (dict(tile=(256, 128, 128)), "tile M 256"),
     (dict(tile=(256, 256, 64)), "tile M 256"),
     (dict(tile=(256, 64, 128), ctas_per_sm=2), "tile M 256"),
@@ -290,6 +293,9 @@ def test_refit_shrinks_a_borrowed_kernel_only_where_its_tiles_fall_short():
     # int8 has no 128-token tile at TK = 64: the borrowed kernel stays.
     u8 = Sm90sConfig.from_schedule("t128x256x64_c1x1_o1_s0_auto", bits=8)
     assert FAMILY.refit(u8, at(2048, 2048, 256), 132, big) is u8
+    # TM = 64 is the smallest row tile, and its half-TN kernel is not in the catalog: kept.
+    one = Sm90sConfig.from_schedule("t64x128x128_c1x1_o1_s0_auto")
+    assert FAMILY.refit(one, at(2048, 2048, 256), 132, at(4096, 4096, 256)) is one
 
 
 def test_refit_keeps_stream_k_and_k_clusters_in_the_wave_regime_they_won_in():

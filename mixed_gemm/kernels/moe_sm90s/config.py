@@ -47,6 +47,8 @@ class MoeSm90sConfig:
     def __post_init__(self) -> None:
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
+            (self.tile[0] in (128, 256),
+             "tile M (weight rows) must be 128 or 256 (the dense family's 64-row tile is not a grouped one)"),
             (self.tile[1] in (16, 32, 48, 64, 80, 96, 112, 128),
              "tile N (routed rows per CTA) must be 16, 32, 48, 64, 80, 96, 112 or 128"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),

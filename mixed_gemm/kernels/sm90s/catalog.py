@@ -49,6 +49,12 @@ SHAPES = (
     ((256, 32, 128), 1, C1, False),
     ((256, 64, 128), 1, C1, False),
     ((256, 128, 64), 1, C1, False),   # TK = 64: 64 accumulators + 16 fragment registers fit 112 (TK = 128 spills)
+    # One consumer warpgroup a 64-row tile (TM = 64), for M = 129-256 on the shapes of 64-96 128-row
+    # tiles (8B q|k|v and o): 128 tiles fill the SMs without a K split, whose L2 sum cost ~1.4 of
+    # 22 µs at 4096x4096 M = 256. It ties CUTLASS's ping-pong tile there and at 6144x4096 M = 128
+    # (19.8 / 20.0 µs, fp16 and bf16). Two CTAs a SM (the config rules allow TN <= 128 at TM = 64)
+    # lost 8-20% everywhere and are not built (docs/notes/serving-mainloop.md).
+    ((64, 128, 128), 1, C1, False),
     # Split-K as a 1xS cluster for the shapes whose tiles fill a quarter or half of the SMs (8B o,
     # q|k|v and down, 70B o and down): the slices' partials meet in shared memory (st.async), not
     # through a workspace, a fence and an atomic in L2 (ncu at 4096x4096, M = 16: 17% of the warps'

@@ -14,7 +14,7 @@ from ..common import check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?_(dp|auto|sk|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
-TILE_MS = (128, 256)    # 256: four consumer warpgroups behind one producer (Geometry's TM)
+TILE_MS = (64, 128, 256)  # 64: one consumer warpgroup; 256: four behind one producer (Geometry's TM)
 # At TM = 256 a consumer thread has 112 registers: TN/2 accumulators and one set of TK/4 fragment
 # registers must stay within 80 (t256x128x128 spills 92 bytes in the k-loop; t256x128x64 none).
 TM256_MAX_LIVE = 80
@@ -49,7 +49,7 @@ def double_buffered(tile: Tuple[int, int, int], ctas_per_sm: int) -> bool:
     """Does the kernel convert the next k-tile while this one's wgmmas run? (Geometry::kDoubleBuffer,
     static_asserted in every rendered source: a second fragment set fits the consumer's registers.)"""
     tm, tn, _ = tile
-    return tn <= 128 and ((ctas_per_sm == 1 and tm == TILE_M) or tn <= 16)
+    return tn <= 128 and ((ctas_per_sm == 1 and tm == TILE_M) or tm == 64 or tn <= 16)
 
 
 @hash_once
@@ -101,10 +101,12 @@ class Sm90sConfig:
         tm, tn, tk = self.tile
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (tm in TILE_MS, f"tile M (weight rows) must be one of {TILE_MS}: consumer warpgroups of 64 rows (wgmma m64)"),
-            (tm == TILE_M or (self.ctas_per_sm == 1 and self.cluster[0] == 1 and not self.phased
-                              and tn // 2 + tk // 4 <= TM256_MAX_LIVE),
+            (tm != 256 or (self.ctas_per_sm == 1 and self.cluster[0] == 1 and not self.phased
+                           and tn // 2 + tk // 4 <= TM256_MAX_LIVE),
              f"tile M 256 (four consumer warpgroups) only at one CTA per SM, no row cluster, no phase offset and "
              f"TN/2 + TK/4 <= {TM256_MAX_LIVE} (accumulators and fragments in 112 registers a consumer thread)"),
+            (tm != 64 or (self.cluster[0] == 1 and not self.phased),
+             "tile M 64 (one consumer warpgroup) only without a row cluster or phase offset"),
             (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
             (tk in TILE_KS, f"tile K must be one of {TILE_KS} (64-element swizzle panels of x)"),
             (self.cluster in CLUSTERS, "cluster must be (1, 1), (2, 1) or (4, 1) (x multicast over 2 or 4 row tiles), "
@@ -120,7 +122,8 @@ class Sm90sConfig:
              "half_issue (_hi) only without the double buffer (TN >= 32 at two CTAs per SM or TM = 256, or "
              "TN = 256) and without the phase offset"),
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
-            (self.ctas_per_sm == 1 or tn <= 64, "two CTAs per SM only at TN <= 64 (registers)"),
+            (self.ctas_per_sm == 1 or tn <= 64 or (tm == 64 and tn <= 128),
+             "two CTAs per SM only at TN <= 64, or TN <= 128 at tile M 64 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
             (self.decomposition in ("dp", "auto", "sk", "split"), "decomposition must be dp, auto, sk or split"),
             (self.decomposition != "sk" or (self.cluster == (1, 1) and not self.phased),

@@ -28,7 +28,7 @@ def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
     tm, tn, tk = config.tile
     if config.ctas_per_sm == 2:
         step = dict(ctas_per_sm=1)
-    elif tm != TILE_M:
+    elif tm > TILE_M:
         step = dict(tile=(TILE_M, tn, tk))
     elif tn >= 32:
         step = dict(tile=(tm, tn // 2, tk))
