@@ -59,13 +59,14 @@ class Sm90sConfig:
     of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, or 256 with four consumer
-    warpgroups at one CTA per SM, no cluster and TN/2 + TK/4 <= 80; TN tokens in
+    warpgroups at one CTA per SM, no cluster and TN/2 + TK/4 <= 80, or 64 with one consumer
+    warpgroup and no row cluster or phase offset; TN tokens in
     {16, 32, 48, 64, 80, 96, 112, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
     C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32; or (1, 2), (1, 4): the S K slices of
     one tile, launched as S-way split-K whose partials meet in shared memory, at ``auto`` only),
-    ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(384, N)``; 2 only at TN <= 64,
-    where the registers allow it), ``stages`` (0: as many as fit the shared memory of
+    ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(128 + 2 TM, N)``; 2 only at
+    TN <= 64, or TN <= 128 at TM = 64, where the registers allow it), ``stages`` (0: as many as fit the shared memory of
     ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
     consumer warpgroups take turns issuing their wgmmas, so one converts while the other's run), and
     ``half_issue`` (``_hi``, only where the kernel has one fragment set, :func:`double_buffered`
