@@ -52,9 +52,8 @@ def confirmed(shipped: Profile, timed: Dict[Change, Tuple[float, float]],
     """A copy of ``shipped`` taking each change whose new schedule's time (``timed[change]`` =
     (old seconds, new seconds), medians of an alternated A/B) is under (1 - margin) of the old one's,
     with that time as its ``us``; and one line per change saying what was decided."""
-    out = Profile(shipped.gpu, shipped.versions, shipped.entries, base=shipped.base)
-    for g in shipped.grouped:
-        out.add_grouped(g)
+    out = Profile(shipped.gpu, shipped.versions, base=shipped.base)
+    out.merge(shipped)
     lines = []
     for change, (t_old, t_new) in timed.items():
         take = t_new < (1.0 - margin) * t_old
