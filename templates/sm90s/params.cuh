@@ -23,8 +23,7 @@ constexpr int kMaxStages = 12;
 // all of them.
 // Phased: the two consumer warpgroups take turns issuing their wgmmas (an ordered barrier).
 // TM = 64: one consumer warpgroup, a whole 64-row tile each (no split of K to fill the SMs where
-// 64-row tiles already do), at one CTA per SM or two (then two tiles a SM run side by side, as the
-// two warpgroups of CUTLASS's ping-pong take turns on their tiles).
+// 64-row tiles already do), as each CTA of CUTLASS's ping-pong tile runs one 64-row tile.
 // TM = 256: four consumer warpgroups (64 rows each) behind one producer. Per x byte from L2 twice
 // the weight of TM = 128, and as many converting warps a scheduler as two CTAs of 128 rows, without
 // a second ring, a second CTA's barriers or the split-K slices that fill the SMs twice over.
@@ -47,8 +46,7 @@ struct Geometry {
   static_assert(TN % 16 == 0 && TN >= 16 && TN <= 256, "TN: wgmma N, a multiple of 16 up to 256");
   static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
   static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");
-  static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && (TN <= 64 || (TM == 64 && TN <= 128))),
-                "two CTAs per SM only with TN <= 64, or TN <= 128 at TM = 64 (registers)");
+  static_assert(CtasPerSm == 1 || (CtasPerSm == 2 && TN <= 64), "two CTAs per SM only with TN <= 64 (registers)");
   static_assert(ClusterM == 1 || ClusterM == 2 || ClusterM == 4, "cluster: 1, 2 or 4 row tiles share an x tile");
   static constexpr int kBitsW = kBits;
   static constexpr int kTileM = TM;                                 // weight rows per CTA: 64 per consumer warpgroup
@@ -91,16 +89,16 @@ struct Geometry {
   static constexpr int kLaunchRegs = (65536 / (kThreads * CtasPerSm)) / 8 * 8;
   // TM = 64 at one CTA per SM: 256 threads may each hold the 255 registers a thread can address, so
   // no warpgroup gives any away (setmaxnreg takes at most 256).
-  static constexpr bool kSetMaxNReg = kLaunchRegs < 256;
+  static constexpr int kThreadRegs = 255 / 8 * 8;
+  static constexpr bool kSetMaxNReg = kLaunchRegs <= kThreadRegs;
   static constexpr int kProducerRegs = CtasPerSm == 1 && TM == 128 ? 40 : 24;
   static constexpr int kConsumerRegs =
-      kSetMaxNReg ? ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumerThreads) / 8 * 8 : 248;
+      kSetMaxNReg ? ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumerThreads) / 8 * 8 : kThreadRegs;
   // The converted A fragments of the next k-tile are built while this one's wgmmas run, except at
   // TN = 256, where 128 accumulators leave no room for a second set (the other warpgroup overlaps),
   // and at two CTAs per SM from TN = 32 on (104 registers a consumer thread: the other CTA overlaps),
-  // as at TM = 256 (112 registers; the other three warpgroups overlap). TM = 64 has room at one CTA
-  // per SM or two (232 registers a consumer thread with half the CTA's threads consuming).
-  static constexpr bool kDoubleBuffer = TN <= 128 && ((CtasPerSm == 1 && TM == 128) || TM == 64 || TN <= 16);
+  // as at TM = 256 (112 registers; the other three warpgroups overlap). TM = 64 has room (248).
+  static constexpr bool kDoubleBuffer = TN <= 128 && ((CtasPerSm == 1 && TM <= 128) || TN <= 16);
   // Half issue (`_hi`): where two whole fragment sets do not fit, a warpgroup issues a k-tile's
   // wgmmas in two halves, the second half converting while the first half's run. kHalfBuffer: where
   // three half sets fit (TK/4 registers a set; ptxas spilled and serialized the wgmmas with less

@@ -52,8 +52,8 @@ SHAPES = (
     # One consumer warpgroup a 64-row tile (TM = 64), for M = 129-256 on the shapes of 64-96 128-row
     # tiles (8B q|k|v and o): 128 tiles fill the SMs without a K split, whose L2 sum cost ~1.4 of
     # 22 µs at 4096x4096 M = 256. It ties CUTLASS's ping-pong tile there and at 6144x4096 M = 128
-    # (19.8 / 20.0 µs, fp16 and bf16). Two CTAs a SM (the config rules allow TN <= 128 at TM = 64)
-    # lost 8-20% everywhere and are not built (docs/notes/serving-mainloop.md).
+    # (19.8 / 20.0 µs, fp16 and bf16). Two CTAs a SM (measured at TN = 128 with the registers to
+    # spare) lost 8-20% everywhere (docs/notes/serving-mainloop.md).
     ((64, 128, 128), 1, C1, False),
     # Split-K as a 1xS cluster for the shapes whose tiles fill a quarter or half of the SMs (8B o,
     # q|k|v and down, 70B o and down): the slices' partials meet in shared memory (st.async), not

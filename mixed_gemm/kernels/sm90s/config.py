@@ -49,7 +49,7 @@ def double_buffered(tile: Tuple[int, int, int], ctas_per_sm: int) -> bool:
     """Does the kernel convert the next k-tile while this one's wgmmas run? (Geometry::kDoubleBuffer,
     static_asserted in every rendered source: a second fragment set fits the consumer's registers.)"""
     tm, tn, _ = tile
-    return tn <= 128 and ((ctas_per_sm == 1 and tm == TILE_M) or tm == 64 or tn <= 16)
+    return tn <= 128 and ((ctas_per_sm == 1 and tm <= TILE_M) or tn <= 16)
 
 
 @hash_once
@@ -66,7 +66,7 @@ class Sm90sConfig:
     C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32; or (1, 2), (1, 4): the S K slices of
     one tile, launched as S-way split-K whose partials meet in shared memory, at ``auto`` only),
     ``ctas_per_sm`` (``_o<N>``: compiled with ``__launch_bounds__(128 + 2 TM, N)``; 2 only at
-    TN <= 64, or TN <= 128 at TM = 64, where the registers allow it), ``stages`` (0: as many as fit the shared memory of
+    TN <= 64, where the registers allow it), ``stages`` (0: as many as fit the shared memory of
     ``ctas_per_sm`` CTAs, at most 8) and ``phased`` (``_ph``: an ordered barrier makes the two
     consumer warpgroups take turns issuing their wgmmas, so one converts while the other's run), and
     ``half_issue`` (``_hi``, only where the kernel has one fragment set, :func:`double_buffered`
@@ -123,8 +123,7 @@ class Sm90sConfig:
              "half_issue (_hi) only without the double buffer (TN >= 32 at two CTAs per SM or TM = 256, or "
              "TN = 256) and without the phase offset"),
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
-            (self.ctas_per_sm == 1 or tn <= 64 or (tm == 64 and tn <= 128),
-             "two CTAs per SM only at TN <= 64, or TN <= 128 at tile M 64 (registers)"),
+            (self.ctas_per_sm == 1 or tn <= 64, "two CTAs per SM only at TN <= 64 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
             (self.decomposition in ("dp", "auto", "sk", "split"), "decomposition must be dp, auto, sk or split"),
             (self.decomposition != "sk" or (self.cluster == (1, 1) and not self.phased),
