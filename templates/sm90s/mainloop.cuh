@@ -662,14 +662,22 @@ struct Mainloop {
     int const g = lane >> 2;
     int const block = row0 + 64 * cw + kAtomRows * warp;  // the warp's 16 rows
     if (p.gate_up) {
+      // Paired as store_pairs: h's columns g and g + 1 of one token per 32-bit store (I is a
+      // multiple of 8, prepack_experts' rule, so h's rows are 4-byte aligned).
+      using Raw2 = typename Pair<Element>::raw2;
       int const half = p.n / 2;
-      int const col = gate_up_output(block + g);
-      if (block + g >= p.n) return;
+      int const odd = g & 1;
+      int const col = gate_up_output(block + g) - odd;
+      bool const live = block + g < p.n;
+      int const tok_l = tok0 + 2 * (lane & 3) + odd;
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        if ((i >> 1) & 1) continue;  // the up half, read with its gate
-        int const tok = tok0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-        if (tok < tok_end) y[size_t(tok) * half + col] = Raw(silu_mul(acc[i], acc[i + 2]));
+      for (int b = 0; b < kAcc / 4; ++b) {
+        // accumulators 4b, 4b + 1: gate rows (tokens t, t + 1); 4b + 2, 4b + 3: their up rows
+        float const h0 = silu_mul(acc[4 * b], acc[4 * b + 2]), h1 = silu_mul(acc[4 * b + 1], acc[4 * b + 3]);
+        float const got = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
+        int const tok = tok_l + 8 * b;
+        if (live && tok < tok_end)
+          *reinterpret_cast<Raw2*>(y + size_t(tok) * half + col) = from_floats(odd ? got : h0, odd ? h1 : got);
       }
       return;
     }
