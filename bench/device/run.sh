@@ -37,10 +37,11 @@ for step in "$@"; do
       # Two intra-op threads a worker: torch's default (every core) over 14 workers a GPU starves the
       # CPU-side references (a 32-expert dequantize took over 60 s on a loaded 64-core host).
       OMP_NUM_THREADS=${SUITE_THREADS:-2} MIXED_GEMM_TEST_GPUS=$gpus MIXED_GEMM_TEST_SHARD=${SUITE_SHARD:-} timeout "${SUITE_TIMEOUT:-570}" \
-        python3 -m pytest -q -m gpu tests -p no:cacheprovider -n $(( ${SUITE_WORKERS:-14} * gpus )) --dist worksteal \
+        python3 -m pytest -v -m gpu tests -p no:cacheprovider -n $(( ${SUITE_WORKERS:-14} * gpus )) --dist worksteal \
         --timeout "${SUITE_TEST_TIMEOUT:-480}" --durations 30 -rfE 2>&1 | tee "$OUT/suite.log" \
-        | grep -vE "$PROGRESS" | tail -60
-      grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -20
+        | grep -vE "$PROGRESS|^\[gw[0-9]+\] " | tail -60
+      # -v: every result with its test's name as it lands, so a run a limit cuts still names its failures.
+      grep -E "(FAILED|ERROR) tests/" "$OUT/suite.log" | sort -u | head -20
       # What the tests compiled beyond the carried archives (kernels outside the catalogs): carry it
       # back as kcache/suite-extra.txz and the next run skips those builds.
       extra=$(cd "$MIXED_GEMM_CACHE_DIR" && find . -mindepth 1 -maxdepth 1 -type d -newer /tmp/suite-start -printf '%f\n')
@@ -189,7 +190,7 @@ for step in "$@"; do
     sm90s-ab)  # bench/sm90s_ab.py: cuBLAS, the selection and the sm90s catalog kernels whose schedule contains SM90S_ONLY (e.g. _o2_s0: each half-issue kernel beside its plain one), at SM90S_MS
       timeout "${AB_TIMEOUT:-540}" python3 bench/sm90s_ab.py --ms "${SM90S_MS:-32,64}" --only "${SM90S_ONLY:-}" \
         --rounds "${AB_ROUNDS:-3}" --dtype "${AB_DTYPE:-f16}" --out "$OUT/sm90s-ab${SM90S_ONLY}.txt" 2>&1 | grep -vE "$QUIET" | tail -40 ;;
-    ncu)  # hardware counters: one bench/ncu_case.py argument line per case, from NCU_CASES or the defaults below
+    ncu)  # hardware counters: one bench/ncu_case.py argument line per case, from NCU_CASES or the defaults below (NCU_SOURCE=1: per-instruction stall samples too)
       i=0
       while read -r line; do
         { [ -z "$line" ] || [ "${line#\#}" != "$line" ]; } && continue
@@ -199,7 +200,13 @@ for step in "$@"; do
           --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
           --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats \
           --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+          $( [ -n "${NCU_SOURCE:-}" ] && echo --section SourceCounters -o "$OUT/ncu-$i" -f ) \
           python3 bench/ncu_case.py $line > "$OUT/ncu-$i.txt" 2>&1
+        if [ -n "${NCU_SOURCE:-}" ]; then  # NCU_SOURCE=1: per-instruction samples, by prologue / loop / epilogue
+          ncu -i "$OUT/ncu-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-$i-sass.csv" 2>/dev/null
+          python3 bench/ncu_stalls.py "$OUT/ncu-$i-sass.csv"
+          ncu -i "$OUT/ncu-$i.ncu-rep" --page details >> "$OUT/ncu-$i.txt" 2>&1  # with -o the sections go to the report
+        fi
         grep -E "median|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc|No Eligible|Active Warps Per|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Block Limit|Dynamic Shared|Waves Per SM" "$OUT/ncu-$i.txt" | sed 's/  */ /g'
         grep -E "issue_stalled" "$OUT/ncu-$i.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/  */ /g' \
           | awk '$NF > 0.1 {printf "%s=%s ", $1, $NF} END {print ""}'
