@@ -620,6 +620,7 @@ struct Mainloop {
       int const tok = tok_l + 8 * b;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        // accumulator 4b + 2h + j: row g + 8h of the warp's 16, token 8b + 2 (lane % 4) + j
         float const a0 = acc[4 * b + 2 * h], a1 = acc[4 * b + 2 * h + 1];
         float const got = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
         int const row = rp + 8 * h;
@@ -676,8 +677,9 @@ struct Mainloop {
         float const h0 = silu_mul(acc[4 * b], acc[4 * b + 2]), h1 = silu_mul(acc[4 * b + 1], acc[4 * b + 3]);
         float const got = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
         int const tok = tok_l + 8 * b;
-        if (live && tok < tok_end)
+        if (live && tok < tok_end) {
           *reinterpret_cast<Raw2*>(y + size_t(tok) * half + col) = from_floats(odd ? got : h0, odd ? h1 : got);
+        }
       }
       return;
     }
