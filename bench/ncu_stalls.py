@@ -76,13 +76,12 @@ def runs(rows: List[dict]) -> List[Run]:
 
 def report(path: str, min_share: float = 0.01) -> str:
     name, rows = load(path)
-    total = sum(_int(r[SAMPLES]) for r in rows) or 1
-    reasons = Counter()
-    for r in rows:
-        reasons.update(reasons_of(r))
-    lines = [f"== {name}: {total} samples, {sum(_int(r[EXECUTED]) for r in rows)} warp instructions",
+    parts = runs(rows)
+    total = sum(run.samples for run in parts) or 1
+    reasons = sum((run.reasons for run in parts), Counter())
+    lines = [f"== {name}: {total} samples, {sum(run.executed * run.instructions for run in parts)} warp instructions",
              "   reasons: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in reasons.most_common(8))]
-    for run in runs(rows):
+    for run in parts:
         if run.samples / total < min_share:
             continue
         top = ", ".join(f"{k} {v}" for k, v in run.reasons.most_common(3))
