@@ -1,7 +1,7 @@
 """A/B of schedules on the same weights: each case's schedules timed alternately with cuBLAS in the
 same dtype (cold L2, CUDA graphs, median of ``--rounds``), each checked against the float32 reference.
 
-    python bench/schedule_ab.py --cases CASES [--rounds 3] [--dtype f16] [--between] [--out FILE]
+    python bench/schedule_ab.py --cases CASES [--rounds 3] [--dtype f16] [--between] [--residual] [--out FILE]
     python bench/schedule_ab.py --cases CASES --pack kcache/ab.txz     # no GPU needed
     python bench/schedule_ab.py --pack-all kcache                       # no GPU needed
     python bench/schedule_ab.py --pack-selected kcache/selected.txz     # no GPU needed
@@ -144,9 +144,11 @@ def pack_selected(target: str) -> None:
 
 
 def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
-               medians: Optional[Dict[Tuple[int, int, int, int, int, str], float]] = None) -> List[str]:
+               medians: Optional[Dict[Tuple[int, int, int, int, int, str], float]] = None,
+               residual: bool = False) -> List[str]:
     """The rows of every case (printed as they come); ``medians``, when given, also gets each
-    schedule's median seconds under (N, K, M, BITS, GROUP, schedule)."""
+    schedule's median seconds under (N, K, M, BITS, GROUP, schedule). ``residual``: every call adds
+    an (M, N) skip connection in its epilogue (cuBLAS: ``addmm``), as o_proj and down_proj do."""
     from mixed_gemm.profiler.timing import copies_for, time_graph
     from mixed_gemm.profiler.workload import packed_bytes, random_weights
 
@@ -159,12 +161,15 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
         dense = [(torch.randn(n, k, device="cuda") * 0.02).to(td) for _ in range(copies_for(2 * n * k, l2))]
         x = torch.randn(m, k, device="cuda").to(td)
         y = torch.empty(m, n, device="cuda", dtype=td)
+        skip = torch.randn(m, n, device="cuda").to(td) if residual else None
         want = mg.dequantize(ws[0]).float() @ x.float().t()
+        if skip is not None:
+            want += skip.float().t()
         cfgs = {}
         for s in schedules:
             cfg = parse_schedule(s, dtype=dtype, bits=bits, zero_mode="int")
             y.fill_(float("nan"))
-            mg.matmul(x, ws[0], config=cfg, out=y)
+            mg.matmul(x, ws[0], config=cfg, out=y, residual=skip)
             err = ((y.float().t() - want).abs().max() / want.abs().max()).item()
             cfgs[s] = (cfg, err)
         times = {s: [] for s in ["dense", *schedules]}
@@ -175,11 +180,14 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
 
         def dense_mm(i):
             pre()
-            torch.mm(x, dense[i % len(dense)].t(), out=y)
+            if skip is None:
+                torch.mm(x, dense[i % len(dense)].t(), out=y)
+            else:
+                torch.addmm(skip, x, dense[i % len(dense)].t(), out=y)
 
         def ours(i, c):
             pre()
-            mg.matmul(x, ws[i % len(ws)], config=c, out=y)
+            mg.matmul(x, ws[i % len(ws)], config=c, out=y, residual=skip)
 
         for _ in range(rounds):  # alternate, so drift between rounds hits every schedule alike
             times["dense"].append(time_graph(dense_mm, 2 * len(dense)))
@@ -210,6 +218,8 @@ def main() -> None:
     ap.add_argument("--between", action="store_true",
                     help="an elementwise torch kernel (x *= 1) before every call, as a norm precedes a GEMM "
                          "in a model: times are then per pair")
+    ap.add_argument("--residual", action="store_true",
+                    help="add an (M, N) skip connection in the epilogue of every call (cuBLAS: addmm)")
     ap.add_argument("--pack", metavar="OUT.txz", default="",
                     help="build the cases' kernels and pack their cache entries instead of timing")
     ap.add_argument("--pack-all", metavar="OUT_DIR", default="",
@@ -229,7 +239,7 @@ def main() -> None:
     if a.pack:
         pack(cases, a.dtype, a.pack)
         return
-    lines = time_cases(cases, a.dtype, a.rounds, a.between)
+    lines = time_cases(cases, a.dtype, a.rounds, a.between, residual=a.residual)
     if a.out:
         with open(a.out, "w") as f:
             f.write("\n".join(lines) + "\n")

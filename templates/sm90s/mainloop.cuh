@@ -604,6 +604,8 @@ struct Mainloop {
     int const odd = (lane >> 2) & 1;
     int const rp = rbase - odd;  // this lane's even row (of rows g and g + 8: + 8 h)
     int const tok_l = tok0 + 2 * (lane & 3) + odd;
+    int const left = tok_end - tok_l;  // block b's token is live where 8 b < left
+    bool const live0 = rp < n, live1 = rp + 8 < n;
     float bias_v[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     if constexpr (kBias) {
 #pragma unroll
@@ -615,30 +617,37 @@ struct Mainloop {
         }
       }
     }
+    // One address a lane, stepped by 8 tokens a block (one 64-bit add); the row half h is +8
+    // elements, an immediate offset of the store. Why: an address computed per store (64-bit
+    // multiply, shift and add) was ~8 of the 22-27 instructions a value pair took (SASS).
+    size_t const at0 = size_t(tok_l) * n + rp;
+    Raw2* yb = reinterpret_cast<Raw2*>(y + at0);
+    Raw2 const* rb = reinterpret_cast<Raw2 const*>(residual + (kResidual ? at0 : 0));
+    size_t const step = size_t(4) * n;  // 8 tokens, in pairs
 #pragma unroll
     for (int b = 0; b < kAcc / 4; ++b) {
-      int const tok = tok_l + 8 * b;
+      bool const tok_live = 8 * b < left;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         // accumulator 4b + 2h + j: row g + 8h of the warp's 16, token 8b + 2 (lane % 4) + j
         float const a0 = acc[4 * b + 2 * h], a1 = acc[4 * b + 2 * h + 1];
         float const got = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
-        int const row = rp + 8 * h;
-        if (row < n && tok < tok_end) {
-          size_t const at = size_t(tok) * n + row;
+        if ((h == 0 ? live0 : live1) && tok_live) {
           float lo = odd ? got : a0, hi = odd ? a1 : got;
           if constexpr (kBias) {
             lo += bias_v[h][0];
             hi += bias_v[h][1];
           }
           if constexpr (kResidual) {
-            float2 const r = to_float2(*reinterpret_cast<Raw2 const*>(residual + at));
+            float2 const r = to_float2(rb[4 * h]);
             lo += r.x;
             hi += r.y;
           }
-          *reinterpret_cast<Raw2*>(y + at) = from_floats(lo, hi);
+          yb[4 * h] = from_floats(lo, hi);
         }
       }
+      yb += step;
+      if constexpr (kResidual) rb += step;
     }
   }
 
@@ -671,15 +680,17 @@ struct Mainloop {
       int const col = gate_up_output(block + g) - odd;
       bool const live = block + g < p.n;
       int const tok_l = tok0 + 2 * (lane & 3) + odd;
+      int const left = tok_end - tok_l;
+      // One address a lane, stepped by 8 tokens a block, as store_pairs.
+      Raw2* hb = reinterpret_cast<Raw2*>(y + size_t(tok_l) * half + col);
+      size_t const step = size_t(4) * half;
 #pragma unroll
       for (int b = 0; b < kAcc / 4; ++b) {
         // accumulators 4b, 4b + 1: gate rows (tokens t, t + 1); 4b + 2, 4b + 3: their up rows
         float const h0 = silu_mul(acc[4 * b], acc[4 * b + 2]), h1 = silu_mul(acc[4 * b + 1], acc[4 * b + 3]);
         float const got = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
-        int const tok = tok_l + 8 * b;
-        if (live && tok < tok_end) {
-          *reinterpret_cast<Raw2*>(y + size_t(tok) * half + col) = from_floats(odd ? got : h0, odd ? h1 : got);
-        }
+        if (live && 8 * b < left) *hb = from_floats(odd ? got : h0, odd ? h1 : got);
+        hb += step;
       }
       return;
     }
