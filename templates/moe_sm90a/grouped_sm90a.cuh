@@ -180,7 +180,7 @@ struct AdaptedOp<cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAd
 // ClusterM: CTAs per cluster along the weight rows (1 or 2). A pair takes adjacent weight tiles of
 // one expert (CUTLASS's group scheduler rounds each group's weight tiles up to the cluster) and the
 // routed rows' tile, the same for both, is read from L2 once and TMA-multicast into both CTAs.
-template <class MmaType_, class QuantType_, int TM, int TN, int TK, int Stages, int ClusterM = 1, bool Pingpong = false>
+template <class MmaType_, class QuantType_, int TM, int TN, int TK, int Stages, int ClusterM = 1>
 struct GroupedGemm {
   using MmaType = MmaType_;
   using QuantType = QuantType_;
@@ -199,13 +199,8 @@ struct GroupedGemm {
   static_assert(ClusterM == 1 || ClusterM == 2, "clusters of 1 or 2 CTAs along the weight rows");
   static constexpr int kClusterM = ClusterM;
   using ClusterShape = Shape<Int<ClusterM>, _1, _1>;
-  // Cooperative: two consumer warpgroups split the tile's weight rows (TM >= 128). Ping-pong: each
-  // takes a tile of its own and its epilogue runs while the other's main loop does; why: with few
-  // k-tiles a tile (the down projection of small experts: K = 768 is 12 of 64) the cooperative
-  // kernel's epilogue, which neither warpgroup hides, is a large share of each tile.
-  static constexpr bool kPingpong = Pingpong;
-  using KernelSchedule = cute::conditional_t<Pingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-                                             cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  // Cooperative: two consumer warpgroups split the tile's weight rows (TM >= 128).
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   // Register stores, so that one thread can pair gate and up (GateUpEpilogue); no shared memory,
   // which the main loop's stages take instead.
   using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;

@@ -21,8 +21,7 @@ def _problem(stage="w13", tokens=256, top_k=2, experts=8, h=4096, inter=1024, **
 
 
 @pytest.mark.parametrize("schedule", ["w13_t128x64x64_s0", "w2_t128x32x64_s0", "w2_t256x128x128_s4",
-                                      "w13_t128x256x64_s0_c2", "w2_t128x128x64_s0_c2_rn", "w13_t256x128x64_s0_rn",
-                                      "w2_t64x256x64_s0_pp", "w2_t128x128x64_s0_pp_rn"])
+                                      "w13_t128x256x64_s0_c2", "w2_t128x128x64_s0_c2_rn", "w13_t256x128x64_s0_rn"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeSm90aConfig.from_schedule(schedule, dtype="bf16", bits=8, zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_sm90a:{schedule}"
@@ -31,12 +30,10 @@ def test_schedule_round_trip_and_names(schedule):
     # The stage and the raster order are launch-time choices: one binary serves both.
     assert (k.stage, k.zero_mode, k.raster) == ("w13", "int", "m") and k.kernel == k
     assert (c.cluster == 2) == ("_c2" in schedule) and (c.raster == "n") == schedule.endswith("_rn")
-    assert c.pingpong == ("_pp" in schedule)
     assert c.kernel_name == k.kernel_name == "mg_moe_sm90a_bf16_u8_" + schedule.split("_", 1)[1].replace("_rn", "")
     assert c.name == f"mg_moe_sm90a_bf16_u8_zfloat_{schedule}"
     assert family("moe_sm90a") is FAMILY and GROUPED_FAMILIES[0] is FAMILY  # asked before moe_gemv
-    for bad in ("t128x64x64_s0", "w13_t128x64x64", "w13_s2_w4x1_u8", "w13_t128x64x64_s0_rm_c2", "w13_t128x64x64_s0_rk",
-                "w13_t128x64x64_s0_rn_pp", "w13_t128x64x64_s0_pp_c2"):
+    for bad in ("t128x64x64_s0", "w13_t128x64x64", "w13_s2_w4x1_u8", "w13_t128x64x64_s0_rm_c2", "w13_t128x64x64_s0_rk"):
         with pytest.raises(ValueError, match="not a moe_sm90a schedule"):
             MoeSm90aConfig.from_schedule(bad)
     # One spelling per config: the defaults (cluster 1, raster m) are left out of the name.
@@ -48,8 +45,6 @@ def test_schedule_round_trip_and_names(schedule):
 @pytest.mark.parametrize("kw, rule", [
     (dict(stage="w3"), r"stage must be one of \('w13', 'w2'\)"),
     (dict(tile=(64, 64, 64)), "tile M .* must be 128 or 256"),
-    (dict(tile=(256, 64, 64), pingpong=True), "ping-pong: tile M .* must be 64 or 128"),
-    (dict(tile=(128, 256, 64), pingpong=True), "ping-pong: tile M x N at most 64 x 256"),
     (dict(tile=(128, 24, 64)), "tile N .* multiple of 16"),
     (dict(tile=(128, 64, 32)), "tile K must be 64 or 128"),
     (dict(stages=1), "stages must be 0"),
@@ -64,20 +59,16 @@ def test_config_rules_name_the_field(kw, rule):
 
 def test_catalog_renders_the_grouped_kernel():
     cat = FAMILY.catalog()
-    assert len(cat) == 38 and len({c.kernel_name for c in cat}) == 38 and all(c.kernel == c for c in cat)
-    assert {(c.tile, c.cluster, c.pingpong) for c in cat} == set(kernels_for(4))
-    assert {c.tile for c in cat if c.bits == 8} == set(TILES) and not any(c.pingpong for c in cat if c.bits == 8)
+    assert len(cat) == 32 and len({c.kernel_name for c in cat}) == 32 and all(c.kernel == c for c in cat)
+    assert {(c.tile, c.cluster) for c in cat} == set(kernels_for(4)) and {c.tile for c in cat if c.bits == 8} == set(TILES)
     # The many-token kernels are int4's (the weights measured), per activation dtype.
-    assert {(c.dtype, c.tile, c.cluster, c.pingpong) for c in cat if c.cluster == 2 or c.tile[0] != 128 or c.pingpong} == {
-        (d, t, k, p) for d in ("f16", "bf16") for t, k, p in MANY_TOKEN_KERNELS}
+    assert {(c.dtype, c.tile, c.cluster) for c in cat if c.cluster == 2 or c.tile[0] == 256} == {
+        (d, t, k) for d in ("f16", "bf16") for t, k in MANY_TOKEN_KERNELS}
     src = FAMILY.render(cat[0])
     assert '#include "moe_sm90a/grouped_sm90a.cuh"' in src
-    assert f"GroupedGemm<cutlass::half_t, cutlass::int4b_t, {', '.join(map(str, cat[0].tile))}, 0, 1,\n" in src
-    assert src.count("false>;") == 1
+    assert f"GroupedGemm<cutlass::half_t, cutlass::int4b_t, {', '.join(map(str, cat[0].tile))}, 0, 1>" in src
     c2 = next(c for c in cat if c.cluster == 2)
-    assert f"{', '.join(map(str, c2.tile))}, 0, 2,\n" in FAMILY.render(c2)
-    pp = next(c for c in cat if c.pingpong)
-    assert f"{', '.join(map(str, pp.tile))}, 0, 1,\n" in FAMILY.render(pp) and "true>;" in FAMILY.render(pp)
+    assert f"{', '.join(map(str, c2.tile))}, 0, 2>" in FAMILY.render(c2)
     # The raster order is a launch argument (mg_run's raster_n), not a kernel: the same source.
     assert FAMILY.render(c2.replace(raster="n")) == FAMILY.render(c2) and "int raster_n" in src
     assert f"{{{abi.ABI_VERSION}, " in src and "mg_strides" in src and "mg_run" in src
@@ -163,8 +154,8 @@ def test_many_token_candidates(stage):
             names = candidate_schedules(p)
             assert len(names) == len(set(names)) == 2 * len(kernels_for(4))
             configs = [MoeSm90aConfig.from_schedule(n) for n in names]
-            assert {(c.tile, c.cluster, c.pingpong, c.raster) for c in configs} == {
-                (*k_, r) for k_ in kernels_for(4) for r in ("m", "n")}
+            assert {(c.tile, c.cluster, c.raster) for c in configs} == {
+                (t_, c_, r) for t_, c_ in kernels_for(4) for r in ("m", "n")}
             assert all(c.stage == stage and c.kernel in FAMILY.catalog() for c in configs)
             assert all(FAMILY.can_implement(c, p) == (True, "") for c in configs)
             assert FAMILY.candidates(p, 132) == names
@@ -178,8 +169,8 @@ def test_many_token_kernels_follow_the_group_rules():
     """The new kernels keep the family's rules: a group must be a multiple of TK; clusters and the
     256-row tile refuse nothing a 128-row tile takes (a partial or odd last weight tile is TMA's zero
     fill, the cluster's partner CTA of an odd count a tile past the weight rows)."""
-    for tile, cluster, pingpong in MANY_TOKEN_KERNELS:
-        c = MoeSm90aConfig(stage="w2", tile=tile, cluster=cluster, pingpong=pingpong)
+    for tile, cluster in MANY_TOKEN_KERNELS:
+        c = MoeSm90aConfig(stage="w2", tile=tile, cluster=cluster)
         assert FAMILY.can_implement(c, _problem(stage="w2", tokens=4096, group_size=64))[0] == (tile[2] == 64)
         assert FAMILY.can_implement(c, _problem(stage="w2", tokens=4096, h=4104)) == (True, "")  # 32.06 weight tiles
         ok, why = FAMILY.can_implement(c, _problem(stage="w2", tokens=4096, group_size=32))

@@ -70,8 +70,7 @@ class MoeSm90aFamily(GroupedFamily):
             "moe_sm90a/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], quant=_QUANT_TYPES[kernel.bits], bits=kernel.bits,
-            tm=tm, tn=tn, tk=tk, stages=kernel.stages, cluster=kernel.cluster, pingpong=kernel.pingpong,
-            threads=kernel.threads, abi_version=ABI_VERSION,
+            tm=tm, tn=tn, tk=tk, stages=kernel.stages, cluster=kernel.cluster, threads=kernel.threads, abi_version=ABI_VERSION,
             sort_args_bytes=SORT_ARGS_BYTES, sort_threads=SORT_THREADS, sort_max_experts=SORT_MAX_EXPERTS,
             constants=grouped_constant_checks(),
         )

@@ -7,11 +7,9 @@
   family's clusters): for many tokens on many small experts (profile candidates from
   ``MANY_TOKENS``, docs/notes/moe.md "Next candidates"): the 128- and 256-row tiles in clusters of
   two CTAs along the weight rows (the routed rows' tile read from L2 once for two weight tiles), and
-  a 256-weight-row tile (the same halving inside one CTA); and ping-pong kernels (each consumer
-  warpgroup a tile of its own, 64 or 128 weight rows, its epilogue beside the other's main loop) for
-  the down projections of small experts, whose tiles have few k-tiles (docs/notes/moe.md).
+  a 256-weight-row tile (the same halving inside one CTA).
 
-38 kernels; the raster order of the scheduler's walk is a launch-time choice (no kernel of its own).
+32 kernels; the raster order of the scheduler's walk is a launch-time choice (no kernel of its own).
 """
 from __future__ import annotations
 
@@ -21,18 +19,16 @@ from ..common import DTYPES
 from .config import MoeSm90aConfig
 
 TILES = ((128, 32, 64), (128, 64, 64), (128, 128, 64), (128, 256, 64), (128, 64, 128), (128, 128, 128))
-# (tile, cluster, ping-pong)
-MANY_TOKEN_KERNELS = (((128, 128, 64), 2, False), ((128, 128, 128), 2, False), ((128, 256, 64), 2, False),
-                      ((256, 128, 64), 1, False), ((64, 128, 64), 1, True), ((64, 256, 64), 1, True),
-                      ((128, 128, 64), 1, True))
+# (tile, cluster)
+MANY_TOKEN_KERNELS = (((128, 128, 64), 2), ((128, 128, 128), 2), ((128, 256, 64), 2), ((256, 128, 64), 1))
 BITS = (4, 8)
 
 
-def kernels_for(bits: int) -> Tuple[Tuple[Tuple[int, int, int], int, bool], ...]:
-    """``(tile, cluster, pingpong)`` of the catalog's kernels for weights of ``bits``."""
-    return tuple((t, 1, False) for t in TILES) + (MANY_TOKEN_KERNELS if bits == 4 else ())
+def kernels_for(bits: int) -> Tuple[Tuple[Tuple[int, int, int], int], ...]:
+    """``(tile, cluster)`` of the catalog's kernels for weights of ``bits``."""
+    return tuple((t, 1) for t in TILES) + (MANY_TOKEN_KERNELS if bits == 4 else ())
 
 
 def default_catalog() -> List[MoeSm90aConfig]:
-    return [MoeSm90aConfig(dtype=d, bits=b, tile=t, cluster=c, pingpong=p) for d in DTYPES for b in BITS
-            for t, c, p in kernels_for(b)]
+    return [MoeSm90aConfig(dtype=d, bits=b, tile=t, cluster=c) for d in DTYPES for b in BITS
+            for t, c in kernels_for(b)]

@@ -10,7 +10,7 @@ from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(?:_c(\d+))?(_pp)?(?:_r([mn]))?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(?:_c(\d+))?(?:_r([mn]))?$")
 STAGES = ("w13", "w2")
 CLUSTERS = (1, 2)
 RASTERS = ("m", "n")
@@ -20,22 +20,19 @@ RASTERS = ("m", "n")
 @dataclass(frozen=True)
 class MoeSm90aConfig:
     """One launch configuration of the grouped Hopper kernel (templates/moe_sm90a/): CUTLASS's
-    ptr-array warp-specialized wgmma mixed-input GEMM, one group per expert, over the rows routed to it.
+    ptr-array cooperative wgmma mixed-input GEMM, one group per expert, over the rows routed to it.
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows, TN routed rows, TK) per CTA (the
     transposed problem, as the dense sm90a family's), ``stages`` (0 = as many as fit), ``cluster``
     (CTAs per cluster along the weight rows: 2 pairs CTAs on adjacent weight tiles of one expert,
-    which then read the routed rows' tile from L2 once, TMA-multicast to both), ``pingpong`` (the two
-    consumer warpgroups take a tile each, TM weight rows, and one's epilogue runs while the other's
-    main loop does; else cooperative: the two split one tile's TM rows). Chosen at launch:
+    which then read the routed rows' tile from L2 once, TMA-multicast to both). Chosen at launch:
     ``stage``, the projection this config runs (``"w13"``: the gate|up GEMM, then SiLU(gate) * up;
     ``"w2"``: the down GEMM, then the top-k weighted sum), which changes what the launcher does around
     the one kernel, not the kernel; ``raster``, the order of an expert's tiles in the persistent group
     scheduler's walk (``"m"``: weight tiles fastest, CUTLASS's default; ``"n"``: routed-row tiles
     fastest). ``zero_mode`` is folded into the additive zero at prepack (one binary serves every
-    mode). ``schedule`` (``w13_t128x64x64_s0``, ``w2_t128x128x64_s0_c2_rn``, ``w2_t64x256x64_s0_pp``:
-    the suffixes only where they are not 1 / cooperative / ``m``) is what a profile stores (as
-    ``moe_sm90a:<schedule>``)."""
+    mode). ``schedule`` (``w13_t128x64x64_s0``, ``w2_t128x128x64_s0_c2_rn``: the suffixes only where
+    they are not 1 / ``m``) is what a profile stores (as ``moe_sm90a:<schedule>``)."""
 
     dtype: str = "f16"
     bits: int = 4
@@ -45,7 +42,6 @@ class MoeSm90aConfig:
     stages: int = 0
     cluster: int = 1
     raster: str = "m"
-    pingpong: bool = False
 
     family = "moe_sm90a"
 
@@ -53,12 +49,8 @@ class MoeSm90aConfig:
         tm, tn, tk = self.tile
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
-            # Cooperative: two consumer warpgroups split the tile's weight rows. Ping-pong: each takes a
-            # tile of its own, whose TM x TN fp32 accumulators one warpgroup's registers must hold.
-            (self.pingpong or tm in (128, 256), "tile M (weight rows) must be 128 or 256 (two warpgroups split it)"),
-            (not self.pingpong or tm in (64, 128), "ping-pong: tile M (weight rows) must be 64 or 128 (one warpgroup's)"),
-            (not self.pingpong or tm * tn <= 64 * 256,
-             "ping-pong: tile M x N at most 64 x 256 (128 fp32 accumulators a thread)"),
+            # Two consumer warpgroups split the tile's weight rows (the cooperative schedule).
+            (tm in (128, 256), "tile M (weight rows) must be 128 or 256 (two warpgroups split it)"),
             (16 <= tn <= 256 and tn % 16 == 0, "tile N (routed rows) must be a multiple of 16 in [16, 256]"),
             (tk in (64, 128), "tile K must be 64 or 128 (four k16 blocks per stage at least)"),
             (self.stages == 0 or 2 <= self.stages <= 12, "stages must be 0 (auto) or 2..12"),
@@ -83,8 +75,7 @@ class MoeSm90aConfig:
     @functools.cached_property
     def _tile_schedule(self) -> str:
         tm, tn, tk = self.tile
-        return (f"t{tm}x{tn}x{tk}_s{self.stages}" + (f"_c{self.cluster}" if self.cluster != 1 else "")
-                + ("_pp" if self.pingpong else ""))
+        return f"t{tm}x{tn}x{tk}_s{self.stages}" + (f"_c{self.cluster}" if self.cluster != 1 else "")
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -104,10 +95,10 @@ class MoeSm90aConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90a schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_c<cluster>][_pp][_r<m|n>]")
-        stage, tm, tn, tk, stages, cluster, pp, raster = m.groups()
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_c<cluster>][_r<m|n>]")
+        stage, tm, tn, tk, stages, cluster, raster = m.groups()
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
-                     stages=int(stages), cluster=int(cluster or 1), raster=raster or "m", pingpong=bool(pp))
+                     stages=int(stages), cluster=int(cluster or 1), raster=raster or "m")
         if config.schedule != schedule:  # one spelling per config: "_c1", "_rm" are the defaults, left out
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90a schedule's spelling; it is {config.schedule!r}")
         return config
