@@ -18,8 +18,9 @@ their kernel-cache entries to one xz tar, which bench/device/env.sh unpacks on t
 call then carries the few kernels it times instead of the whole cache. ``--pack-all DIR`` packs every
 catalog kernel as built for the current sources (``mixed-gemm build --all``, which builds the missing
 ones first, two nvcc at a time: about an hour from empty here; entries of stale sources stay out)
-into DIR: libs.txz, gemv.txz and tiles.txz, each small enough to carry in one device call beside
-the checkout (the whole cache does not fit one: carry one archive per call on a warm machine).
+into DIR: libs.txz, tiles.txz and the gemv fatbins in two halves, gemv-1.txz and gemv-2.txz, so that
+libs + tiles + gemv-1 fit one device call beside the checkout and the wheels (64 MB) and gemv-2 goes
+with the next call on the warm machine: the two shards of the suite.
 ``--pack-selected OUT.txz`` packs only what ``matmul`` and ``moe`` can select on the H100 (the
 kernel package's set: shipped profiles, heuristics, fallbacks; ~17 MB): enough for the benchmarks
 and the end-to-end runs in one call, not for the test suite, which loops over whole catalogs.
@@ -96,17 +97,20 @@ def tar_xz(entries: List[str], xz_args: List[str], target: Path) -> None:
             raise RuntimeError(f"tar | xz of {len(entries)} cache entries into {target} failed")
 
 
-# Archives of --pack-all, by what their entries are: each stays under what one device call may
-# carry beside the checkout and the wheels (64 MB in all), so a whole cache arrives over a few calls.
+# Archives of --pack-all, by what their entries are (gemv's ~40 MB in two halves: GEMV_PARTS), so a
+# whole cache arrives over two calls of 64 MB each beside the checkout and the wheels.
 PACK_GROUPS = (("libs", lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_", "mg_moe_sm90s_"))),  # kernel libraries
                ("gemv", lambda e: e.startswith("mg_gemv")),
                ("tiles", lambda e: True))  # sm80, dequant_mm, moe_gemv, moe_sm80 fatbins
+GEMV_PARTS = 2
 
 
 def pack_all(out_dir: str) -> None:
     """Every catalog kernel's cache entry for the current sources into ``out_dir`` as one xz tar per
     group of :data:`PACK_GROUPS` (``libs.txz``: the kernel libraries, mostly the same static cudart,
-    which xz over one tar dedupes; ``gemv.txz``; ``tiles.txz``), for bench/device/env.sh to unpack."""
+    which xz over one tar dedupes; ``gemv-1.txz`` .. ``gemv-<GEMV_PARTS>.txz``, every other entry
+    in name order, so each half holds every width and tile; ``tiles.txz``), for bench/device/env.sh
+    to unpack."""
     built = subprocess.run([sys.executable, "-m", "mixed_gemm.cli", "build", "--all", "--filter", "mg_", "--jobs", "2"],
                            stdout=subprocess.PIPE, text=True, check=True).stdout
     # "name  path" per kernel; the path's directory is its cache entry
@@ -119,7 +123,11 @@ def pack_all(out_dir: str) -> None:
     for name, member in PACK_GROUPS:
         group = [e for e in left if member(e)]
         left = [e for e in left if not member(e)]
-        tar_xz(group, ["-9", "-T0"], out / f"{name}.txz")
+        if name == "gemv":
+            for part in range(GEMV_PARTS):
+                tar_xz(group[part::GEMV_PARTS], ["-9", "-T0"], out / f"{name}-{part + 1}.txz")
+        else:
+            tar_xz(group, ["-9", "-T0"], out / f"{name}.txz")
     print(f"{len(entries)} entries -> {out_dir}")
     for f in sorted(out.iterdir()):
         print(f"{f.stat().st_size:>12} {f.name}")
@@ -224,7 +232,7 @@ def main() -> None:
                     help="build the cases' kernels and pack their cache entries instead of timing")
     ap.add_argument("--pack-all", metavar="OUT_DIR", default="",
                     help="build every catalog kernel (where missing) and pack the whole cache for the GPU machine "
-                         "into OUT_DIR (libs.txz, gemv.txz, tiles.txz); no cases")
+                         "into OUT_DIR (libs.txz, tiles.txz, gemv-1.txz, gemv-2.txz); no cases")
     ap.add_argument("--pack-selected", metavar="OUT.txz", default="",
                     help="build and pack only the kernels matmul and moe can select on the H100 (benchmarks, e2e); "
                          "no cases")
