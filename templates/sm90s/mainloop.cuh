@@ -46,7 +46,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 
 #include "atoms/sm90a.cuh"
@@ -611,7 +610,7 @@ struct Mainloop {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (rp + 8 * h < n) {
-          float2 const b = to_float2(*reinterpret_cast<Raw2 const*>(bias + rp + 8 * h));
+          float2 const b = Pair<Element>::to_floats(*reinterpret_cast<Raw2 const*>(bias + rp + 8 * h));
           bias_v[h][0] = b.x;
           bias_v[h][1] = b.y;
         }
@@ -639,25 +638,15 @@ struct Mainloop {
             hi += bias_v[h][1];
           }
           if constexpr (kResidual) {
-            float2 const r = to_float2(rb[4 * h]);
+            float2 const r = Pair<Element>::to_floats(rb[4 * h]);
             lo += r.x;
             hi += r.y;
           }
-          yb[4 * h] = from_floats(lo, hi);
+          yb[4 * h] = Pair<Element>::from_floats(lo, hi);
         }
       }
       yb += step;
       if constexpr (kResidual) rb += step;
-    }
-  }
-
-  static __device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
-  static __device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
-  static __device__ __forceinline__ typename Pair<Element>::raw2 from_floats(float lo, float hi) {
-    if constexpr (std::is_same<typename Pair<Element>::raw2, __half2>::value) {
-      return __floats2half2_rn(lo, hi);
-    } else {
-      return __floats2bfloat162_rn(lo, hi);
     }
   }
 
@@ -689,7 +678,7 @@ struct Mainloop {
         // accumulators 4b, 4b + 1: gate rows (tokens t, t + 1); 4b + 2, 4b + 3: their up rows
         float const h0 = silu_mul(acc[4 * b], acc[4 * b + 2]), h1 = silu_mul(acc[4 * b + 1], acc[4 * b + 3]);
         float const got = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
-        if (live && 8 * b < left) *hb = from_floats(odd ? got : h0, odd ? h1 : got);
+        if (live && 8 * b < left) *hb = Pair<Element>::from_floats(odd ? got : h0, odd ? h1 : got);
         hb += step;
       }
       return;
