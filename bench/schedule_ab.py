@@ -97,20 +97,19 @@ def tar_xz(entries: List[str], xz_args: List[str], target: Path) -> None:
             raise RuntimeError(f"tar | xz of {len(entries)} cache entries into {target} failed")
 
 
-# Archives of --pack-all, by what their entries are (gemv's ~40 MB in two halves: GEMV_PARTS), so a
-# whole cache arrives over two calls of 64 MB each beside the checkout and the wheels.
-PACK_GROUPS = (("libs", lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_", "mg_moe_sm90s_"))),  # kernel libraries
-               ("gemv", lambda e: e.startswith("mg_gemv")),
-               ("tiles", lambda e: True))  # sm80, dequant_mm, moe_gemv, moe_sm80 fatbins
-GEMV_PARTS = 2
+# Archives of --pack-all, by what their entries are, and how many parts each is cut into (gemv's
+# ~40 MB in two), so a whole cache arrives over two calls of 64 MB each beside the checkout and the wheels.
+PACK_GROUPS = (("libs", 1, lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_", "mg_moe_sm90s_"))),  # kernel libraries
+               ("gemv", 2, lambda e: e.startswith("mg_gemv")),
+               ("tiles", 1, lambda e: True))  # sm80, dequant_mm, moe_gemv, moe_sm80 fatbins
 
 
 def pack_all(out_dir: str) -> None:
     """Every catalog kernel's cache entry for the current sources into ``out_dir`` as one xz tar per
     group of :data:`PACK_GROUPS` (``libs.txz``: the kernel libraries, mostly the same static cudart,
-    which xz over one tar dedupes; ``gemv-1.txz`` .. ``gemv-<GEMV_PARTS>.txz``, every other entry
-    in name order, so each half holds every width and tile; ``tiles.txz``), for bench/device/env.sh
-    to unpack."""
+    which xz over one tar dedupes; ``gemv-1.txz``, ``gemv-2.txz``: a group in parts takes every
+    other entry in name order, so each part holds every width and tile; ``tiles.txz``), for
+    bench/device/env.sh to unpack."""
     built = subprocess.run([sys.executable, "-m", "mixed_gemm.cli", "build", "--all", "--filter", "mg_", "--jobs", "2"],
                            stdout=subprocess.PIPE, text=True, check=True).stdout
     # "name  path" per kernel; the path's directory is its cache entry
@@ -120,14 +119,11 @@ def pack_all(out_dir: str) -> None:
     for old in [*out.glob("*.txz"), *out.glob("kcache90.txz.part-*"), *out.glob("kcache.tgz.part-*")]:
         old.unlink()
     left = entries
-    for name, member in PACK_GROUPS:
+    for name, parts, member in PACK_GROUPS:
         group = [e for e in left if member(e)]
         left = [e for e in left if not member(e)]
-        if name == "gemv":
-            for part in range(GEMV_PARTS):
-                tar_xz(group[part::GEMV_PARTS], ["-9", "-T0"], out / f"{name}-{part + 1}.txz")
-        else:
-            tar_xz(group, ["-9", "-T0"], out / f"{name}.txz")
+        for part in range(parts):
+            tar_xz(group[part::parts], ["-9", "-T0"], out / (f"{name}-{part + 1}.txz" if parts > 1 else f"{name}.txz"))
     print(f"{len(entries)} entries -> {out_dir}")
     for f in sorted(out.iterdir()):
         print(f"{f.stat().st_size:>12} {f.name}")
