@@ -121,14 +121,14 @@ inline int sk_most_segments(int tiles, int k_tiles, int ctas) {
   return most;
 }
 
-// splits: K slices asked for (1: none); sk_ctas > 0: stream-K over that many CTAs instead (no
-// cluster), the grid one-dimensional.
+// splits: K slices asked for (1: none); sk_ctas > 0: stream-K over that many CTAs instead, the
+// grid one-dimensional, or under a Cx1 cluster over sk_ctas / C clusters, the grid (1, C x clusters).
 template <class Geo>
 int init(Slot* slot, void const* w, void const* s, void const* z, void const* x, int m, int n, int n_pad, int k,
          int group, int groups, int splits, int sk_ctas) {
   if (!encode_fn()) return kErrNoDriver;
   if (m < 1 || n < 1 || k < 1 || n_pad % 16 || n_pad < n || k % 8 || groups < 1 || splits < 1 || sk_ctas < 0 ||
-      (sk_ctas > 0 && (Geo::kClusterM > 1 || Geo::kClusterK > 1 || Geo::kPhased)))
+      (sk_ctas > 0 && (sk_ctas < Geo::kClusterM || Geo::kClusterK > 1 || Geo::kPhased)))
     return kErrShape;
   int g, rows, kb_shift;
   if (!group_geometry<Geo>(group, groups, g, rows, kb_shift)) return kErrShape;
@@ -163,19 +163,24 @@ int init(Slot* slot, void const* w, void const* s, void const* z, void const* x,
   slot->grid = dim3(p.splits, row_tiles, token_tiles);
   slot->tiles = (long long)row_tiles * token_tiles;
   if (sk_ctas > 0) {
-    // More tiles than one wave: the first wave's tiles whole (each CTA its own, the wave reading
+    // Streams: CTAs, or clusters of C CTAs walking cluster tiles (C adjacent row tiles).
+    constexpr int C = Geo::kClusterM;
+    long long const tiles = slot->tiles / C;
+    int const streams = sk_ctas / C;
+    // More tiles than one wave: the first wave's tiles whole (each stream its own, the wave reading
     // the same k-tiles together as data-parallel CTAs do), stream-K over the rest.
-    int const dp = slot->tiles > sk_ctas ? sk_ctas : 0;
-    long long const units = (slot->tiles - dp) * p.k_tiles;
-    p.sk_ctas = int(units < sk_ctas ? units : sk_ctas);
+    int const dp = tiles > streams ? streams : 0;
+    long long const units = (tiles - dp) * p.k_tiles;
+    p.sk_ctas = int(units < streams ? units : streams);
     p.sk_units = int(units);
     p.sk_dp_tiles = dp;
     p.row_tiles = row_tiles;
-    p.splits = sk_most_segments(int(slot->tiles) - dp, p.k_tiles, p.sk_ctas);
+    p.splits = sk_most_segments(int(tiles) - dp, p.k_tiles, p.sk_ctas);
     p.split_tiles = p.k_tiles;
     // At most one range a unit (so no range is empty and every segment counted arrives); the
-    // data-parallel wave may still need more CTAs than the rest has units.
-    slot->grid = dim3(dp > p.sk_ctas ? dp : p.sk_ctas);
+    // data-parallel wave may still need more streams than the rest has units.
+    int const grid = dp > p.sk_ctas ? dp : p.sk_ctas;
+    slot->grid = C > 1 ? dim3(1, grid * C) : dim3(grid);
   }
   slot->m = m;
   return 0;

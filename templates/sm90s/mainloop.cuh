@@ -15,7 +15,7 @@
 // part of all partials in split order (deterministic) and runs its epilogue. No memset per launch:
 // the counters are zero between launches.
 //
-// Stream-K (Params::sk_ctas > 0, dense, no cluster): a persistent grid of G CTAs splits the U =
+// Stream-K (Params::sk_ctas > 0, dense): a persistent grid of G CTAs splits the U =
 // tiles x k-tiles work units into G contiguous ranges of U/G units (k inner), so every SM streams the
 // same number of k-tiles whatever the tile count: 224 tiles on 132 SMs run as 1.7 tiles a CTA, not
 // two waves with 40% of the SMs idle in the second. Where the tiles exceed one wave, the first wave
@@ -23,7 +23,10 @@
 // different k offsets read scattered 1-2 KB pieces of the weight, where a data-parallel wave reads
 // whole k rows of it together. A range that starts or ends inside a tile makes a K segment of it;
 // the segments of a tile are summed like split-K slices (the segment index is the CTA count between
-// the tile's first unit and the segment's, so every CTA derives the same split).
+// the tile's first unit and the segment's, so every CTA derives the same split). Under a Cx1
+// cluster the stream is the cluster: a unit is a k-tile of C adjacent row tiles, the C CTAs walk
+// the same ranges (their x stages stay equal, one multicast each) and each sums its own row tile's
+// segments, so a tile of the cluster's is cut where the cluster's range is.
 //
 // Cx1 cluster (Geo::kClusterM = C, 2 or 4): the C CTAs take adjacent row tiles of one K slice and
 // token tile, so their x stages are equal. Producer r loads token rows [r TN/C, (r+1) TN/C) of x with
@@ -195,16 +198,25 @@ struct Mainloop {
   static __device__ __forceinline__ int sk_owner(Params const& p, int u) {
     return sm90s::sk_owner(u - p.sk_dp_tiles * p.k_tiles, p.sk_ctas, p.sk_units);
   }
+  // The stream this CTA belongs to: its own index, or its cluster's (grid (1, C G): clusters along y).
+  static __device__ __forceinline__ int sk_stream() {
+    return Geo::kClusterM > 1 ? int(blockIdx.y) / Geo::kClusterM : int(blockIdx.x);
+  }
 
   // Stream-K: a data-parallel tile whole, or the segment of unit w's tile from w to the tile's end
   // or the CTA's range end.
+  // Units count cluster tiles (C row tiles of one token tile); the CTA's own row tile is rank r of
+  // them, and its output tile (partials, counters) the row tile's own index.
   static __device__ __forceinline__ Work stream_work(Params const& p, int w, int end) {
+    constexpr int C = Geo::kClusterM;
     int const tile = w / p.k_tiles;
     int const u0 = tile * p.k_tiles;
-    int const rt = tile % p.row_tiles, tok0 = (tile / p.row_tiles) * TN;
-    if (tile < p.sk_dp_tiles) return Work{0, 1, rt * kTileM, tile, 0, tok0, p.m, 0, p.k_tiles};
+    int const ctiles = p.row_tiles / C;  // cluster tiles along the rows
+    int const rt = (tile % ctiles) * C + (C > 1 ? int(blockIdx.y) % C : 0), tt = tile / ctiles;
+    int const out = rt + p.row_tiles * tt, tok0 = tt * TN;
+    if (tile < p.sk_dp_tiles) return Work{0, 1, rt * kTileM, out, 0, tok0, p.m, 0, p.k_tiles};
     int const first = sk_owner(p, u0);
-    return Work{sk_owner(p, w) - first, sk_owner(p, u0 + p.k_tiles - 1) - first + 1, rt * kTileM, tile, 0, tok0,
+    return Work{sk_owner(p, w) - first, sk_owner(p, u0 + p.k_tiles - 1) - first + 1, rt * kTileM, out, 0, tok0,
                 p.m, w - u0, min(u0 + p.k_tiles, end) - w};
   }
 
@@ -244,7 +256,7 @@ struct Mainloop {
   static __device__ __forceinline__ int next_item(Params const& p, int w, Work const& wk, int stride, int total) {
     if constexpr (!Geo::kGrouped) {
       if (p.sk_ctas) {  // after a data-parallel tile, the CTA's stream-K range
-        return wk.tile < p.sk_dp_tiles ? sk_begin(p, int(blockIdx.x)) : w + wk.nk;
+        return w < p.sk_dp_tiles * p.k_tiles ? sk_begin(p, sk_stream()) : w + wk.nk;
       }
     }
     return w + (stride ? stride : total);
@@ -292,7 +304,7 @@ struct Mainloop {
       if (first >= total) return;  // the whole CTA, before any barrier exists
     } else {
       if (p.sk_ctas) {
-        int const g = int(blockIdx.x);
+        int const g = sk_stream();
         first = g < p.sk_dp_tiles ? g * p.k_tiles : sk_begin(p, g);
         total = sk_begin(p, g + 1);
         if (first >= total) return;

@@ -132,11 +132,13 @@ struct Params {
   int kb_shift;       // log2(k16 blocks per scale row inside a k-tile)
   int stage_tx;       // bytes the TMAs of one stage deliver to each CTA (boxes are whole, zero-filled out of
                       // bounds; with a cluster, the other CTAs' parts of x come from their multicasts)
-  // Stream-K (dense, no cluster; 0: off): a grid of G = sk_ctas CTAs. Where the tiles exceed one
-  // wave, CTA g first takes tile g whole (g < sk_dp_tiles = G: the first wave, data-parallel);
-  // then units [g U / G, (g+1) U / G) of the sk_units = U = k-tiles of the tiles after those (k
-  // inner). splits is the most K segments any tile gets (the workspace's partials per tile), and
-  // row_tiles is set.
+  // Stream-K (dense; 0: off): G = sk_ctas streams, each one CTA or, under a Cx1 cluster, one
+  // cluster whose C CTAs walk the same units, each its own row tile of the unit's cluster tile (C
+  // adjacent row tiles of one token tile), so they still share every x stage by multicast. Where
+  // the tiles exceed one wave, stream g first takes tile g whole (g < sk_dp_tiles = G: the first
+  // wave, data-parallel); then units [g U / G, (g+1) U / G) of the sk_units = U = k-tiles of the
+  // tiles after those (k inner). Tiles and units count cluster tiles. splits is the most K
+  // segments any tile gets (the workspace's partials per tile), and row_tiles is set.
   int sk_ctas;
   int sk_units;
   int sk_dp_tiles;

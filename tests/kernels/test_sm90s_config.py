@@ -67,8 +67,8 @@ def test_names_schedules_and_round_trip():
     (dict(decomposition="dp", splits=2), "splits > 1 exactly"),
     (dict(decomposition="split", splits=17), "splits must be in"),
     (dict(decomposition="stream"), "decomposition"),
-    (dict(decomposition="sk", cluster=(2, 1)), r"stream-K \(sk\) only at cluster \(1, 1\)"),
-    (dict(decomposition="sk", phased=True), r"stream-K \(sk\) only at cluster \(1, 1\)"),
+    (dict(decomposition="sk", cluster=(1, 2)), r"\(K slices\) is its own split factor"),
+    (dict(decomposition="sk", phased=True), r"stream-K \(sk\) only without a K cluster"),
     (dict(bits=3), "bits"),
     (dict(tile=(128, 256, 128), stages=4), "shared memory"),
     (dict(tile=(128, 16, 128), ctas_per_sm=2, stages=8), "shared memory"),
@@ -223,10 +223,11 @@ def test_candidates_parse_and_fit_m():
             assert config.kernel in default_catalog()
     assert any(s.endswith("_dp") for s in candidate_schedules(64, 57344, 8192, 132))
     # Stream-K beside auto where the tiles are not whole waves (224 tiles of 256 rows on 132 SMs),
-    # never on a cluster or phased kernel.
+    # on Cx1 clusters too (streamed as one), never on a phased kernel or a K cluster.
     at64 = candidate_schedules(64, 57344, 8192, 132)
     assert "t256x64x128_c1x1_o1_s0_sk" in at64 and "t256x64x128_c1x1_o1_s0_auto" in at64
-    assert not any(s.endswith("_sk") and ("_c2x1" in s or "_c4x1" in s or "_ph" in s) for s in at64)
+    assert "t128x64x128_c2x1_o1_s0_sk" in at64
+    assert not any(s.endswith("_sk") and ("_ph" in s or "_c1x2" in s or "_c1x4" in s) for s in at64)
     # Not within one wave at memory-bound M (32 tiles of 8B o at TN = 64); from M = 256 on, where
     # the tensor work bounds the time, also within one wave (8B o: 64 tiles of 128 x 128).
     assert not any(s.endswith("_sk") for s in candidate_schedules(64, 4096, 4096, 132))

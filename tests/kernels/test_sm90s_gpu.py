@@ -91,7 +91,7 @@ def _small_cases():
     for c in tiles:
         for zero, group, n, k in kinds:
             d = decomps[i % len(decomps)]
-            if (d["decomposition"] == "sk" and (c.cluster != (1, 1) or c.phased)) or c.cluster[1] > 1:
+            if (d["decomposition"] == "sk" and c.phased) or c.cluster[1] > 1:
                 d = dict(decomposition="auto")  # a 1xS cluster is its own split factor
             m = (7, 16, 77)[i % 3]
             tail = d["decomposition"] + (str(d["splits"]) if "splits" in d else "")
@@ -118,7 +118,7 @@ def test_int8_kernels_with_zero_modes(config):
         assert rel_err(out, want, 2048) <= (2e-3 if config.dtype == "f16" else 1e-2)
 
 
-STREAM_K = [c.replace(decomposition="sk") for c in CATALOG if c.cluster == (1, 1) and not c.phased]
+STREAM_K = [c.replace(decomposition="sk") for c in CATALOG if c.cluster[1] == 1 and not c.phased]
 # (N, K, M): 32 tiles x 32 k-tiles over one wave (several segments a tile); 112 tiles x 2 token
 # tiles (M past TN); 1.7 tiles a CTA; fewer units than CTAs (a grid of one CTA a unit); ragged N, K;
 # a data-parallel first wave wider than the rest's units (272 or 136 tiles of 2 k-tiles).
@@ -131,6 +131,20 @@ STREAM_K_SHAPES = ((4096, 4096, 64), (14336, 4096, 33), (28672, 4096, 16), (136,
 def test_stream_k_on_every_kernel_that_takes_it(config, n, k, m):
     out, want = run_case(config, config.dtype, config.bits, "int", 128 if k % 128 == 0 else 32, m, n, k,
                          bias=m % 2 == 1)
+    assert rel_err(out, want, k) <= (2e-3 if config.dtype == "f16" else 1e-2)
+
+
+# A Cx1 cluster streams as one (its C row tiles over the same k ranges): 8B q|k|v at M = 256 and
+# 512 (96 or 48 cluster tiles of 2 x 128 rows on 66 clusters: segments cut inside tiles, two a
+# stream), and 70B o at M = 64 (a data-parallel wave, then ranges).
+STREAM_K_CLUSTER = [c for c in STREAM_K if c.cluster[0] > 1]
+STREAM_K_CLUSTER_SHAPES = ((6144, 4096, 256), (6144, 4096, 512), (8192, 8192, 64))
+
+
+@pytest.mark.parametrize("n,k,m", STREAM_K_CLUSTER_SHAPES, ids=[f"m{m}n{n}k{k}" for n, k, m in STREAM_K_CLUSTER_SHAPES])
+@pytest.mark.parametrize("config", STREAM_K_CLUSTER, ids=lambda c: c.kernel_name)
+def test_stream_k_over_row_clusters(config, n, k, m):
+    out, want = run_case(config, config.dtype, config.bits, "int", 128, m, n, k, bias=True, residual=m == 256)
     assert rel_err(out, want, k) <= (2e-3 if config.dtype == "f16" else 1e-2)
 
 
@@ -151,6 +165,7 @@ def test_k_slices_summed_in_shared_memory(config, n, k, m):
 @pytest.mark.parametrize("schedule", ["t128x16x128_c1x1_o1_s0_split8", "t128x64x128_c1x1_o1_s0_auto",
                                       "t128x16x128_c1x4_o1_s0_auto", "t256x16x128_c1x4_o1_s0_auto",
                                       "t128x16x128_c1x1_o2_s0_sk", "t256x64x128_c1x1_o1_s0_sk",
+                                      "t128x128x128_c2x1_o1_s0_sk", "t128x64x128_c4x1_o1_s0_sk",
                                       "t128x16x128_c1x1_o2_s0_split4", "t128x64x128_c2x1_o1_s0_split4",
                                       "t128x128x128_c2x1_o1_s0_ph_split3", "t128x64x128_c4x1_o1_s0_split4",
                                       "t128x128x128_c4x1_o1_s0_ph_split3", "t256x64x128_c1x1_o1_s0_split4",

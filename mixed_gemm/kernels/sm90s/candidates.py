@@ -2,7 +2,7 @@
 catalog token tiles that M fills (the smallest TN >= M, capped at 256, and the one below it),
 every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half issue; a 1xS cluster
 only where its slices fit one wave), each with the split factor chosen per shape (``auto``),
-stream-K (``sk``, kernels without a cluster or phase offset) where the tiles exceed one wave and are
+stream-K (``sk``, kernels without a K cluster or phase offset) where the tiles exceed one wave and are
 not whole waves or, from COMPUTE_M on, fill less than one, and, where the tiles alone give at least
 two waves, one CTA per tile (``dp``)."""
 from __future__ import annotations
@@ -39,7 +39,9 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
         # leave SMs idle that stream-K's k ranges would fill: timed there within one wave too (it lost
         # on every shape at M 256-512 as well, 8-25%: two segments a CTA cost more than auto's split).
         past_one_wave = tiles > slots and tiles % slots
-        if cluster == (1, 1) and not phased and (past_one_wave or (m >= COMPUTE_M and tiles < slots)):
+        # A Cx1 cluster streams as one: its C row tiles share each x stage (multicast), which the
+        # CTAs of cluster (1, 1) each read from L2 alone.
+        if cluster[1] == 1 and not phased and (past_one_wave or (m >= COMPUTE_M and tiles < slots)):
             out.append(base.replace(decomposition="sk").schedule)
         if tiles >= 2 * slots and cluster[1] == 1:
             out.append(base.replace(decomposition="dp").schedule)

@@ -76,9 +76,9 @@ class Sm90sConfig:
     launch: ``decomposition``, ``"dp"`` (one CTA
     per output tile), ``"split"`` with ``splits`` K slices, or ``"auto"`` (the split factor chosen
     per shape to fill the SMs, :meth:`launch_splits`) or ``"sk"`` (stream-K: a persistent grid of
-    one wave, each CTA taking an equal run of the tiles' k-tiles, which may cross tiles; no cluster,
-    no phase offset); slices and segments are summed in the kernel by the last one to finish, in
-    order, with no memset per launch.
+    one wave, each CTA, or each Cx1 cluster for its C row tiles, taking an equal run of the tiles'
+    k-tiles, which may cross tiles; no K cluster, no phase offset); slices and segments are summed
+    in the kernel by the last one to finish, in order, with no memset per launch.
 
     ``zero_mode`` is not compiled in: every mode is the additive zero of the sm90a layout. The
     schedule (``t128x64x128_c1x1_o1_s0_auto``) is what profiles store (as ``sm90s:<schedule>``).
@@ -126,9 +126,9 @@ class Sm90sConfig:
             (self.ctas_per_sm == 1 or tn <= 64, "two CTAs per SM only at TN <= 64 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
             (self.decomposition in ("dp", "auto", "sk", "split"), "decomposition must be dp, auto, sk or split"),
-            (self.decomposition != "sk" or (self.cluster == (1, 1) and not self.phased),
-             "stream-K (sk) only at cluster (1, 1) and without the phase offset (the persistent CTAs walk tiles "
-             "alone)"),
+            (self.decomposition != "sk" or (self.cluster[1] == 1 and not self.phased),
+             "stream-K (sk) only without a K cluster (1xS: its own split) and without the phase offset (its "
+             "turn barriers pair the warpgroups over one tile's k-tiles)"),
             ((self.decomposition == "split") == (self.splits > 1), "splits > 1 exactly with decomposition 'split'"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
         ], f"Sm90sConfig {self.tile}")
