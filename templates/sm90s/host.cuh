@@ -227,8 +227,14 @@ int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void c
                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return which ? kErrEncodeZ : kErrEncodeS;
   }
-  if (int rc = encode_x<Geo>(p, x, pairs, k)) return rc;
+  if constexpr (!Geo::kGather) {
+    if (int rc = encode_x<Geo>(p, x, pairs, k)) return rc;
+  }
   set_shape<Geo>(p, pairs, n, k, g, rows, kb_shift, splits);
+  if constexpr (Geo::kGather) {
+    p.stage_tx -= Geo::kXBytes;  // the TMAs bring the weight, scales and zeros; x comes by cp.async
+    p.xg = x;
+  }
   p.experts = experts;
   p.row_tiles = (n + Geo::kTileM - 1) / Geo::kTileM;
   p.gate_up = gate_up;
@@ -279,13 +285,22 @@ inline void set_routing(Slot* slot, void const* offsets, void const* counts, voi
   slot->params.counts = static_cast<long long const*>(counts);
   slot->params.tile_ends = static_cast<int const*>(tile_ends);
 }
+// Gather: sorted row r is row order[r] / a_div of x (the routing sort's pair order; a_div = top-k
+// for the gate|up stage's token rows).
+inline void set_gather(Slot* slot, void const* order, int a_div) {
+  slot->params.order = static_cast<int const*>(order);
+  slot->params.a_div = a_div;
+}
 
 template <class Geo>
 int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias, void const* residual, void* workspace,
         void* counters, cudaStream_t stream) {
   Params& p = slot->params;
-  // The descriptor holds x's address; bias, residual, y and the scratch are plain pointers.
-  if (x != slot->x) {
+  // The descriptor holds x's address; bias, residual, y and the scratch are plain pointers (and x
+  // too where the rows are gathered by index).
+  if (Geo::kGather) {
+    p.xg = x;
+  } else if (x != slot->x) {
     ReplaceAddressFn replace = replace_fn();
     if (!replace) return kErrNoDriver;
     if (replace(&p.x, const_cast<void*>(x)) != CUDA_SUCCESS) return kErrReplaceX;

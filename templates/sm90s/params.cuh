@@ -34,8 +34,11 @@ constexpr int kMaxStages = 12;
 // Grouped: the mixture-of-experts launch (templates/moe_sm90s/): the weight is E stacked experts,
 // grid z walks the token tiles of every expert's block of sorted rows (the routing sort's tile
 // prefix sums), and the gate|up stage stores SiLU(gate) * up.
+// Gather (grouped only): the x stage's rows are read by index, sorted row r being row order[r] /
+// a_div of the unsorted x, with 16-byte cp.async from the whole producer warpgroup into the same
+// swizzled panels the TMA box fills, so no gathered copy of x is written first.
 template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false,
-          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1>
+          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1, bool Gather = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80) ||
@@ -64,6 +67,15 @@ struct Geometry {
   static_assert(ClusterK == 1 || ((ClusterK == 2 || ClusterK == 4) && ClusterM == 1 && !Phased && !Grouped),
                 "cluster K: 2 or 4 K slices of one tile, without a row cluster, phase offset or grouping");
   static constexpr int kClusterK = ClusterK;
+  static_assert(!Gather || Grouped, "gather: the grouped launch's rows by index");
+  static constexpr bool kGather = Gather;
+  // Gather: 16-byte chunks of a row of the stage (TK / 8, the producer lanes a row: 128 / that rows a
+  // pass of the producer warpgroup) and the item's row offsets (TN long longs after the barriers).
+  // Every producer thread arrives on a stage's barrier when its copies land.
+  static constexpr int kRowChunks = TK / 8;
+  static_assert(!Gather || (TN % (128 / kRowChunks) == 0), "gather: whole passes of rows");
+  static constexpr int kGatherBytes = Gather ? TN * 8 : 0;
+  static constexpr int kFullArrivals = Gather ? 1 + 128 : 1;  // the expect_tx arrive (+ each producer thread)
   static constexpr int kXBoxRows = TN / ClusterM;                  // token rows of x one CTA loads
   // CTA r's part of the box lands r * kXBoxRows 128-byte rows into each panel: whole 8-row
   // (1024-byte) swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives
@@ -83,7 +95,7 @@ struct Geometry {
   static constexpr int kBarrierBytes = 256;                        // full[], empty[], the reduce barrier
   static_assert((2 * kMaxStages + 1) * 8 <= kBarrierBytes, "barrier area");
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel aligns it up.
-  static constexpr int kSmemBytes = Stages * kStageBytes + kReduceBytes + kBarrierBytes + 1024;
+  static constexpr int kSmemBytes = Stages * kStageBytes + kReduceBytes + kBarrierBytes + kGatherBytes + 1024;
   // setmaxnreg: the producer warpgroup gives registers to the consumers (multiples of 8; per CTA
   // at most 65536 / CtasPerSm, what __launch_bounds__(384, CtasPerSm) leaves each thread x 384).
   static constexpr int kLaunchRegs = (65536 / (kThreads * CtasPerSm)) / 8 * 8;
@@ -150,6 +162,10 @@ struct Params {
   int row_tiles;             // ceil(N / TM): a work item is (K slice, row tile, token tile of an expert);
                              // dense stream-K: row tiles rounded to whole clusters
   int gate_up;               // store SiLU(gate) * up: N/2 columns (rows interleaved in blocks of 8)
+  // Gather (Geometry::kGather): x unsorted (tokens, K) 16-bit; sorted row r reads row order[r] / a_div.
+  void const* xg;
+  int const* order;
+  int a_div;
 };
 
 // Stream-K's division of U units (k-tiles, k inner) over G CTAs, one formula for the host's

@@ -142,6 +142,17 @@ __device__ __forceinline__ void tma_4d(CUtensorMap const* map, uint64_t* bar, vo
       "r"(c1), "r"(c2), "r"(c3), "l"(hint)
       : "memory");
 }
+// 16 bytes global -> shared, L2-cached only; `bytes` 0 writes zeros (a row or column past the data).
+__device__ __forceinline__ void cp_async_16(void* dst, void const* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+// Arrive on `bar` once this thread's earlier cp.asyncs have landed (noinc: counted in the init).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Generic-proxy writes (cp.async) made visible to the async proxy (wgmma's shared-memory reads).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }

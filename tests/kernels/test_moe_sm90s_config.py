@@ -47,13 +47,35 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     c = MoeSm90sConfig(tile=(256, 64, 128))
     assert (c.threads, c.smem_bytes, c.pipeline_stages) == (640, c.dense.smem_bytes, 6)
     src = FAMILY.render(c)
-    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true>" in src
+    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true, false, 1, false>" in src
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
     assert "__launch_bounds__(640, 1)" in src
     # and each tile with one fragment set (TM = 256 from TN = 32) again with half issue (_hi)
     half = [k for k in default_catalog() if k.half_issue]
     assert len(half) == 2 * (7 + 1) and all(k.tile[0] == 256 and k.tile[1] >= 32 for k in half)
-    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == 2 * (len(TILES) + len(TILES_U8)) + len(half)
+    # and the 256-row int4 tiles with the gather (_g)
+    gather = [k for k in default_catalog() if k.gather]
+    assert len(gather) == 2 * 8 and all(k.tile[0] == 256 and k.bits == 4 and not k.half_issue for k in gather)
+    assert "false, 1, true>" in FAMILY.render(gather[0])
+    assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == (
+        2 * (len(TILES) + len(TILES_U8)) + len(half) + len(gather))
+
+
+def test_gather_is_the_gate_up_stages_and_named_by_its_schedule():
+    c = MoeSm90sConfig.from_schedule("w13_t256x80x128_s0_g_p")
+    assert c.gather and c.persistent and c.kernel.gather and c.kernel_name.endswith("_t256x80x128_s0_g")
+    assert c.schedule == "w13_t256x80x128_s0_g_p"
+    with pytest.raises(ValueError, match=r"gather \(_g: x's rows read by index\) is the gate\|up stage's"):
+        MoeSm90sConfig(stage="w2", tile=(256, 80, 128), gather=True)
+    from mixed_gemm.kernels.base import MoeProblem
+    from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
+    kind = dict(dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
+    up = candidate_schedules(MoeProblem(tokens=1024, top_k=8, experts=128, n=1536, k=2048, stage="w13", gate_up=True,
+                                        **kind), 132)
+    down = candidate_schedules(MoeProblem(tokens=1024, top_k=8, experts=128, n=2048, k=768, stage="w2", **kind), 132)
+    assert any(s.endswith("_g") or "_g_" in s for s in up) and not any("_g" in s for s in down)
+    assert not any("_hi_g" in s for s in up)  # the catalog's gather tiles have no half issue
+    assert not any(k.gather for k in FAMILY.packaged((9, 0)))  # in a package where a profile names them
 
 
 def test_half_issue_is_the_dense_rule_and_ships_only_where_a_profile_names_it():
@@ -65,7 +87,7 @@ def test_half_issue_is_the_dense_rule_and_ships_only_where_a_profile_names_it():
     assert c.half_issue and c.splits == 2 and c.persistent and c.schedule == "w2_t256x32x128_s0_hi_split2_p"
     assert c.kernel_name == "mg_moe_sm90s_f16_u4_t256x32x128_s0_hi" and c.kernel.half_issue
     src = FAMILY.render(c)
-    assert f"Geometry<4, 256, 32, 128, {c.pipeline_stages}, 1, 1, false, true, true>" in src
+    assert f"Geometry<4, 256, 32, 128, {c.pipeline_stages}, 1, 1, false, true, true, 1, false>" in src
     assert "static_assert(Geo::kDoubleBuffer == false" in src
     assert "static_assert(Geo::kDoubleBuffer == true" in FAMILY.render(MoeSm90sConfig(tile=(128, 32, 128)))
     for tile in ((128, 32, 128), (256, 16, 128)):  # double-buffered

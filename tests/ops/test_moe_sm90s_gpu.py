@@ -3,7 +3,8 @@ sorted rows) on an H100: every catalog kernel in both stages, with and without a
 the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros / offsets,
 groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens (and 2048: prefill), random routing and every token on
 one expert, ragged N and K, a CTA per work item or a persistent grid; ids out of range, no tokens, one token and CUDA-graph capture with new
-routing between replays (moe_checks). Outputs poisoned with NaN first."""
+routing between replays (moe_checks), and the gather kernels (``_g``: x's rows read by index) through the
+same checks. Outputs poisoned with NaN first."""
 import random
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90s import MoeSm90sConfig
-from mixed_gemm.kernels.moe_sm90s.catalog import half_issue_tiles, tiles_for
+from mixed_gemm.kernels.moe_sm90s.catalog import gather_tiles, half_issue_tiles, tiles_for
 from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
 from test_moe_gemv_gpu import TOP_KS, layer
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
@@ -22,6 +23,22 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs an sm_90 GPU (wgmma, setmaxnreg)")]
 FAMILY = family("moe_sm90s")
 GROUPS = (32, 64, 128, -1)
+
+
+def _case_shape(c, rng):
+    """Case c's weight kind and layer: zero kind x group cycle through all 16 combinations, top-k
+    and T rotate, every third case routes all tokens to one expert; N and K ragged against the
+    128/256-row tiles (per-channel: K % 16 == 8 on gate|up)."""
+    zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4 + c) % 4]
+    top_k, t = TOP_KS[(c + c // 4) % 4], (2, 16, 64, 300)[(c // 2 + c // 8) % 4]
+    route = "one" if c % 3 == 0 else "random"
+    e = max(top_k + 1, rng.choice((8, 16, 32)))
+    g = 128 if group == -1 else group
+    if group == -1:
+        h, inter = 128 * rng.randrange(1, 6) + 8, 16 * rng.randrange(2, 24)
+    else:
+        h, inter = g * rng.randrange(1, 6), g * rng.randrange(1, 4)
+    return zero, group, top_k, t, route, e, h, inter
 
 
 def _sweep_params():
@@ -40,15 +57,7 @@ def _sweep_params():
             at = group_tiles.index((a, hi))
             for j, (b, _) in enumerate(((a, hi), group_tiles[(at + 1) % len(group_tiles)])):
                 c = len(cases)
-                zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4 + c) % 4]
-                top_k, t = TOP_KS[(c + c // 4) % 4], (2, 16, 64, 300)[(c // 2 + c // 8) % 4]
-                route = "one" if c % 3 == 0 else "random"
-                e = max(top_k + 1, rng.choice((8, 16, 32)))
-                g = 128 if group == -1 else group
-                if group == -1:  # K % 16 == 8 on gate|up
-                    h, inter = 128 * rng.randrange(1, 6) + 8, 16 * rng.randrange(2, 24)
-                else:
-                    h, inter = g * rng.randrange(1, 6), g * rng.randrange(1, 4)
+                zero, group, top_k, t, route, e, h, inter = _case_shape(c, rng)
                 splits = 1 + j * (1 + c % 2)
                 s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits, persistent=c % 4 == 1, half_issue=hi).schedule
                 s2 = MoeSm90sConfig(stage="w2", tile=b, persistent=c % 2 == 0, half_issue=hi).schedule
@@ -68,8 +77,37 @@ def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route):
                      inter, route)
 
 
+def _gather_params():
+    """Each gather tile (``_g``: gate|up reading x's rows by index) per dtype, twice: whole on a CTA
+    per item and split on a persistent grid; the zero kinds and groups, top-k (1 too: a_div 1), token
+    counts up to 300 (several token tiles an expert, tiles past an expert's rows), both routings, K
+    ending inside a k-tile and inside a group (columns past K must read zeros)."""
+    rng = random.Random(57)
+    cases = []
+    for dtype in DTYPES:
+        for i, tile in enumerate(gather_tiles(4)):
+            for j in range(2):
+                c = len(cases)
+                zero, group, top_k, t, route, e, h, inter = _case_shape(c, rng)
+                s13 = MoeSm90sConfig(stage="w13", tile=tile, gather=True, splits=1 + 2 * j, persistent=j == 1).schedule
+                s2 = MoeSm90sConfig(stage="w2", tile=tile).schedule
+                cases.append(pytest.param(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route,
+                                          id=f"{dtype}-{s13}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}-{route}"))
+    assert {p.values[5] for p in cases} == set(TOP_KS)
+    return cases
+
+
+@pytest.mark.parametrize("dtype,s13,s2,zero,group,top_k,t,e,h,inter,route", _gather_params())
+def test_gather_reads_x_rows_by_index(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route):
+    seed = seed_of("moe90s-g", dtype, s13, s2, zero, group, top_k, t, e, h, inter, route)
+    check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,
+                     inter, route)
+
+
 @pytest.mark.parametrize("s13,s2,route", [("w13_t256x128x64_s0_p", "w2_t128x64x128_s0", "random"),
-                                          ("w13_t128x64x128_s0", "w2_t256x64x128_s0_p", "one")])
+                                          ("w13_t128x64x128_s0", "w2_t256x64x128_s0_p", "one"),
+                                          ("w13_t256x128x64_s0_g_p", "w2_t256x128x64_s0_p", "random"),
+                                          ("w13_t256x80x128_s0_g", "w2_t256x80x128_s0_p", "one")])
 def test_prefill_token_counts(s13, s2, route):
     """Prefill (2048 tokens x top-8 over 64 experts: ~256 rows an expert, or every token's slot 0 on
     one expert) on the 64/128-row token tiles the profile times from 1024 tokens on."""
@@ -79,15 +117,18 @@ def test_prefill_token_counts(s13, s2, route):
                      inter, route)
 
 
-def _cfgs(w13, tile=(128, 16, 128)):
+def _cfgs(w13, tile=(128, 16, 128), gather=False):
     zm = w13.packed.zero_mode
-    return (MoeSm90sConfig(stage="w13", tile=tile, zero_mode=zm), MoeSm90sConfig(stage="w2", tile=tile, zero_mode=zm))
+    return (MoeSm90sConfig(stage="w13", tile=tile, zero_mode=zm, gather=gather),
+            MoeSm90sConfig(stage="w2", tile=tile, zero_mode=zm))
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
-def test_ids_out_of_range_contribute_nothing(ids_dtype):
+@pytest.mark.parametrize("gather", [False, True])
+def test_ids_out_of_range_contribute_nothing(ids_dtype, gather):
     w13, w2 = layer(seed=19)
-    check_ids_out_of_range(_cfgs(w13), w13, w2, "oob90s", ids_dtype)
+    tile = (256, 16, 128) if gather else (128, 16, 128)
+    check_ids_out_of_range(_cfgs(w13, tile, gather), w13, w2, "oob90s", ids_dtype)
 
 
 def test_no_tokens_and_one_token():
@@ -95,10 +136,11 @@ def test_no_tokens_and_one_token():
     check_no_tokens_and_one_token(_cfgs(w13), w13, w2, "one90s")
 
 
-def test_graph_capture_with_new_routing_between_replays():
+@pytest.mark.parametrize("gather", [False, True])
+def test_graph_capture_with_new_routing_between_replays(gather):
     tile = (256, 32, 128)
-    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile, persistent=True),
-                         MoeSm90sConfig(stage="w2", tile=tile, splits=2)), "g90s")
+    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile, persistent=True, gather=gather),
+                         MoeSm90sConfig(stage="w2", tile=tile, splits=2)), "g90s" + ("-g" if gather else ""))
 
 
 @pytest.mark.parametrize("pair", [("moe_gemv:w13_s1_w4x2_u8_m8_pe", "moe_sm90s:w2_t128x16x128_s0"),

@@ -55,9 +55,9 @@ class MoeSm90sFamily(GroupedFamily):
         return default_catalog()
 
     def packaged(self, capability) -> List[MoeSm90sConfig]:
-        """The catalog but the half-issue kernels (profile candidates: in a package where a
-        profile names them)."""
-        return [c for c in super().packaged(capability) if not c.half_issue]
+        """The catalog but the half-issue and gather kernels (profile candidates: in a package where
+        a profile names them)."""
+        return [c for c in super().packaged(capability) if not (c.half_issue or c.gather)]
 
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
@@ -73,7 +73,7 @@ class MoeSm90sFamily(GroupedFamily):
             family=self.name, config=repr(kernel), name=kernel.kernel_name,
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
             stages=kernel.pipeline_stages, smem_bytes=kernel.smem_bytes, threads=kernel.threads,
-            half_issue="true" if kernel.half_issue else "false",
+            half_issue="true" if kernel.half_issue else "false", gather="true" if kernel.gather else "false",
             double_buffer="true" if double_buffered(kernel.tile, 1) else "false",
             abi_version=ABI_VERSION, sort_args_bytes=SORT_ARGS_BYTES, sort_threads=SORT_THREADS,
             sort_max_experts=SORT_MAX_EXPERTS, constants=grouped_constant_checks(),

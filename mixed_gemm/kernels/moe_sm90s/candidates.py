@@ -3,7 +3,8 @@ is at most twice the mean pairs per routed expert (a CTA's x rows mostly belong 
 at least half of it up to 64 rows, from
 2 to ``TO_TOKENS`` tokens, each whole, on a persistent grid (``_p``) and with the K split that would
 fill the SMs were the routed experts' tiles alone, and each again with half issue (``_hi``) where the
-tile has one fragment set (random routing, ``moe_gemv.heuristics.expected_experts``)."""
+tile has one fragment set, and for the gate|up stage with the gather (``_g``) where the tile has it
+(random routing, ``moe_gemv.heuristics.expected_experts``)."""
 from __future__ import annotations
 
 from typing import List
@@ -11,7 +12,7 @@ from typing import List
 from ..base import MoeProblem
 from ..moe_gemv.heuristics import expected_experts
 from ..sm90s.config import MAX_SPLITS
-from .catalog import BITS, half_issue_tiles, tiles_for
+from .catalog import BITS, gather_tiles, half_issue_tiles, tiles_for
 from .config import MoeSm90sConfig
 
 # Up to prefill: the 4-D weight TMA takes any expert without a tensormap rewrite, so the many small
@@ -45,9 +46,11 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
         if tile[1] > max(16, 2 * per_expert) or tile[1] < min(64, per_expert / 2):
             continue  # mostly padding, or (prefill) x re-read for many small token tiles
         splits = splits_for(problem, tile, sms, routed)
+        gathers = (False, True) if problem.stage == "w13" and tile in gather_tiles(problem.bits) else (False,)
         for half_issue in (False, True) if tile in half_issue_tiles(problem.bits) else (False,):
-            base = MoeSm90sConfig(stage=problem.stage, tile=tile, half_issue=half_issue)
-            out += [base.schedule, base.replace(persistent=True).schedule]
-            if splits > 1:
-                out.append(base.replace(splits=splits).schedule)
+            for gather in gathers if not half_issue else (False,):  # the catalog's _g tiles: no _hi
+                base = MoeSm90sConfig(stage=problem.stage, tile=tile, half_issue=half_issue, gather=gather)
+                out += [base.schedule, base.replace(persistent=True).schedule]
+                if splits > 1:
+                    out.append(base.replace(splits=splits).schedule)
     return out

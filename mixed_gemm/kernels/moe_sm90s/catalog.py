@@ -5,7 +5,8 @@ small experts' per-item costs and the large experts' x traffic; the rows between
 a ragged expert's rows in one tile, as 80 does ~64 +- 8), TK = 128 (64 for 112 and 128 rows, whose
 accumulators and fragments fit 112 registers only so); fp16 and bf16, int4, and four of them for
 int8. The stage, the split factor and the persistent grid are launch-time choices (no kernel of
-their own)."""
+their own). The 256-row int4 tiles again with the gather (``_g``: the gate|up stage reading x's
+routed rows by index, no gathered copy)."""
 from __future__ import annotations
 
 from typing import List
@@ -32,7 +33,15 @@ def half_issue_tiles(bits: int):
     return tuple(t for t in tiles_for(bits) if not double_buffered(t, 1))
 
 
+def gather_tiles(bits: int):
+    """The tiles compiled again with the gather (``_g``): int4 with 256 weight rows, the tiles the
+    profiles name from 16 tokens up."""
+    return tuple(t for t in tiles_for(bits) if bits == 4 and t[0] == 256)
+
+
 def default_catalog() -> List[MoeSm90sConfig]:
     return ([MoeSm90sConfig(dtype=d, bits=b, tile=t) for d in DTYPES for b in BITS for t in tiles_for(b)]
             + [MoeSm90sConfig(dtype=d, bits=b, tile=t, half_issue=True) for d in DTYPES for b in BITS
-               for t in half_issue_tiles(b)])
+               for t in half_issue_tiles(b)]
+            + [MoeSm90sConfig(dtype=d, bits=b, tile=t, gather=True) for d in DTYPES for b in BITS
+               for t in gather_tiles(b)])

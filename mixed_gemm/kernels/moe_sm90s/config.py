@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
-from ..sm90s.config import MAX_SPLITS, Sm90sConfig
+from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, Sm90sConfig
 
-_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(?:_split(\d+))?(_p)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(?:_split(\d+))?(_p)?$")
 STAGES = ("w13", "w2")
+GATHER_ROW_BYTES = 8  # the gather's offset of one x row in shared memory (a long long)
 
 
 @hash_once
@@ -25,7 +26,10 @@ class MoeSm90sConfig:
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 256 with four consumer
     warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit),
     ``half_issue`` (``_hi``: the dense family's, where the tile has one fragment set, i.e. TM = 256
-    from TN = 32: a k-tile's wgmmas in two halves, the second converting under the first). At launch:
+    from TN = 32: a k-tile's wgmmas in two halves, the second converting under the first), ``gather``
+    (``_g``, the gate|up stage only: the producer warpgroup reads each routed row of x by index with
+    16-byte cp.async into the swizzled stage, so no gathered copy of x is written and read back;
+    the others read a box of the gathered rows with TMA). At launch:
     ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
     top-k sum) and ``splits`` (K slices, summed in the kernel in slice order). The tile rules are
     the dense family's (:class:`~mixed_gemm.kernels.sm90s.Sm90sConfig`, one CTA per SM, no
@@ -41,6 +45,7 @@ class MoeSm90sConfig:
     half_issue: bool = False
     splits: int = 1
     persistent: bool = False
+    gather: bool = False
 
     family = "moe_sm90s"
 
@@ -53,8 +58,14 @@ class MoeSm90sConfig:
              "tile N (routed rows per CTA) must be 16, 32, 48, 64, 80, 96, 112 or 128"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
             (isinstance(self.persistent, bool), "persistent must be a bool"),
+            (isinstance(self.gather, bool), "gather must be a bool"),
+            (not self.gather or self.stage == "w13",
+             "gather (_g: x's rows read by index) is the gate|up stage's: the down stage reads h in sorted order"),
         ], f"MoeSm90sConfig {self.tile}")
         self.dense  # the dense family's rules for the tile, the stages and the shared memory
+        raise_on([(self.smem_bytes <= SMEM_PER_CTA[1], f"shared memory {self.smem_bytes} B above {SMEM_PER_CTA[1]} B "
+                                                      "with the gather's row offsets: fewer stages")],
+                 f"MoeSm90sConfig {self.tile}")
 
     @functools.cached_property
     def dense(self) -> Sm90sConfig:
@@ -76,7 +87,8 @@ class MoeSm90sConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return self.dense.smem_bytes
+        """The dense tile's, and for the gather the token tile's x row offsets (Geometry::kGatherBytes)."""
+        return self.dense.smem_bytes + (GATHER_ROW_BYTES * self.tile[1] if self.gather else 0)
 
     @functools.cached_property
     def kernel(self) -> "MoeSm90sConfig":
@@ -87,7 +99,7 @@ class MoeSm90sConfig:
     @functools.cached_property
     def _tile_schedule(self) -> str:
         tm, tn, tk = self.tile
-        return f"t{tm}x{tn}x{tk}_s{self.stages}" + ("_hi" if self.half_issue else "")
+        return f"t{tm}x{tn}x{tk}_s{self.stages}" + ("_hi" if self.half_issue else "") + ("_g" if self.gather else "")
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -108,10 +120,11 @@ class MoeSm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_split<S>][_p]")
-        stage, tm, tn, tk, stages, hi, splits, persistent = m.groups()
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_split<S>][_p]")
+        stage, tm, tn, tk, stages, hi, g, splits, persistent = m.groups()
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
-                     stages=int(stages), half_issue=bool(hi), splits=int(splits or 1), persistent=bool(persistent))
+                     stages=int(stages), half_issue=bool(hi), splits=int(splits or 1), persistent=bool(persistent),
+                     gather=bool(g))
         if config.schedule != schedule:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
         return config

@@ -1,6 +1,7 @@
 """Launching one moe_sm90s config: the routed rows sorted by expert on the device
 (:class:`~mixed_gemm.kernels.moe_route.SortedGroupedLauncher`), gathered into expert order (TMA
-reads a box of contiguous rows), one grouped sm90s launch over them, and down's top-k sum.
+reads a box of contiguous rows; a gather kernel, ``_g``, reads x's rows by index instead), one
+grouped sm90s launch over them, and down's top-k sum.
 
 The descriptors are encoded once per (stacked weight, pairs) by the kernel library and re-targeted
 per call (x, y and the routing's device arrays are plain pointers in the parameter block). The grid
@@ -35,6 +36,7 @@ class MoeSm90sLauncher(LibraryRoutedLauncher):
     def __init__(self, config: MoeSm90sConfig, spec, device_index: int):
         self.config = config
         self.stage = config.stage
+        self.fused = config.gather  # gate|up reads x's rows by index (a_div = top-k): no gather pass
         self.tile_rows = config.tile[1]  # the sort writes tile prefix sums for this height
         self.device_index = device_index
         tm, tn, tk = config.tile
@@ -52,9 +54,10 @@ class MoeSm90sLauncher(LibraryRoutedLauncher):
             lib.mg_destroy(slot[0])
 
     def gemm(self, rows, w, routing, out, stream: int, a_div: int = 0, y32=None, weights=None, top_k: int = 1) -> None:
-        if a_div or y32 is not None:
-            raise ValueError("a_div, y32: moe_sm90s reads its rows in sorted order and stores them (not fused)")
-        pairs = rows.shape[0]
+        if y32 is not None or bool(a_div) != self.config.gather:
+            raise ValueError(f"{self.config.name}: a_div={a_div}, y32: a gather kernel (_g) reads x's rows by index "
+                             "(a_div >= 1), the others the gathered rows (a_div 0); none adds the top-k sum itself")
+        pairs = routing.order.numel() if a_div else rows.shape[0]
         key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k, pairs)
         with self.lock:
             slot = self._slots.get(key)
@@ -75,5 +78,5 @@ class MoeSm90sLauncher(LibraryRoutedLauncher):
                 cnt = semaphores(self.device_index, stream, slot[2])
             rc = self.lib.mg_run(slot[0], rows.data_ptr(), out.data_ptr(), routing.offsets.data_ptr(),
                                  routing.counts.data_ptr(), routing.tile_ends_of(self.tile_rows).data_ptr(),
-                                 ws or None, cnt or None, stream or None)
+                                 routing.order.data_ptr(), a_div, ws or None, cnt or None, stream or None)
         self._fail("mg_run", rc)
