@@ -461,6 +461,11 @@ struct Mainloop {
         step<kOneGroup>(p, smem, full, empty, q0, i, nk, cw, atom_row, lane, a0, a1, acc);
         if (i + 1 < nk) step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
       }
+      if constexpr (Geo::kInFlight) {  // the last k-tile's wgmmas, still in flight
+        cute::warpgroup_wait<0>();
+        fence(acc);
+        release(empty, (q0 + nk - 1) % Geo::kStages, lane);
+      }
     } else if constexpr (Geo::kHalfBuffer) {
       Half lo0, lo1, hi;
       int const s0 = q0 % Geo::kStages;
@@ -519,6 +524,8 @@ struct Mainloop {
   }
 
   // k-tile i: its wgmmas from `cur`, then (while they run) the next k-tile converted into `next`.
+  // In flight: k-tile i - 1's wgmmas (from `next`) may still run when i's are issued; waiting for
+  // them (all but the newest batch) frees `next` and their stage before the conversion refills it.
   template <bool kOneGroup>
   static __device__ __forceinline__ void step(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int q0,
                                               int i, int nk, int cw, int atom_row, int lane, Frag& cur, Frag& next,
@@ -527,6 +534,18 @@ struct Mainloop {
     turn_take(cw);
     mma(smem + s * Geo::kStageBytes, cur, acc);
     turn_pass(cw, i + 1 == nk);
+    if constexpr (Geo::kInFlight) {
+      if (i > 0) {
+        cute::warpgroup_wait<1>();
+        release(empty, (q0 + i - 1) % Geo::kStages, lane);
+      }
+      if (i + 1 < nk) {
+        int const s1 = (q0 + i + 1) % Geo::kStages;
+        wait_full(&full[s1], ((q0 + i + 1) / Geo::kStages) & 1);
+        convert<kOneGroup>(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next);
+      }
+      return;
+    }
     if (i + 1 < nk) {
       int const s1 = (q0 + i + 1) % Geo::kStages;
       wait_full(&full[s1], ((q0 + i + 1) / Geo::kStages) & 1);

@@ -37,8 +37,11 @@ constexpr int kMaxStages = 12;
 // Gather (grouped only): the x stage's rows are read by index, sorted row r being row order[r] /
 // a_div of the unsorted x, with 16-byte cp.async from the whole producer warpgroup into the same
 // swizzled panels the TMA box fills, so no gathered copy of x is written first.
+// InFlight (`_ov`, double-buffered kernels without the phase offset): a warpgroup issues k-tile i's
+// wgmmas before it waits for k-tile i - 1's (wait_group 1, not 0), so the tensor pipe is handed the
+// next batch before the last one drains, instead of idling from its end to the next issue.
 template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false,
-          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1, bool Gather = false>
+          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1, bool Gather = false, bool InFlight = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80) ||
@@ -121,6 +124,8 @@ struct Geometry {
   static_assert(!HalfIssue || (!kDoubleBuffer && !Phased && kKBlocks % 2 == 0),
                 "half issue: only without the double buffer and the phase offset");
   static constexpr bool kHalfBuffer = HalfIssue && TN / 2 + 3 * TK / 8 + 32 <= kConsumerRegs;
+  static constexpr bool kInFlight = InFlight;
+  static_assert(!InFlight || (kDoubleBuffer && !Phased), "in flight: the double buffer, no phase offset");
 };
 
 // Everything the kernel reads, passed by value (__grid_constant__: the TMA descriptors must live

@@ -43,6 +43,23 @@ def test_names_schedules_and_round_trip():
         Sm90sConfig.from_schedule("t128x64x128_coop_c1x1_s0_dp")
 
 
+def test_in_flight_is_a_double_buffered_kernel_of_its_own():
+    c = Sm90sConfig.from_schedule("t64x128x128_c1x1_o1_s0_ov_sk")
+    assert c.in_flight and c.decomposition == "sk" and c.kernel.in_flight
+    assert c.kernel_name == "mg_sm90s_f16_u4_t64x128x128_c1x1_o1_s0_ov" and c.schedule == "t64x128x128_c1x1_o1_s0_ov_sk"
+    src = FAMILY.render(c)
+    assert "Geometry<4, 64, 128, 128, 6, 1, 1, false, false, false, 1, false, true>" in src
+    for kw in (dict(tile=(128, 256, 128)), dict(tile=(128, 64, 128), ctas_per_sm=2), dict(phased=True, cluster=(2, 1)),
+               dict(tile=(256, 64, 128))):
+        with pytest.raises(ValueError, match=r"in_flight \(_ov\) only with the double buffer"):
+            Sm90sConfig(in_flight=True, **kw)
+    ov = [k for k in default_catalog() if k.in_flight]
+    assert len(ov) == 8 and all(k.bits == 4 for k in ov)
+    assert not any(k.in_flight for k in FAMILY.packaged((9, 0)))  # in a package where a profile names them
+    assert "t64x128x128_c1x1_o1_s0_ov_auto" in candidate_schedules(256, 4096, 4096, 132)
+    assert "t128x64x128_c2x1_o1_s0_ov_auto" in candidate_schedules(64, 4096, 4096, 132)
+
+
 @pytest.mark.parametrize("kw,rule", [
     (dict(tile=(32, 64, 128)), "tile M"),
     (dict(tile=(64, 128, 128), cluster=(2, 1)), "tile M 64"),

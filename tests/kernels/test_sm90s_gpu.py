@@ -166,6 +166,7 @@ def test_k_slices_summed_in_shared_memory(config, n, k, m):
                                       "t128x16x128_c1x4_o1_s0_auto", "t256x16x128_c1x4_o1_s0_auto",
                                       "t128x16x128_c1x1_o2_s0_sk", "t256x64x128_c1x1_o1_s0_sk",
                                       "t128x128x128_c2x1_o1_s0_sk", "t128x64x128_c4x1_o1_s0_sk",
+                                      "t128x64x128_c2x1_o1_s0_ov_split4", "t64x128x128_c1x1_o1_s0_ov_sk",
                                       "t128x16x128_c1x1_o2_s0_split4", "t128x64x128_c2x1_o1_s0_split4",
                                       "t128x128x128_c2x1_o1_s0_ph_split3", "t128x64x128_c4x1_o1_s0_split4",
                                       "t128x128x128_c4x1_o1_s0_ph_split3", "t256x64x128_c1x1_o1_s0_split4",

@@ -66,8 +66,10 @@ class Sm90sFamily(Family):
     def packaged(self, capability) -> List[Sm90sConfig]:
         """The whole catalog on the GPUs it runs on: its heuristic is off by default (see
         :mod:`.heuristics`), and a package must serve the switch and profiles that name it. Half
-        issue kernels (``_hi``, profile candidates) only come in through a profile naming them."""
-        return [c for c in self.catalog() if not c.half_issue] if self.runs_on(capability)[0] else []
+        issue and in-flight kernels (``_hi``, ``_ov``: profile candidates) only come in through a
+        profile naming them."""
+        return ([c for c in self.catalog() if not (c.half_issue or c.in_flight)] if self.runs_on(capability)[0]
+                else [])
 
     def render(self, config: Sm90sConfig) -> str:
         kernel = config.kernel
@@ -79,6 +81,7 @@ class Sm90sFamily(Family):
             stages=kernel.pipeline_stages, ctas_per_sm=kernel.ctas_per_sm, cluster_m=kernel.cluster[0],
             cluster_k=kernel.cluster[1],
             phased="true" if kernel.phased else "false", half_issue="true" if kernel.half_issue else "false",
+            in_flight="true" if kernel.in_flight else "false",
             double_buffer="true" if double_buffered(kernel.tile, kernel.ctas_per_sm) else "false",
             smem_bytes=kernel.smem_bytes,
             threads=kernel.threads, abi_version=ABI_VERSION, constants=constant_checks(),

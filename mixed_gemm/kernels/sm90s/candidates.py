@@ -24,11 +24,11 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List
     fit = next((tn for tn in tns if tn >= m), tns[-1])
     keep = {fit} | {tn for tn in tns if tn < fit and tns.index(tn) == tns.index(fit) - 1}
     out: List[str] = []
-    for tile, ctas, cluster, phased, half_issue in shapes:
+    for tile, ctas, cluster, phased, half_issue, in_flight in shapes:
         if tile[1] not in keep:
             continue
         base = Sm90sConfig(bits=bits, tile=tile, ctas_per_sm=ctas, cluster=cluster, phased=phased,
-                           half_issue=half_issue)
+                           half_issue=half_issue, in_flight=in_flight)
         tiles, slots = base.tiles(m, n), sms * ctas
         if not base.slices_fit_one_wave(m, n, sms):  # every such 1xS cluster lost (serving-mainloop.md)
             continue

@@ -89,6 +89,11 @@ SHAPES_U8 = (
     ((128, 16, 128), 1, K2, False),
 )
 BITS = (4, 8)
+# In flight (`_ov`): each k-tile's wgmmas issued before the previous k-tile's are waited for, on the
+# double-buffered int4 tiles whose two fragment sets and accumulators leave registers for it
+# (t128x128 at 168 registers spilled 380 bytes; t64x128 takes 254 of its 255, t128x64 168).
+# Profile candidates for the M = 32-256 range, unmeasured (docs/notes/serving-mainloop.md).
+IN_FLIGHT = (((64, 128, 128), 1, C1), ((128, 64, 128), 1, C1), ((128, 64, 128), 1, C2), ((128, 32, 128), 1, C1))
 
 
 def shapes_for(bits: int):
@@ -96,20 +101,22 @@ def shapes_for(bits: int):
 
 
 def catalog_shapes(bits: int):
-    """``(tile, CTAs per SM, cluster, phased, half issue)`` of every catalog kernel: the shapes
-    above, then again with half issue (``_hi``) those with one fragment set, no phase offset and no
-    cluster (TN >= 32 at two CTAs per SM or TM = 256, and TN = 256). Profile candidates only,
-    unmeasured: at one fragment set a warpgroup converts a whole k-tile before its first wgmma
-    (docs/notes/serving-mainloop.md, "Half issue")."""
-    plain = [shape + (False,) for shape in shapes_for(bits)]
-    return plain + [shape[:4] + (True,) for shape in plain
-                    if shape[2] == C1 and not shape[3] and not double_buffered(shape[0], shape[1])]
+    """``(tile, CTAs per SM, cluster, phased, half issue, in flight)`` of every catalog kernel: the
+    shapes above, then again with half issue (``_hi``) those with one fragment set, no phase offset
+    and no cluster (TN >= 32 at two CTAs per SM or TM = 256, and TN = 256), then the in-flight ones
+    (``_ov``, int4: IN_FLIGHT). Profile candidates only, unmeasured: at one fragment set a warpgroup
+    converts a whole k-tile before its first wgmma (docs/notes/serving-mainloop.md, "Half issue")."""
+    plain = [shape + (False, False) for shape in shapes_for(bits)]
+    half = [shape[:4] + (True, False) for shape in plain
+            if shape[2] == C1 and not shape[3] and not double_buffered(shape[0], shape[1])]
+    ahead = [(tile, ctas, cluster, False, False, True) for tile, ctas, cluster in IN_FLIGHT] if bits == 4 else []
+    return plain + half + ahead
 
 
-def kernel_of(tile, ctas_per_sm, cluster=C1, phased=False, half_issue=False, *, dtype: str,
+def kernel_of(tile, ctas_per_sm, cluster=C1, phased=False, half_issue=False, in_flight=False, *, dtype: str,
               bits: int) -> Sm90sConfig:
     return Sm90sConfig(dtype=dtype, bits=bits, tile=tile, ctas_per_sm=ctas_per_sm, cluster=cluster,
-                       phased=phased, half_issue=half_issue).kernel
+                       phased=phased, half_issue=half_issue, in_flight=in_flight).kernel
 
 
 def default_catalog() -> List[Sm90sConfig]:

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?_(dp|auto|sk|split(\d+))$")
+_SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?(_ov)?_(dp|auto|sk|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
 TILE_MS = (64, 128, 256)  # 64: one consumer warpgroup; 256: four behind one producer (Geometry's TM)
 # At TM = 256 a consumer thread has 112 registers: TN/2 accumulators and one set of TK/4 fragment
@@ -72,7 +72,10 @@ class Sm90sConfig:
     ``half_issue`` (``_hi``, only where the kernel has one fragment set, :func:`double_buffered`
     false, and no phase offset: each warpgroup issues a k-tile's wgmmas in two halves, the second
     half converting under the first half's wgmmas and, where three half fragment sets fit, the next
-    k-tile's first half under both; templates/sm90s/params.cuh, ``kHalfBuffer``). At
+    k-tile's first half under both; templates/sm90s/params.cuh, ``kHalfBuffer``), ``in_flight``
+    (``_ov``, double-buffered kernels without the phase offset: a warpgroup issues a k-tile's wgmmas
+    before waiting for the previous k-tile's, so the tensor pipe gets the next batch before the
+    last drains; ``kInFlight``). At
     launch: ``decomposition``, ``"dp"`` (one CTA
     per output tile), ``"split"`` with ``splits`` K slices, or ``"auto"`` (the split factor chosen
     per shape to fill the SMs, :meth:`launch_splits`) or ``"sk"`` (stream-K: a persistent grid of
@@ -93,6 +96,7 @@ class Sm90sConfig:
     stages: int = 0
     phased: bool = False
     half_issue: bool = False
+    in_flight: bool = False
     decomposition: str = "auto"
     splits: int = 1
 
@@ -122,6 +126,11 @@ class Sm90sConfig:
             (not self.half_issue or (not double_buffered(self.tile, self.ctas_per_sm) and not self.phased),
              "half_issue (_hi) only without the double buffer (TN >= 32 at two CTAs per SM or TM = 256, or "
              "TN = 256) and without the phase offset"),
+            (isinstance(self.in_flight, bool), "in_flight must be a bool"),
+            (not self.in_flight or (double_buffered(self.tile, self.ctas_per_sm) and not self.phased
+                                    and not self.half_issue),
+             "in_flight (_ov) only with the double buffer (two fragment sets: the next batch's while one runs) "
+             "and without the phase offset or half issue"),
             (self.ctas_per_sm in (1, 2), "ctas_per_sm must be 1 or 2"),
             (self.ctas_per_sm == 1 or tn <= 64, "two CTAs per SM only at TN <= 64 (registers)"),
             (self.stages == 0 or 2 <= self.stages <= MAX_STAGES, f"stages must be 0 (auto) or 2..{MAX_STAGES}"),
@@ -178,7 +187,7 @@ class Sm90sConfig:
         tm, tn, tk = self.tile
         cm, cn = self.cluster
         return (f"t{tm}x{tn}x{tk}_c{cm}x{cn}_o{self.ctas_per_sm}_s{self.stages}{'_ph' if self.phased else ''}"
-                f"{'_hi' if self.half_issue else ''}")
+                f"{'_hi' if self.half_issue else ''}{'_ov' if self.in_flight else ''}")
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -198,12 +207,12 @@ class Sm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi]_<dp|auto|sk|split<S>>")
-        tm, tn, tk, cm, cn, o, st, ph, hi, tail, sp = m.groups()
+                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi][_ov]_<dp|auto|sk|split<S>>")
+        tm, tn, tk, cm, cn, o, st, ph, hi, ov, tail, sp = m.groups()
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
                    cluster=(int(cm), int(cn)), ctas_per_sm=int(o), stages=int(st), phased=bool(ph),
-                   half_issue=bool(hi), decomposition=decomposition,
+                   half_issue=bool(hi), in_flight=bool(ov), decomposition=decomposition,
                    splits=int(sp or 1))
 
     def replace(self, **changes) -> "Sm90sConfig":

@@ -35,8 +35,10 @@ def _smaller(config: Sm90sConfig) -> Iterator[Sm90sConfig]:
     else:
         return
     tile, ctas = step.get("tile", config.tile), step.get("ctas_per_sm", config.ctas_per_sm)
-    # Half issue stays only where the smaller kernel still has one fragment set.
-    yield config.replace(half_issue=config.half_issue and not double_buffered(tile, ctas), **step)
+    # Half issue stays only where the smaller kernel still has one fragment set, in flight only where
+    # it has two.
+    db = double_buffered(tile, ctas)
+    yield config.replace(half_issue=config.half_issue and not db, in_flight=config.in_flight and db, **step)
 
 
 def _wave_fit(config: Sm90sConfig, problem: Problem, measured: Problem, sms: int,
