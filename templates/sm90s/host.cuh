@@ -231,10 +231,7 @@ int init_grouped(Slot* slot, void const* w, void const* s, void const* z, void c
     if (int rc = encode_x<Geo>(p, x, pairs, k)) return rc;
   }
   set_shape<Geo>(p, pairs, n, k, g, rows, kb_shift, splits);
-  if constexpr (Geo::kGather) {
-    p.stage_tx -= Geo::kXBytes;  // the TMAs bring the weight, scales and zeros; x comes by cp.async
-    p.xg = x;
-  }
+  if constexpr (Geo::kGather) p.stage_tx -= Geo::kXBytes;  // the TMAs bring the weight, scales, zeros; x: cp.async
   p.experts = experts;
   p.row_tiles = (n + Geo::kTileM - 1) / Geo::kTileM;
   p.gate_up = gate_up;
@@ -298,7 +295,7 @@ int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias
   Params& p = slot->params;
   // The descriptor holds x's address; bias, residual, y and the scratch are plain pointers (and x
   // too where the rows are gathered by index).
-  if (Geo::kGather) {
+  if constexpr (Geo::kGather) {
     p.xg = x;
   } else if (x != slot->x) {
     ReplaceAddressFn replace = replace_fn();

@@ -269,14 +269,11 @@ struct Mainloop {
     return w + (stride ? stride : total);
   }
 
-  // One stage's TMAs for k-tile kt of a work item, into ring slot s.
-  static __device__ __forceinline__ void load_stage(Params const& p, char* smem, uint64_t* full, int s, int kt,
-                                                    Work const& wk) {
-    mbar_expect_tx(&full[s], p.stage_tx);
-    char* stage = smem + s * Geo::kStageBytes;
-    if constexpr (Geo::kGather) {
-      // x: gather_stage, from every producer thread
-    } else if constexpr (Geo::kClusterM > 1) {
+  // x's part of a stage: the TMA box of the token tile's rows (a gather kernel copies them by index
+  // instead, gather_stage).
+  static __device__ __forceinline__ void load_x(Params const& p, uint64_t* full, int s, char* stage, int kt,
+                                                Work const& wk) {
+    if constexpr (Geo::kClusterM > 1) {
       // This CTA's part of the token rows, into every CTA's stage (rows past M: zero fill, still
       // counted, so a CTA whose part lies wholly past M loads zeros for its peers).
       int const part = int(cluster_rank()) * Geo::kXBoxRows;
@@ -289,6 +286,14 @@ struct Mainloop {
       for (int panel = 0; panel < Geo::kPanels; ++panel)
         tma_2d(&p.x, &full[s], stage + panel * TN * 128, kt * TK + 64 * panel, wk.tok0, kEvictLast);
     }
+  }
+
+  // One stage's TMAs for k-tile kt of a work item, into ring slot s.
+  static __device__ __forceinline__ void load_stage(Params const& p, char* smem, uint64_t* full, int s, int kt,
+                                                    Work const& wk) {
+    mbar_expect_tx(&full[s], p.stage_tx);
+    char* stage = smem + s * Geo::kStageBytes;
+    if constexpr (!Geo::kGather) load_x(p, full, s, stage, kt, wk);
     int const srow = (kt * TK) / p.group;
     char* const ws = stage + Geo::kXBytes;
     if constexpr (Geo::kGrouped) {  // one more coordinate: the expert
@@ -303,16 +308,16 @@ struct Mainloop {
   }
 
   // Gather: the item's x row offsets (element index of row order[tok0 + r] / a_div of x, or -1
-  // past the expert's block), TN ints after the barriers, written once per item by the producer
-  // warpgroup between two of its own barriers (id 1): the first waits until all of it has issued
-  // the previous item's copies, the second until the offsets are in.
+  // past the expert's block), TN long longs after the barriers, written once per item by the
+  // producer warpgroup between two of its own barriers (id 1): the first waits until all of it has
+  // issued the previous item's copies, the second until the offsets are in.
   static __device__ __forceinline__ void gather_rows(Params const& p, long long* rows, int pt, Work const& wk) {
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    turn_sync<1, 128>();
     if (pt < TN) {
       int const r = wk.tok0 + pt;
       rows[pt] = r < wk.tok_end ? (long long)(p.order[r] / p.a_div) * p.k : -1;
     }
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    turn_sync<1, 128>();
   }
 
   // Gather: producer thread pt's part of stage s's x panels for k-tile kt, then its arrival on the
@@ -403,7 +408,7 @@ struct Mainloop {
           }
           w = next_item(p, w, wk, stride, total);
         }
-        if constexpr (Geo::kGather) asm volatile("cp.async.wait_all;\n" ::: "memory");  // none in flight at exit
+        if constexpr (Geo::kGather) cp_async_wait_all();  // none in flight at exit
         if constexpr (Geo::kClusterM > 1) {
           // The releases of the last k-tiles (the peers' remote arrivals included) have landed.
           for (int i = q; i < q + Geo::kStages; ++i)
@@ -539,21 +544,17 @@ struct Mainloop {
         cute::warpgroup_wait<1>();
         release(empty, (q0 + i - 1) % Geo::kStages, lane);
       }
-      if (i + 1 < nk) {
-        int const s1 = (q0 + i + 1) % Geo::kStages;
-        wait_full(&full[s1], ((q0 + i + 1) / Geo::kStages) & 1);
-        convert<kOneGroup>(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next);
-      }
-      return;
     }
     if (i + 1 < nk) {
       int const s1 = (q0 + i + 1) % Geo::kStages;
       wait_full(&full[s1], ((q0 + i + 1) / Geo::kStages) & 1);
       convert<kOneGroup>(smem + s1 * Geo::kStageBytes, p, atom_row, lane, next);
     }
-    cute::warpgroup_wait<0>();
-    fence(acc);
-    release(empty, s, lane);
+    if constexpr (!Geo::kInFlight) {
+      cute::warpgroup_wait<0>();
+      fence(acc);
+      release(empty, s, lane);
+    }
   }
 
   // 1xS cluster: slices 1..S-1 send their partials to slice 0 (false: this CTA is done); slice 0

@@ -151,13 +151,15 @@ __device__ __forceinline__ void cp_async_16(void* dst, void const* src, int byte
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Generic-proxy writes (cp.async) made visible to the async proxy (wgmma's shared-memory reads).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
-// The phase offset's turn barriers (ids 2 and 3): one warpgroup syncs, the other arrives.
-// (Immediate ids: ptxas then reserves 4 hardware barriers, not all 16.)
+// Named barriers of `Threads` threads: the phase offset's turn barriers (ids 2 and 3: one warpgroup
+// syncs, the other arrives) and the gather producer's (id 1). (Immediate ids: ptxas then reserves
+// 4 hardware barriers, not all 16.)
 template <int Id, int Threads>
 __device__ __forceinline__ void turn_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");
