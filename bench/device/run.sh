@@ -266,8 +266,10 @@ EOF
         --out "$OUT/h100.json" 2>&1 | tee "$OUT/profile-moe.log" | grep -vE "$QUIET" | tail -50
       MIXED_GEMM_PROFILE=$OUT/h100.json timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -m gpu tests/ops/test_moe_gemv_gpu.py \
         tests/ops/test_moe_sm90a_gpu.py tests/nn/test_moe.py -p no:cacheprovider 2>&1 | tail -2 ;;
-    moe-gather-profile)  # $OUT/h100.json = the shipped profile with moe_sm90s gate|up entries on their gather kernels (_g; MOE_GATHER_PREFILL: a moe_sm90s gate|up schedule for 4096 tokens too), for moe-ab
-      python3 bench/moe_gather_profile.py --out "$OUT/h100.json" ${MOE_GATHER_PREFILL:+--prefill "$MOE_GATHER_PREFILL"} | tail -30 ;;
+    moe-fused-profile)  # $OUT/h100.json = the shipped profile with its moe_sm90s entries fused as MOE_FUSE says (gather: gate|up _g; combine: down _f; default both; MOE_PREFILL / MOE_PREFILL_DOWN: moe_sm90s schedules for 4096 tokens too), for moe-ab
+      fuse=(); for f in gather combine; do [[ ",${MOE_FUSE:-gather,combine}," == *",$f,"* ]] && fuse+=("--$f"); done
+      python3 bench/moe_fused_profile.py --out "$OUT/h100.json" "${fuse[@]}" \
+        ${MOE_PREFILL:+--prefill "$MOE_PREFILL"} ${MOE_PREFILL_DOWN:+--prefill-down "$MOE_PREFILL_DOWN"} | tail -30 ;;
     moe-ab)  # the shipped profile against $OUT/h100.json (profile-moe's), bench --moe alternating MOE_AB_ROUNDS times at MOE_TOKENS: a re-sweep ships only if it wins here
       [ -f "$OUT/h100.json" ] || { echo "moe-ab: no $OUT/h100.json (run profile-moe first)"; continue; }
       for r in $(seq "${MOE_AB_ROUNDS:-2}"); do for p in shipped swept; do

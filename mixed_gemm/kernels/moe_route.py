@@ -128,6 +128,9 @@ class SortedGroupedLauncher:
     stage = "w13"
     tile_rows: Optional[int] = None
     fused = False
+    # A fused down reads h's rows by index (a_div 1) where h is in pair order; else (moe_sm90s's
+    # combine: TMA boxes of sorted rows) h is gathered into sorted order first.
+    down_by_index = True
     # The two stages can hand h over in their own sorted row order (see __call__'s sorted_h).
     sorted_pairs = True
 
@@ -207,7 +210,11 @@ class SortedGroupedLauncher:
         elif self.fused:
             # h rows by index (pair order) or in place (sorted); the top-k sum in the GEMM's epilogue.
             y32 = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
-            self.gemm(x, w, routing, out, stream, a_div=0 if sorted_h else 1, y32=y32, weights=weights, top_k=top_k)
+            rows, a_div = x, 0 if sorted_h else 1
+            if a_div and not self.down_by_index:
+                rows, a_div = torch.empty_like(x), 0
+                self.gather(x, order, 1, rows, stream)
+            self.gemm(rows, w, routing, out, stream, a_div=a_div, y32=y32, weights=weights, top_k=top_k)
             out.copy_(y32)
         else:
             if sorted_h:

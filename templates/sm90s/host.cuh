@@ -288,6 +288,13 @@ inline void set_gather(Slot* slot, void const* order, int a_div) {
   slot->params.order = static_cast<int const*>(order);
   slot->params.a_div = a_div;
 }
+// Combine (the down stage): y32 (tokens, N) fp32 receives each sorted row times its pair's top-k
+// weight (fp32, pair order) in place of y; nullptr stores y.
+inline void set_combine(Slot* slot, void* y32, void const* topk_w, int top_k) {
+  slot->params.y32 = static_cast<float*>(y32);
+  slot->params.topk_w = static_cast<float const*>(topk_w);
+  slot->params.top_k = top_k;
+}
 
 template <class Geo>
 int run(Slot* slot, void const* kernel, void const* x, void* y, void const* bias, void const* residual, void* workspace,

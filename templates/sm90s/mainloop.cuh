@@ -769,8 +769,48 @@ struct Mainloop {
       }
       return;
     }
+    if (p.y32 != nullptr) {
+      add_weighted(p, acc, block + g, tok0, tok_end, lane);
+      return;
+    }
     Raw const* const none = nullptr;
     store_pairs<false, false>(y, none, none, p.n, block + g, tok0, tok_end, lane, acc);
+  }
+
+  // The down stage's combine: sorted row tok is pair order[tok], of token order[tok] / top_k; the
+  // row times the pair's fp32 weight is added into the token's fp32 row of y32, two adjacent
+  // columns per 64-bit vector reduction (paired as store_pairs: a warp's reductions fill 32-byte
+  // sectors). Why: the stored rows and the combine pass that read them back were 2 x 2 bytes per
+  // pair and column, against one fp32 read-modify-write in L2 per pair and column here. The k
+  // slots of a token arrive in any order: for top-k > 2 the fp32 sum's last bits may differ between
+  // runs (0 + a + b is exact in either order).
+  static __device__ __forceinline__ void add_weighted(Params const& p, float const (&acc)[kAcc], int rbase, int tok0,
+                                                      int tok_end, int lane) {
+    int const odd = (lane >> 2) & 1;
+    int const rp = rbase - odd;
+    int const tok_l = tok0 + 2 * (lane & 3) + odd;
+    int const left = tok_end - tok_l;
+    bool const live0 = rp < p.n, live1 = rp + 8 < p.n;
+#pragma unroll
+    for (int b = 0; b < kAcc / 4; ++b) {
+      bool const tok_live = 8 * b < left;
+      int pair = 0;
+      float wt = 0.f;
+      if (tok_live) {
+        pair = __ldg(p.order + tok_l + 8 * b);
+        wt = __ldg(p.topk_w + pair);
+      }
+      float* const dst = p.y32 + size_t(pair / p.top_k) * p.n + rp;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float const a0 = acc[4 * b + 2 * h], a1 = acc[4 * b + 2 * h + 1];
+        float const got = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
+        if ((h == 0 ? live0 : live1) && tok_live) {
+          float const lo = wt * (odd ? got : a0), hi = wt * (odd ? a1 : got);
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst + 8 * h), "f"(lo), "f"(hi) : "memory");
+        }
+      }
+    }
   }
 };
 

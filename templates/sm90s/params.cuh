@@ -171,6 +171,12 @@ struct Params {
   void const* xg;
   int const* order;
   int a_div;
+  // Combine (grouped down stage, y32 != nullptr): sorted row r is pair order[r] of token
+  // order[r] / top_k; its row times topk_w[order[r]] is added into that token's fp32 row of y32
+  // (tokens, N) instead of being stored to y, so the top-k sum needs no pass of its own.
+  float* y32;
+  float const* topk_w;
+  int top_k;
 };
 
 // Stream-K's division of U units (k-tiles, k inner) over G CTAs, one formula for the host's

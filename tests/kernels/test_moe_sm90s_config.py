@@ -78,6 +78,25 @@ def test_gather_is_the_gate_up_stages_and_named_by_its_schedule():
     assert not any(k.gather for k in FAMILY.packaged((9, 0)))  # in a package where a profile names them
 
 
+def test_combine_is_the_down_stages_launch_time_choice_named_by_its_schedule():
+    c = MoeSm90sConfig.from_schedule("w2_t256x32x128_s0_split2_p_f")
+    assert c.combine and c.splits == 2 and c.persistent and c.schedule == "w2_t256x32x128_s0_split2_p_f"
+    assert not c.kernel.combine and c.kernel == MoeSm90sConfig(stage="w13", tile=(256, 32, 128)).kernel  # one binary
+    assert c.name.endswith("_w2_t256x32x128_s0_split2_p_f")
+    with pytest.raises(ValueError, match=r"combine \(_f: the top-k sum in the epilogue\) is the down stage's"):
+        MoeSm90sConfig(stage="w13", tile=(256, 32, 128), combine=True)
+    with pytest.raises(ValueError, match=r"is not a moe_sm90s schedule <w13\|w2>"):
+        MoeSm90sConfig.from_schedule("w2_t256x32x128_s0_f_p")
+    from mixed_gemm.kernels.base import MoeProblem
+    from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
+    kind = dict(dtype="f16", bits=4, zero_mode="int", group_size=128, layout="sm90a")
+    down = candidate_schedules(MoeProblem(tokens=1024, top_k=8, experts=128, n=2048, k=768, stage="w2", **kind), 132)
+    up = candidate_schedules(MoeProblem(tokens=1024, top_k=8, experts=128, n=1536, k=2048, stage="w13", gate_up=True,
+                                        **kind), 132)
+    assert {s[:-2] for s in down if s.endswith("_f")} == {s for s in down if not s.endswith("_f")}
+    assert not any(s.endswith("_f") for s in up)
+
+
 def test_half_issue_is_the_dense_rule_and_ships_only_where_a_profile_names_it():
     from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
     from mixed_gemm.select.coverage import selectable_for

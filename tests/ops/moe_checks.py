@@ -31,7 +31,13 @@ def check_sweep_case(fam, config_class, seed, dtype, torch_dtype, bits, s13, s2,
     assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), h, chained=2)
     assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), inter)
     y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=(cfg13, cfg2))
-    assert torch.equal(y, yk)  # deterministic; and h handed over in sorted order gives the same rows
+    if getattr(cfg2, "combine", False) and top_k > 2:
+        # The combine's fp32 reductions add a token's k slots in any order: the sums may differ in
+        # their last bits, so y in its rounding (one unit of the activation dtype's last place).
+        torch.testing.assert_close(y.float(), yk.float(), rtol=2 * torch.finfo(y.dtype).eps,
+                                   atol=torch.finfo(y.dtype).eps * yk.float().abs().max().item())
+    else:
+        assert torch.equal(y, yk)  # deterministic; and h handed over in sorted order gives the same rows
     ref = mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids)
     assert_elementwise(y, ref, inter, chained=3)
 

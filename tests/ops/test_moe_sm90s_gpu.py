@@ -3,8 +3,9 @@ sorted rows) on an H100: every catalog kernel in both stages, with and without a
 the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros / offsets,
 groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens (and 2048: prefill), random routing and every token on
 one expert, ragged N and K, a CTA per work item or a persistent grid; ids out of range, no tokens, one token and CUDA-graph capture with new
-routing between replays (moe_checks), and the gather kernels (``_g``: x's rows read by index) through the
-same checks. Outputs poisoned with NaN first."""
+routing between replays (moe_checks), the gather kernels (``_g``: x's rows read by index) and the
+combine in the down epilogue (``_f``: the top-k sum added into fp32 rows) through the same checks.
+Outputs poisoned with NaN first."""
 import random
 
 import pytest
@@ -43,7 +44,8 @@ def _case_shape(c, rng):
 
 def _sweep_params():
     """Each catalog tile (then each half-issue one) as gate|up with itself and with the next tile as down, per dtype; the
-    second case of a tile splits K (2 or 3 slices); half the down kernels and a quarter of the
+    second case of a tile splits K (2 or 3 slices) and adds the top-k sum in the down epilogue
+    (``_f``, so every tile runs down both ways); three quarters of the down kernels and a quarter of the
     gate|up ones on a persistent grid (a CTA per SM walking the items); zero kind x group cycle
     through all 16 combinations; top-k and T rotate; N and K ragged against the 128/256-row tiles."""
     rng = random.Random(91)
@@ -60,13 +62,14 @@ def _sweep_params():
                 zero, group, top_k, t, route, e, h, inter = _case_shape(c, rng)
                 splits = 1 + j * (1 + c % 2)
                 s13 = MoeSm90sConfig(stage="w13", tile=a, splits=splits, persistent=c % 4 == 1, half_issue=hi).schedule
-                s2 = MoeSm90sConfig(stage="w2", tile=b, persistent=c % 2 == 0, half_issue=hi).schedule
+                s2 = MoeSm90sConfig(stage="w2", tile=b, persistent=c % 4 != 1, half_issue=hi, combine=j == 1).schedule
                 cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route,
                                           id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}"
                                              f"-{route}"))
     assert {p.values[6] for p in cases} == set(TOP_KS)
     assert {(p.values[4], p.values[5]) for p in cases} == {(z, g) for z in ZERO_KINDS for g in GROUPS}
     assert any(p.values[2].endswith("_p") and "_split" in p.values[2] for p in cases)  # persistent with split K
+    assert any(p.values[3].endswith("_p_f") for p in cases) and any(p.values[3].endswith("_s0_f") for p in cases)
     return cases
 
 
@@ -118,9 +121,10 @@ def test_prefill_token_counts(s13, s2, route):
 
 
 def _cfgs(w13, tile=(128, 16, 128), gather=False):
+    """The gather's gate|up goes with the combine's down (both fused), the others with neither."""
     zm = w13.packed.zero_mode
     return (MoeSm90sConfig(stage="w13", tile=tile, zero_mode=zm, gather=gather),
-            MoeSm90sConfig(stage="w2", tile=tile, zero_mode=zm))
+            MoeSm90sConfig(stage="w2", tile=tile, zero_mode=zm, combine=gather))
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
@@ -140,12 +144,15 @@ def test_no_tokens_and_one_token():
 def test_graph_capture_with_new_routing_between_replays(gather):
     tile = (256, 32, 128)
     check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile, persistent=True, gather=gather),
-                         MoeSm90sConfig(stage="w2", tile=tile, splits=2)), "g90s" + ("-g" if gather else ""))
+                         MoeSm90sConfig(stage="w2", tile=tile, splits=2, combine=gather)), "g90s" + ("-g" if gather else ""))
 
 
 @pytest.mark.parametrize("pair", [("moe_gemv:w13_s1_w4x2_u8_m8_pe", "moe_sm90s:w2_t128x16x128_s0"),
+                                  ("moe_gemv:w13_s1_w4x2_u8_m8_pe", "moe_sm90s:w2_t256x32x128_s0_f"),
+                                  ("moe_sm90a:w13_t128x32x64_s0", "moe_sm90s:w2_t256x32x128_s0_split2_f"),
                                   ("moe_sm90s:w13_t128x16x128_s0_p", "moe_sm90a:w2_t128x32x64_s0")],
-                         ids=["gemv-pe-then-sm90s", "sm90s-p-then-sm90a"])
+                         ids=["gemv-pe-then-sm90s", "gemv-pe-then-sm90s-combine", "sm90a-then-sm90s-combine",
+                              "sm90s-p-then-sm90a"])
 def test_mixed_plans_the_profile_holds(pair):
     """Plans of two families with moe_sm90s on one side, as the H100 profile pairs them (DeepSeek at
     16 tokens, Qwen3 at 32-128): one routing for both stages, h handed over as the launchers agree."""

@@ -82,7 +82,7 @@ class MoeSm90sFamily(GroupedFamily):
     def launcher(self, config: MoeSm90sConfig, device_index: int) -> MoeSm90sLauncher:
         """One launcher per (config, device), kept (it holds the per-weight descriptors; making one
         loads the module, which a CUDA-graph capture must not see)."""
-        key = (config.kernel, config.stage, config.splits, config.persistent, device_index)
+        key = (config.kernel, config.stage, config.splits, config.persistent, config.combine, device_index)
         return self.kept_launcher(key, lambda: MoeSm90sLauncher(config, self.build_spec(config), device_index))
 
 

@@ -9,7 +9,7 @@ from ...runtime.library import signature_binder
 from ..sm90s.abi import SIGNATURES as DENSE_SIGNATURES
 from ..sm90s.abi import describe
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 INFO_FIELDS = ("abi", "params_bytes", "smem_bytes", "threads", "stages", "bits", "tile_m", "tile_n", "tile_k")
 
 _P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
@@ -18,7 +18,7 @@ SIGNATURES = {
     **{f: DENSE_SIGNATURES[f] for f in ("mg_info", "mg_create", "mg_destroy", "mg_prepare", "mg_workspace_floats",
                                         "mg_counters")},
     "mg_init": (_I, [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _LL, _LL, _I, _I, _I]),
-    "mg_run": (_I, [_P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P]),
+    "mg_run": (_I, [_P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I, _P, _P, _P]),
     "mg_combine": (_I, [_P, _P, _P, _P, _LL, _I, _I, _P]),
     "mg_route": (_I, [_P, _I, _P]),
     "mg_gather": (_I, [_P, _P, _I, _P, _LL, _I, _P]),

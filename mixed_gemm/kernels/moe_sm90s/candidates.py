@@ -3,8 +3,9 @@ is at most twice the mean pairs per routed expert (a CTA's x rows mostly belong 
 at least half of it up to 64 rows, from
 2 to ``TO_TOKENS`` tokens, each whole, on a persistent grid (``_p``) and with the K split that would
 fill the SMs were the routed experts' tiles alone, and each again with half issue (``_hi``) where the
-tile has one fragment set, and for the gate|up stage with the gather (``_g``) where the tile has it
-(random routing, ``moe_gemv.heuristics.expected_experts``)."""
+tile has one fragment set, for the gate|up stage with the gather (``_g``) where the tile has it, and
+for the down stage each again with the combine in its epilogue (``_f``; random routing,
+``moe_gemv.heuristics.expected_experts``)."""
 from __future__ import annotations
 
 from typing import List
@@ -50,7 +51,8 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
         for half_issue in (False, True) if tile in half_issue_tiles(problem.bits) else (False,):
             for gather in gathers if not half_issue else (False,):  # the catalog's _g tiles: no _hi
                 base = MoeSm90sConfig(stage=problem.stage, tile=tile, half_issue=half_issue, gather=gather)
-                out += [base.schedule, base.replace(persistent=True).schedule]
-                if splits > 1:
-                    out.append(base.replace(splits=splits).schedule)
+                launches = [base, base.replace(persistent=True)] + ([base.replace(splits=splits)] if splits > 1 else [])
+                out += [c.schedule for c in launches]
+                if problem.stage == "w2":
+                    out += [c.replace(combine=True).schedule for c in launches]
     return out

@@ -11,7 +11,7 @@ from typing import Tuple
 from ..common import check_weight_kind, hash_once, raise_on
 from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, Sm90sConfig
 
-_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(?:_split(\d+))?(_p)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(?:_split(\d+))?(_p)?(_f)?$")
 STAGES = ("w13", "w2")
 GATHER_ROW_BYTES = 8  # the gather's offset of one x row in shared memory (a long long)
 
@@ -31,7 +31,10 @@ class MoeSm90sConfig:
     16-byte cp.async into the swizzled stage, so no gathered copy of x is written and read back;
     the others read a box of the gathered rows with TMA). At launch:
     ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
-    top-k sum) and ``splits`` (K slices, summed in the kernel in slice order). The tile rules are
+    top-k sum), ``splits`` (K slices, summed in the kernel in slice order), ``persistent`` (``_p``) and
+    ``combine`` (``_f``, the down stage: the top-k sum in the epilogue, each row times its pair's
+    weight added into the token's fp32 row with vector reductions, no stored rows and no combine
+    pass; for top-k > 2 the fp32 sum's order, and so its last bits, may vary between runs). The tile rules are
     the dense family's (:class:`~mixed_gemm.kernels.sm90s.Sm90sConfig`, one CTA per SM, no
     cluster). ``schedule``: ``w13_t128x16x128_s0`` (``_split<S>`` where S > 1), stored in profiles as
     ``moe_sm90s:<schedule>``."""
@@ -46,6 +49,7 @@ class MoeSm90sConfig:
     splits: int = 1
     persistent: bool = False
     gather: bool = False
+    combine: bool = False
 
     family = "moe_sm90s"
 
@@ -61,6 +65,9 @@ class MoeSm90sConfig:
             (isinstance(self.gather, bool), "gather must be a bool"),
             (not self.gather or self.stage == "w13",
              "gather (_g: x's rows read by index) is the gate|up stage's: the down stage reads h in sorted order"),
+            (isinstance(self.combine, bool), "combine must be a bool"),
+            (not self.combine or self.stage == "w2",
+             "combine (_f: the top-k sum in the epilogue) is the down stage's: gate|up stores h"),
         ], f"MoeSm90sConfig {self.tile}")
         self.dense  # the dense family's rules for the tile, the stages and the shared memory
         raise_on([(self.smem_bytes <= SMEM_PER_CTA[1], f"shared memory {self.smem_bytes} B above {SMEM_PER_CTA[1]} B "
@@ -93,8 +100,8 @@ class MoeSm90sConfig:
     @functools.cached_property
     def kernel(self) -> "MoeSm90sConfig":
         """The compiled identity: zero mode folded, the launch-time choices (stage, split factor,
-        persistent grid) at their defaults."""
-        return dataclasses.replace(self, zero_mode="int", stage="w13", splits=1, persistent=False)
+        persistent grid, combine) at their defaults."""
+        return dataclasses.replace(self, zero_mode="int", stage="w13", splits=1, persistent=False, combine=False)
 
     @functools.cached_property
     def _tile_schedule(self) -> str:
@@ -108,7 +115,7 @@ class MoeSm90sConfig:
     @functools.cached_property
     def schedule(self) -> str:
         return (f"{self.stage}_{self._tile_schedule}" + (f"_split{self.splits}" if self.splits > 1 else "")
-                + ("_p" if self.persistent else ""))
+                + ("_p" if self.persistent else "") + ("_f" if self.combine else ""))
 
     @functools.cached_property
     def name(self) -> str:
@@ -120,11 +127,11 @@ class MoeSm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_split<S>][_p]")
-        stage, tm, tn, tk, stages, hi, g, splits, persistent = m.groups()
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_split<S>][_p][_f]")
+        stage, tm, tn, tk, stages, hi, g, splits, persistent, f = m.groups()
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
                      stages=int(stages), half_issue=bool(hi), splits=int(splits or 1), persistent=bool(persistent),
-                     gather=bool(g))
+                     gather=bool(g), combine=bool(f))
         if config.schedule != schedule:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
         return config

@@ -1,7 +1,8 @@
 """Launching one moe_sm90s config: the routed rows sorted by expert on the device
 (:class:`~mixed_gemm.kernels.moe_route.SortedGroupedLauncher`), gathered into expert order (TMA
 reads a box of contiguous rows; a gather kernel, ``_g``, reads x's rows by index instead), one
-grouped sm90s launch over them, and down's top-k sum.
+grouped sm90s launch over them, and down's top-k sum (a pass of its own, or, ``_f``, in the down
+GEMM's epilogue).
 
 The descriptors are encoded once per (stacked weight, pairs) by the kernel library and re-targeted
 per call (x, y and the routing's device arrays are plain pointers in the parameter block). The grid
@@ -32,11 +33,13 @@ class MoeSm90sLauncher(LibraryRoutedLauncher):
 
     error = MoeSm90sLaunchError
     describe = staticmethod(abi.describe)
+    down_by_index = False  # the combine's down reads sorted rows (a TMA box): h in pair order is gathered first
 
     def __init__(self, config: MoeSm90sConfig, spec, device_index: int):
         self.config = config
         self.stage = config.stage
-        self.fused = config.gather  # gate|up reads x's rows by index (a_div = top-k): no gather pass
+        # gate|up reads x's rows by index (a_div = top-k): no gather pass; down adds the top-k sum.
+        self.fused = config.gather or config.combine
         self.tile_rows = config.tile[1]  # the sort writes tile prefix sums for this height
         self.device_index = device_index
         tm, tn, tk = config.tile
@@ -54,9 +57,10 @@ class MoeSm90sLauncher(LibraryRoutedLauncher):
             lib.mg_destroy(slot[0])
 
     def gemm(self, rows, w, routing, out, stream: int, a_div: int = 0, y32=None, weights=None, top_k: int = 1) -> None:
-        if y32 is not None or bool(a_div) != self.config.gather:
+        if bool(a_div) != self.config.gather or (y32 is not None) != self.config.combine:
             raise ValueError(f"{self.config.name}: a_div={a_div}, y32: a gather kernel (_g) reads x's rows by index "
-                             "(a_div >= 1), the others the gathered rows (a_div 0); none adds the top-k sum itself")
+                             "(a_div >= 1), the others the sorted rows (a_div 0); a combine (_f) adds the top-k sum "
+                             "into y32, the others store out")
         pairs = routing.order.numel() if a_div else rows.shape[0]
         key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k, pairs)
         with self.lock:
@@ -78,5 +82,7 @@ class MoeSm90sLauncher(LibraryRoutedLauncher):
                 cnt = semaphores(self.device_index, stream, slot[2])
             rc = self.lib.mg_run(slot[0], rows.data_ptr(), out.data_ptr(), routing.offsets.data_ptr(),
                                  routing.counts.data_ptr(), routing.tile_ends_of(self.tile_rows).data_ptr(),
-                                 routing.order.data_ptr(), a_div, ws or None, cnt or None, stream or None)
+                                 routing.order.data_ptr(), a_div, y32.data_ptr() if y32 is not None else None,
+                                 weights.data_ptr() if y32 is not None else None, top_k, ws or None, cnt or None,
+                                 stream or None)
         self._fail("mg_run", rc)

@@ -90,10 +90,13 @@ SHAPES_U8 = (
 )
 BITS = (4, 8)
 # In flight (`_ov`): each k-tile's wgmmas issued before the previous k-tile's are waited for, on the
-# double-buffered int4 tiles whose two fragment sets and accumulators leave registers for it
-# (t128x128 at 168 registers spilled 380 bytes; t64x128 takes 254 of its 255, t128x64 168).
-# Profile candidates for the M = 32-256 range, unmeasured (docs/notes/serving-mainloop.md).
-IN_FLIGHT = (((64, 128, 128), 1, C1), ((128, 64, 128), 1, C1), ((128, 64, 128), 1, C2), ((128, 32, 128), 1, C1))
+# double-buffered int4 tiles at one CTA per SM whose two fragment sets and accumulators leave
+# registers for it (t128x128 at 168 registers spilled 380 bytes; t64x128 takes 254 of its 255,
+# t128x64 168). Measured on an H200 (2026-11-28, docs/notes/serving-mainloop.md): 1-6% faster
+# than their bases at M = 16-256; at two CTAs per SM (t128x16 o2, 80 registers) 8-20% slower, so
+# none is built there.
+IN_FLIGHT = (((64, 128, 128), 1, C1), ((128, 64, 128), 1, C1), ((128, 64, 128), 1, C2), ((128, 32, 128), 1, C1),
+             ((128, 16, 128), 1, C1), ((128, 32, 128), 1, K2), ((128, 32, 128), 1, K4), ((128, 64, 128), 1, K2))
 
 
 def shapes_for(bits: int):
