@@ -12,7 +12,7 @@ from mixed_gemm.compile import cutlass_include_dir, find_nvcc
 from mixed_gemm.kernels import FAMILIES, Problem, family, parse_schedule, qualified
 from mixed_gemm.kernels.sm90s import FAMILY, SWITCH_ENV, Sm90sConfig
 from mixed_gemm.kernels.sm90s.candidates import candidate_schedules
-from mixed_gemm.kernels.sm90s.catalog import IN_FLIGHT, default_catalog
+from mixed_gemm.kernels.sm90s.catalog import IN_FLIGHT, IN_FLIGHT_U8, default_catalog
 
 
 def _problem(**kw):
@@ -54,7 +54,8 @@ def test_in_flight_is_a_double_buffered_kernel_of_its_own():
         with pytest.raises(ValueError, match=r"in_flight \(_ov\) only with the double buffer"):
             Sm90sConfig(in_flight=True, **kw)
     ov = [k for k in default_catalog() if k.in_flight]
-    assert len(ov) == 2 * len(IN_FLIGHT) and all(k.bits == 4 and k.ctas_per_sm == 1 for k in ov)
+    assert len(ov) == 2 * (len(IN_FLIGHT) + len(IN_FLIGHT_U8)) and all(k.ctas_per_sm == 1 for k in ov)
+    assert {k.bits for k in ov} == {4, 8}
     assert not any(k.in_flight for k in FAMILY.packaged((9, 0)))  # in a package where a profile names them
     assert "t64x128x128_c1x1_o1_s0_ov_auto" in candidate_schedules(256, 4096, 4096, 132)
     assert "t128x64x128_c2x1_o1_s0_ov_auto" in candidate_schedules(64, 4096, 4096, 132)
