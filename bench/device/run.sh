@@ -246,6 +246,8 @@ for key in sorted(new, key=str):
         print(f"{key[0]} u{key[1]} {key[4]}x{key[5]} M={key[6]}: {was} -> {b['schedule']} {b['us']:.1f} µs")
 EOF
       ;;
+    ov-profile)  # $OUT/h100.json = the shipped profile with every dense sm90s entry on its in-flight twin (_ov) where the catalog has one, for profile-confirm (OV_DTYPES, default f16,bf16)
+      python3 bench/ov_profile.py --out "$OUT/h100.json" --dtypes "${OV_DTYPES:-f16,bf16}" ;;
     profile-confirm)  # the changes of $OUT/h100.json (a profile-merge or profile sweep) against the shipped profile, alternated CONFIRM_ROUNDS times on this GPU: $OUT/h100-confirmed.json takes only those that won by > 1%
       [ -f "$OUT/h100.json" ] || { echo "profile-confirm: no $OUT/h100.json (run a profile step first)"; continue; }
       timeout "${CONFIRM_TIMEOUT:-540}" python3 bench/profile_confirm.py --shipped profiles/h100.json --swept "$OUT/h100.json" \
