@@ -673,6 +673,15 @@ struct Mainloop {
     }
   }
 
+  // A lane's share of the pairing below (store_pairs, and the combine's reductions): after the
+  // swap with lane ^ 4 it holds rows (rp, rp + 1) (+ 8 h) of token tok_l + 8 b, block b live where
+  // 8 b < left.
+  struct PairLane {
+    int odd, rp, tok_l, left;
+    __device__ __forceinline__ PairLane(int rbase, int tok0, int tok_end, int lane)
+        : odd((lane >> 2) & 1), rp(rbase - odd), tok_l(tok0 + 2 * (lane & 3) + odd), left(tok_end - tok_l) {}
+  };
+
   // y (tokens, n) from the accumulators, two adjacent rows of one token per 32-bit store: N is even
   // (prepack's rule) and y and the residual are 16-byte aligned (matmul's rule; the grouped buffers
   // are allocated so). A thread holds rows g and g + 8 of its warp's 16 for two adjacent tokens, and
@@ -686,10 +695,8 @@ struct Mainloop {
   static __device__ __forceinline__ void store_pairs(Raw* y, Raw const* residual, Raw const* bias, int n, int rbase,
                                                      int tok0, int tok_end, int lane, float const (&acc)[kAcc]) {
     using Raw2 = typename Pair<Element>::raw2;
-    int const odd = (lane >> 2) & 1;
-    int const rp = rbase - odd;  // this lane's even row (of rows g and g + 8: + 8 h)
-    int const tok_l = tok0 + 2 * (lane & 3) + odd;
-    int const left = tok_end - tok_l;  // block b's token is live where 8 b < left
+    PairLane const pl(rbase, tok0, tok_end, lane);
+    int const rp = pl.rp;  // this lane's even row (of rows g and g + 8: + 8 h)
     bool const live0 = rp < n, live1 = rp + 8 < n;
     float bias_v[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     if constexpr (kBias) {
@@ -705,20 +712,20 @@ struct Mainloop {
     // One address a lane, stepped by 8 tokens a block (one 64-bit add); the row half h is +8
     // elements, an immediate offset of the store. Why: an address computed per store (64-bit
     // multiply, shift and add) was ~8 of the 22-27 instructions a value pair took (SASS).
-    size_t const at0 = size_t(tok_l) * n + rp;
+    size_t const at0 = size_t(pl.tok_l) * n + rp;
     Raw2* yb = reinterpret_cast<Raw2*>(y + at0);
     Raw2 const* rb = reinterpret_cast<Raw2 const*>(residual + (kResidual ? at0 : 0));
     size_t const step = size_t(4) * n;  // 8 tokens, in pairs
 #pragma unroll
     for (int b = 0; b < kAcc / 4; ++b) {
-      bool const tok_live = 8 * b < left;
+      bool const tok_live = 8 * b < pl.left;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         // accumulator 4b + 2h + j: row g + 8h of the warp's 16, token 8b + 2 (lane % 4) + j
         float const a0 = acc[4 * b + 2 * h], a1 = acc[4 * b + 2 * h + 1];
-        float const got = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
+        float const got = __shfl_xor_sync(0xffffffffu, pl.odd ? a0 : a1, 4);
         if ((h == 0 ? live0 : live1) && tok_live) {
-          float lo = odd ? got : a0, hi = odd ? a1 : got;
+          float lo = pl.odd ? got : a0, hi = pl.odd ? a1 : got;
           if constexpr (kBias) {
             lo += bias_v[h][0];
             hi += bias_v[h][1];
@@ -786,27 +793,24 @@ struct Mainloop {
   // runs (0 + a + b is exact in either order).
   static __device__ __forceinline__ void add_weighted(Params const& p, float const (&acc)[kAcc], int rbase, int tok0,
                                                       int tok_end, int lane) {
-    int const odd = (lane >> 2) & 1;
-    int const rp = rbase - odd;
-    int const tok_l = tok0 + 2 * (lane & 3) + odd;
-    int const left = tok_end - tok_l;
-    bool const live0 = rp < p.n, live1 = rp + 8 < p.n;
+    PairLane const pl(rbase, tok0, tok_end, lane);
+    bool const live0 = pl.rp < p.n, live1 = pl.rp + 8 < p.n;
 #pragma unroll
     for (int b = 0; b < kAcc / 4; ++b) {
-      bool const tok_live = 8 * b < left;
+      bool const tok_live = 8 * b < pl.left;
       int pair = 0;
       float wt = 0.f;
       if (tok_live) {
-        pair = __ldg(p.order + tok_l + 8 * b);
+        pair = __ldg(p.order + pl.tok_l + 8 * b);
         wt = __ldg(p.topk_w + pair);
       }
-      float* const dst = p.y32 + size_t(pair / p.top_k) * p.n + rp;
+      float* const dst = p.y32 + size_t(pair / p.top_k) * p.n + pl.rp;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float const a0 = acc[4 * b + 2 * h], a1 = acc[4 * b + 2 * h + 1];
-        float const got = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
+        float const got = __shfl_xor_sync(0xffffffffu, pl.odd ? a0 : a1, 4);
         if ((h == 0 ? live0 : live1) && tok_live) {
-          float const lo = wt * (odd ? got : a0), hi = wt * (odd ? a1 : got);
+          float const lo = wt * (pl.odd ? got : a0), hi = wt * (pl.odd ? a1 : got);
           asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst + 8 * h), "f"(lo), "f"(hi) : "memory");
         }
       }
