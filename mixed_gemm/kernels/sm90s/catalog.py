@@ -96,7 +96,7 @@ BITS = (4, 8)
 # than their bases at M = 16-256; at two CTAs per SM (t128x16 o2, 80 registers) 8-20% slower, so
 # none is built there.
 # t128x128 at TK = 64 (16 fragment registers a set instead of 32: no spills) stands in for the
-# t128x128x128 entries at M = 128-256, unmeasured (bench/data/sm90s-ov-tk64-ab.txt).
+# t128x128x128 entries at M = 128-256, unmeasured (bench/data/sm90s-ov-tk64-ab-{f16,bf16}.txt).
 IN_FLIGHT = (((64, 128, 128), 1, C1), ((128, 64, 128), 1, C1), ((128, 64, 128), 1, C2), ((128, 32, 128), 1, C1),
              ((128, 16, 128), 1, C1), ((128, 32, 128), 1, K2), ((128, 32, 128), 1, K4), ((128, 64, 128), 1, K2),
              ((128, 128, 64), 1, C1), ((128, 128, 64), 1, C2))
@@ -117,8 +117,9 @@ def catalog_shapes(bits: int):
     """``(tile, CTAs per SM, cluster, phased, half issue, in flight)`` of every catalog kernel: the
     shapes above, then again with half issue (``_hi``) those with one fragment set, no phase offset
     and no cluster (TN >= 32 at two CTAs per SM or TM = 256, and TN = 256), then the in-flight ones
-    (``_ov``: IN_FLIGHT, IN_FLIGHT_U8). Profile candidates only, unmeasured: at one fragment set a warpgroup
-    converts a whole k-tile before its first wgmma (docs/notes/serving-mainloop.md, "Half issue")."""
+    (``_ov``: IN_FLIGHT, IN_FLIGHT_U8). Both are profile candidates: at one fragment set a warpgroup
+    converts a whole k-tile before its first wgmma (docs/notes/serving-mainloop.md, "Half issue");
+    the in-flight ones were timed against their bases ("One batch in flight")."""
     plain = [shape + (False, False) for shape in shapes_for(bits)]
     half = [shape[:4] + (True, False) for shape in plain
             if shape[2] == C1 and not shape[3] and not double_buffered(shape[0], shape[1])]
