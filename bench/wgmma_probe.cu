@@ -14,6 +14,10 @@
 //       then a proxy fence and the warpgroup's named barrier before the batch;
 //   ph  cv with the two warpgroups taking turns to issue (named barriers, as sm90s's `_ph`);
 //   po  ov with the same turns;
+//   cf, of, pf  cv, ov and po with a wait on a completed mbarrier after each batch's commit, as
+//       the sm90s mainloop waits for the next stage there: its branch keeps the conversion after
+//       the batch's wgmmas and before the wait for them, the shipped kernels' SASS order (without
+//       it ptxas interleaves the conversion between the wgmmas);
 //   il  cv with the conversion interleaved: after each wgmma of the batch, the next k-tile's
 //       fragments of that k16 block (one LDS, four registers' ALU).
 // Prints FMA per cycle per SM (peak: 2048 for fp16 wgmma on sm_90) and the share of peak.
@@ -32,7 +36,8 @@
 
 using namespace mixed_gemm::sm90s;
 
-enum Mode { kSS = 0, kRS = 1, kCV = 2, kOV = 3, kCS = 4, kIL = 5, kPH = 6, kPO = 7 };
+enum Mode { kSS = 0, kRS = 1, kCV = 2, kOV = 3, kCS = 4, kIL = 5, kPH = 6, kPO = 7, kCF = 8, kOF = 9, kPF = 10 };
+constexpr int base_mode(int m) { return m == kCF ? kCV : m == kOF ? kOV : m == kPF ? kPO : m; }
 constexpr int KB = 8;  // k16 blocks a batch (TK = 128)
 
 template <int N>
@@ -120,9 +125,11 @@ __device__ __forceinline__ void convert_to_smem(uint32_t const* codes, char* dst
 template <int N, int WGS, int MODE, int CONV>
 __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycles, float* sink) {
   constexpr int kAcc = N / 2;
+  constexpr int MB = base_mode(MODE);
+  constexpr bool kFence = MB != MODE;
   using Rs = typename RsOp<cutlass::half_t, N>::type;
   extern __shared__ __align__(1024) char smem_raw[];
-  char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  char* smem = smem_raw + 1024 + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   // x: two 64-element panels of N rows x 128 bytes (swizzled; the values are what was there:
   // throughput does not depend on them); then each warpgroup's A (ss) as 64 rows x 2 panels.
   char* x = smem;
@@ -131,7 +138,13 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
   // Fill shared memory with small fp16 values (0x3c00 = 1.0 at 1/1024 scale: no infinities).
   for (int i = threadIdx.x; i < (2 * N * 128 + 2 * WGS * 64 * 256) / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x14001400u ^ (i & 0x00ff00ffu);
+  uint64_t* const done = reinterpret_cast<uint64_t*>(smem_raw);  // below the 1024-aligned tiles
+  if (threadIdx.x == 0) {
+    mbar_init(done, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   __syncthreads();
+  if (threadIdx.x == 0) mbar_arrive(done);  // phase 0 completes
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 
@@ -144,7 +157,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
   for (int kb = 0; kb < KB; ++kb)
 #pragma unroll
     for (int j = 0; j < 4; ++j) a0[kb][j] = a1[kb][j] = 0x14001400u + kb + j;
-  uint32_t const* codes = reinterpret_cast<uint32_t const*>(x) + (threadIdx.x % 128);
+  // The codes: the A buffers (unread by register-A wgmmas), as the ring's weight region is.
+  uint32_t const* codes = reinterpret_cast<uint32_t const*>(a_smem) + (threadIdx.x % 128);
   uint32_t const xlo = desc_sw128_lo(smem_u32(x));
   char* const a_mine = a_smem + wg * 2 * 64 * 256;
   uint32_t alo = desc_sw128_lo(smem_u32(a_mine));
@@ -164,6 +178,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
     }
     cute::warpgroup_commit_batch();
     fence_acc(acc);
+    if constexpr (kFence) mbar_wait(done, 0);  // complete since the start: the ring wait's branch, nothing else
   };
 
   auto batch_il = [&](uint32_t (&a)[KB][4], uint32_t (&next)[KB][4], uint32_t const* c) {
@@ -181,12 +196,12 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
 
   __syncthreads();
   long long const t0 = clock64();
-  if constexpr (MODE == kSS || MODE == kRS) {
+  if constexpr (MB == kSS || MB == kRS) {
     for (int i = 0; i < iters; ++i) {
       batch(a0);
       cute::warpgroup_wait<0>();
     }
-  } else if constexpr (MODE == kCV) {
+  } else if constexpr (MB == kCV) {
     convert<CONV>(codes, a0, magic);
     for (int i = 0; i < iters; i += 2) {
       batch(a0);
@@ -196,13 +211,13 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
       convert<CONV>(codes, a0, magic);
       cute::warpgroup_wait<0>();
     }
-  } else if constexpr (MODE == kPH || MODE == kPO) {
+  } else if constexpr (MB == kPH || MB == kPO) {
     static_assert(WGS == 2, "turns between two warpgroups");
     auto take = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wg) : "memory"); };
     auto pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wg) : "memory"); };
     convert<CONV>(codes, a0, magic);
     if (wg == 1) pass();  // warpgroup 0 issues first
-    if constexpr (MODE == kPH) {
+    if constexpr (MB == kPH) {
       for (int i = 0; i < iters; i += 2) {
         take();
         batch(a0);
@@ -234,7 +249,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
     }
     cute::warpgroup_wait<0>();
     if (wg == 0) take();  // warpgroup 1's last pass
-  } else if constexpr (MODE == kIL) {
+  } else if constexpr (MB == kIL) {
     convert<CONV>(codes, a0, magic);
     for (int i = 0; i < iters; i += 2) {
       batch_il(a0, a1, codes + 256);
@@ -242,7 +257,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
       batch_il(a1, a0, codes);
       cute::warpgroup_wait<0>();
     }
-  } else if constexpr (MODE == kCS) {
+  } else if constexpr (MB == kCS) {
     uint32_t const lo0 = alo, lo1 = alo + ((64 * 256) >> 4);
     convert_to_smem<CONV>(codes, a_mine, magic, wg);
     for (int i = 0; i < iters; i += 2) {
@@ -280,7 +295,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
 template <int N, int WGS, int MODE, int CONV>
 void run(int sms, int iters, long long* d_cycles, float* d_sink, long long* h_cycles) {
   auto kernel = probe<N, WGS, MODE, CONV>;
-  int const smem = 2 * N * 128 + 2 * WGS * 64 * 256 + 1024;
+  int const smem = 2 * N * 128 + 2 * WGS * 64 * 256 + 2048;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kernel<<<sms, 128 * WGS, smem>>>(iters / 8, d_cycles, d_sink);  // warm-up
   cudaEvent_t e0, e1;
@@ -303,7 +318,7 @@ void run(int sms, int iters, long long* d_cycles, float* d_sink, long long* h_cy
   double const fma_per_cta = double(WGS) * iters * KB * 64.0 * N * 16.0;
   double const per_cycle = fma_per_cta / mean;
   double const tflops = 2.0 * fma_per_cta * sms / (ms * 1e-3) / 1e12;
-  static char const* names[] = {"ss", "rs", "cv", "ov", "cs", "il", "ph", "po"};
+  static char const* names[] = {"ss", "rs", "cv", "ov", "cs", "il", "ph", "po", "cf", "of", "pf"};
   std::printf("| %s | %d | %d | %d | %.0f | %.0f | %.0f%% | %.0f |\n", names[MODE], N, WGS, MODE >= kCV ? CONV : 0,
               mean / iters, per_cycle, 100.0 * per_cycle / 2048.0, tflops);
   cudaEventDestroy(e0);
@@ -352,6 +367,10 @@ int main() {
   // Turns.
   ROW(64, 2, kPH, 128); ROW(64, 2, kPO, 128); ROW(128, 2, kPH, 128); ROW(128, 2, kPO, 128);
   ROW(64, 2, kPH, 0); ROW(128, 2, kPO, 256); ROW(256, 2, kPO, 128); ROW(32, 2, kPO, 128);
+  // The conversion kept after the batch's issue.
+  ROW(64, 2, kCF, 128); ROW(64, 2, kOF, 128); ROW(64, 2, kPF, 128); ROW(64, 4, kCF, 128); ROW(64, 4, kOF, 128);
+  ROW(128, 2, kCF, 128); ROW(128, 2, kOF, 128); ROW(128, 2, kPF, 128); ROW(128, 2, kOF, 256);
+  ROW(32, 2, kOF, 128); ROW(64, 1, kOF, 128); ROW(128, 1, kOF, 128); ROW(64, 2, kCF, 0);
   // Which pipe the conversion contends on: 128 a thread of HFMA2 (0), LOP3 (1000) or IMAD (2000).
   ROW(64, 2, kOV, 128); ROW(64, 2, kOV, 1128); ROW(64, 2, kOV, 2128);
   ROW(128, 2, kOV, 256); ROW(128, 2, kOV, 1256); ROW(128, 2, kOV, 2256);
