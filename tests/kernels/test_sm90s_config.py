@@ -230,7 +230,14 @@ def test_auto_splits_fill_the_sms():
 
 
 def test_candidates_parse_and_fit_m():
-    assert candidate_schedules(8, 4096, 4096, 132) == [] and candidate_schedules(600, 4096, 4096, 132) == []
+    assert candidate_schedules(8, 4096, 4096, 132) == []
+    # Past 512: the prefill tiles of the catalog, each with the split chosen per shape.
+    for bits in (4, 8):
+        prefill = candidate_schedules(4096, 4096, 4096, 132, bits=bits)
+        assert prefill and all(s.endswith("_auto") for s in prefill)
+        for s in prefill:
+            config = Sm90sConfig.from_schedule(s, bits=bits)
+            assert config.kernel in set(default_catalog()) and config.tile[1] * config.tile[0] >= 128 * 256
     for m in (9, 16, 33, 64, 100, 256, 512):
         scheds = FAMILY.candidates(_problem(m=m), 132)
         assert scheds

@@ -4,7 +4,9 @@ every catalog kernel of those tiles (CTAs per SM, cluster, phase offset, half is
 only where its slices fit one wave), each with the split factor chosen per shape (``auto``),
 stream-K (``sk``, kernels without a K cluster or phase offset) where the tiles exceed one wave and are
 not whole waves or, from COMPUTE_M on, fill less than one, and, where the tiles alone give at least
-two waves, one CTA per tile (``dp``)."""
+two waves, one CTA per tile (``dp``). Past 512 (prefill), the tiles that hide the conversion under
+the tensor work (the wgmma probe, docs/notes/serving-mainloop.md: 256 tokens a tile, or four
+consumer warpgroups of 128), ``auto`` (one CTA per tile once the tiles fill the SMs)."""
 from __future__ import annotations
 
 from typing import List
@@ -14,10 +16,19 @@ from .config import Sm90sConfig
 
 FROM_M, TO_M = 9, 512
 COMPUTE_M = 256         # from here a Llama-3 shape's time is its FLOPs at the tensor rate (the limit's max)
+# Past TO_M: measured on an H200 at M = 4096 (2026-11-28, serving-mainloop.md) against the profile's
+# dequantize + cuBLAS, 3-9% faster on the four shapes it held; the 4x1 cluster lost 7-20% (not offered).
+# int8's catalog has the 256-token tile at TK = 64.
+PREFILL_SHAPES = (((128, 256, 128), (1, 1), False), ((128, 256, 128), (2, 1), False), ((128, 256, 128), (2, 1), True),
+                  ((256, 128, 64), (1, 1), False), ((128, 256, 64), (1, 1), False), ((128, 256, 64), (2, 1), False))
 
 
 def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List[str]:
-    if not FROM_M <= m <= TO_M:
+    if m > TO_M:
+        catalog = {shape[:4] for shape in catalog_shapes(bits) if not shape[4] and not shape[5]}
+        return [Sm90sConfig(bits=bits, tile=tile, cluster=cluster, phased=phased).schedule
+                for tile, cluster, phased in PREFILL_SHAPES if (tile, 1, cluster, phased) in catalog]
+    if m < FROM_M:
         return []
     shapes = catalog_shapes(bits)
     tns = sorted({shape[0][1] for shape in shapes})
