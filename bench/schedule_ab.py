@@ -153,6 +153,8 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
     """The rows of every case (printed as they come); ``medians``, when given, also gets each
     schedule's median seconds under (N, K, M, BITS, GROUP, schedule). ``residual``: every call adds
     an (M, N) skip connection in its epilogue (cuBLAS: ``addmm``), as o_proj and down_proj do."""
+    from mixed_gemm.kernels import family_of
+    from mixed_gemm.ops.matmul import problem
     from mixed_gemm.profiler.timing import copies_for, time_graph
     from mixed_gemm.profiler.workload import packed_bytes, random_weights
 
@@ -172,6 +174,9 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
         cfgs = {}
         for s in schedules:
             cfg = parse_schedule(s, dtype=dtype, bits=bits, zero_mode="int")
+            # As selection reads a profile entry: a family of several layouts (dequant_mm's schedule
+            # "dequant_mm") takes the one the weight holds.
+            cfg = family_of(cfg).for_layout(cfg, problem(ws[0], m))
             y.fill_(float("nan"))
             mg.matmul(x, ws[0], config=cfg, out=y, residual=skip)
             err = ((y.float().t() - want).abs().max() / want.abs().max()).item()
