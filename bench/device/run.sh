@@ -220,6 +220,9 @@ for step in "$@"; do
           | sed 's/\..*//' | sort | uniq -c | sort -rn | grep -E "HMMA|LDSM|LOP3|PRMT|I2F|F2F|LDGSTS|HFMA2|HMUL2|HADD2|LDL|STL" | tr '\n' ' '
         echo
       done 2>&1 | tee "$OUT/sass.txt" ;;
+    wgmma-probe)  # bench/wgmma_probe.cu: wgmma throughput, register A against shared A, with and without the conversion's instructions (serving-mainloop.md)
+      nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I"$(python3 -c 'from mixed_gemm.compile import cutlass_include_dir; print(cutlass_include_dir())')" \
+        -Itemplates bench/wgmma_probe.cu -o /tmp/wgmma_probe && /tmp/wgmma_probe | tee "$OUT/wgmma_probe.md" | tail -20 ;;
 
     # --- profiles ---
     profile)  # the whole sweep of the Llama-3 8B/70B shapes into $OUT/h100.json (resumes a carried profiles/h100.partial.jsonl)
