@@ -3,7 +3,7 @@
 //
 // Every CTA (one per SM) has WGS warpgroups, each issuing batches of 8 wgmma m64nNk16 (one
 // 128-deep k-tile of 64 weight rows) on the same shared-memory x tile, as the sm90s consumers do,
-// in one of four modes:
+// in one of these modes:
 //   ss  A from shared memory (the fp16 GEMMs' form), wait for each batch;
 //   rs  A from registers that never change, wait for each batch;
 //   cv  A from registers, double-buffered: the next k-tile's fragments made while this batch
@@ -15,9 +15,10 @@
 //   ph  cv with the two warpgroups taking turns to issue (named barriers, as sm90s's `_ph`);
 //   po  ov with the same turns;
 //   cf, of, pf  cv, ov and po with a wait on a completed mbarrier after each batch's commit, as
-//       the sm90s mainloop waits for the next stage there: its branch keeps the conversion after
-//       the batch's wgmmas and before the wait for them, the shipped kernels' SASS order (without
-//       it ptxas interleaves the conversion between the wgmmas);
+//       the sm90s mainloop waits for the next stage there: its branch keeps ptxas from moving the
+//       conversion in between the batch's wgmmas (which it does in cv), and in cf ptxas then puts
+//       the wait for the batch before the conversion (no overlap with the own batch; the shipped
+//       kernels' SASS has the conversion before that wait);
 //   il  cv with the conversion interleaved: after each wgmma of the batch, the next k-tile's
 //       fragments of that k16 block (one LDS, four registers' ALU).
 // Prints FMA per cycle per SM (peak: 2048 for fp16 wgmma on sm_90) and the share of peak.
