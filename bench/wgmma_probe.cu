@@ -119,8 +119,8 @@ __device__ __forceinline__ void convert_to_smem(uint32_t const* codes, char* dst
   uint4* d = reinterpret_cast<uint4*>(dst) + (threadIdx.x % 128);
 #pragma unroll
   for (int kb = 0; kb < KB; ++kb) d[kb * 128] = make_uint4(a[kb][0], a[kb][1], a[kb][2], a[kb][3]);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+  fence_proxy_async();
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");  // the warpgroup's own barrier
 }
 
 template <int N, int WGS, int MODE, int CONV>
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
   }
   __syncthreads();
   if (threadIdx.x == 0) mbar_arrive(done);  // phase 0 completes
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async();
   __syncthreads();
 
   float acc[kAcc];
@@ -214,8 +214,9 @@ __global__ void __launch_bounds__(128 * WGS, 1) probe(int iters, long long* cycl
     }
   } else if constexpr (MB == kPH || MB == kPO) {
     static_assert(WGS == 2, "turns between two warpgroups");
-    auto take = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wg) : "memory"); };
-    auto pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wg) : "memory"); };
+    // sm90s's turn barriers (ids 2 and 3): a warpgroup syncs on its own, arrives on the other's.
+    auto take = [&] { wg == 0 ? turn_sync<2, 256>() : turn_sync<3, 256>(); };
+    auto pass = [&] { wg == 0 ? turn_arrive<3, 256>() : turn_arrive<2, 256>(); };
     convert<CONV>(codes, a0, magic);
     if (wg == 1) pass();  // warpgroup 0 issues first
     if constexpr (MB == kPH) {
