@@ -12,7 +12,9 @@ before it on the stream finishes, so it must execute ``griddepcontrol.wait`` bef
 kernel's outputs or writes memory that kernel uses. The launch configuration is built once per
 function and only its grid, shared memory and stream are filled per launch (under the lock, like the
 argument block). Stream capture (CUDA 12.3+) records such a launch as a programmatic edge of the
-graph, so graphs keep the overlap.
+graph, so graphs keep the overlap. ``launch(..., cooperative=True)``: the same entry point with
+``CU_LAUNCH_ATTRIBUTE_COOPERATIVE``: every CTA resident at once, or the launch fails (for kernels
+whose CTAs wait for each other).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..compile import BuildSpec, build_spec, load_bytes
-from .driver import (PROGRAMMATIC_STREAM_SERIALIZATION, CudaDriverError, LaunchAttribute, LaunchConfig, check, driver,
+from .driver import (COOPERATIVE, PROGRAMMATIC_STREAM_SERIALIZATION, CudaDriverError, LaunchAttribute, LaunchConfig, check, driver,
                      load_function, primary_context, raw_launch, raw_launch_ex)
 
 
@@ -64,7 +66,7 @@ class Function:
         self._handle = int(self._function)
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
-        self._pdl = None  # the PDL launch configuration, built at the first PDL launch (_pdl_config)
+        self._ex = {}  # attribute id -> its launch configuration, built at the first such launch (_ex_config)
 
     def block(self):
         """A fresh argument block of this kernel and the address of its one-element pointer array:
@@ -84,16 +86,17 @@ class Function:
                          "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
     def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0, smem: Optional[int] = None,
-               pdl: bool = False) -> None:
+               pdl: bool = False, cooperative: bool = False) -> None:
         """Launch on ``stream`` (a raw handle) with ``self.args``, or with the block whose pointer
         array is at ``argv_addr`` (from :meth:`block`). Callers fill the block and launch while
         holding ``self.lock``. ``smem``: dynamic shared memory of this launch, at most the
         function's (default: the function's). ``pdl``: a programmatic dependent launch (module
-        docstring; the kernel must wait with ``griddepcontrol.wait``)."""
+        docstring; the kernel must wait with ``griddepcontrol.wait``); ``cooperative``: every CTA
+        resident at once (at most one of the two)."""
         argv_addr = argv_addr or self._argv_addr
         smem = self._smem if smem is None else smem
-        if pdl:
-            self._launch_pdl(grid, stream, argv_addr, smem)
+        if pdl or cooperative:
+            self._launch_ex(PROGRAMMATIC_STREAM_SERIALIZATION if pdl else COOPERATIVE, grid, stream, argv_addr, smem)
             return
         raw = self._raw
         if raw is not None:
@@ -107,32 +110,37 @@ class Function:
         if err != self._ok:
             check((err,), f"cuLaunchKernel({self.name})")
 
-    def _pdl_config(self):
+    def _ex_config(self, attr_id: int):
         """``(raw cuLaunchKernelEx or None, config, config address)``: a ``CUlaunchConfig`` carrying
-        one attribute, programmatic stream serialization = 1, with this function's block size;
-        ctypes structures for libcuda's entry point (driver.LaunchConfig), else cuda-python's."""
+        one attribute, ``attr_id`` = 1 (PDL's programmatic stream serialization, or cooperative), with
+        this function's block size; ctypes structures for libcuda's entry point (driver.LaunchConfig),
+        else cuda-python's."""
         raw = raw_launch_ex() if self._raw is not None else None
         if raw is not None:
-            attr = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
-            attr.value.programmaticStreamSerializationAllowed = 1
+            attr = LaunchAttribute(id=attr_id)
+            attr.value.programmaticStreamSerializationAllowed = 1  # (the union's int at offset 0: either member)
             config = LaunchConfig(blockDimX=self._threads, blockDimY=1, blockDimZ=1, numAttrs=1)
             config.attrs = ctypes.pointer(attr)
             config._attr = attr  # kept alive as long as the configuration
-            self._pdl = (raw, config, ctypes.addressof(config))
-            return self._pdl
+            made = self._ex[attr_id] = (raw, config, ctypes.addressof(config))
+            return made
         drv = driver()
         attr = drv.CUlaunchAttribute()
-        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
+        if attr_id == COOPERATIVE:
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            attr.value.cooperative = 1
+        else:
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
         config = drv.CUlaunchConfig()
         config.blockDimX, config.blockDimY, config.blockDimZ = self._threads, 1, 1
         config.attrs = [attr]
         config.numAttrs = 1
-        self._pdl = (None, config, 0)
-        return self._pdl
+        made = self._ex[attr_id] = (None, config, 0)
+        return made
 
-    def _launch_pdl(self, grid, stream: int, argv_addr: int, smem: int) -> None:
-        raw, config, addr = self._pdl or self._pdl_config()
+    def _launch_ex(self, attr_id: int, grid, stream: int, argv_addr: int, smem: int) -> None:
+        raw, config, addr = self._ex.get(attr_id) or self._ex_config(attr_id)
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.sharedMemBytes = smem
         config.hStream = stream

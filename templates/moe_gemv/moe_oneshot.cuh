@@ -1,0 +1,327 @@
+// One-shot mode (MoeGemvConfig.oneshot, schedules "..._m1_os"; docs/notes/moe.md, "One launch,
+// every byte requested at once"): a layer of many small experts at a token or two, both
+// projections in ONE launch of at most one CTA per SM, each CTA's share of both projections'
+// weights requested before it computes anything.
+//
+// Why. At one token Qwen3-30B-A3B reads ~20 MB: ~150 KB an SM, a handful of HBM round trips. The
+// two-launch modes pay two starts, and each of their CTAs walks its slice as a chain of load
+// rounds (gemv's registers hold one step of it), so the layer took ~3x the bytes' time. Here a CTA
+// issues cp.async for all of its gate|up AND down bytes at its start (the down weights do not
+// depend on h): the bytes cost their bandwidth time once, plus one round trip.
+//
+// Work is static (nothing claimed, nothing requested late):
+//   gate|up unit (pair p, outputs 16 j .. 16 j + 15 of h[p]): two 16-row strips of w13[e_p] over
+//     all of K (gate_up: strips 2 j, 2 j + 1, each gate rows then the matching up rows, gate_up.cuh;
+//     else gate strip j and up strip j + I/16);
+//   down unit (token t, outputs 16 n .. 16 n + 15 of y[t]): strip n of w2[e] for each of the
+//     token's top_k slots over all of I: y = sum_j w_j (h[p_j] . W2_e_j), no cross-CTA sum.
+//   CTA c takes gate|up units [c up_per, (c + 1) up_per) and down units [c down_per, ...).
+// Inside a CTA, warp w owns K atoms [w kper, (w + 1) kper) of every unit and copies exactly the
+// bytes it reads (16-byte cp.async: one commit group per gate|up unit, one for every down unit),
+// so cp.async.wait_group and __syncwarp alone order a warp's reads after its copies. Two warps
+// whose K ranges share a group both copy its parameters to the same place: equal bytes.
+//
+// Math: deferred group parameters (atoms/deferred.cuh, gemv's `_ds`): one mma.m16n8k16 per atom on
+// the raw codes with the token in column 0 (lanes g == 0 load x, the other columns are zero), a
+// sums mma for X, and each group's s and z' applied to the fp32 sums at the end of the warp's
+// segment of that group. Rounding points: h and y are rounded once from fp32; the warps' partial
+// sums add in warp order, a token's slots in slot order inside each warp.
+//
+// Between the projections, a grid barrier: every CTA is resident (a cooperative launch of at
+// most one CTA per SM), arrives on sync[0] and waits for all, then counts its departure on
+// sync[1]; the last departure zeroes both (zero between launches, as every counter of the
+// family). h is then read through L2 (ld.global.cg), never the read-only path.
+// Layout contract: the sm90a atom (atoms/sm90a.cuh, mixed_gemm/kernels/sm90a/layout.py).
+#pragma once
+
+#include "moe_gemv/moe_gemv.cuh"
+
+namespace mixed_gemm {
+
+struct MoeOneShotArgs {
+  MoeGemvArgs up;    // gate|up: x, w13, h as its output (no planes, no counters)
+  MoeGemvArgs down;  // down: h as its input, w2, the top-k weights, y
+  int* sync;         // [0]: the grid barrier's arrivals, [1]: its departures; zero between launches
+  int up_per;        // gate|up units per CTA
+  int down_per;      // down units per CTA
+};
+
+template <typename Element, int kBits, int kWarps>
+struct MoeGemvOneShot {
+  static_assert(kBits == 4 || kBits == 8, "one-shot mode reads the sm90a layout's int4 and int8 atoms");
+  using raw = typename Pair<Element>::raw;
+  using R = RawAtom<Element, kBits>;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kLaneWords = kBits / 4;         // a lane's words of one 16 x 16 atom
+  static constexpr int kAtomBytes = 128 * kLaneWords;  // the atom: 32 lanes' words, contiguous
+  static constexpr int kPieces = kAtomBytes / 16;      // 16-byte copies an atom
+  static constexpr int kGroupBytes = 64;               // one strip's group: 16 scales, then 16 zeros
+  static constexpr int kRows = 16;                     // outputs of a unit
+  static constexpr int kSmemBytes = 0;                 // all dynamic (smem_bytes, sized per launch)
+
+  // A strip's slab in shared memory: its katoms atoms over all of K, then its groups' parameters.
+  static __host__ __device__ constexpr int slab_bytes(int katoms, int groups) {
+    return katoms * kAtomBytes + groups * kGroupBytes;
+  }
+  // The launch's dynamic shared memory: gate|up units (2 slabs), down units (top_k slabs), then the
+  // warps' partial sums (gate|up: 16 gate and 16 up sums; down: 16).
+  static __host__ __device__ constexpr int smem_bytes(int up_per, int up_katoms, int up_groups, int down_per,
+                                                      int top_k, int down_katoms, int down_groups) {
+    return up_per * 2 * slab_bytes(up_katoms, up_groups) + down_per * top_k * slab_bytes(down_katoms, down_groups) +
+           (up_per * 32 + down_per * 16) * kWarps * 4;
+  }
+
+  static __device__ __forceinline__ void copy16(char* smem, void const* gmem) {
+    unsigned const s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  }
+  static __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  template <int N>
+  static __device__ __forceinline__ void wait_group() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+  }
+  // Wait until at most `n` of this thread's groups are pending (an immediate in PTX: beyond 7,
+  // waiting for 7 is stricter and still right).
+  static __device__ __forceinline__ void wait_at_most(int n) {
+    switch (n) {
+      case 0: wait_group<0>(); break;
+      case 1: wait_group<1>(); break;
+      case 2: wait_group<2>(); break;
+      case 3: wait_group<3>(); break;
+      case 4: wait_group<4>(); break;
+      case 5: wait_group<5>(); break;
+      case 6: wait_group<6>(); break;
+      default: wait_group<7>(); break;
+    }
+  }
+
+  // A warp's K range of a projection: atoms [k0, k1) and the groups [g0, g1] they touch.
+  struct Range {
+    int k0, k1, g0, g1;
+  };
+  static __device__ __forceinline__ Range range(MoeGemvArgs const& a, int warp) {
+    int const kper = (a.katoms + kWarps - 1) / kWarps;
+    Range r;
+    r.k0 = min(a.katoms, warp * kper);
+    r.k1 = min(a.katoms, r.k0 + kper);
+    r.g0 = min(a.num_groups - 1, (r.k0 * 16) >> a.group_shift);
+    r.g1 = r.k1 > r.k0 ? min(a.num_groups - 1, ((r.k1 - 1) * 16) >> a.group_shift) : r.g0 - 1;
+    return r;
+  }
+
+  // Copy strip `s` of expert e's weight, the warp's atoms and groups, into `slab`.
+  static __device__ __forceinline__ void copy_slab(char* slab, MoeGemvArgs const& a, int e, int s, Range const& r,
+                                                   int lane) {
+    char const* b = reinterpret_cast<char const*>(static_cast<uint32_t const*>(a.b) + (size_t)e * a.expert_b);
+    int const pieces = (r.k1 - r.k0) * kPieces;
+#pragma unroll 4
+    for (int i = lane; i < pieces; i += 32) {
+      int const k = r.k0 + i / kPieces, c = i % kPieces;
+      copy16(slab + k * kAtomBytes + 16 * c, b + ((size_t)k * a.strips + s) * kAtomBytes + 16 * c);
+    }
+    raw const* sc = static_cast<raw const*>(a.scales) + (size_t)e * a.expert_s;
+    raw const* zc = static_cast<raw const*>(a.zeros) + (size_t)e * a.expert_s;
+    char* params = slab + a.katoms * kAtomBytes;
+    for (int i = lane; i < (r.g1 - r.g0 + 1) * 4; i += 32) {  // per group: scales 0-7, 8-15, zeros 0-7, 8-15
+      int const grp = r.g0 + i / 4, c = i % 4;
+      raw const* src = (c < 2 ? sc : zc) + (size_t)grp * 16 * a.strips + 16 * s + 8 * (c & 1);
+      copy16(params + grp * kGroupBytes + 16 * c, src);
+    }
+  }
+
+  // The x (or h) fragment of atom k for lane (g, t): column 0 is the token (lanes g == 0), the
+  // other seven columns zero. kFresh: h, written by other CTAs in this launch: read through L2.
+  template <bool kFresh>
+  static __device__ __forceinline__ uint32_t x_word(raw const* xr, int idx, int len) {
+    if (idx >= len) return 0u;  // K % 16 == 8: the last atom's upper half (its codes are padding)
+    uint32_t const* p = reinterpret_cast<uint32_t const*>(xr + idx);
+    return kFresh ? __ldcg(p) : __ldg(p);
+  }
+
+  // Lane (g, t == 0)'s fp32 dot products of rows g and g + 8 of a slab's strip with row xr over the
+  // warp's atoms (other lanes: zeros): per group segment, the raw codes' and x's sums from two mma,
+  // then sum += s mul (h) part + (z' - off(h) s) X.
+  template <bool kFresh>
+  static __device__ __forceinline__ void dot(char const* slab, MoeGemvArgs const& a, Range const& r, raw const* xr,
+                                             int lane, float (&out)[2]) {
+    int const g = lane >> 2, t = lane & 3;
+    out[0] = out[1] = 0.f;
+    if (r.k1 <= r.k0) return;
+    raw const* params = reinterpret_cast<raw const*>(slab + a.katoms * kAtomBytes);
+    uint32_t ones[4];
+    R::sums(ones);
+    float part[4] = {0.f, 0.f, 0.f, 0.f}, xs[4] = {0.f, 0.f, 0.f, 0.f};
+    auto fold = [&](int grp) {
+      raw const* p = params + grp * (kGroupBytes / sizeof(raw));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float const s = static_cast<float>(p[g + 8 * h]), z = static_cast<float>(p[16 + g + 8 * h]);
+        out[h] = fmaf(s * R::mul(h), part[2 * h], fmaf(fmaf(-R::off(h), s, z), xs[2 * h], out[h]));
+      }
+    };
+    int grp = (r.k0 * 16) >> a.group_shift;
+#pragma unroll 2
+    for (int k = r.k0; k < r.k1; ++k) {
+      int const gk = (k * 16) >> a.group_shift;
+      if (gk != grp) {
+        fold(grp);
+        grp = gk;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[e] = xs[e] = 0.f;
+      }
+      uint32_t w[kLaneWords], frag[4];
+#pragma unroll
+      for (int c = 0; c < kLaneWords; ++c)
+        w[c] = reinterpret_cast<uint32_t const*>(slab + k * kAtomBytes)[lane * kLaneWords + c];
+      R::run(w, 0, frag);
+      uint32_t b0 = 0u, b1 = 0u;
+      if (g == 0) {
+        b0 = x_word<kFresh>(xr, k * 16 + 2 * t, a.k);
+        b1 = x_word<kFresh>(xr, k * 16 + 2 * t + 8, a.k);
+      }
+      GemvMath<Element>::mma(part, frag, b0, b1);
+      GemvMath<Element>::mma(xs, ones, b0, b1);
+    }
+    fold(grp);
+  }
+
+  // Expert of pair p, or -1 outside [0, experts) (in 64 bits, as pair mode: no id wraps into range).
+  static __device__ __forceinline__ int expert_of(MoeGemvArgs const& a, int pair) {
+    long long const e = a.ids_64 ? __ldg(static_cast<long long const*>(a.ids) + pair)
+                                 : (long long)__ldg(static_cast<int const*>(a.ids) + pair);
+    return e >= 0 && e < a.experts ? int(e) : -1;
+  }
+
+  static __device__ __forceinline__ int acquire(int const* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+  }
+
+  // The grid barrier (module comment). Every thread's writes are fenced GPU-wide before thread 0
+  // arrives; thread 0's acquire and the CTA barrier order the CTA's later reads after everyone's.
+  static __device__ __forceinline__ void grid_sync(int* sync) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int const n = static_cast<int>(gridDim.x);
+      atomicAdd(sync, 1);
+      unsigned ns = 32;
+#pragma unroll 1
+      while (acquire(sync) < n) {
+        __nanosleep(ns);
+        ns = ns < 256 ? 2 * ns : ns;
+      }
+      if (atomicAdd(sync + 1, 1) == n - 1) {  // the last to leave: every CTA has seen all arrivals
+        atomicExch(sync, 0);
+        atomicExch(sync + 1, 0);
+      }
+    }
+    __syncthreads();
+  }
+
+  static __device__ void run(MoeOneShotArgs const& f, char* smem) {
+    MoeGemvArgs const& up = f.up;
+    MoeGemvArgs const& dn = f.down;
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int const inter = up.n / 2, per_pair = inter / kRows, per_token = (dn.n + kRows - 1) / kRows;
+    int const u0 = blockIdx.x * f.up_per, d0 = blockIdx.x * f.down_per;
+    int const n13 = max(0, min(f.up_per, up.tokens * up.top_k * per_pair - u0));
+    int const n2 = max(0, min(f.down_per, dn.tokens * per_token - d0));
+    int const slab13 = slab_bytes(up.katoms, up.num_groups), slab2 = slab_bytes(dn.katoms, dn.num_groups);
+    char* const down_smem = smem + f.up_per * 2 * slab13;
+    float* const red13 = reinterpret_cast<float*>(down_smem + f.down_per * dn.top_k * slab2);
+    float* const red2 = red13 + f.up_per * 32 * kWarps;
+    Range const r13 = range(up, warp), r2 = range(dn, warp);
+    auto strips_of = [&](int j, int (&s)[2]) {
+      s[0] = up.gate_up ? 2 * j : j;
+      s[1] = up.gate_up ? 2 * j + 1 : j + per_pair;
+    };
+
+    // 1. Every byte this warp will read: a group per gate|up unit, then one for all down units.
+    for (int i = 0; i < n13; ++i) {
+      int const unit = u0 + i, e = expert_of(up, unit / per_pair);
+      int s[2];
+      strips_of(unit % per_pair, s);
+      if (e >= 0) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) copy_slab(smem + (2 * i + q) * slab13, up, e, s[q], r13, lane);
+      }
+      commit();
+    }
+    for (int i = 0; i < n2; ++i) {
+      int const unit = d0 + i, tok = unit / per_token, n = unit % per_token;
+      for (int j = 0; j < dn.top_k; ++j) {
+        int const e = expert_of(dn, tok * dn.top_k + j);
+        if (e >= 0) copy_slab(down_smem + (i * dn.top_k + j) * slab2, dn, e, n, r2, lane);
+      }
+    }
+    commit();
+
+    // 2. gate|up, a unit at a time as its bytes land.
+    for (int i = 0; i < n13; ++i) {
+      wait_at_most(n13 - i);  // this unit's group and the ones after it, the down group last
+      __syncwarp();
+      int const unit = u0 + i, pair = unit / per_pair, e = expert_of(up, pair);
+      float out[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+      if (e >= 0) {
+        raw const* xr = static_cast<raw const*>(up.x) + (size_t)(pair / up.top_k) * up.k;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) dot<false>(smem + (2 * i + q) * slab13, up, r13, xr, lane, out[q]);
+      }
+      if (t == 0) {  // [0, 16): gate of outputs 0..15, [16, 32): up
+        float* red = red13 + (i * kWarps + warp) * 32;
+        if (up.gate_up) {  // strip q: gate row g, up row g + 8, both of output 8 q + g
+          red[g] = out[0][0], red[16 + g] = out[0][1], red[8 + g] = out[1][0], red[24 + g] = out[1][1];
+        } else {  // strip 0: gate of outputs g, g + 8; strip 1: up of the same
+          red[g] = out[0][0], red[8 + g] = out[0][1], red[16 + g] = out[1][0], red[24 + g] = out[1][1];
+        }
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n13 * kRows; idx += kThreads) {
+      int const i = idx / kRows, o = idx % kRows, unit = u0 + i, pair = unit / per_pair;
+      float gs = 0.f, us = 0.f;
+      for (int w = 0; w < kWarps; ++w) {
+        gs += red13[(i * kWarps + w) * 32 + o];
+        us += red13[(i * kWarps + w) * 32 + 16 + o];
+      }
+      float const v = expert_of(up, pair) >= 0 ? silu_mul(gs, us) : 0.f;
+      static_cast<raw*>(up.y)[(size_t)pair * inter + (unit % per_pair) * kRows + o] = static_cast<raw>(v);
+    }
+
+    // 3. Every h row written.
+    grid_sync(f.sync);
+
+    // 4. down: its bytes were requested at the start.
+    wait_group<0>();
+    __syncwarp();
+    for (int i = 0; i < n2; ++i) {
+      int const unit = d0 + i, tok = unit / per_token;
+      float acc[2] = {0.f, 0.f};
+      for (int j = 0; j < dn.top_k; ++j) {
+        int const pair = tok * dn.top_k + j, e = expert_of(dn, pair);
+        if (e < 0) continue;
+        float out[2];
+        dot<true>(down_smem + (i * dn.top_k + j) * slab2, dn, r2, static_cast<raw const*>(dn.x) + (size_t)pair * dn.k,
+                  lane, out);
+        float const wt = topk_weight(dn, pair);
+        acc[0] = fmaf(wt, out[0], acc[0]);
+        acc[1] = fmaf(wt, out[1], acc[1]);
+      }
+      if (t == 0) {
+        float* red = red2 + (i * kWarps + warp) * 16;
+        red[g] = acc[0], red[8 + g] = acc[1];
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n2 * kRows; idx += kThreads) {
+      int const i = idx / kRows, o = idx % kRows, unit = d0 + i, tok = unit / per_token, n = (unit % per_token) * kRows + o;
+      float s = 0.f;
+      for (int w = 0; w < kWarps; ++w) s += red2[(i * kWarps + w) * 16 + o];
+      if (n < dn.n) static_cast<raw*>(dn.y)[(size_t)tok * dn.n + n] = static_cast<raw>(s);
+    }
+  }
+};
+
+}  // namespace mixed_gemm
