@@ -21,10 +21,13 @@
 // so cp.async.wait_group and __syncwarp alone order a warp's reads after its copies. Two warps
 // whose K ranges share a group both copy its parameters to the same place: equal bytes.
 //
-// Math: deferred group parameters (atoms/deferred.cuh, gemv's `_ds`): one mma.m16n8k16 per atom on
-// the raw codes with the token in column 0 (lanes g == 0 load x, the other columns are zero), a
-// sums mma for X, and each group's s and z' applied to the fp32 sums at the end of the warp's
-// segment of that group. Rounding points: h and y are rounded once from fp32; the warps' partial
+// Math: deferred group parameters (atoms/deferred.cuh, gemv's `_ds`): one mma.m16n8k16 per atom and
+// strip on the raw codes with the token in column 0 (lanes g == 0 load x, the other columns are
+// zero), one sums mma for X shared by a unit's strips, and each group's s and z' applied to the fp32
+// sums at the end of the warp's segment of that group. Gate|up reads x from global memory (one row
+// for all CTAs: L1 hits); after the barrier each warp stages its h slices in shared memory with one
+// more cp.async group (the gate|up slabs' bytes, free by then), so the down math after the
+// barrier waits for one round trip, not one per atom. Rounding points: h and y are rounded once from fp32; the warps' partial
 // sums add in warp order, a token's slots in slot order inside each warp.
 //
 // Between the projections, a grid barrier: every CTA is resident (a cooperative launch of at
@@ -63,12 +66,19 @@ struct MoeGemvOneShot {
   static __host__ __device__ constexpr int slab_bytes(int katoms, int groups) {
     return katoms * kAtomBytes + groups * kGroupBytes;
   }
-  // The launch's dynamic shared memory: gate|up units (2 slabs), down units (top_k slabs), then the
-  // warps' partial sums (gate|up: 16 gate and 16 up sums; down: 16).
+  // The h slices the warps stage after the grid barrier: 32 bytes an atom of each (unit, slot, warp).
+  static __host__ __device__ constexpr int staged_h_bytes(int down_per, int top_k, int down_katoms) {
+    return down_per * top_k * kWarps * ((down_katoms + kWarps - 1) / kWarps) * 32;
+  }
+  // The launch's dynamic shared memory: the gate|up units (2 slabs each; the staged h slices reuse
+  // these bytes once gate|up is done), the down units (top_k slabs each), then the warps' partial
+  // sums (gate|up: 16 gate and 16 up sums a unit; down: 16).
   static __host__ __device__ constexpr int smem_bytes(int up_per, int up_katoms, int up_groups, int down_per,
                                                       int top_k, int down_katoms, int down_groups) {
-    return up_per * 2 * slab_bytes(up_katoms, up_groups) + down_per * top_k * slab_bytes(down_katoms, down_groups) +
-           (up_per * 32 + down_per * 16) * kWarps * 4;
+    return (up_per * 2 * slab_bytes(up_katoms, up_groups) > staged_h_bytes(down_per, top_k, down_katoms)
+                ? up_per * 2 * slab_bytes(up_katoms, up_groups)
+                : staged_h_bytes(down_per, top_k, down_katoms)) +
+           down_per * top_k * slab_bytes(down_katoms, down_groups) + (up_per * 32 + down_per * 16) * kWarps * 4;
   }
 
   static __device__ __forceinline__ void copy16(char* smem, void const* gmem) {
@@ -129,57 +139,83 @@ struct MoeGemvOneShot {
     }
   }
 
-  // The x (or h) fragment of atom k for lane (g, t): column 0 is the token (lanes g == 0), the
-  // other seven columns zero. kFresh: h, written by other CTAs in this launch: read through L2.
-  template <bool kFresh>
-  static __device__ __forceinline__ uint32_t x_word(raw const* xr, int idx, int len) {
-    if (idx >= len) return 0u;  // K % 16 == 8: the last atom's upper half (its codes are padding)
-    uint32_t const* p = reinterpret_cast<uint32_t const*>(xr + idx);
-    return kFresh ? __ldcg(p) : __ldg(p);
-  }
+  // The B fragment of atom k (b0: k 2t, 2t + 1; b1: k 2t + 8, 2t + 9) for lanes g == 0, column 0 of
+  // the n8 tile being the token (the other lanes' columns are zero). Gate|up reads x from global
+  // memory (read-only, the same row for every CTA: L1 hits after the first); down reads the h slice
+  // this warp staged in shared memory after the grid barrier (hs: its atoms from r.k0, 32 bytes each).
+  struct XGlobal {
+    raw const* row;
+    int len;
+    __device__ __forceinline__ void operator()(int k, int t, uint32_t& b0, uint32_t& b1) const {
+      int const i = k * 16 + 2 * t;  // len % 8 == 0: a pair is wholly inside or outside
+      b0 = i < len ? __ldg(reinterpret_cast<uint32_t const*>(row + i)) : 0u;
+      b1 = i + 8 < len ? __ldg(reinterpret_cast<uint32_t const*>(row + i + 8)) : 0u;
+    }
+  };
+  struct XStaged {
+    char const* hs;
+    int k0, len;
+    __device__ __forceinline__ void operator()(int k, int t, uint32_t& b0, uint32_t& b1) const {
+      int const i = k * 16 + 2 * t;  // past len (K % 16 == 8's last half atom) nothing was staged
+      uint32_t const* w = reinterpret_cast<uint32_t const*>(hs + (k - k0) * 32) + t;
+      b0 = i < len ? w[0] : 0u;
+      b1 = i + 8 < len ? w[4] : 0u;
+    }
+  };
 
-  // Lane (g, t == 0)'s fp32 dot products of rows g and g + 8 of a slab's strip with row xr over the
-  // warp's atoms (other lanes: zeros): per group segment, the raw codes' and x's sums from two mma,
-  // then sum += s mul (h) part + (z' - off(h) s) X.
-  template <bool kFresh>
-  static __device__ __forceinline__ void dot(char const* slab, MoeGemvArgs const& a, Range const& r, raw const* xr,
-                                             int lane, float (&out)[2]) {
+  // Lane (g, t == 0)'s fp32 dot products of rows g and g + 8 of kN slabs' strips with one row of x
+  // over the warp's atoms (other lanes: zeros): the strips share the x fragments and the sums mma;
+  // per group segment, the raw codes' and x's sums, then sum += s mul(h) part + (z' - off(h) s) X.
+  template <int kN, typename X>
+  static __device__ __forceinline__ void dot(char const* const (&slabs)[kN], MoeGemvArgs const& a, Range const& r,
+                                             X const& xf, int lane, float (&out)[kN][2]) {
     int const g = lane >> 2, t = lane & 3;
-    out[0] = out[1] = 0.f;
+#pragma unroll
+    for (int q = 0; q < kN; ++q) out[q][0] = out[q][1] = 0.f;
     if (r.k1 <= r.k0) return;
-    raw const* params = reinterpret_cast<raw const*>(slab + a.katoms * kAtomBytes);
     uint32_t ones[4];
     R::sums(ones);
-    float part[4] = {0.f, 0.f, 0.f, 0.f}, xs[4] = {0.f, 0.f, 0.f, 0.f};
-    auto fold = [&](int grp) {
-      raw const* p = params + grp * (kGroupBytes / sizeof(raw));
+    float part[kN][4], xs[4];
+    auto clear = [&]() {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float const s = static_cast<float>(p[g + 8 * h]), z = static_cast<float>(p[16 + g + 8 * h]);
-        out[h] = fmaf(s * R::mul(h), part[2 * h], fmaf(fmaf(-R::off(h), s, z), xs[2 * h], out[h]));
+      for (int e = 0; e < 4; ++e) {
+        xs[e] = 0.f;
+#pragma unroll
+        for (int q = 0; q < kN; ++q) part[q][e] = 0.f;
       }
     };
+    auto fold = [&](int grp) {
+#pragma unroll
+      for (int q = 0; q < kN; ++q) {
+        raw const* p = reinterpret_cast<raw const*>(slabs[q] + a.katoms * kAtomBytes + grp * kGroupBytes);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float const s = static_cast<float>(p[g + 8 * h]), z = static_cast<float>(p[16 + g + 8 * h]);
+          out[q][h] = fmaf(s * R::mul(h), part[q][2 * h], fmaf(fmaf(-R::off(h), s, z), xs[2 * h], out[q][h]));
+        }
+      }
+    };
+    clear();
     int grp = (r.k0 * 16) >> a.group_shift;
-#pragma unroll 2
+#pragma unroll 4
     for (int k = r.k0; k < r.k1; ++k) {
       int const gk = (k * 16) >> a.group_shift;
       if (gk != grp) {
         fold(grp);
         grp = gk;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) part[e] = xs[e] = 0.f;
+        clear();
       }
-      uint32_t w[kLaneWords], frag[4];
-#pragma unroll
-      for (int c = 0; c < kLaneWords; ++c)
-        w[c] = reinterpret_cast<uint32_t const*>(slab + k * kAtomBytes)[lane * kLaneWords + c];
-      R::run(w, 0, frag);
       uint32_t b0 = 0u, b1 = 0u;
-      if (g == 0) {
-        b0 = x_word<kFresh>(xr, k * 16 + 2 * t, a.k);
-        b1 = x_word<kFresh>(xr, k * 16 + 2 * t + 8, a.k);
+      if (g == 0) xf(k, t, b0, b1);
+#pragma unroll
+      for (int q = 0; q < kN; ++q) {
+        uint32_t w[kLaneWords], frag[4];
+#pragma unroll
+        for (int c = 0; c < kLaneWords; ++c)
+          w[c] = reinterpret_cast<uint32_t const*>(slabs[q] + k * kAtomBytes)[lane * kLaneWords + c];
+        R::run(w, 0, frag);
+        GemvMath<Element>::mma(part[q], frag, b0, b1);
       }
-      GemvMath<Element>::mma(part, frag, b0, b1);
       GemvMath<Element>::mma(xs, ones, b0, b1);
     }
     fold(grp);
@@ -229,23 +265,21 @@ struct MoeGemvOneShot {
     int const n13 = max(0, min(f.up_per, up.tokens * up.top_k * per_pair - u0));
     int const n2 = max(0, min(f.down_per, dn.tokens * per_token - d0));
     int const slab13 = slab_bytes(up.katoms, up.num_groups), slab2 = slab_bytes(dn.katoms, dn.num_groups);
-    char* const down_smem = smem + f.up_per * 2 * slab13;
+    int const region = max(f.up_per * 2 * slab13, staged_h_bytes(f.down_per, dn.top_k, dn.katoms));
+    char* const down_smem = smem + region;
     float* const red13 = reinterpret_cast<float*>(down_smem + f.down_per * dn.top_k * slab2);
     float* const red2 = red13 + f.up_per * 32 * kWarps;
     Range const r13 = range(up, warp), r2 = range(dn, warp);
-    auto strips_of = [&](int j, int (&s)[2]) {
-      s[0] = up.gate_up ? 2 * j : j;
-      s[1] = up.gate_up ? 2 * j + 1 : j + per_pair;
+    auto strip_of = [&](int j, int q) {  // strip q of gate|up unit j
+      return up.gate_up ? 2 * j + q : j + q * per_pair;
     };
 
     // 1. Every byte this warp will read: a group per gate|up unit, then one for all down units.
     for (int i = 0; i < n13; ++i) {
       int const unit = u0 + i, e = expert_of(up, unit / per_pair);
-      int s[2];
-      strips_of(unit % per_pair, s);
       if (e >= 0) {
 #pragma unroll
-        for (int q = 0; q < 2; ++q) copy_slab(smem + (2 * i + q) * slab13, up, e, s[q], r13, lane);
+        for (int q = 0; q < 2; ++q) copy_slab(smem + (2 * i + q) * slab13, up, e, strip_of(unit % per_pair, q), r13, lane);
       }
       commit();
     }
@@ -265,9 +299,9 @@ struct MoeGemvOneShot {
       int const unit = u0 + i, pair = unit / per_pair, e = expert_of(up, pair);
       float out[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
       if (e >= 0) {
-        raw const* xr = static_cast<raw const*>(up.x) + (size_t)(pair / up.top_k) * up.k;
-#pragma unroll
-        for (int q = 0; q < 2; ++q) dot<false>(smem + (2 * i + q) * slab13, up, r13, xr, lane, out[q]);
+        char const* const slabs[2] = {smem + 2 * i * slab13, smem + (2 * i + 1) * slab13};
+        dot(slabs, up, r13, XGlobal{static_cast<raw const*>(up.x) + (size_t)(pair / up.top_k) * up.k, up.k}, lane,
+            out);
       }
       if (t == 0) {  // [0, 16): gate of outputs 0..15, [16, 32): up
         float* red = red13 + (i * kWarps + warp) * 32;
@@ -290,24 +324,39 @@ struct MoeGemvOneShot {
       static_cast<raw*>(up.y)[(size_t)pair * inter + (unit % per_pair) * kRows + o] = static_cast<raw>(v);
     }
 
-    // 3. Every h row written.
+    // 3. Every h row written (and every warp done with the gate|up slabs, which now take the h slices).
     grid_sync(f.sync);
 
-    // 4. down: its bytes were requested at the start.
+    // 4. down: its weights were requested at the start; this warp's h slices now, through L2.
+    int const kper2 = (dn.katoms + kWarps - 1) / kWarps;
+    auto staged = [&](int i, int j) { return smem + ((i * dn.top_k + j) * kWarps + warp) * kper2 * 32; };
+    for (int i = 0; i < n2; ++i) {
+      int const tok = (d0 + i) / per_token;
+      for (int j = 0; j < dn.top_k; ++j) {
+        int const pair = tok * dn.top_k + j;
+        if (expert_of(dn, pair) < 0) continue;
+        raw const* hr = static_cast<raw const*>(dn.x) + (size_t)pair * dn.k;
+        for (int pc = lane; pc < (r2.k1 - r2.k0) * 2; pc += 32) {  // 8 elements a copy, 2 an atom
+          int const idx = (r2.k0 + pc / 2) * 16 + 8 * (pc % 2);
+          if (idx < dn.k) copy16(staged(i, j) + 16 * pc, hr + idx);
+        }
+      }
+    }
+    commit();
     wait_group<0>();
     __syncwarp();
     for (int i = 0; i < n2; ++i) {
-      int const unit = d0 + i, tok = unit / per_token;
+      int const tok = (d0 + i) / per_token;
       float acc[2] = {0.f, 0.f};
       for (int j = 0; j < dn.top_k; ++j) {
-        int const pair = tok * dn.top_k + j, e = expert_of(dn, pair);
-        if (e < 0) continue;
-        float out[2];
-        dot<true>(down_smem + (i * dn.top_k + j) * slab2, dn, r2, static_cast<raw const*>(dn.x) + (size_t)pair * dn.k,
-                  lane, out);
+        int const pair = tok * dn.top_k + j;
+        if (expert_of(dn, pair) < 0) continue;
+        char const* const slab[1] = {down_smem + (i * dn.top_k + j) * slab2};
+        float out[1][2];
+        dot(slab, dn, r2, XStaged{staged(i, j), r2.k0, dn.k}, lane, out);
         float const wt = topk_weight(dn, pair);
-        acc[0] = fmaf(wt, out[0], acc[0]);
-        acc[1] = fmaf(wt, out[1], acc[1]);
+        acc[0] = fmaf(wt, out[0][0], acc[0]);
+        acc[1] = fmaf(wt, out[0][1], acc[1]);
       }
       if (t == 0) {
         float* red = red2 + (i * kWarps + warp) * 16;
@@ -316,7 +365,8 @@ struct MoeGemvOneShot {
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < n2 * kRows; idx += kThreads) {
-      int const i = idx / kRows, o = idx % kRows, unit = d0 + i, tok = unit / per_token, n = (unit % per_token) * kRows + o;
+      int const i = idx / kRows, o = idx % kRows, unit = d0 + i, tok = unit / per_token;
+      int const n = (unit % per_token) * kRows + o;
       float s = 0.f;
       for (int w = 0; w < kWarps; ++w) s += red2[(i * kWarps + w) * 16 + o];
       if (n < dn.n) static_cast<raw*>(dn.y)[(size_t)tok * dn.n + n] = static_cast<raw>(s);

@@ -48,13 +48,15 @@ def weight_constant_checks():
 def oneshot_smem(warps: int, bits: int, up_per: int, up_katoms: int, up_groups: int, down_per: int, top_k: int,
                  down_katoms: int, down_groups: int) -> int:
     """One-shot mode's dynamic shared memory (``MoeGemvOneShot::smem_bytes``): ``up_per`` gate|up units of two
-    strips' slabs (all K atoms, then the groups' parameters), ``down_per`` down units of ``top_k`` slabs, then
-    the warps' partial sums (32 floats a gate|up unit, 16 a down unit)."""
+    strips' slabs (all K atoms, then the groups' parameters; after the grid barrier the same bytes hold each
+    warp's h slices, 32 bytes an atom of each (down unit, slot), if those are more), ``down_per`` down units of
+    ``top_k`` slabs, then the warps' partial sums (32 floats a gate|up unit, 16 a down unit)."""
     atom = ONESHOT_ATOM_BYTES * (bits // 4)
 
     def slab(katoms: int, groups: int) -> int:
         return katoms * atom + groups * ONESHOT_GROUP_BYTES
-    return (up_per * 2 * slab(up_katoms, up_groups) + down_per * top_k * slab(down_katoms, down_groups)
+    staged_h = down_per * top_k * warps * -(-down_katoms // warps) * 32
+    return (max(up_per * 2 * slab(up_katoms, up_groups), staged_h) + down_per * top_k * slab(down_katoms, down_groups)
             + (up_per * 32 + down_per * 16) * warps * 4)
 
 
