@@ -196,10 +196,10 @@ struct MoeGemvOneShot {
       }
     };
     clear();
-    int grp = (r.k0 * 16) >> a.group_shift;
+    int grp = r.g0;
 #pragma unroll 4
     for (int k = r.k0; k < r.k1; ++k) {
-      int const gk = (k * 16) >> a.group_shift;
+      int const gk = min((k * 16) >> a.group_shift, a.num_groups - 1);  // as gemv's group_row
       if (gk != grp) {
         fold(grp);
         grp = gk;
