@@ -4,7 +4,9 @@ persistent plan the heuristics pick (``heuristics.persistent_config`` with its l
 for Mixtral, whose heuristic keeps pair / expert mode), (c) forced persistent plans: 8 and 16 rows
 per pass, each with a few K splits per projection, (d) each persistent plan of (b) and (c) again in
 ONE launch (``_pe1``: gate|up and down items from one work queue, ``templates/moe_gemv/moe_fused.cuh``;
-labelled ``pe1 ...``). Each row: µs and the share of the int4 floor
+labelled ``pe1 ...``), (e) with ``--oneshot`` / ``--oneshot-only``, one-shot mode (``_m1_os``: one
+cooperative launch, each CTA's share of both projections copied at its start; ``os w<warps>``) where a
+CTA's share fits. Each row: µs and the share of the int4 floor
 (the touched experts' codes, scales and zeros once at 3.0 TB/s: ``benchmark.moe.int4_floor_s``).
 Every plan is timed the same way (``profiler.timing.time_cold`` with ``eager=False``: cold L2, each plan
 called once eagerly, then captured in a CUDA graph and timed from its replay only, every plan
@@ -49,7 +51,7 @@ import torch  # noqa: E402
 from mixed_gemm.benchmark.moe import MOE_MODELS, int4_floor_s, packed_expert_bytes, touched_experts  # noqa: E402
 from mixed_gemm.kernels.base import sm_count  # noqa: E402
 from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig  # noqa: E402
-from mixed_gemm.kernels.moe_gemv.catalog import persistent_shapes_for  # noqa: E402
+from mixed_gemm.kernels.moe_gemv.catalog import ONESHOT_SHAPES, persistent_shapes_for  # noqa: E402
 from mixed_gemm.kernels.moe_gemv.heuristics import launch_fields, persistent_config  # noqa: E402
 from mixed_gemm.ops import moe, prepack_experts  # noqa: E402
 from mixed_gemm.ops.moe_grouped import (GroupedPlan, _problems, forced_schedules, grouped_plan,  # noqa: E402
@@ -113,6 +115,18 @@ def persistent_plans(problems, sms: int):
     return unique
 
 
+def oneshot_plans(problems):
+    """``{label: (w13 config, w2 config)}``: one-shot mode (``_m1_os``) at each warp count where a CTA's
+    share of the layer fits (``templates/moe_gemv/moe_oneshot.cuh``)."""
+    plans = {}
+    for warps in ONESHOT_SHAPES:
+        cfgs = tuple(MoeGemvConfig(stage=p.stage, strips=1, warps=(warps, 1), unroll=1, oneshot=True, **p.kind)
+                     for p in problems)
+        if all(FAMILY.can_implement(c, p)[0] for c, p in zip(cfgs, problems)):
+            plans[f"os w{warps}"] = cfgs
+    return plans
+
+
 def with_pdl(fn, enabled: bool):
     """``fn`` with the down launch's PDL forced on or off (decided at capture: the graph keeps it)."""
     def call():
@@ -121,7 +135,8 @@ def with_pdl(fn, enabled: bool):
     return call
 
 
-def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False):
+def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False,
+             oneshot=False, oneshot_only=False):
     gen = torch.Generator().manual_seed(1000 + t)
     x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
     weights, ids = random_routing(t, shape, gen)
@@ -133,6 +148,10 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     plans = persistent_plans(problems, sms)
     if pdl_only:
         plans = {k: v for k, v in plans.items() if k == "pe heuristic"}
+    if oneshot_only:
+        plans = {k: v for k, v in plans.items() if k == "pe1 heuristic"}
+    if oneshot or oneshot_only:
+        plans.update(oneshot_plans(problems))
     ref = moe(x, w13, w2, weights, ids)
     fns, labels, bad = {"selected": lambda: moe(x, w13, w2, weights, ids)}, {"selected": selected}, set()
     for label, cfgs in plans.items():
@@ -216,6 +235,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--pdl", action="store_true", help="also time selected / pe heuristic with the down launch's PDL")
     ap.add_argument("--pdl-only", action="store_true", help="with --pdl: skip the forced persistent plans")
+    ap.add_argument("--oneshot", action="store_true", help="also time one-shot mode (_m1_os) where it fits")
+    ap.add_argument("--oneshot-only", action="store_true",
+                    help="time selected, the pe1 heuristic and one-shot mode only (no forced persistent plans)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
@@ -228,7 +250,8 @@ def main(argv=None) -> int:
         shape, w13, w2 = packed_layer(name, dtype)
         for t in (int(v) for v in args.tokens.split(",")):
             rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True),
-                             pdl=args.pdl, pdl_only=args.pdl_only)
+                             pdl=args.pdl, pdl_only=args.pdl_only, oneshot=args.oneshot,
+                             oneshot_only=args.oneshot_only)
         del w13, w2
         torch.cuda.empty_cache()
     print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager, only where a plan could "
