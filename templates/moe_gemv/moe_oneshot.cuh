@@ -195,30 +195,42 @@ struct MoeGemvOneShot {
         }
       }
     };
-    clear();
-    int grp = r.g0;
-#pragma unroll 4
-    for (int k = r.k0; k < r.k1; ++k) {
-      int const gk = min((k * 16) >> a.group_shift, a.num_groups - 1);  // as gemv's group_row
-      if (gk != grp) {
-        fold(grp);
-        grp = gk;
-        clear();
-      }
-      uint32_t b0 = 0u, b1 = 0u;
-      if (g == 0) xf(k, t, b0, b1);
+    // Group segment by group segment, four atoms a step: every load of a step (the strips' words
+    // from shared memory, x's fragment) is issued before its first mma, so a step waits for one
+    // round trip, not one per atom. Atoms past the segment load zeros (x = 0: they add nothing).
+    int const gsize = a.group_shift >= kPerChannelShift ? a.katoms : max(1, (1 << a.group_shift) / 16);  // atoms a group
+#pragma unroll 1
+    for (int grp = r.g0; grp <= r.g1; ++grp) {
+      int const ks = max(r.k0, grp * gsize), ke = grp == a.num_groups - 1 ? r.k1 : min(r.k1, (grp + 1) * gsize);
+      clear();
+#pragma unroll 1
+      for (int k = ks; k < ke; k += 4) {
+        uint32_t w[4][kN][kLaneWords], b[4][2];
 #pragma unroll
-      for (int q = 0; q < kN; ++q) {
-        uint32_t w[kLaneWords], frag[4];
+        for (int u = 0; u < 4; ++u) {
+          bool const in = k + u < ke;
 #pragma unroll
-        for (int c = 0; c < kLaneWords; ++c)
-          w[c] = reinterpret_cast<uint32_t const*>(slabs[q] + k * kAtomBytes)[lane * kLaneWords + c];
-        R::run(w, 0, frag);
-        GemvMath<Element>::mma(part[q], frag, b0, b1);
+          for (int q = 0; q < kN; ++q)
+#pragma unroll
+            for (int c = 0; c < kLaneWords; ++c)
+              w[u][q][c] = in ? reinterpret_cast<uint32_t const*>(slabs[q] + (k + u) * kAtomBytes)[lane * kLaneWords + c]
+                              : 0u;
+          b[u][0] = b[u][1] = 0u;
+          if (in && g == 0) xf(k + u, t, b[u][0], b[u][1]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+          for (int q = 0; q < kN; ++q) {
+            uint32_t frag[4];
+            R::run(w[u][q], 0, frag);
+            GemvMath<Element>::mma(part[q], frag, b[u][0], b[u][1]);
+          }
+          GemvMath<Element>::mma(xs, ones, b[u][0], b[u][1]);
+        }
       }
-      GemvMath<Element>::mma(xs, ones, b0, b1);
+      fold(grp);
     }
-    fold(grp);
   }
 
   // Expert of pair p, or -1 outside [0, experts) (in 64 bits, as pair mode: no id wraps into range).
