@@ -1,8 +1,9 @@
 """Programmatic dependent launch (``Function.launch(..., pdl=True)``) and the cooperative launch
-(``cooperative=True``) on the CPU: the ctypes mirrors of cuda.h's ``CUlaunchConfig`` / ``CUlaunchAttribute`` against the C layout, and the launch through
-libcuda's ``cuLaunchKernelEx`` (raw) or cuda-python's, with the driver faked: one attribute,
-programmatic stream serialization = 1, the grid, block, shared memory and stream of the call, the
-configuration built once; without ``pdl`` the plain ``cuLaunchKernel`` as before."""
+(``cooperative=True``) on the CPU: the ctypes mirrors of cuda.h's ``CUlaunchConfig`` /
+``CUlaunchAttribute`` against the C layout, and the launch through libcuda's ``cuLaunchKernelEx``
+(raw) or cuda-python's, with the driver faked: one attribute, programmatic stream serialization (or
+cooperative) = 1, the grid, block, shared memory and stream of the call, the configuration built
+once per attribute; without either the plain ``cuLaunchKernel`` as before."""
 import ctypes
 from types import SimpleNamespace
 
