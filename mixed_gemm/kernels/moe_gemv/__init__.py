@@ -28,6 +28,7 @@ chooses among the grouped families.
 """
 from __future__ import annotations
 
+import functools
 from typing import List
 
 from ...codegen import render_template
@@ -60,6 +61,21 @@ def _tail_args(kernel: MoeGemvConfig) -> str:
     return ", true" if kernel.deferred else ""
 
 
+@functools.lru_cache(maxsize=1)
+def _oneshot_device():
+    """``(SMs, shared memory a block may opt in to)`` that one-shot mode's fit is judged on: the current
+    CUDA device's (a GPU with fewer SMs gives each CTA a larger share), else the H100 / H200's."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            return props.multi_processor_count, min(ONESHOT_MAX_SMEM, props.shared_memory_per_block_optin)
+    except Exception:  # noqa: BLE001 - a CPU-only torch: the default device
+        pass
+    return ONESHOT_SMS, ONESHOT_MAX_SMEM
+
+
 class MoeGemvFamily(GroupedFamily):
     name = "moe_gemv"
     config_class = MoeGemvConfig
@@ -86,11 +102,12 @@ class MoeGemvFamily(GroupedFamily):
         if config.by_expert and problem.experts > GRID_Z:
             return False, f"expert mode (_xe): at most {GRID_Z} experts (a grid.z slot each), got {problem.experts}"
         if config.oneshot:
-            smem = config.oneshot_layer(problem)[3]
-            if problem.tokens < 1 or smem > ONESHOT_MAX_SMEM:
+            sms, limit = _oneshot_device()
+            smem = config.oneshot_layer(problem, sms)[3]
+            if problem.tokens < 1 or smem > limit:
                 return False, (f"one-shot mode (_os): a CTA's share of both projections must fit its shared memory "
-                               f"({smem} B for {problem.tokens} tokens x top_k {problem.top_k} on {ONESHOT_SMS} SMs, "
-                               f"at most {ONESHOT_MAX_SMEM})")
+                               f"({smem} B for {problem.tokens} tokens x top_k {problem.top_k} on {sms} SMs, "
+                               f"at most {limit})")
         if config.persistent:
             if problem.pairs > PERSISTENT_MAX_PAIRS:
                 return False, (f"persistent mode (_pe): at most {PERSISTENT_MAX_PAIRS} (token, slot) pairs (sorted in "

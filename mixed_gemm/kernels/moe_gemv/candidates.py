@@ -69,7 +69,7 @@ def layer_candidates(problems, sms: int) -> List[Tuple[str, str]]:
     out: List[Tuple[str, str]] = []
     for warps in ONESHOT_SHAPES:  # one-shot mode wherever a CTA's share of the layer fits its shared memory
         c13 = MoeGemvConfig(bits=up.bits, stage="w13", strips=1, warps=(warps, 1), unroll=1, oneshot=True)
-        if up.tokens >= 1 and c13.oneshot_layer(up)[3] <= ONESHOT_MAX_SMEM:
+        if up.tokens >= 1 and c13.oneshot_layer(up, sms)[3] <= ONESHOT_MAX_SMEM:
             out.append((c13.schedule, c13.replace(stage="w2").schedule))
     if not (1 <= up.tokens and up.pairs <= PERSISTENT_MAX_PAIRS and up.experts <= PERSISTENT_MAX_EXPERTS
             and up.top_k <= PERSISTENT_MAX_TOP_K):
