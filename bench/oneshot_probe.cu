@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "gemv/gemv.cuh"
+#include "moe_gemv/moe_oneshot.cuh"
 
 namespace probe {
 
@@ -38,27 +38,8 @@ struct Args {
   int m, n, k, katoms, groups, group_shift, per;
 };
 
-__device__ __forceinline__ void copy16(char* smem, void const* gmem) {
-  unsigned const s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void wait_at_most(int n) {
-  switch (n) {
-    case 0: wait_group<0>(); break;
-    case 1: wait_group<1>(); break;
-    case 2: wait_group<2>(); break;
-    case 3: wait_group<3>(); break;
-    case 4: wait_group<4>(); break;
-    case 5: wait_group<5>(); break;
-    case 6: wait_group<6>(); break;
-    default: wait_group<7>(); break;
-  }
-}
+// cp.async helpers: moe_gemv's one-shot kernel's.
+using OS = MoeGemvOneShot<Element, 4, kWarps>;
 
 __host__ __device__ constexpr int slab_bytes(int katoms, int groups) { return katoms * kAtomBytes + groups * kGroupBytes; }
 __host__ __device__ constexpr int kper_of(int katoms) { return (katoms + kWarps - 1) / kWarps; }
@@ -85,15 +66,15 @@ __global__ void __launch_bounds__(kThreads, 1) oneshot_dense(Args const a) {
     char* dst = units + i * slab;
     for (int p = lane; p < (k1 - k0) * 8; p += 32) {
       int const kk = k0 + p / 8, c = p % 8;
-      copy16(dst + kk * kAtomBytes + 16 * c,
+      OS::copy16(dst + kk * kAtomBytes + 16 * c,
              reinterpret_cast<char const*>(a.b) + ((size_t)kk * strips + s) * kAtomBytes + 16 * c);
     }
     for (int p = lane; p < (g1 - g0 + 1) * 4; p += 32) {
       int const grp = g0 + p / 4, c = p % 4;
       raw const* src = (c < 2 ? a.scales : a.zeros) + (size_t)grp * a.n + 16 * s + 8 * (c & 1);
-      copy16(dst + a.katoms * kAtomBytes + grp * kGroupBytes + 16 * c, src);
+      OS::copy16(dst + a.katoms * kAtomBytes + grp * kGroupBytes + 16 * c, src);
     }
-    commit();
+    OS::commit();
   }
 
   // 2. Per unit as it lands: tiles of 8 tokens (row g + 8 tile of x), 4 atoms a step, loads first.
@@ -101,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) oneshot_dense(Args const a) {
   R::sums(ones);
   int const gsize = a.group_shift >= kPerChannelShift ? a.katoms : max(1, (1 << a.group_shift) / 16);
   for (int i = 0; i < nu; ++i) {
-    wait_at_most(nu - 1 - i);
+    OS::wait_at_most(nu - 1 - i);
     __syncwarp();
     char const* sl = units + i * slab;
     float out[kTiles][4] = {};
