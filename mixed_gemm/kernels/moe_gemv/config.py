@@ -157,6 +157,12 @@ class MoeGemvConfig:
             (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
         ], "MoeGemvConfig")
 
+    def __repr__(self) -> str:
+        # oneshot only when set: the repr heads every generated source (and so its cache key), and the
+        # kernels of the other modes keep the sources they had before the field existed.
+        fields = [f for f in dataclasses.fields(self) if f.name != "oneshot" or self.oneshot]
+        return "MoeGemvConfig(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
+
     @property
     def layout(self) -> str:
         return "sm90a"
