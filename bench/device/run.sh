@@ -128,8 +128,6 @@ for step in "$@"; do
       MIXED_GEMM_JIT=block timeout "${MODES_TIMEOUT:-400}" python3 bench/moe_modes.py --oneshot-only \
         --models "${MODES_MODELS:-qwen3-30b-a3b,deepseek-v2-lite}" --tokens "${MODES_TOKENS:-1}" \
         --json "$OUT/moe-oneshot.json" 2>&1 | grep -vE "$QUIET" | tee "$OUT/moe-oneshot.txt" | tail -"${MOE_TAIL:-40}" ;;
-    oneshot-probe)  # bench/oneshot_probe.py: the one-shot dense decode probe against mg.matmul and cuBLAS fp16 (4096x4096, 6144x4096; M 1, 8, 16)
-      timeout "${PROBE_TIMEOUT:-300}" python3 bench/oneshot_probe.py --out "$OUT/oneshot-probe.md" 2>&1 | grep -vE "$QUIET" | tail -20 ;;
     moe-l2)  # bench/moe_l2_probe.py: the layer on a cold L2 after a write and after a read flush, and with part of its experts in L2 (L2_MODELS, L2_TOKENS, L2_FLUSH)
       MIXED_GEMM_JIT=block timeout "${L2_TIMEOUT:-400}" python3 bench/moe_l2_probe.py \
         --models "${L2_MODELS:-mixtral-8x7b,qwen3-30b-a3b}" --tokens "${L2_TOKENS:-1}" --flush "${L2_FLUSH:-write,read}" \

@@ -4,6 +4,7 @@ rendered source carries, so the two sides cannot drift apart silently."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import List, Tuple
 
 # dtype name -> (CUTLASS element type in the templates, torch dtype name)
@@ -133,3 +134,23 @@ class OwnKernel:
     @property
     def name(self) -> str:
         return self.kernel_name
+
+
+# ---- one-shot modes (gemv's `_os`, moe_gemv's `_m1_os`): a CTA's whole share in shared memory ----
+ONESHOT_SMS = 132            # the SMs a share is sized for without a GPU (H100 SXM, H200)
+ONESHOT_MAX_SMEM = 232448    # the shared memory a block may opt in to there
+
+
+@functools.lru_cache(maxsize=1)
+def oneshot_device() -> Tuple[int, int]:
+    """``(SMs, shared memory a block may opt in to)`` a one-shot mode's fit is judged on: the current CUDA
+    device's (fewer SMs give each CTA a larger share), else the H100 / H200's."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            return props.multi_processor_count, min(ONESHOT_MAX_SMEM, props.shared_memory_per_block_optin)
+    except Exception:  # noqa: BLE001 - a CPU-only torch: the default device
+        pass
+    return ONESHOT_SMS, ONESHOT_MAX_SMEM

@@ -37,6 +37,7 @@
 // Layout contract: the sm90a atom (atoms/sm90a.cuh, mixed_gemm/kernels/sm90a/layout.py).
 #pragma once
 
+#include "gemv/gemv_oneshot.cuh"
 #include "moe_gemv/moe_gemv.cuh"
 
 namespace mixed_gemm {
@@ -81,42 +82,16 @@ struct MoeGemvOneShot {
            down_per * top_k * slab_bytes(down_katoms, down_groups) + (up_per * 32 + down_per * 16) * kWarps * 4;
   }
 
-  static __device__ __forceinline__ void copy16(char* smem, void const* gmem) {
-    unsigned const s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-  }
-  static __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  using C = OneShotCopy;  // cp.async pieces (gemv/gemv_oneshot.cuh)
+  using Range = OneShotRange;
+  static __device__ __forceinline__ void commit() { C::commit(); }
   template <int N>
   static __device__ __forceinline__ void wait_group() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+    C::wait_group<N>();
   }
-  // Wait until at most `n` of this thread's groups are pending (an immediate in PTX: beyond 7,
-  // waiting for 7 is stricter and still right).
-  static __device__ __forceinline__ void wait_at_most(int n) {
-    switch (n) {
-      case 0: wait_group<0>(); break;
-      case 1: wait_group<1>(); break;
-      case 2: wait_group<2>(); break;
-      case 3: wait_group<3>(); break;
-      case 4: wait_group<4>(); break;
-      case 5: wait_group<5>(); break;
-      case 6: wait_group<6>(); break;
-      default: wait_group<7>(); break;
-    }
-  }
-
-  // A warp's K range of a projection: atoms [k0, k1) and the groups [g0, g1] they touch.
-  struct Range {
-    int k0, k1, g0, g1;
-  };
+  static __device__ __forceinline__ void wait_at_most(int n) { C::wait_at_most(n); }
   static __device__ __forceinline__ Range range(MoeGemvArgs const& a, int warp) {
-    int const kper = (a.katoms + kWarps - 1) / kWarps;
-    Range r;
-    r.k0 = min(a.katoms, warp * kper);
-    r.k1 = min(a.katoms, r.k0 + kper);
-    r.g0 = min(a.num_groups - 1, (r.k0 * 16) >> a.group_shift);
-    r.g1 = r.k1 > r.k0 ? min(a.num_groups - 1, ((r.k1 - 1) * 16) >> a.group_shift) : r.g0 - 1;
-    return r;
+    return Range::of<kWarps>(a.katoms, a.num_groups, a.group_shift, warp);
   }
 
   // Copy strip `s` of expert e's weight, the warp's atoms and groups, into `slab`.
@@ -127,7 +102,7 @@ struct MoeGemvOneShot {
 #pragma unroll 4
     for (int i = lane; i < pieces; i += 32) {
       int const k = r.k0 + i / kPieces, c = i % kPieces;
-      copy16(slab + k * kAtomBytes + 16 * c, b + ((size_t)k * a.strips + s) * kAtomBytes + 16 * c);
+      C::copy16(slab + k * kAtomBytes + 16 * c, b + ((size_t)k * a.strips + s) * kAtomBytes + 16 * c);
     }
     raw const* sc = static_cast<raw const*>(a.scales) + (size_t)e * a.expert_s;
     raw const* zc = static_cast<raw const*>(a.zeros) + (size_t)e * a.expert_s;
@@ -135,7 +110,7 @@ struct MoeGemvOneShot {
     for (int i = lane; i < (r.g1 - r.g0 + 1) * 4; i += 32) {  // per group: scales 0-7, 8-15, zeros 0-7, 8-15
       int const grp = r.g0 + i / 4, c = i % 4;
       raw const* src = (c < 2 ? sc : zc) + (size_t)grp * 16 * a.strips + 16 * s + 8 * (c & 1);
-      copy16(params + grp * kGroupBytes + 16 * c, src);
+      C::copy16(params + grp * kGroupBytes + 16 * c, src);
     }
   }
 
@@ -198,7 +173,7 @@ struct MoeGemvOneShot {
     // Group segment by group segment, four atoms a step: every load of a step (the strips' words
     // from shared memory, x's fragment) is issued before its first mma, so a step waits for one
     // round trip, not one per atom. Atoms past the segment load zeros (x = 0: they add nothing).
-    int const gsize = a.group_shift >= kPerChannelShift ? a.katoms : max(1, (1 << a.group_shift) / 16);  // atoms a group
+    int const gsize = Range::group_atoms(a.katoms, a.group_shift);
 #pragma unroll 1
     for (int grp = r.g0; grp <= r.g1; ++grp) {
       int const ks = max(r.k0, grp * gsize), ke = grp == a.num_groups - 1 ? r.k1 : min(r.k1, (grp + 1) * gsize);
@@ -350,7 +325,7 @@ struct MoeGemvOneShot {
         raw const* hr = static_cast<raw const*>(dn.x) + (size_t)pair * dn.k;
         for (int pc = lane; pc < (r2.k1 - r2.k0) * 2; pc += 32) {  // 8 elements a copy, 2 an atom
           int const idx = (r2.k0 + pc / 2) * 16 + 8 * (pc % 2);
-          if (idx < dn.k) copy16(staged(i, j) + 16 * pc, hr + idx);
+          if (idx < dn.k) C::copy16(staged(i, j) + 16 * pc, hr + idx);
         }
       }
     }

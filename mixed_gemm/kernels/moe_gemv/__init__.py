@@ -28,12 +28,11 @@ chooses among the grouped families.
 """
 from __future__ import annotations
 
-import functools
 from typing import List
 
 from ...codegen import render_template
 from ..base import OK, SM80_UP_FLAGS, GroupedFamily, MoeProblem, Verdict
-from ..common import DTYPES, grouped_constant_checks
+from ..common import DTYPES, grouped_constant_checks, oneshot_device
 from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES, MOE_ONESHOT_ARGS_BYTES
 from .candidates import candidate_schedules, layer_candidates
@@ -61,19 +60,9 @@ def _tail_args(kernel: MoeGemvConfig) -> str:
     return ", true" if kernel.deferred else ""
 
 
-@functools.lru_cache(maxsize=1)
 def _oneshot_device():
-    """``(SMs, shared memory a block may opt in to)`` that one-shot mode's fit is judged on: the current
-    CUDA device's (a GPU with fewer SMs gives each CTA a larger share), else the H100 / H200's."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            return props.multi_processor_count, min(ONESHOT_MAX_SMEM, props.shared_memory_per_block_optin)
-    except Exception:  # noqa: BLE001 - a CPU-only torch: the default device
-        pass
-    return ONESHOT_SMS, ONESHOT_MAX_SMEM
+    """The device one-shot mode's fit is judged on (``common.oneshot_device``; tests replace this)."""
+    return oneshot_device()
 
 
 class MoeGemvFamily(GroupedFamily):

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import ONESHOT_MAX_SMEM, ONESHOT_SMS, check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe|os))?(_ds)?(_tp)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
@@ -29,10 +29,8 @@ FUSED_CLAIM_BYTES = 16  # one-launch persistent mode (MoeGemvFused): the claimed
 # One-shot mode (MoeGemvOneShot, templates/moe_gemv/moe_oneshot.cuh): warps a CTA may have, and the most dynamic
 # shared memory a launch asks for (H100 / H200's opt-in per block; a device allowing less runs only what fits it).
 ONESHOT_WARPS = (4, 8, 16)
-ONESHOT_MAX_SMEM = 232448
 ONESHOT_ATOM_BYTES = 128     # an int4 16 x 16 atom (x 2 for int8): MoeGemvOneShot::kAtomBytes
 ONESHOT_GROUP_BYTES = 64     # a strip's 16 scales and 16 zeros of one group: MoeGemvOneShot::kGroupBytes
-ONESHOT_SMS = 132            # the SMs can_implement sizes a CTA's share for (H100 SXM, H200); launch checks the device's
 # torch dtype name of the down projection's top-k weights -> MoeGemvArgs::weights_dtype (mixed_gemm::kMoeWeight*,
 # templates/moe_gemv/moe_gemv.cuh; checked by weight_constant_checks). Pair and persistent modes read all
 # three; expert mode fp32 only (the launcher's native_weights).
