@@ -69,34 +69,64 @@ struct OneShotRange {
   }
 };
 
+// A 16-row strip's slab in shared memory: its atoms over all of K, then its groups' parameters (16
+// scales, then 16 zeros), and the copy of one warp's part of it (atoms [k0, k1), groups [g0, g1]).
+template <typename Element, int kBits>
+struct OneShotSlab {
+  using raw = typename Pair<Element>::raw;
+  static constexpr int kLaneWords = kBits / 4;         // a lane's words of one 16 x 16 atom
+  static constexpr int kAtomBytes = 128 * kLaneWords;  // the atom: 32 lanes' words, contiguous
+  static constexpr int kPieces = kAtomBytes / 16;      // 16-byte copies an atom
+  static constexpr int kGroupBytes = 64;
+  static __host__ __device__ constexpr int bytes(int katoms, int groups) {
+    return katoms * kAtomBytes + groups * kGroupBytes;
+  }
+  // Strip s of a weight at b (atoms (K16 / 16, strips)), scales and zeros ((G, 16 strips)).
+  static __device__ __forceinline__ void copy(char* slab, void const* b, raw const* sc, raw const* zc, int strips,
+                                              int s, int katoms, OneShotRange const& r, int lane) {
+    for (int p = lane; p < (r.k1 - r.k0) * kPieces; p += 32) {
+      int const k = r.k0 + p / kPieces, c = p % kPieces;
+      OneShotCopy::copy16(slab + k * kAtomBytes + 16 * c,
+                          static_cast<char const*>(b) + ((size_t)k * strips + s) * kAtomBytes + 16 * c);
+    }
+    for (int p = lane; p < (r.g1 - r.g0 + 1) * 4; p += 32) {  // per group: scales 0-7, 8-15, zeros 0-7, 8-15
+      int const grp = r.g0 + p / 4, c = p % 4;
+      OneShotCopy::copy16(slab + katoms * kAtomBytes + grp * kGroupBytes + 16 * c,
+                          (c < 2 ? sc : zc) + (size_t)grp * 16 * strips + 16 * s + 8 * (c & 1));
+    }
+  }
+  // A lane's words of atom k.
+  static __device__ __forceinline__ uint32_t word(char const* slab, int k, int lane, int c) {
+    return reinterpret_cast<uint32_t const*>(slab + k * kAtomBytes)[lane * kLaneWords + c];
+  }
+  // The parameters of group grp (raw: scale of row r at [r], zero at [16 + r]).
+  static __device__ __forceinline__ raw const* params(char const* slab, int katoms, int grp) {
+    return reinterpret_cast<raw const*>(slab + katoms * kAtomBytes + grp * kGroupBytes);
+  }
+};
+
 template <typename Element, int kBits, int kWarps, int kTiles>
 struct GemvOneShot {
   static_assert(kBits == 4 || kBits == 8, "one-shot mode reads the sm90a layout's int4 and int8 atoms");
   static_assert(kTiles == 1 || kTiles == 2, "8 or 16 tokens: one or two n8 tiles");
-  using raw = typename Pair<Element>::raw;
+  using Slab = OneShotSlab<Element, kBits>;
+  using raw = typename Slab::raw;
   using R = RawAtom<Element, kBits>;
   using C = OneShotCopy;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kLaneWords = kBits / 4;         // a lane's words of one 16 x 16 atom
-  static constexpr int kAtomBytes = 128 * kLaneWords;  // the atom: 32 lanes' words, contiguous
-  static constexpr int kPieces = kAtomBytes / 16;      // 16-byte copies an atom
-  static constexpr int kGroupBytes = 64;               // a strip's group: 16 scales, then 16 zeros
-  static constexpr int kRows = 16;                     // outputs of a unit
-  static constexpr int kSmemBytes = 0;                 // all dynamic (smem_bytes, sized per launch)
+  static constexpr int kRows = 16;      // outputs of a unit
+  static constexpr int kSmemBytes = 0;  // all dynamic (smem_bytes, sized per launch)
 
-  static __host__ __device__ constexpr int slab_bytes(int katoms, int groups) {
-    return katoms * kAtomBytes + groups * kGroupBytes;
-  }
   // The units' slabs, then the warps' partial sums (4 floats a lane and tile).
   static __host__ __device__ constexpr int smem_bytes(int per, int katoms, int groups) {
-    return per * slab_bytes(katoms, groups) + per * kWarps * kTiles * 4 * 32 * 4;
+    return per * Slab::bytes(katoms, groups) + per * kWarps * kTiles * 4 * 32 * 4;
   }
 
   static __device__ void run(GemvArgs const& a, char* smem) {
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int const per = a.chunk, u0 = blockIdx.x * per, nu = max(0, min(per, a.strips - u0));
     OneShotRange const r = OneShotRange::of<kWarps>(a.katoms, a.num_groups, a.group_shift, warp);
-    int const slab = slab_bytes(a.katoms, a.num_groups);
+    int const slab = Slab::bytes(a.katoms, a.num_groups);
     float* const red = reinterpret_cast<float*>(smem + per * slab);
     raw const* const x = static_cast<raw const*>(a.x);
     raw const* const sc = static_cast<raw const*>(a.scales);
@@ -104,18 +134,7 @@ struct GemvOneShot {
 
     // 1. Every byte this warp reads: its atoms and groups of each unit, a commit group per unit.
     for (int i = 0; i < nu; ++i) {
-      int const s = u0 + i;
-      char* const dst = smem + i * slab;
-      for (int p = lane; p < (r.k1 - r.k0) * kPieces; p += 32) {
-        int const k = r.k0 + p / kPieces, c = p % kPieces;
-        C::copy16(dst + k * kAtomBytes + 16 * c,
-                  reinterpret_cast<char const*>(a.b) + ((size_t)k * a.strips + s) * kAtomBytes + 16 * c);
-      }
-      for (int p = lane; p < (r.g1 - r.g0 + 1) * 4; p += 32) {  // per group: scales 0-7, 8-15, zeros 0-7, 8-15
-        int const grp = r.g0 + p / 4, c = p % 4;
-        C::copy16(dst + a.katoms * kAtomBytes + grp * kGroupBytes + 16 * c,
-                  (c < 2 ? sc : zc) + (size_t)grp * 16 * a.strips + 16 * s + 8 * (c & 1));
-      }
+      Slab::copy(smem + i * slab, a.b, sc, zc, a.strips, u0 + i, a.katoms, r, lane);
       C::commit();
     }
 
@@ -134,13 +153,13 @@ struct GemvOneShot {
         float part[kTiles][4] = {}, xs[kTiles][4] = {};
 #pragma unroll 1
         for (int k = ks; k < ke; k += 4) {
-          uint32_t w[4][kLaneWords], b[4][kTiles][2];
+          uint32_t w[4][Slab::kLaneWords], b[4][kTiles][2];
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             bool const in = k + u < ke;
 #pragma unroll
-            for (int c = 0; c < kLaneWords; ++c)
-              w[u][c] = in ? reinterpret_cast<uint32_t const*>(sl + (k + u) * kAtomBytes)[lane * kLaneWords + c] : 0u;
+            for (int c = 0; c < Slab::kLaneWords; ++c)
+              w[u][c] = in ? Slab::word(sl, k + u, lane, c) : 0u;
 #pragma unroll
             for (int tile = 0; tile < kTiles; ++tile) {  // B: token g + 8 tile, k 2t, 2t + 1 (b0) and + 8 (b1)
               int const row = g + 8 * tile, idx = (k + u) * 16 + 2 * t;
@@ -161,7 +180,7 @@ struct GemvOneShot {
             }
           }
         }
-        raw const* p = reinterpret_cast<raw const*>(sl + a.katoms * kAtomBytes + grp * kGroupBytes);
+        raw const* p = Slab::params(sl, a.katoms, grp);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // c0, c1: row g; c2, c3: row g + 8
           float const s = static_cast<float>(p[g + 8 * h]), z = static_cast<float>(p[16 + g + 8 * h]);

@@ -53,20 +53,14 @@ struct MoeOneShotArgs {
 template <typename Element, int kBits, int kWarps>
 struct MoeGemvOneShot {
   static_assert(kBits == 4 || kBits == 8, "one-shot mode reads the sm90a layout's int4 and int8 atoms");
-  using raw = typename Pair<Element>::raw;
+  using Slab = OneShotSlab<Element, kBits>;  // a strip's atoms and groups in shared memory (gemv_oneshot.cuh)
+  using raw = typename Slab::raw;
   using R = RawAtom<Element, kBits>;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kLaneWords = kBits / 4;         // a lane's words of one 16 x 16 atom
-  static constexpr int kAtomBytes = 128 * kLaneWords;  // the atom: 32 lanes' words, contiguous
-  static constexpr int kPieces = kAtomBytes / 16;      // 16-byte copies an atom
-  static constexpr int kGroupBytes = 64;               // one strip's group: 16 scales, then 16 zeros
-  static constexpr int kRows = 16;                     // outputs of a unit
-  static constexpr int kSmemBytes = 0;                 // all dynamic (smem_bytes, sized per launch)
+  static constexpr int kRows = 16;      // outputs of a unit
+  static constexpr int kSmemBytes = 0;  // all dynamic (smem_bytes, sized per launch)
 
-  // A strip's slab in shared memory: its katoms atoms over all of K, then its groups' parameters.
-  static __host__ __device__ constexpr int slab_bytes(int katoms, int groups) {
-    return katoms * kAtomBytes + groups * kGroupBytes;
-  }
+  static __host__ __device__ constexpr int slab_bytes(int katoms, int groups) { return Slab::bytes(katoms, groups); }
   // The h slices the warps stage after the grid barrier: 32 bytes an atom of each (unit, slot, warp).
   static __host__ __device__ constexpr int staged_h_bytes(int down_per, int top_k, int down_katoms) {
     return down_per * top_k * kWarps * ((down_katoms + kWarps - 1) / kWarps) * 32;
@@ -97,21 +91,9 @@ struct MoeGemvOneShot {
   // Copy strip `s` of expert e's weight, the warp's atoms and groups, into `slab`.
   static __device__ __forceinline__ void copy_slab(char* slab, MoeGemvArgs const& a, int e, int s, Range const& r,
                                                    int lane) {
-    char const* b = reinterpret_cast<char const*>(static_cast<uint32_t const*>(a.b) + (size_t)e * a.expert_b);
-    int const pieces = (r.k1 - r.k0) * kPieces;
-#pragma unroll 4
-    for (int i = lane; i < pieces; i += 32) {
-      int const k = r.k0 + i / kPieces, c = i % kPieces;
-      C::copy16(slab + k * kAtomBytes + 16 * c, b + ((size_t)k * a.strips + s) * kAtomBytes + 16 * c);
-    }
-    raw const* sc = static_cast<raw const*>(a.scales) + (size_t)e * a.expert_s;
-    raw const* zc = static_cast<raw const*>(a.zeros) + (size_t)e * a.expert_s;
-    char* params = slab + a.katoms * kAtomBytes;
-    for (int i = lane; i < (r.g1 - r.g0 + 1) * 4; i += 32) {  // per group: scales 0-7, 8-15, zeros 0-7, 8-15
-      int const grp = r.g0 + i / 4, c = i % 4;
-      raw const* src = (c < 2 ? sc : zc) + (size_t)grp * 16 * a.strips + 16 * s + 8 * (c & 1);
-      C::copy16(params + grp * kGroupBytes + 16 * c, src);
-    }
+    Slab::copy(slab, static_cast<uint32_t const*>(a.b) + (size_t)e * a.expert_b,
+               static_cast<raw const*>(a.scales) + (size_t)e * a.expert_s,
+               static_cast<raw const*>(a.zeros) + (size_t)e * a.expert_s, a.strips, s, a.katoms, r, lane);
   }
 
   // The B fragment of atom k (b0: k 2t, 2t + 1; b1: k 2t + 8, 2t + 9) for lanes g == 0, column 0 of
@@ -162,7 +144,7 @@ struct MoeGemvOneShot {
     auto fold = [&](int grp) {
 #pragma unroll
       for (int q = 0; q < kN; ++q) {
-        raw const* p = reinterpret_cast<raw const*>(slabs[q] + a.katoms * kAtomBytes + grp * kGroupBytes);
+        raw const* p = Slab::params(slabs[q], a.katoms, grp);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float const s = static_cast<float>(p[g + 8 * h]), z = static_cast<float>(p[16 + g + 8 * h]);
@@ -180,16 +162,14 @@ struct MoeGemvOneShot {
       clear();
 #pragma unroll 1
       for (int k = ks; k < ke; k += 4) {
-        uint32_t w[4][kN][kLaneWords], b[4][2];
+        uint32_t w[4][kN][Slab::kLaneWords], b[4][2];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           bool const in = k + u < ke;
 #pragma unroll
           for (int q = 0; q < kN; ++q)
 #pragma unroll
-            for (int c = 0; c < kLaneWords; ++c)
-              w[u][q][c] = in ? reinterpret_cast<uint32_t const*>(slabs[q] + (k + u) * kAtomBytes)[lane * kLaneWords + c]
-                              : 0u;
+            for (int c = 0; c < Slab::kLaneWords; ++c) w[u][q][c] = in ? Slab::word(slabs[q], k + u, lane, c) : 0u;
           b[u][0] = b[u][1] = 0u;
           if (in && g == 0) xf(k + u, t, b[u][0], b[u][1]);
         }
