@@ -14,6 +14,7 @@ static_assert(Kernel::kSmemBytes == 0, "shared memory: MoeGemvConfig and kernel 
 static_assert(sizeof(mixed_gemm::MoeGemvArgs) == 160, "MoeGemvArgs: Python mirror out of date");
 static_assert(sizeof(mixed_gemm::MoeOneShotArgs) == 336, "MoeOneShotArgs: Python mirror out of date");
 static_assert(Kernel::smem_bytes(3, 128, 16, 1, 8, 48, 6) == 160256, "oneshot_smem: MoeGemvConfig and kernel disagree");
+static_assert(Kernel::smem_bytes(0, 128, 16, 2, 8, 48, 6) == 130048, "oneshot_smem (the staged h): MoeGemvConfig and kernel disagree");
 // Python mirrors (mixed_gemm/kernels/common.py) of templates/common/constants.cuh.
 static_assert(int(mixed_gemm::ZeroMode::kSymmetric) == 0, "int(mixed_gemm::ZeroMode::kSymmetric): mixed_gemm/kernels/common.py disagrees");
 static_assert(int(mixed_gemm::ZeroMode::kInteger) == 1, "int(mixed_gemm::ZeroMode::kInteger): mixed_gemm/kernels/common.py disagrees");

@@ -167,6 +167,7 @@ class MoeGemvFamily(GroupedFamily):
             fused=kernel.fused, tokens=kernel.tokens, fused_args_bytes=MOE_GEMV_FUSED_ARGS_BYTES,
             oneshot=kernel.oneshot, oneshot_args_bytes=MOE_ONESHOT_ARGS_BYTES,
             oneshot_smem_sample=oneshot_smem(kernel.warps[0], kernel.bits, 3, 128, 16, 1, 8, 48, 6),
+            oneshot_smem_staged=oneshot_smem(kernel.warps[0], kernel.bits, 0, 128, 16, 2, 8, 48, 6),
             args_type="MoeOneShotArgs" if kernel.oneshot else "MoeGemvFusedArgs" if kernel.fused else "MoeGemvArgs",
             kernel_struct=struct,
             tail_args=_tail_args(kernel),
