@@ -1,6 +1,6 @@
-// One-shot mode of the decode kernels (GemvConfig.oneshot, schedules "m<8|16>_s1_w<W>x1_u1_os";
+// One-shot mode of the decode kernels (GemvConfig.oneshot, schedules "m<8|16|32>_s1_w<W>x1_u1_os";
 // docs/notes/gemv.md, "One-shot mode"): y = x W^T (+ bias) (+ residual) for the sm90a layout's int4
-// and int8 atoms at up to 8 or 16 tokens, on the small shapes.
+// and int8 atoms at up to 8, 16 or 32 tokens, on the small shapes.
 //
 // Why. A small weight (8B's o and qkv: 8-13 MB) is 64-95 KB an SM: the stream is a few HBM round trips
 // long, and the split-K kernels pay their start, the first round trip, one round trip per load step
@@ -108,7 +108,7 @@ struct OneShotSlab {
 template <typename Element, int kBits, int kWarps, int kTiles>
 struct GemvOneShot {
   static_assert(kBits == 4 || kBits == 8, "one-shot mode reads the sm90a layout's int4 and int8 atoms");
-  static_assert(kTiles == 1 || kTiles == 2, "8 or 16 tokens: one or two n8 tiles");
+  static_assert(kTiles == 1 || kTiles == 2 || kTiles == 4, "8, 16 or 32 tokens: one, two or four n8 tiles");
   using Slab = OneShotSlab<Element, kBits>;
   using raw = typename Slab::raw;
   using R = RawAtom<Element, kBits>;

@@ -210,7 +210,7 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
 
 # One-shot mode (_os, gemv_oneshot.cuh): (tokens, warps along N) of the sm90a layout's int4 and int8;
 # strips and unroll are 1 (a unit is one strip over all of K, copied whole).
-ONESHOT_SHAPES = ((8, 8), (16, 8))
+ONESHOT_SHAPES = ((8, 8), (16, 8), (32, 8))
 
 
 def oneshot_shapes(bits: int):
