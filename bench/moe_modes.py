@@ -51,7 +51,7 @@ import torch  # noqa: E402
 from mixed_gemm.benchmark.moe import MOE_MODELS, int4_floor_s, packed_expert_bytes, touched_experts  # noqa: E402
 from mixed_gemm.kernels.base import sm_count  # noqa: E402
 from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig  # noqa: E402
-from mixed_gemm.kernels.moe_gemv.catalog import ONESHOT_SHAPES, persistent_shapes_for  # noqa: E402
+from mixed_gemm.kernels.moe_gemv.catalog import persistent_shapes_for  # noqa: E402
 from mixed_gemm.kernels.moe_gemv.heuristics import launch_fields, persistent_config  # noqa: E402
 from mixed_gemm.ops import moe, prepack_experts  # noqa: E402
 from mixed_gemm.ops.moe_grouped import (GroupedPlan, _problems, forced_schedules, grouped_plan,  # noqa: E402
@@ -115,15 +115,14 @@ def persistent_plans(problems, sms: int):
     return unique
 
 
-def oneshot_plans(problems):
-    """``{label: (w13 config, w2 config)}``: one-shot mode (``_m1_os``) at each warp count where a CTA's
-    share of the layer fits (``templates/moe_gemv/moe_oneshot.cuh``)."""
+def oneshot_plans(problems, sms: int):
+    """``{label: (w13 config, w2 config)}``: one-shot mode (``_m1_os``) at each warp count the profiler's
+    layer check offers (``layer_candidates``: where a CTA's share fits)."""
     plans = {}
-    for warps in ONESHOT_SHAPES:
-        cfgs = tuple(MoeGemvConfig(stage=p.stage, strips=1, warps=(warps, 1), unroll=1, oneshot=True, **p.kind)
-                     for p in problems)
-        if all(FAMILY.can_implement(c, p)[0] for c, p in zip(cfgs, problems)):
-            plans[f"os w{warps}"] = cfgs
+    for pair in FAMILY.layer_candidates(problems, sms):
+        if pair[0].endswith("_os"):
+            cfgs = tuple(MoeGemvConfig.from_schedule(s, **p.kind) for s, p in zip(pair, problems))
+            plans[f"os w{cfgs[0].warps[0]}"] = cfgs
     return plans
 
 
@@ -151,7 +150,7 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     if oneshot_only:
         plans = {k: v for k, v in plans.items() if k == "pe1 heuristic"}
     if oneshot or oneshot_only:
-        plans.update(oneshot_plans(problems))
+        plans.update(oneshot_plans(problems, sms))
     ref = moe(x, w13, w2, weights, ids)
     fns, labels, bad = {"selected": lambda: moe(x, w13, w2, weights, ids)}, {"selected": selected}, set()
     for label, cfgs in plans.items():

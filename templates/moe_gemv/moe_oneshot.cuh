@@ -60,7 +60,6 @@ struct MoeGemvOneShot {
   static constexpr int kRows = 16;      // outputs of a unit
   static constexpr int kSmemBytes = 0;  // all dynamic (smem_bytes, sized per launch)
 
-  static __host__ __device__ constexpr int slab_bytes(int katoms, int groups) { return Slab::bytes(katoms, groups); }
   // The h slices the warps stage after the grid barrier: 32 bytes an atom of each (unit, slot, warp).
   static __host__ __device__ constexpr int staged_h_bytes(int down_per, int top_k, int down_katoms) {
     return down_per * top_k * kWarps * ((down_katoms + kWarps - 1) / kWarps) * 32;
@@ -70,20 +69,13 @@ struct MoeGemvOneShot {
   // sums (gate|up: 16 gate and 16 up sums a unit; down: 16).
   static __host__ __device__ constexpr int smem_bytes(int up_per, int up_katoms, int up_groups, int down_per,
                                                       int top_k, int down_katoms, int down_groups) {
-    return (up_per * 2 * slab_bytes(up_katoms, up_groups) > staged_h_bytes(down_per, top_k, down_katoms)
-                ? up_per * 2 * slab_bytes(up_katoms, up_groups)
-                : staged_h_bytes(down_per, top_k, down_katoms)) +
-           down_per * top_k * slab_bytes(down_katoms, down_groups) + (up_per * 32 + down_per * 16) * kWarps * 4;
+    int const up = up_per * 2 * Slab::bytes(up_katoms, up_groups), staged = staged_h_bytes(down_per, top_k, down_katoms);
+    return (up > staged ? up : staged) + down_per * top_k * Slab::bytes(down_katoms, down_groups) +
+           (up_per * 32 + down_per * 16) * kWarps * 4;
   }
 
   using C = OneShotCopy;  // cp.async pieces (gemv/gemv_oneshot.cuh)
   using Range = OneShotRange;
-  static __device__ __forceinline__ void commit() { C::commit(); }
-  template <int N>
-  static __device__ __forceinline__ void wait_group() {
-    C::wait_group<N>();
-  }
-  static __device__ __forceinline__ void wait_at_most(int n) { C::wait_at_most(n); }
   static __device__ __forceinline__ Range range(MoeGemvArgs const& a, int warp) {
     return Range::of<kWarps>(a.katoms, a.num_groups, a.group_shift, warp);
   }
@@ -231,7 +223,7 @@ struct MoeGemvOneShot {
     int const u0 = blockIdx.x * f.up_per, d0 = blockIdx.x * f.down_per;
     int const n13 = max(0, min(f.up_per, up.tokens * up.top_k * per_pair - u0));
     int const n2 = max(0, min(f.down_per, dn.tokens * per_token - d0));
-    int const slab13 = slab_bytes(up.katoms, up.num_groups), slab2 = slab_bytes(dn.katoms, dn.num_groups);
+    int const slab13 = Slab::bytes(up.katoms, up.num_groups), slab2 = Slab::bytes(dn.katoms, dn.num_groups);
     int const region = max(f.up_per * 2 * slab13, staged_h_bytes(f.down_per, dn.top_k, dn.katoms));
     char* const down_smem = smem + region;
     float* const red13 = reinterpret_cast<float*>(down_smem + f.down_per * dn.top_k * slab2);
@@ -248,7 +240,7 @@ struct MoeGemvOneShot {
 #pragma unroll
         for (int q = 0; q < 2; ++q) copy_slab(smem + (2 * i + q) * slab13, up, e, strip_of(unit % per_pair, q), r13, lane);
       }
-      commit();
+      C::commit();
     }
     for (int i = 0; i < n2; ++i) {
       int const unit = d0 + i, tok = unit / per_token, n = unit % per_token;
@@ -257,11 +249,11 @@ struct MoeGemvOneShot {
         if (e >= 0) copy_slab(down_smem + (i * dn.top_k + j) * slab2, dn, e, n, r2, lane);
       }
     }
-    commit();
+    C::commit();
 
     // 2. gate|up, a unit at a time as its bytes land.
     for (int i = 0; i < n13; ++i) {
-      wait_at_most(n13 - i);  // this unit's group and the ones after it, the down group last
+      C::wait_at_most(n13 - i);  // this unit's group and the ones after it, the down group last
       __syncwarp();
       int const unit = u0 + i, pair = unit / per_pair, e = expert_of(up, pair);
       float out[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -309,8 +301,8 @@ struct MoeGemvOneShot {
         }
       }
     }
-    commit();
-    wait_group<0>();
+    C::commit();
+    C::wait_group<0>();
     __syncwarp();
     for (int i = 0; i < n2; ++i) {
       int const tok = (d0 + i) / per_token;

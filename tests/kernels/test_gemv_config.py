@@ -150,13 +150,13 @@ def test_oneshot_geometry_fits_and_candidates():
 
 
 def test_oneshot_can_implement_judges_the_device(monkeypatch):
-    import mixed_gemm.kernels.gemv as fam_module
+    from mixed_gemm.kernels import common
 
     c = GemvConfig.from_schedule("m16_s1_w8x1_u1_os")
     assert gemv.FAMILY.can_implement(c, _dense(16, 6144, 4096)) == (True, "")
     ok, why = gemv.FAMILY.can_implement(c, _dense(16, 8192, 8192))
     assert not ok and "one-shot mode (_os)" in why
-    monkeypatch.setattr(fam_module, "_oneshot_device", lambda: (66, 232448))  # half the SMs: twice the share
+    monkeypatch.setattr(common, "oneshot_device", lambda: (66, 232448))  # half the SMs: twice the share
     ok, why = gemv.FAMILY.can_implement(c, _dense(16, 6144, 4096))
     assert not ok and "on 66 SMs" in why
     measured = _dense(16, 4096, 4096)

@@ -809,16 +809,16 @@ def test_oneshot_render_checks_its_mirrors():
 def test_oneshot_fit_is_judged_on_the_device(monkeypatch):
     """Fewer SMs give each CTA a larger share (an H100 PCIe's 114: Qwen3 no longer fits), less shared
     memory a block fits less (an A100's 163 KB: Qwen3 still fits, DeepSeek does not)."""
-    import mixed_gemm.kernels.moe_gemv as fam_module
+    from mixed_gemm.kernels import common
 
     c = MoeGemvConfig.from_schedule("w13_s1_w8x1_u1_m1_os")
     qwen3 = _problem("w13", tokens=1, top_k=8, experts=128, h=2048, inter=768)
     deepseek = _problem("w13", tokens=1, top_k=6, experts=64, h=2048, inter=1408)
     assert FAMILY.can_implement(c, qwen3)[0] and FAMILY.can_implement(c, deepseek)[0]
-    monkeypatch.setattr(fam_module, "_oneshot_device", lambda: (114, ONESHOT_MAX_SMEM))
+    monkeypatch.setattr(common, "oneshot_device", lambda: (114, ONESHOT_MAX_SMEM))
     ok, why = FAMILY.can_implement(c, qwen3)
     assert not ok and "on 114 SMs" in why
-    monkeypatch.setattr(fam_module, "_oneshot_device", lambda: (108, 166912))
+    monkeypatch.setattr(common, "oneshot_device", lambda: (108, 166912))
     assert not FAMILY.can_implement(c, deepseek)[0]
-    monkeypatch.setattr(fam_module, "_oneshot_device", lambda: (132, 166912))
+    monkeypatch.setattr(common, "oneshot_device", lambda: (132, 166912))
     assert FAMILY.can_implement(c, qwen3)[0] and not FAMILY.can_implement(c, deepseek)[0]

@@ -12,7 +12,8 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, SM80_UP_FLAGS, Family, Problem, Verdict
-from ..common import DTYPES, ZERO_MODES, constant_checks, oneshot_device, split_for_fill
+from .. import common
+from ..common import DTYPES, ZERO_MODES, constant_checks, split_for_fill
 from ..sm90a import layout
 from . import lowbit_layout
 from .abi import GEMV_ARGS_BYTES
@@ -21,11 +22,6 @@ from .catalog import default_catalog
 from .config import MAX_SPLITS, GemvConfig, oneshot_smem
 from .heuristics import MAX_M, heuristic_config
 from .launch import GemvLauncher
-
-
-def _oneshot_device():
-    """The device one-shot mode's fit is judged on (``common.oneshot_device``; tests replace this)."""
-    return oneshot_device()
 
 
 class GemvFamily(Family):
@@ -43,7 +39,7 @@ class GemvFamily(Family):
         if problem.m > config.tokens:
             return False, f"{config.schedule} serves at most {config.tokens} rows of x, M={problem.m}"
         if config.oneshot:
-            sms, limit = _oneshot_device()
+            sms, limit = common.oneshot_device()
             fits, smem = config.oneshot_fits(problem.n, problem.k, problem.group_size, sms, limit)
             if not fits:
                 return False, (f"one-shot mode (_os): a CTA's share of the weight must fit its shared memory ({smem} B "

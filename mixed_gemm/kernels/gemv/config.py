@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import ONESHOT_MAX_SMEM, ONESHOT_SMS, check_weight_kind, hash_once, raise_on
+from ..common import ONESHOT_MAX_SMEM, ONESHOT_SMS, check_weight_kind, hash_once, oneshot_slab_bytes, raise_on
 from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
 _SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(_ds)?(?:_o(\d+))?(_os)?(?:_split(\d+))?$")
@@ -23,17 +23,15 @@ MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static up to here (
 # runtime checks the device's).
 MAX_RING_SMEM = 227 * 1024
 STAGES = (0, 2, 3, 4)  # 0: no ring (gemv.cuh); else the cp.async ring's depth (gemv_pipe.cuh)
-# One-shot mode (gemv_oneshot.cuh): warps a CTA may have, and the bytes of its shared-memory pieces.
+# One-shot mode (gemv_oneshot.cuh): warps a CTA may have.
 ONESHOT_WARPS = (8, 16)
-ONESHOT_ATOM_BYTES = 128  # an int4 16 x 16 atom (x 2 for int8): GemvOneShot::kAtomBytes
-ONESHOT_GROUP_BYTES = 64  # a strip's 16 scales and 16 zeros of one group: GemvOneShot::kGroupBytes
 
 
 def oneshot_smem(warps: int, bits: int, tiles: int, per: int, katoms: int, groups: int) -> int:
     """One-shot mode's dynamic shared memory (``GemvOneShot::smem_bytes``): ``per`` units' slabs (a 16-row
     strip's atoms over all of K, then its groups' parameters), then the warps' partial sums (4 floats a
     lane and n8 tile of tokens)."""
-    return per * (katoms * ONESHOT_ATOM_BYTES * (bits // 4) + groups * ONESHOT_GROUP_BYTES) + per * warps * tiles * 512
+    return per * oneshot_slab_bytes(bits, katoms, groups) + per * warps * tiles * 512
 
 
 @hash_once

@@ -2,12 +2,11 @@
 the split-K planes and arrival counters from the per-stream workspaces."""
 from __future__ import annotations
 
-import torch
-
 from ...runtime import get_module, semaphores, workspace
 from ..base import sm_count
+from ..common import check_oneshot_copies, oneshot_smem_limit
 from .abi import GemvArgs
-from .config import MAX_RING_SMEM, GemvConfig
+from .config import GemvConfig
 
 
 class GemvLauncher:
@@ -22,7 +21,7 @@ class GemvLauncher:
         # (sized per launch by M and the group size), or x stages above 48 KB (config.smem_bytes).
         smem = config.smem_bytes if config.dynamic_smem else 0
         if config.oneshot:  # (one-shot mode: each launch's share, up to what the device allows a block)
-            smem = min(MAX_RING_SMEM, torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin)
+            smem = oneshot_smem_limit(device_index)
         self.fn = module.function(config.kernel_name, GemvArgs, config.threads, smem)
         self._smem_limit = smem
         self.layout = config.layout
@@ -42,10 +41,7 @@ class GemvLauncher:
         """One-shot mode's grid and shared memory for ``w`` (``args.chunk``: units per CTA), after the checks
         its 16-byte copies need; ValueError (before any launch) where the share does not fit this device."""
         view = w.parts[self.layout]
-        for name, t in (("b", view.b), ("scales", view.scales), ("zeros", view.zeros)):
-            if t is None or t.data_ptr() % 16:
-                raise ValueError(f"w: one-shot mode (_os) copies the weight's {name} 16 bytes at a time; it must be "
-                                 "present and 16-byte aligned")
+        check_oneshot_copies("w", b=view.b, scales=view.scales, zeros=view.zeros)
         ctas, per, smem = self.config.oneshot_geometry(w.n, w.k16, w.num_groups, sm_count(self.device_index))
         if smem > self._smem_limit:
             raise ValueError(f"w: one-shot mode (_os) holds a CTA's share of the weight in shared memory: {smem} B for "

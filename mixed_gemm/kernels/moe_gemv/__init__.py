@@ -32,7 +32,8 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, SM80_UP_FLAGS, GroupedFamily, MoeProblem, Verdict
-from ..common import DTYPES, grouped_constant_checks, oneshot_device
+from .. import common
+from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
 from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES, MOE_ONESHOT_ARGS_BYTES
 from .candidates import candidate_schedules, layer_candidates
@@ -58,11 +59,6 @@ def _tail_args(kernel: MoeGemvConfig) -> str:
     if kernel.touch_pages:
         return f", {str(kernel.deferred).lower()}, true"
     return ", true" if kernel.deferred else ""
-
-
-def _oneshot_device():
-    """The device one-shot mode's fit is judged on (``common.oneshot_device``; tests replace this)."""
-    return oneshot_device()
 
 
 class MoeGemvFamily(GroupedFamily):
@@ -91,7 +87,7 @@ class MoeGemvFamily(GroupedFamily):
         if config.by_expert and problem.experts > GRID_Z:
             return False, f"expert mode (_xe): at most {GRID_Z} experts (a grid.z slot each), got {problem.experts}"
         if config.oneshot:
-            sms, limit = _oneshot_device()
+            sms, limit = common.oneshot_device()
             smem = config.oneshot_layer(problem, sms)[3]
             if problem.tokens < 1 or smem > limit:
                 return False, (f"one-shot mode (_os): a CTA's share of both projections must fit its shared memory "

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import ONESHOT_MAX_SMEM, ONESHOT_SMS, check_weight_kind, hash_once, raise_on
+from ..common import ONESHOT_MAX_SMEM, ONESHOT_SMS, check_weight_kind, hash_once, oneshot_slab_bytes, raise_on
 
 _SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe|os))?(_ds)?(_tp)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
@@ -26,11 +26,8 @@ PERSISTENT_MAX_EXPERTS = 1024
 PERSISTENT_MAX_TOP_K = 32
 ROUTE_SCRATCH_WORDS = 2 * 16 + 2  # MoeGemvPersistent::route_words: per-warp partials (16 warps) + 2
 FUSED_CLAIM_BYTES = 16  # one-launch persistent mode (MoeGemvFused): the claimed work item, in shared memory
-# One-shot mode (MoeGemvOneShot, templates/moe_gemv/moe_oneshot.cuh): warps a CTA may have, and the most dynamic
-# shared memory a launch asks for (H100 / H200's opt-in per block; a device allowing less runs only what fits it).
+# One-shot mode (MoeGemvOneShot, templates/moe_gemv/moe_oneshot.cuh): warps a CTA may have.
 ONESHOT_WARPS = (4, 8, 16)
-ONESHOT_ATOM_BYTES = 128     # an int4 16 x 16 atom (x 2 for int8): MoeGemvOneShot::kAtomBytes
-ONESHOT_GROUP_BYTES = 64     # a strip's 16 scales and 16 zeros of one group: MoeGemvOneShot::kGroupBytes
 # torch dtype name of the down projection's top-k weights -> MoeGemvArgs::weights_dtype (mixed_gemm::kMoeWeight*,
 # templates/moe_gemv/moe_gemv.cuh; checked by weight_constant_checks). Pair and persistent modes read all
 # three; expert mode fp32 only (the launcher's native_weights).
@@ -49,12 +46,9 @@ def oneshot_smem(warps: int, bits: int, up_per: int, up_katoms: int, up_groups: 
     strips' slabs (all K atoms, then the groups' parameters; after the grid barrier the same bytes hold each
     warp's h slices, 32 bytes an atom of each (down unit, slot), if those are more), ``down_per`` down units of
     ``top_k`` slabs, then the warps' partial sums (32 floats a gate|up unit, 16 a down unit)."""
-    atom = ONESHOT_ATOM_BYTES * (bits // 4)
-
-    def slab(katoms: int, groups: int) -> int:
-        return katoms * atom + groups * ONESHOT_GROUP_BYTES
     staged_h = down_per * top_k * warps * -(-down_katoms // warps) * 32
-    return (max(up_per * 2 * slab(up_katoms, up_groups), staged_h) + down_per * top_k * slab(down_katoms, down_groups)
+    return (max(up_per * 2 * oneshot_slab_bytes(bits, up_katoms, up_groups), staged_h)
+            + down_per * top_k * oneshot_slab_bytes(bits, down_katoms, down_groups)
             + (up_per * 32 + down_per * 16) * warps * 4)
 
 

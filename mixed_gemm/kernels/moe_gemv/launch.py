@@ -6,7 +6,7 @@ import torch
 
 from ...runtime import get_module, semaphores, workspace
 from ..base import compute_capability, sm_count
-from ..common import PER_CHANNEL_SHIFT
+from ..common import PER_CHANNEL_SHIFT, check_oneshot_copies, oneshot_smem_limit
 from .abi import MoeGemvArgs, MoeGemvFusedArgs, MoeOneShotArgs
 from .config import GRID_Z, WEIGHT_ELEMENTS, MoeGemvConfig
 
@@ -40,9 +40,7 @@ class MoeGemvLauncher:
         # Static shared memory, or (persistent mode) dynamic: the kernel's and the routing's, per launch;
         # (one-shot mode) the units' slabs, per launch, up to what the device allows a block.
         args = MoeOneShotArgs if config.oneshot else MoeGemvFusedArgs if config.fused else MoeGemvArgs
-        smem = config.max_smem
-        if config.oneshot:
-            smem = min(smem, torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin)
+        smem = oneshot_smem_limit(device_index) if config.oneshot else config.max_smem
         self.fn = module.function(config.kernel_name, args, config.threads, smem)
         self._smem_limit = smem
         self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
@@ -284,11 +282,7 @@ class MoeGemvLauncher:
         """The argument block of one (w13, w2) pair: both projections' weight fields, after the checks
         cp.async's 16-byte copies need (raised before any launch)."""
         for name, w in (("w13", w13), ("w2", w2)):
-            for field in ("b", "scales", "zeros"):
-                ptr = getattr(w, field).data_ptr()
-                if ptr % 16:
-                    raise ValueError(f"{name}: one-shot mode (_os) copies the {field} tensor 16 bytes at a time; "
-                                     f"it must be 16-byte aligned (data_ptr % 16 == {ptr % 16})")
+            check_oneshot_copies(name, b=w.b, scales=w.scales, zeros=w.zeros)
         if w13.k != w2.n or w13.n != 2 * w2.k:
             raise ValueError(f"w2: one-shot mode (_os) runs a layer: w13 (2I, H) and w2 (H, I), got w13 "
                              f"({w13.n}, {w13.k}) and w2 ({w2.n}, {w2.k})")
