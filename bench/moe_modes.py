@@ -4,9 +4,7 @@ persistent plan the heuristics pick (``heuristics.persistent_config`` with its l
 for Mixtral, whose heuristic keeps pair / expert mode), (c) forced persistent plans: 8 and 16 rows
 per pass, each with a few K splits per projection, (d) each persistent plan of (b) and (c) again in
 ONE launch (``_pe1``: gate|up and down items from one work queue, ``templates/moe_gemv/moe_fused.cuh``;
-labelled ``pe1 ...``), (e) with ``--oneshot`` / ``--oneshot-only``, one-shot mode (``_m1_os``: one
-cooperative launch, each CTA's share of both projections copied at its start; ``os w<warps>``) where a
-CTA's share fits. Each row: µs and the share of the int4 floor
+labelled ``pe1 ...``). Each row: µs and the share of the int4 floor
 (the touched experts' codes, scales and zeros once at 3.0 TB/s: ``benchmark.moe.int4_floor_s``).
 Every plan is timed the same way (``profiler.timing.time_cold`` with ``eager=False``: cold L2, each plan
 called once eagerly, then captured in a CUDA graph and timed from its replay only, every plan
@@ -115,17 +113,6 @@ def persistent_plans(problems, sms: int):
     return unique
 
 
-def oneshot_plans(problems, sms: int):
-    """``{label: (w13 config, w2 config)}``: one-shot mode (``_m1_os``) at each warp count the profiler's
-    layer check offers (``layer_candidates``: where a CTA's share fits)."""
-    plans = {}
-    for pair in FAMILY.layer_candidates(problems, sms):
-        if pair[0].endswith("_os"):
-            cfgs = tuple(MoeGemvConfig.from_schedule(s, **p.kind) for s, p in zip(pair, problems))
-            plans[f"os w{cfgs[0].warps[0]}"] = cfgs
-    return plans
-
-
 def with_pdl(fn, enabled: bool):
     """``fn`` with the down launch's PDL forced on or off (decided at capture: the graph keeps it)."""
     def call():
@@ -134,8 +121,7 @@ def with_pdl(fn, enabled: bool):
     return call
 
 
-def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False,
-             oneshot=False, oneshot_only=False):
+def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False):
     gen = torch.Generator().manual_seed(1000 + t)
     x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
     weights, ids = random_routing(t, shape, gen)
@@ -147,10 +133,6 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     plans = persistent_plans(problems, sms)
     if pdl_only:
         plans = {k: v for k, v in plans.items() if k == "pe heuristic"}
-    if oneshot_only:
-        plans = {k: v for k, v in plans.items() if k == "pe1 heuristic"}
-    if oneshot or oneshot_only:
-        plans.update(oneshot_plans(problems, sms))
     ref = moe(x, w13, w2, weights, ids)
     fns, labels, bad = {"selected": lambda: moe(x, w13, w2, weights, ids)}, {"selected": selected}, set()
     for label, cfgs in plans.items():
@@ -234,9 +216,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--pdl", action="store_true", help="also time selected / pe heuristic with the down launch's PDL")
     ap.add_argument("--pdl-only", action="store_true", help="with --pdl: skip the forced persistent plans")
-    ap.add_argument("--oneshot", action="store_true", help="also time one-shot mode (_m1_os) where it fits")
-    ap.add_argument("--oneshot-only", action="store_true",
-                    help="time selected, the pe1 heuristic and one-shot mode only (no forced persistent plans)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
@@ -249,8 +228,7 @@ def main(argv=None) -> int:
         shape, w13, w2 = packed_layer(name, dtype)
         for t in (int(v) for v in args.tokens.split(",")):
             rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True),
-                             pdl=args.pdl, pdl_only=args.pdl_only, oneshot=args.oneshot,
-                             oneshot_only=args.oneshot_only)
+                             pdl=args.pdl, pdl_only=args.pdl_only)
         del w13, w2
         torch.cuda.empty_cache()
     print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager, only where a plan could "

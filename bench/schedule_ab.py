@@ -163,7 +163,16 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
     lines = []
     for n, k, m, bits, group, schedules in cases:
         qbytes = packed_bytes(n, k, bits, group, True)
-        ws = random_weights(n, k, bits=bits, group_size=group, dtype=dtype, copies=copies_for(qbytes, l2))
+        copies = copies_for(qbytes, l2)
+        # The same random codes packed once per weight layout the case's schedules read (an sm80
+        # schedule from an older profile beside a gemv one): each schedule times its own layout.
+        parsed = {s: parse_schedule(s, dtype=dtype, bits=bits, zero_mode="int") for s in schedules}
+        layouts = {s: family_of(c).layout_of(c) for s, c in parsed.items()}
+        by_layout = {}
+        for lay in dict.fromkeys(layouts.values()):
+            torch.manual_seed(n * 31 + k)
+            by_layout[lay] = random_weights(n, k, bits=bits, group_size=group, dtype=dtype, copies=copies, layout=lay)
+        ws = next(iter(by_layout.values()))
         dense = [(torch.randn(n, k, device="cuda") * 0.02).to(td) for _ in range(copies_for(2 * n * k, l2))]
         x = torch.randn(m, k, device="cuda").to(td)
         y = torch.empty(m, n, device="cuda", dtype=td)
@@ -173,14 +182,14 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
             want += skip.float().t()
         cfgs = {}
         for s in schedules:
-            cfg = parse_schedule(s, dtype=dtype, bits=bits, zero_mode="int")
+            w = by_layout[layouts[s]]
             # As selection reads a profile entry: a family of several layouts (dequant_mm's schedule
             # "dequant_mm") takes the one the weight holds.
-            cfg = family_of(cfg).for_layout(cfg, problem(ws[0], m))
+            cfg = family_of(parsed[s]).for_layout(parsed[s], problem(w[0], m))
             y.fill_(float("nan"))
-            mg.matmul(x, ws[0], config=cfg, out=y, residual=skip)
+            mg.matmul(x, w[0], config=cfg, out=y, residual=skip)
             err = ((y.float().t() - want).abs().max() / want.abs().max()).item()
-            cfgs[s] = (cfg, err)
+            cfgs[s] = (cfg, err, w)
         times = {s: [] for s in ["dense", *schedules]}
 
         def pre():  # with --between, an elementwise kernel first, as a norm precedes a GEMM in a model
@@ -194,14 +203,14 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
             else:
                 torch.addmm(skip, x, dense[i % len(dense)].t(), out=y)
 
-        def ours(i, c):
+        def ours(i, c, w):
             pre()
-            mg.matmul(x, ws[i % len(ws)], config=c, out=y, residual=skip)
+            mg.matmul(x, w[i % len(w)], config=c, out=y, residual=skip)
 
         for _ in range(rounds):  # alternate, so drift between rounds hits every schedule alike
             times["dense"].append(time_graph(dense_mm, 2 * len(dense)))
-            for s, (cfg, _) in cfgs.items():
-                times[s].append(time_graph(lambda i, c=cfg: ours(i, c), 2 * len(ws)))
+            for s, (cfg, _, w) in cfgs.items():
+                times[s].append(time_graph(lambda i, c=cfg, w=w: ours(i, c, w), 2 * len(w)))
         base = statistics.median(times["dense"])
         for s in schedules:
             t = statistics.median(times[s])
@@ -211,7 +220,7 @@ def time_cases(cases: List[Case], dtype: str, rounds: int, between: bool,
                     f"floor {qbytes / FLOOR_BW / t:4.0%}  err {cfgs[s][1]:.1e}")
             print(line, flush=True)
             lines.append(line)
-        del ws, dense
+        del ws, by_layout, cfgs, dense
         torch.cuda.empty_cache()
     return lines
 

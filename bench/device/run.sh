@@ -124,10 +124,6 @@ for step in "$@"; do
       MIXED_GEMM_JIT=block timeout "${MODES_TIMEOUT:-560}" python3 bench/moe_modes.py \
         --models "${MODES_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b}" --tokens "${MODES_TOKENS:-1,16,64,256}" \
         --json "$OUT/moe-modes.json" 2>&1 | grep -vE "$QUIET" | tee "$OUT/moe-modes.txt" | tail -"${MOE_TAIL:-90}" ;;
-    moe-oneshot)  # bench/moe_modes.py --oneshot-only: one-shot mode (_m1_os) against the selected plan and the pe1 heuristic, 1 token, the small-expert presets
-      MIXED_GEMM_JIT=block timeout "${MODES_TIMEOUT:-400}" python3 bench/moe_modes.py --oneshot-only \
-        --models "${MODES_MODELS:-qwen3-30b-a3b,deepseek-v2-lite}" --tokens "${MODES_TOKENS:-1}" \
-        --json "$OUT/moe-oneshot.json" 2>&1 | grep -vE "$QUIET" | tee "$OUT/moe-oneshot.txt" | tail -"${MOE_TAIL:-40}" ;;
     moe-l2)  # bench/moe_l2_probe.py: the layer on a cold L2 after a write and after a read flush, and with part of its experts in L2 (L2_MODELS, L2_TOKENS, L2_FLUSH)
       MIXED_GEMM_JIT=block timeout "${L2_TIMEOUT:-400}" python3 bench/moe_l2_probe.py \
         --models "${L2_MODELS:-mixtral-8x7b,qwen3-30b-a3b}" --tokens "${L2_TOKENS:-1}" --flush "${L2_FLUSH:-write,read}" \

@@ -110,16 +110,13 @@ def raw_launch():
 # griddepcontrol.launch_dependents (or exited); its griddepcontrol.wait then waits for that kernel
 # to complete and its memory to be visible. cuda.h's CUlaunchAttributeID value.
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
-# A cooperative launch: every CTA of the grid is resident at once, or the launch fails (a kernel
-# whose CTAs wait for each other, as a grid barrier, needs it). cuda.h's CUlaunchAttributeID value.
-COOPERATIVE = 2
 
 
 class LaunchAttributeValue(ctypes.Union):
     """``CUlaunchAttributeValue`` (cuda.h): a 64-byte union, 8-byte aligned (some members hold
-    pointers); only the members PDL and a cooperative launch set are named (both an int at offset 0)."""
+    pointers); only the member PDL sets is named."""
     _fields_ = [("pad", ctypes.c_char * 64), ("programmaticStreamSerializationAllowed", ctypes.c_int),
-                ("cooperative", ctypes.c_int), ("_align", ctypes.c_void_p)]
+                ("_align", ctypes.c_void_p)]
 
 
 class LaunchAttribute(ctypes.Structure):

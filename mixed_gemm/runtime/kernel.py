@@ -12,9 +12,7 @@ before it on the stream finishes, so it must execute ``griddepcontrol.wait`` bef
 kernel's outputs or writes memory that kernel uses. The launch configuration is built once per
 function and only its grid, shared memory and stream are filled per launch (under the lock, like the
 argument block). Stream capture (CUDA 12.3+) records such a launch as a programmatic edge of the
-graph, so graphs keep the overlap. ``launch(..., cooperative=True)``: the same entry point with
-``CU_LAUNCH_ATTRIBUTE_COOPERATIVE``: every CTA resident at once, or the launch fails (for kernels
-whose CTAs wait for each other).
+graph, so graphs keep the overlap.
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..compile import BuildSpec, build_spec, load_bytes
-from .driver import (COOPERATIVE, PROGRAMMATIC_STREAM_SERIALIZATION, CudaDriverError, LaunchAttribute, LaunchConfig, check, driver,
+from .driver import (PROGRAMMATIC_STREAM_SERIALIZATION, CudaDriverError, LaunchAttribute, LaunchConfig, check, driver,
                      load_function, primary_context, raw_launch, raw_launch_ex)
 
 
@@ -66,7 +64,7 @@ class Function:
         self._handle = int(self._function)
         self._launch = drv.cuLaunchKernel
         self._ok = drv.CUresult.CUDA_SUCCESS
-        self._ex = {}  # attribute id -> its launch configuration, built at the first such launch (_ex_config)
+        self._pdl = None  # the PDL launch configuration, built at the first PDL launch (_pdl_config)
 
     def block(self):
         """A fresh argument block of this kernel and the address of its one-element pointer array:
@@ -86,17 +84,16 @@ class Function:
                          "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
     def launch(self, grid: Tuple[int, int, int], stream: int, argv_addr: int = 0, smem: Optional[int] = None,
-               pdl: bool = False, cooperative: bool = False) -> None:
+               pdl: bool = False) -> None:
         """Launch on ``stream`` (a raw handle) with ``self.args``, or with the block whose pointer
         array is at ``argv_addr`` (from :meth:`block`). Callers fill the block and launch while
         holding ``self.lock``. ``smem``: dynamic shared memory of this launch, at most the
         function's (default: the function's). ``pdl``: a programmatic dependent launch (module
-        docstring; the kernel must wait with ``griddepcontrol.wait``); ``cooperative``: every CTA
-        resident at once (at most one of the two)."""
+        docstring; the kernel must wait with ``griddepcontrol.wait``)."""
         argv_addr = argv_addr or self._argv_addr
         smem = self._smem if smem is None else smem
-        if pdl or cooperative:
-            self._launch_ex(PROGRAMMATIC_STREAM_SERIALIZATION if pdl else COOPERATIVE, grid, stream, argv_addr, smem)
+        if pdl:
+            self._launch_pdl(grid, stream, argv_addr, smem)
             return
         raw = self._raw
         if raw is not None:
@@ -110,37 +107,32 @@ class Function:
         if err != self._ok:
             check((err,), f"cuLaunchKernel({self.name})")
 
-    def _ex_config(self, attr_id: int):
+    def _pdl_config(self):
         """``(raw cuLaunchKernelEx or None, config, config address)``: a ``CUlaunchConfig`` carrying
-        one attribute, ``attr_id`` = 1 (PDL's programmatic stream serialization, or cooperative), with
-        this function's block size; ctypes structures for libcuda's entry point (driver.LaunchConfig),
-        else cuda-python's."""
+        one attribute, programmatic stream serialization = 1, with this function's block size;
+        ctypes structures for libcuda's entry point (driver.LaunchConfig), else cuda-python's."""
         raw = raw_launch_ex() if self._raw is not None else None
         if raw is not None:
-            attr = LaunchAttribute(id=attr_id)
-            attr.value.programmaticStreamSerializationAllowed = 1  # (the union's int at offset 0: either member)
+            attr = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value.programmaticStreamSerializationAllowed = 1
             config = LaunchConfig(blockDimX=self._threads, blockDimY=1, blockDimZ=1, numAttrs=1)
             config.attrs = ctypes.pointer(attr)
             config._attr = attr  # kept alive as long as the configuration
-            made = self._ex[attr_id] = (raw, config, ctypes.addressof(config))
-            return made
+            self._pdl = (raw, config, ctypes.addressof(config))
+            return self._pdl
         drv = driver()
         attr = drv.CUlaunchAttribute()
-        if attr_id == COOPERATIVE:
-            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-            attr.value.cooperative = 1
-        else:
-            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
         config = drv.CUlaunchConfig()
         config.blockDimX, config.blockDimY, config.blockDimZ = self._threads, 1, 1
         config.attrs = [attr]
         config.numAttrs = 1
-        made = self._ex[attr_id] = (None, config, 0)
-        return made
+        self._pdl = (None, config, 0)
+        return self._pdl
 
-    def _launch_ex(self, attr_id: int, grid, stream: int, argv_addr: int, smem: int) -> None:
-        raw, config, addr = self._ex.get(attr_id) or self._ex_config(attr_id)
+    def _launch_pdl(self, grid, stream: int, argv_addr: int, smem: int) -> None:
+        raw, config, addr = self._pdl or self._pdl_config()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid
         config.sharedMemBytes = smem
         config.hStream = stream

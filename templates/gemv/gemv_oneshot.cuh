@@ -1,6 +1,7 @@
-// One-shot mode of the decode kernels (GemvConfig.oneshot, schedules "m<8|16|32>_s1_w<W>x1_u1_os";
+// One-shot mode of the decode kernels (GemvConfig.oneshot, schedule "m8_s1_w<W>x1_u1_os";
 // docs/notes/gemv.md, "One-shot mode"): y = x W^T (+ bias) (+ residual) for the sm90a layout's int4
-// and int8 atoms at up to 8, 16 or 32 tokens, on the small shapes.
+// and int8 atoms at up to 8 tokens, on the small shapes. (16 and 32 tokens lost: every CTA reads all
+// of x through L1, as many bytes as its weights or more.)
 //
 // Why. A small weight (8B's o and qkv: 8-13 MB) is 64-95 KB an SM: the stream is a few HBM round trips
 // long, and the split-K kernels pay their start, the first round trip, one round trip per load step
@@ -23,7 +24,7 @@
 
 namespace mixed_gemm {
 
-// The cp.async pieces the one-shot kernels share (this one, moe_gemv/moe_oneshot.cuh).
+// The cp.async pieces of the one-shot kernel.
 struct OneShotCopy {
   static __device__ __forceinline__ void copy16(char* smem, void const* gmem) {
     unsigned const s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -108,7 +109,7 @@ struct OneShotSlab {
 template <typename Element, int kBits, int kWarps, int kTiles>
 struct GemvOneShot {
   static_assert(kBits == 4 || kBits == 8, "one-shot mode reads the sm90a layout's int4 and int8 atoms");
-  static_assert(kTiles == 1 || kTiles == 2 || kTiles == 4, "8, 16 or 32 tokens: one, two or four n8 tiles");
+  static_assert(kTiles == 1, "8 tokens: one n8 tile (GemvConfig refuses more)");
   using Slab = OneShotSlab<Element, kBits>;
   using raw = typename Slab::raw;
   using R = RawAtom<Element, kBits>;

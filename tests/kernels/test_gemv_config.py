@@ -122,45 +122,46 @@ def _dense(m, n, k, group=128, bits=4):
 
 
 def test_oneshot_schedule_rules_and_repr():
-    c = GemvConfig.from_schedule("m16_s1_w8x1_u1_os", dtype="bf16", bits=8)
-    assert c.oneshot and c.schedule == "m16_s1_w8x1_u1_os" and c.kernel_name == "mg_gemv_bf16_u8_m16_s1_w8x1_u1_os"
+    c = GemvConfig.from_schedule("m8_s1_w8x1_u1_os", dtype="bf16", bits=8)
+    assert c.oneshot and c.schedule == "m8_s1_w8x1_u1_os" and c.kernel_name == "mg_gemv_bf16_u8_m8_s1_w8x1_u1_os"
     assert (c.threads, c.rows, c.smem_bytes, c.dynamic_smem) == (256, 16, 0, True)
     assert "oneshot=True" in repr(c) and "oneshot" not in repr(GemvConfig())  # the other kernels' sources stay
-    for bad in ("m16_s2_w8x1_u1_os", "m16_s1_w8x2_u1_os", "m16_s1_w8x1_u8_os", "m4_s1_w8x1_u1_os",
-                "m16_s1_w8x1_u1_ds_os", "m16_s1_w8x1_u1_os_split2", "m16_s1_w4x1_u1_os"):
+    # 16 and 32 tokens were measured slower than the sm90s kernels and are refused (one n8 tile).
+    for bad in ("m8_s2_w8x1_u1_os", "m8_s1_w8x2_u1_os", "m8_s1_w8x1_u8_os", "m4_s1_w8x1_u1_os", "m16_s1_w8x1_u1_os",
+                "m32_s1_w8x1_u1_os", "m8_s1_w8x1_u1_ds_os", "m8_s1_w8x1_u1_os_split2", "m8_s1_w4x1_u1_os"):
         with pytest.raises(ValueError, match="GemvConfig"):
             GemvConfig.from_schedule(bad)
     with pytest.raises(ValueError, match="oneshot"):
-        GemvConfig(tokens=16, strips=1, warps=(8, 1), unroll=1, layout="sm80", oneshot=True)
+        GemvConfig(tokens=8, strips=1, warps=(8, 1), unroll=1, deferred=True, oneshot=True)
 
 
 def test_oneshot_geometry_fits_and_candidates():
     from mixed_gemm.kernels.gemv.config import oneshot_smem
 
-    c = GemvConfig.from_schedule("m16_s1_w8x1_u1_os")
-    assert c.oneshot_geometry(4096, 256, 32, 132) == (128, 2, 2 * (256 * 128 + 32 * 64) + 2 * 8 * 2 * 512)
+    c = GemvConfig.from_schedule("m8_s1_w8x1_u1_os")
+    assert c.oneshot_geometry(4096, 256, 32, 132) == (128, 2, 2 * (256 * 128 + 32 * 64) + 2 * 8 * 1 * 512)
     assert oneshot_smem(8, 8, 1, 1, 2, 1) == 2 * 256 + 64 + 8 * 512
     assert c.oneshot_fits(4096, 4096, 128)[0] and c.oneshot_fits(6144, 4096, 128)[0]
     assert not c.oneshot_fits(8192, 8192, 128)[0] and not c.oneshot_fits(4096, 14336, 128)[0]
-    assert "m16_s1_w8x1_u1_os" in candidate_schedules(16, 4096, 4096, 132)
     assert "m8_s1_w8x1_u1_os" in candidate_schedules(3, 4096, 4096, 132)
-    assert not [s for s in candidate_schedules(16, 8192, 8192, 132) if s.endswith("_os")]
-    assert [s for s in candidate_schedules(32, 4096, 4096, 132) if s.endswith("_os")] == ["m32_s1_w8x1_u1_os"]
-    assert [s for s in gemv.FAMILY.candidates(_dense(9, 4096, 4096), 132) if s.endswith("_os")] == ["m16_s1_w8x1_u1_os"]
+    assert "m8_s1_w8x1_u1_os" in candidate_schedules(8, 1024, 4096, 132)
+    assert not [s for s in candidate_schedules(4, 8192, 8192, 132) if s.endswith("_os")]
+    assert not [s for s in candidate_schedules(16, 4096, 4096, 132) if s.endswith("_os")]  # past 8 tokens: none
+    assert [s for s in gemv.FAMILY.candidates(_dense(5, 4096, 4096), 132) if s.endswith("_os")] == ["m8_s1_w8x1_u1_os"]
 
 
 def test_oneshot_can_implement_judges_the_device(monkeypatch):
-    from mixed_gemm.kernels import common
+    from mixed_gemm.kernels.gemv import oneshot
 
-    c = GemvConfig.from_schedule("m16_s1_w8x1_u1_os")
-    assert gemv.FAMILY.can_implement(c, _dense(16, 6144, 4096)) == (True, "")
-    ok, why = gemv.FAMILY.can_implement(c, _dense(16, 8192, 8192))
+    c = GemvConfig.from_schedule("m8_s1_w8x1_u1_os")
+    assert gemv.FAMILY.can_implement(c, _dense(8, 6144, 4096)) == (True, "")
+    ok, why = gemv.FAMILY.can_implement(c, _dense(8, 8192, 8192))
     assert not ok and "one-shot mode (_os)" in why
-    monkeypatch.setattr(common, "oneshot_device", lambda: (66, 232448))  # half the SMs: twice the share
-    ok, why = gemv.FAMILY.can_implement(c, _dense(16, 6144, 4096))
+    monkeypatch.setattr(oneshot, "oneshot_device", lambda: (66, 232448))  # half the SMs: twice the share
+    ok, why = gemv.FAMILY.can_implement(c, _dense(8, 6144, 4096))
     assert not ok and "on 66 SMs" in why
-    measured = _dense(16, 4096, 4096)
-    assert gemv.FAMILY.refit(c, _dense(16, 3584, 3584), 132, measured) is c  # no splits to refit
+    measured = _dense(8, 4096, 4096)
+    assert gemv.FAMILY.refit(c, _dense(8, 3584, 3584), 132, measured) is c  # no splits to refit
 
 
 def test_oneshot_render_checks_its_mirrors():

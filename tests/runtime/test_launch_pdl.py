@@ -1,9 +1,8 @@
-"""Programmatic dependent launch (``Function.launch(..., pdl=True)``) and the cooperative launch
-(``cooperative=True``) on the CPU: the ctypes mirrors of cuda.h's ``CUlaunchConfig`` /
-``CUlaunchAttribute`` against the C layout, and the launch through libcuda's ``cuLaunchKernelEx``
-(raw) or cuda-python's, with the driver faked: one attribute, programmatic stream serialization (or
-cooperative) = 1, the grid, block, shared memory and stream of the call, the configuration built
-once per attribute; without either the plain ``cuLaunchKernel`` as before."""
+"""Programmatic dependent launch (``Function.launch(..., pdl=True)``) on the CPU: the ctypes mirrors of
+cuda.h's ``CUlaunchConfig`` / ``CUlaunchAttribute`` against the C layout, and the launch through
+libcuda's ``cuLaunchKernelEx`` (raw) or cuda-python's, with the driver faked: one attribute,
+programmatic stream serialization = 1, the grid, block, shared memory and stream of the call, the
+configuration built once; without ``pdl`` the plain ``cuLaunchKernel`` as before."""
 import ctypes
 from types import SimpleNamespace
 
@@ -138,24 +137,3 @@ def test_pdl_launch_through_cuda_python_when_libcuda_is_not_at_hand(monkeypatch)
     fn.launch((2, 2, 2), 79, argv)
     assert drv.calls[-1][0] == "cuLaunchKernel" and drv.calls[-1][1:5] == (0xF00, 2, 2, 2)
     assert plain == [] and ex.calls == []
-
-
-def test_cooperative_launch_sets_its_attribute_on_both_paths(monkeypatch):
-    """``cooperative=True`` (one-shot mode's grid barrier): the same entry point with
-    ``CU_LAUNCH_ATTRIBUTE_COOPERATIVE`` = 1 (cuda.h's id, as cuda-python numbers it), a configuration of
-    its own beside the PDL one."""
-    real = pytest.importorskip("cuda.bindings.driver")
-    assert int(real.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE) == D.COOPERATIVE == 2
-    fn, drv, plain, ex = _function(monkeypatch, raw=True)
-    fn.launch((132, 1, 1), 0xA, smem=4096, cooperative=True)
-    fn.launch((3, 2, 1), 0xB, pdl=True)
-    fn.launch((132, 1, 1), 0xC, cooperative=True)
-    coop, pdl, again = ex.calls
-    assert coop[:7] == ((132, 1, 1), (256, 1, 1), 4096, 0xA, 1, D.COOPERATIVE, 1)
-    assert pdl[5] == D.PROGRAMMATIC_STREAM_SERIALIZATION and pdl[-1] != coop[-1] == again[-1]
-    assert again[2:4] == (0, 0xC) and plain == [] and drv.calls == []
-    fn, drv, plain, ex = _function(monkeypatch, raw=False)
-    fn.launch((8, 1, 1), 0xD, cooperative=True)
-    name, grid, block, smem, stream, n, attr, on = drv.calls[0][:8]
-    assert (name, grid, block, smem, stream, n, attr, on) == \
-        ("cuLaunchKernelEx", (8, 1, 1), (256, 1, 1), 0, 0xD, 1, D.COOPERATIVE, 1)

@@ -12,10 +12,9 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, SM80_UP_FLAGS, Family, Problem, Verdict
-from .. import common
 from ..common import DTYPES, ZERO_MODES, constant_checks, split_for_fill
 from ..sm90a import layout
-from . import lowbit_layout
+from . import lowbit_layout, oneshot
 from .abi import GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog
@@ -39,7 +38,7 @@ class GemvFamily(Family):
         if problem.m > config.tokens:
             return False, f"{config.schedule} serves at most {config.tokens} rows of x, M={problem.m}"
         if config.oneshot:
-            sms, limit = common.oneshot_device()
+            sms, limit = oneshot.oneshot_device()
             fits, smem = config.oneshot_fits(problem.n, problem.k, problem.group_size, sms, limit)
             if not fits:
                 return False, (f"one-shot mode (_os): a CTA's share of the weight must fit its shared memory ({smem} B "

@@ -28,9 +28,9 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts
         best = splits_for(base, n, k, sms)
         for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
             out.append(base.replace(splits=s).schedule)
-    if layout == "sm90a":  # one-shot mode: the narrowest token tile that holds M, where a CTA's share fits
+    if layout == "sm90a":  # one-shot mode at M <= 8, where a CTA's share fits
         for shape in oneshot_shapes(bits):
             base = GemvConfig(bits=bits, **shape)
-            if m <= base.tokens < 2 * max(8, m) and base.oneshot_fits(n, k, group_size, sms)[0]:
+            if m <= base.tokens and base.oneshot_fits(n, k, group_size, sms)[0]:
                 out.append(base.schedule)
     return out

@@ -209,8 +209,10 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
 
 
 # One-shot mode (_os, gemv_oneshot.cuh): (tokens, warps along N) of the sm90a layout's int4 and int8;
-# strips and unroll are 1 (a unit is one strip over all of K, copied whole).
-ONESHOT_SHAPES = ((8, 8), (16, 8), (32, 8))
+# strips and unroll are 1 (a unit is one strip over all of K, copied whole). 8 tokens only: at 16 and
+# 32 every CTA reads all of x through L1 (as many bytes as its weights, or more) and lost to the sm90s
+# kernels by 1.3-3.2x on an H200 (docs/notes/gemv.md, "One-shot mode, measured").
+ONESHOT_SHAPES = ((8, 8),)
 
 
 def oneshot_shapes(bits: int):

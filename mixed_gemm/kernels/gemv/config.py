@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import ONESHOT_MAX_SMEM, ONESHOT_SMS, check_weight_kind, hash_once, oneshot_slab_bytes, raise_on
+from ..common import check_weight_kind, hash_once, raise_on
+from .oneshot import ONESHOT_MAX_SMEM, ONESHOT_SMS, oneshot_slab_bytes
 from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
 _SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(_ds)?(?:_o(\d+))?(_os)?(?:_split(\d+))?$")
@@ -57,7 +58,7 @@ class GemvConfig:
     of the sm90a and lowbit layouts, with or without a ring, not 1:2-sparse: the mma takes the codes
     in their offset encoding and each group's scale and zero are applied to the fp32 sums once per
     group, templates/atoms/deferred.cuh);
-    ``oneshot`` (``_os``, gemv_oneshot.cuh: the sm90a layout at 8, 16 or 32 tokens; units of 16 rows
+    ``oneshot`` (``_os``, gemv_oneshot.cuh: the sm90a layout at up to 8 tokens; units of 16 rows
     over all of K dealt over at most one CTA per SM, each CTA's whole share copied into shared memory
     with cp.async at its start and multiplied with the deferred form; only where that share fits,
     ``oneshot_fits``: the small shapes, where the stream is a few round trips long);
@@ -109,12 +110,12 @@ class GemvConfig:
             (not self.deferred or (self.layout != "sm80" and not self.fma and self.bits != 7),
              "deferred (_ds: group scaling after the mma) is for the mma kernels of the sm90a and lowbit layouts, "
              "not 1:2-sparse (a dropped element's zero would enter the sums of x)"),
-            (not self.oneshot or (self.layout == "sm90a" and self.bits in (4, 8) and self.tokens in (8, 16, 32)
+            (not self.oneshot or (self.layout == "sm90a" and self.bits in (4, 8) and self.tokens == 8
                                   and self.strips == 1 and self.unroll == 1 and wk == 1 and wn in ONESHOT_WARPS
                                   and not (self.stage_x or self.stages or self.occupancy or self.deferred)
                                   and self.splits == 1),
              f"oneshot (_os: each CTA's whole share of the weight copied at its start) reads the sm90a layout's "
-             f"int4 / int8 at 8, 16 or 32 tokens with its own loop: strips 1, unroll 1, warps (W, 1) with W in "
+             f"int4 / int8 at 8 tokens (m8) with its own loop: strips 1, unroll 1, warps (W, 1) with W in "
              f"{ONESHOT_WARPS}, one slice, no other mode"),
             (self.smem_bytes <= MAX_RING_SMEM,
              f"shared memory {self.smem_bytes} B above the per-CTA opt-in limit {MAX_RING_SMEM} B (a ring, or x "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...runtime import get_module, semaphores, workspace
 from ..base import sm_count
-from ..common import check_oneshot_copies, oneshot_smem_limit
+from .oneshot import check_oneshot_copies, oneshot_smem_limit
 from .abi import GemvArgs
 from .config import GemvConfig
 

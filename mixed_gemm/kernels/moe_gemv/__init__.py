@@ -16,11 +16,7 @@ sm90a-layout experts (``ops.experts.PackedExperts``), in one of three schedules:
   the item's slice from L2): each touched expert's bytes cross HBM once whatever the token count,
   untouched experts cost nothing, and split-K fills the GPU with a few small experts; ``fused``
   (``_m<tokens>_pe1``) runs both projections in ONE launch (an atomic work queue of gate|up items,
-  then down items, each down item waiting on its expert's gate|up items): one start, one sort;
-- one-shot mode (``oneshot``, ``_m1_os``): both projections in one launch of at most one CTA per SM,
-  each CTA's static share of both projections' bytes requested at its start (the down weights do
-  not depend on h) and a grid barrier between them: a layer at a token or two on many small
-  experts costs its bytes' time once plus a round trip, not a chain of load rounds per launch.
+  then down items, each down item waiting on its expert's gate|up items): one start, one sort.
 
 A grouped family: it is registered in ``kernels.GROUPED_FAMILIES``, not ``FAMILIES``, so dense
 selection never considers it; its problems are :class:`~..base.MoeProblem`, and ``ops.moe_grouped``
@@ -32,15 +28,13 @@ from typing import List
 
 from ...codegen import render_template
 from ..base import OK, SM80_UP_FLAGS, GroupedFamily, MoeProblem, Verdict
-from .. import common
 from ..common import DTYPES, grouped_constant_checks
 from ..sm90a import layout
-from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES, MOE_ONESHOT_ARGS_BYTES
+from .abi import MOE_GEMV_ARGS_BYTES, MOE_GEMV_FUSED_ARGS_BYTES
 from .candidates import candidate_schedules, layer_candidates
 from .catalog import default_catalog
 from .config import (GRID_Z, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
-                     ONESHOT_MAX_SMEM, ONESHOT_SMS, MoeGemvConfig, oneshot_smem, route_bytes,
-                     weight_constant_checks)
+                     MoeGemvConfig, route_bytes, weight_constant_checks)
 from .heuristics import heuristic_config, pays
 from .launch import MoeGemvLauncher
 
@@ -86,13 +80,6 @@ class MoeGemvFamily(GroupedFamily):
                            f"32-bit indices), got {problem.pairs}")
         if config.by_expert and problem.experts > GRID_Z:
             return False, f"expert mode (_xe): at most {GRID_Z} experts (a grid.z slot each), got {problem.experts}"
-        if config.oneshot:
-            sms, limit = common.oneshot_device()
-            smem = config.oneshot_layer(problem, sms)[3]
-            if problem.tokens < 1 or smem > limit:
-                return False, (f"one-shot mode (_os): a CTA's share of both projections must fit its shared memory "
-                               f"({smem} B for {problem.tokens} tokens x top_k {problem.top_k} on {sms} SMs, "
-                               f"at most {limit})")
         if config.persistent:
             if problem.pairs > PERSISTENT_MAX_PAIRS:
                 return False, (f"persistent mode (_pe): at most {PERSISTENT_MAX_PAIRS} (token, slot) pairs (sorted in "
@@ -106,17 +93,17 @@ class MoeGemvFamily(GroupedFamily):
         return OK
 
     def plan_rules(self, configs) -> Verdict:
-        """Can ``configs`` = (gate|up, down) run as one plan? A one-launch config (``_pe1``, ``_os``) runs both
+        """Can ``configs`` = (gate|up, down) run as one plan? A one-launch config (``_pe1``) runs both
         projections in one kernel, so its pair must be one too, of the same compiled kernel."""
         one = [getattr(c, "one_launch", False) for c in configs]
         if not any(one):
             return OK
         if not all(one):
-            return False, ("a one-launch schedule (_pe1, _os) runs both projections in one kernel: the gate|up and "
-                           "the down schedule must both be one-launch schedules of one mode")
+            return False, ("a one-launch schedule (_pe1) runs both projections in one kernel: the gate|up and "
+                           "the down schedule must both be one-launch schedules")
         if configs[0].kernel != configs[1].kernel:
             return False, (f"the one-launch schedules {configs[0].schedule} and {configs[1].schedule} must share one "
-                           "kernel (the same mode, strips, warps, unroll and rows per pass, one weight kind)")
+                           "kernel (the same strips, warps, unroll and rows per pass, one weight kind)")
         return OK
 
     def catalog(self) -> List[MoeGemvConfig]:
@@ -147,10 +134,7 @@ class MoeGemvFamily(GroupedFamily):
         if kernel.by_expert:
             doc = (doc.split(", one CTA per")[0] + f"; expert mode: a CTA per (expert x {kernel.tokens}-pair chunk, "
                    "row tile, K slice), one weight pass per chunk")
-        if kernel.oneshot:
-            doc = ("gate|up then down in one launch of at most one CTA per SM: each CTA requests its static share of "
-                   "both projections' weights at its start, a grid barrier between the projections")
-        elif kernel.fused:
+        if kernel.fused:
             doc = ("gate|up then down in one launch: resident CTAs claim (touched expert, row tile, K slice) items from "
                    "one queue, gate|up items first, a down item waiting on its expert's gate|up items")
         elif kernel.persistent:
@@ -161,10 +145,7 @@ class MoeGemvFamily(GroupedFamily):
             "moe_gemv/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name, persistent=kernel.persistent,
             fused=kernel.fused, tokens=kernel.tokens, fused_args_bytes=MOE_GEMV_FUSED_ARGS_BYTES,
-            oneshot=kernel.oneshot, oneshot_args_bytes=MOE_ONESHOT_ARGS_BYTES,
-            oneshot_smem_sample=oneshot_smem(kernel.warps[0], kernel.bits, 3, 128, 16, 1, 8, 48, 6),
-            oneshot_smem_staged=oneshot_smem(kernel.warps[0], kernel.bits, 0, 128, 16, 2, 8, 48, 6),
-            args_type="MoeOneShotArgs" if kernel.oneshot else "MoeGemvFusedArgs" if kernel.fused else "MoeGemvArgs",
+            args_type="MoeGemvFusedArgs" if kernel.fused else "MoeGemvArgs",
             kernel_struct=struct,
             tail_args=_tail_args(kernel),
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, stage=stage, stage_doc=doc, strips=kernel.strips,

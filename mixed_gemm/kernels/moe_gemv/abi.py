@@ -28,12 +28,3 @@ class MoeGemvFusedArgs(ctypes.Structure):
 
 
 MOE_GEMV_FUSED_ARGS_BYTES = ctypes.sizeof(MoeGemvFusedArgs)
-
-
-class MoeOneShotArgs(ctypes.Structure):
-    """``mixed_gemm::MoeOneShotArgs`` (templates/moe_gemv/moe_oneshot.cuh): one-shot mode's two projections,
-    its grid barrier's two counters and the units each CTA takes."""
-    _fields_ = [("up", MoeGemvArgs), ("down", MoeGemvArgs), ("sync", _p), ("up_per", _i), ("down_per", _i)]
-
-
-MOE_ONESHOT_ARGS_BYTES = ctypes.sizeof(MoeOneShotArgs)

@@ -7,17 +7,16 @@ from two tokens on, the expert-mode shapes too (their down kernel while its per-
 the persistent-mode shapes at every token count their rules allow (pairs and experts sorted in
 shared memory, per-pair planes within the workspace cap). The one-launch persistent mode (``_pe1``)
 cannot be timed one projection at a time: :func:`layer_candidates` gives its (gate|up, down) pairs,
-which the profiler times as a layer; so is one-shot mode (``_m1_os``), offered wherever a CTA's share of
-the layer fits its shared memory (a token or two on many small experts)."""
+which the profiler times as a layer."""
 from __future__ import annotations
 
 import itertools
 from typing import List, Tuple
 
 from ..base import MoeProblem
-from .catalog import ONESHOT_SHAPES, expert_shapes_for, persistent_shapes_for, shapes_for
-from .config import (GRID_Z, MAX_SPLITS, ONESHOT_MAX_SMEM, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS,
-                     PERSISTENT_MAX_TOP_K, MoeGemvConfig)
+from .catalog import expert_shapes_for, persistent_shapes_for, shapes_for
+from .config import (GRID_Z, MAX_SPLITS, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
+                     MoeGemvConfig)
 from .heuristics import WORKSPACE_FLOATS, launch_fields
 
 
@@ -61,19 +60,14 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
 
 
 def layer_candidates(problems, sms: int) -> List[Tuple[str, str]]:
-    """(gate|up, down) schedule pairs of the one-launch modes for ``problems`` = (gate|up problem, down
-    problem): one-shot mode at 8 and 16 warps where a CTA's share fits; persistent mode at 8 and 16 rows
-    per pass, each projection at the persistent heuristic's K split and at one slice, where the
-    persistent rules hold and both projections' planes fit the cap."""
+    """(gate|up, down) schedule pairs of the one-launch persistent mode for ``problems`` = (gate|up
+    problem, down problem): 8 and 16 rows per pass, each projection at the persistent heuristic's K
+    split and at one slice, where the persistent rules hold and both projections' planes fit the cap."""
     up, down = problems
-    out: List[Tuple[str, str]] = []
-    for warps in ONESHOT_SHAPES:  # one-shot mode wherever a CTA's share of the layer fits its shared memory
-        c13 = MoeGemvConfig(bits=up.bits, stage="w13", strips=1, warps=(warps, 1), unroll=1, oneshot=True)
-        if up.tokens >= 1 and c13.oneshot_layer(up, sms)[3] <= ONESHOT_MAX_SMEM:
-            out.append((c13.schedule, c13.replace(stage="w2").schedule))
     if not (1 <= up.tokens and up.pairs <= PERSISTENT_MAX_PAIRS and up.experts <= PERSISTENT_MAX_EXPERTS
             and up.top_k <= PERSISTENT_MAX_TOP_K):
-        return out
+        return []
+    out: List[Tuple[str, str]] = []
     for rows in (8, 16):
         per_stage = []
         for p in problems:

@@ -6,8 +6,7 @@ tokens, one persistent-mode shape per stage at 8 and 16 tokens, and the one-laun
 parameters (``_ds``: the mma path, for the large experts' one-token stream): 88 kernels. Profile
 candidates besides (in the catalog so that ``build --all`` and the tests reach them, in a kernel
 package only where a profile names them: ``MoeGemvFamily.packaged``): the deferred gate|up shapes
-with the page touch before the main loop (``_tp``): 12 kernels; the one-shot kernels (``_m1_os``, both
-stages in one kernel: 8 and 16 warps per CTA): 8 kernels."""
+with the page touch before the main loop (``_tp``): 12 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -52,11 +51,6 @@ PERSISTENT_SHAPES = (
 )
 
 
-# One-shot mode (oneshot, _m1_os): warps per CTA, the mode's one shape field (8: 256 threads, 16: 512;
-# a CTA's math over its share is what overlaps the stream, and 16 warps halve each warp's K range).
-ONESHOT_SHAPES = (8, 16)
-
-
 def shapes_for(bits: int, stage: str = None):
     return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SHAPES if stage in (None, st)]
 
@@ -81,6 +75,4 @@ def default_catalog() -> List[MoeGemvConfig]:
                   for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b)]
     fused = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True, fused=True)
              for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b, "w13")]
-    oneshot = [MoeGemvConfig(dtype=d, bits=b, stage="w13", strips=1, warps=(w, 1), unroll=1, oneshot=True)
-               for d in DTYPES for b in (4, 8) for w in ONESHOT_SHAPES]
-    return pair + expert + persistent + fused + touch + oneshot
+    return pair + expert + persistent + fused + touch

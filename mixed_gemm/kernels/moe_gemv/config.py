@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import ONESHOT_MAX_SMEM, ONESHOT_SMS, check_weight_kind, hash_once, oneshot_slab_bytes, raise_on
+from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe|os))?(_ds)?(_tp)?(?:_split(\d+))?(_kloop)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(_ds)?(_tp)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -26,8 +26,6 @@ PERSISTENT_MAX_EXPERTS = 1024
 PERSISTENT_MAX_TOP_K = 32
 ROUTE_SCRATCH_WORDS = 2 * 16 + 2  # MoeGemvPersistent::route_words: per-warp partials (16 warps) + 2
 FUSED_CLAIM_BYTES = 16  # one-launch persistent mode (MoeGemvFused): the claimed work item, in shared memory
-# One-shot mode (MoeGemvOneShot, templates/moe_gemv/moe_oneshot.cuh): warps a CTA may have.
-ONESHOT_WARPS = (4, 8, 16)
 # torch dtype name of the down projection's top-k weights -> MoeGemvArgs::weights_dtype (mixed_gemm::kMoeWeight*,
 # templates/moe_gemv/moe_gemv.cuh; checked by weight_constant_checks). Pair and persistent modes read all
 # three; expert mode fp32 only (the launcher's native_weights).
@@ -38,18 +36,6 @@ def weight_constant_checks():
     """``(C++ expression, Python value)`` pairs of :data:`WEIGHT_ELEMENTS`, for the rendered sources."""
     names = {"float32": "kMoeWeightF32", "float16": "kMoeWeightF16", "bfloat16": "kMoeWeightBf16"}
     return [(f"mixed_gemm::{names[k]}", v) for k, v in WEIGHT_ELEMENTS.items()]
-
-
-def oneshot_smem(warps: int, bits: int, up_per: int, up_katoms: int, up_groups: int, down_per: int, top_k: int,
-                 down_katoms: int, down_groups: int) -> int:
-    """One-shot mode's dynamic shared memory (``MoeGemvOneShot::smem_bytes``): ``up_per`` gate|up units of two
-    strips' slabs (all K atoms, then the groups' parameters; after the grid barrier the same bytes hold each
-    warp's h slices, 32 bytes an atom of each (down unit, slot), if those are more), ``down_per`` down units of
-    ``top_k`` slabs, then the warps' partial sums (32 floats a gate|up unit, 16 a down unit)."""
-    staged_h = down_per * top_k * warps * -(-down_katoms // warps) * 32
-    return (max(up_per * 2 * oneshot_slab_bytes(bits, up_katoms, up_groups), staged_h)
-            + down_per * top_k * oneshot_slab_bytes(bits, down_katoms, down_groups)
-            + (up_per * 32 + down_per * 16) * warps * 4)
 
 
 def route_bytes(experts: int, pairs: int) -> int:
@@ -87,11 +73,7 @@ class MoeGemvConfig:
     launch, ``MoeGemvFused``): one kernel runs both projections, gate|up items then down items from
     one atomic work queue, a down item waiting on its expert's gate|up items; its compiled identity
     holds both stages (``kernel`` and ``kernel_name`` are stage-free: the gate|up and down configs of
-    a plan share it, and must share the tile: ``MoeGemvFamily.plan_rules``). ``oneshot`` (``_m1_os``:
-    one-shot mode, ``MoeGemvOneShot``): one launch of at most one CTA per SM for both projections, each
-    CTA's static share of both projections' weights (16-output units) requested with cp.async at its
-    start, a grid barrier between gate|up and down; ``warps`` = (W, 1) is its only shape field; a launch
-    whose share does not fit shared memory is refused (``oneshot_geometry``). At launch: ``splits``, K slices across CTAs (grid.y; added in slice order in
+    a plan share it, and must share the tile: ``MoeGemvFamily.plan_rules``). At launch: ``splits``, K slices across CTAs (grid.y; added in slice order in
     the kernel), and for pair mode's ``w2`` ``slot_loop`` (``_kloop``: each CTA adds all top-k
     slots of its token itself, instead of one CTA per slot whose fp32 planes the last arrival adds
     in slot order). ``schedule`` (``w13_s2_w4x1_u8_split2``, ``w2_s1_w4x2_u8_m16_xe_split2``) is what
@@ -111,7 +93,6 @@ class MoeGemvConfig:
     fused: bool = False
     deferred: bool = False
     touch_pages: bool = False
-    oneshot: bool = False
     splits: int = 1
     slot_loop: bool = False
 
@@ -141,19 +122,8 @@ class MoeGemvConfig:
             (not ((self.by_expert or self.persistent) and self.slot_loop),
              "slot_loop (_kloop) is pair mode's: in expert and persistent mode a token's slots lie in different "
              "experts' CTAs"),
-            (not self.oneshot or (self.strips == 1 and self.unroll == 1 and wk == 1 and wn in ONESHOT_WARPS
-                                  and not (self.tiled or self.deferred or self.touch_pages or self.slot_loop)
-                                  and self.splits == 1),
-             f"oneshot (_m1_os: both projections in one launch, each CTA's bytes requested at its start) has its own "
-             f"loop: strips 1, unroll 1, warps (W, 1) with W in {ONESHOT_WARPS}, one slice, no other mode"),
             (self.smem_bytes <= MAX_STATIC_SMEM, f"shared memory {self.smem_bytes} B above the static {MAX_STATIC_SMEM} B"),
         ], "MoeGemvConfig")
-
-    def __repr__(self) -> str:
-        # oneshot only when set: the repr heads every generated source (and so its cache key), and the
-        # kernels of the other modes keep the sources they had before the field existed.
-        fields = [f for f in dataclasses.fields(self) if f.name != "oneshot" or self.oneshot]
-        return "MoeGemvConfig(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
 
     @property
     def layout(self) -> str:
@@ -169,9 +139,8 @@ class MoeGemvConfig:
 
     @property
     def rows(self) -> int:
-        """Outputs per CTA: columns of h (w13; twice as many weight rows) or of y (w2); one-shot mode: of a
-        unit (the CTA takes several)."""
-        return 16 if self.oneshot else 16 * self.strips * self.warps[0]
+        """Outputs per CTA: columns of h (w13; twice as many weight rows) or of y (w2)."""
+        return 16 * self.strips * self.warps[0]
 
     @property
     def accumulators(self) -> int:
@@ -190,8 +159,6 @@ class MoeGemvConfig:
         """Static shared memory: the cross-warp K reduction buffer (gemv's); expert mode adds each
         warp's staged x slice (``tokens`` rows of ``unroll`` atoms, padded by 16 bytes: gemv's XStage)
         and the routing scan's ints (the chunk's entries, rows and arrivals, per-warp counts)."""
-        if self.oneshot:  # all dynamic, sized per launch (oneshot_smem)
-            return 0
         if self.fused:  # both stages' code in one kernel: the larger area, then the claimed item
             return max(self.replace(fused=False, stage=s).smem_bytes for s in STAGES) + FUSED_CLAIM_BYTES
         wn, wk = self.warps
@@ -215,39 +182,13 @@ class MoeGemvConfig:
 
     @property
     def max_smem(self) -> int:
-        """Persistent and one-shot mode: the most dynamic shared memory a launch takes (the function's opt-in)."""
-        if self.oneshot:
-            return ONESHOT_MAX_SMEM
+        """Persistent mode: the most dynamic shared memory a launch takes (the function's opt-in)."""
         return self.launch_smem(PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS) if self.persistent else 0
 
     @property
     def one_launch(self) -> bool:
-        """Both projections in one kernel (``_pe1``, ``_os``): the plan's two configs share it."""
-        return self.fused or self.oneshot
-
-    def oneshot_geometry(self, tokens: int, top_k: int, inter: int, hidden: int, up_katoms: int, up_groups: int,
-                         down_katoms: int, down_groups: int, sms: int) -> Tuple[int, int, int, int]:
-        """One-shot mode: ``(CTAs, gate|up units per CTA, down units per CTA, dynamic shared memory)`` for
-        ``tokens`` x ``top_k`` pairs of a layer (gate|up units: 16 h columns of a pair; down units: 16 y
-        columns of a token), at most one CTA per SM (``sms``), the units dealt out evenly and CTAs
-        without any dropped."""
-        up_units, down_units = tokens * top_k * (inter // 16), tokens * -(-hidden // 16)
-        grid = max(1, min(sms, max(up_units, down_units)))
-        up_per, down_per = -(-up_units // grid), -(-down_units // grid)
-        grid = max(1, -(-up_units // max(1, up_per)), -(-down_units // max(1, down_per)))
-        smem = oneshot_smem(self.warps[0], self.bits, up_per, up_katoms, up_groups, down_per, top_k, down_katoms,
-                            down_groups)
-        return grid, up_per, down_per, smem
-
-    def oneshot_layer(self, problem, sms: int = ONESHOT_SMS) -> Tuple[int, int, int, int]:
-        """:meth:`oneshot_geometry` for either projection's problem (one determines the layer: gate|up is
-        ``(2I, H)``, down ``(H, I)``), both projections quantized alike (group size ``-1``: per channel)."""
-        inter, hidden = (problem.n // 2, problem.k) if problem.stage == "w13" else (problem.k, problem.n)
-
-        def groups(k: int) -> int:
-            return 1 if problem.group_size == -1 else -(-k // problem.group_size)
-        return self.oneshot_geometry(problem.tokens, problem.top_k, inter, hidden, -(-hidden // 16), groups(hidden),
-                                     -(-inter // 16), groups(inter), sms)
+        """Both projections in one kernel (``_pe1``): the plan's two configs share it."""
+        return self.fused
 
     @functools.cached_property
     def kernel(self) -> "MoeGemvConfig":
@@ -261,8 +202,7 @@ class MoeGemvConfig:
         wn, wk = self.warps
         return (f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
                 + (f"_m{self.tokens}_xe" if self.by_expert
-                   else f"_m{self.tokens}_pe{'1' if self.fused else ''}" if self.persistent
-                   else f"_m{self.tokens}_os" if self.oneshot else "")
+                   else f"_m{self.tokens}_pe{'1' if self.fused else ''}" if self.persistent else "")
                 + ("_ds" if self.deferred else "") + ("_tp" if self.touch_pages else ""))
 
     @functools.cached_property
@@ -285,11 +225,11 @@ class MoeGemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1|_m1_os][_ds][_tp][_split<S>][_kloop]")
+                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_tp][_split<S>][_kloop]")
         stage, s, wn, wk, u, tokens, mode, ds, tp, sp, kloop = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode in ("pe", "pe1"), fused=mode == "pe1",
-                   oneshot=mode == "os", deferred=bool(ds), touch_pages=bool(tp), splits=int(sp or 1), slot_loop=bool(kloop))
+                   deferred=bool(ds), touch_pages=bool(tp), splits=int(sp or 1), slot_loop=bool(kloop))
 
     def replace(self, **changes) -> "MoeGemvConfig":
         return dataclasses.replace(self, **changes)

@@ -6,8 +6,8 @@ import torch
 
 from ...runtime import get_module, semaphores, workspace
 from ..base import compute_capability, sm_count
-from ..common import PER_CHANNEL_SHIFT, check_oneshot_copies, oneshot_smem_limit
-from .abi import MoeGemvArgs, MoeGemvFusedArgs, MoeOneShotArgs
+from ..common import PER_CHANNEL_SHIFT
+from .abi import MoeGemvArgs, MoeGemvFusedArgs
 from .config import GRID_Z, WEIGHT_ELEMENTS, MoeGemvConfig
 
 # torch dtype -> MoeGemvArgs::weights_dtype (a dict lookup on the hot path)
@@ -37,16 +37,13 @@ class MoeGemvLauncher:
         module = get_module(spec, device_index)
         self.config = config
         self.device_index = device_index
-        # Static shared memory, or (persistent mode) dynamic: the kernel's and the routing's, per launch;
-        # (one-shot mode) the units' slabs, per launch, up to what the device allows a block.
-        args = MoeOneShotArgs if config.oneshot else MoeGemvFusedArgs if config.fused else MoeGemvArgs
-        smem = oneshot_smem_limit(device_index) if config.oneshot else config.max_smem
-        self.fn = module.function(config.kernel_name, args, config.threads, smem)
-        self._smem_limit = smem
+        # Static shared memory, or (persistent mode) dynamic: the kernel's and the routing's, per launch.
+        args = MoeGemvFusedArgs if config.fused else MoeGemvArgs
+        self.fn = module.function(config.kernel_name, args, config.threads, config.max_smem)
         self._blocks = {}  # the experts' key -> (argument block, argv, row tiles, splits)
         self._resident = {}  # persistent mode: dynamic shared memory -> resident CTAs on the device
         self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
-        self.pdl_capable = (not config.gated and not config.one_launch
+        self.pdl_capable = (not config.gated and not config.fused
                             and (compute_capability(device_index) or (0, 0)) >= (9, 0))
 
     @property
@@ -79,9 +76,9 @@ class MoeGemvLauncher:
 
     @property
     def one_launch(self) -> bool:
-        """The one-launch modes (``_pe1``, ``_os``): run_grouped calls :meth:`launch_layer` (both projections)
-        instead. (Not ``fused``: moe_sm80's launchers have that attribute, for their gather.)"""
-        return self.config.one_launch
+        """The one-launch mode: run_grouped calls :meth:`launch_layer` (both projections) instead.
+        (Not ``fused``: moe_sm80's launchers have that attribute, for their gather.)"""
+        return self.config.fused
 
     def _block(self, w, key):
         args, argv = self.fn.block()
@@ -239,9 +236,6 @@ class MoeGemvLauncher:
         if pairs == 0:
             return
         down._check_weights(weights)
-        if self.config.oneshot:
-            self._launch_oneshot(down, x, w13, w2, ids, weights, h, y, tokens, top_k, stream)
-            return
         key = (w13.b.data_ptr(), w13.scales.data_ptr(), w13.zeros.data_ptr(), w13.num_experts, w13.n, w13.k,
                w13.group_size, w13.gate_up, w2.b.data_ptr(), w2.scales.data_ptr(), w2.zeros.data_ptr(), w2.n, w2.k,
                w2.group_size, down.config)
@@ -275,54 +269,3 @@ class MoeGemvLauncher:
                 sub.z0, sub.chunks, sub.pdl = 0, 1, 0
             a.sync = ints
             fn.launch((grid, 1, 1), stream, argv, smem)
-
-    # ---- one-shot mode (config.oneshot): this launcher is the gate|up config's ----
-
-    def _oneshot_block(self, down, w13, w2, key):
-        """The argument block of one (w13, w2) pair: both projections' weight fields, after the checks
-        cp.async's 16-byte copies need (raised before any launch)."""
-        for name, w in (("w13", w13), ("w2", w2)):
-            check_oneshot_copies(name, b=w.b, scales=w.scales, zeros=w.zeros)
-        if w13.k != w2.n or w13.n != 2 * w2.k:
-            raise ValueError(f"w2: one-shot mode (_os) runs a layer: w13 (2I, H) and w2 (H, I), got w13 "
-                             f"({w13.n}, {w13.k}) and w2 ({w2.n}, {w2.k})")
-        args, argv = self.fn.block()
-        self._fill_weight(args.up, self.config, w13)
-        self._fill_weight(args.down, down.config, w2)
-        blk = self._blocks[key] = (args, argv)
-        return blk
-
-    def _oneshot_shape(self, w13, w2, tokens: int, top_k: int, key):
-        """``(CTAs, gate|up units per CTA, down units per CTA, shared memory)`` of a launch, from shapes only,
-        once per (weights, tokens, top_k); ValueError when a CTA's share does not fit this device."""
-        shape = self.config.oneshot_geometry(tokens, top_k, w2.k, w13.k, w13.b.shape[1], w13.scales.shape[1],
-                                             w2.b.shape[1], w2.scales.shape[1], sm_count(self.device_index))
-        if shape[3] > self._smem_limit:
-            raise ValueError(f"tokens: one-shot mode (_os) holds a CTA's share of both projections in shared memory: "
-                             f"{shape[3]} B for {tokens} tokens x top_k {top_k} on this device, which allows "
-                             f"{self._smem_limit}; take another schedule for this many tokens")
-        self._persistent[(key, tokens, top_k)] = shape
-        return shape
-
-    def _launch_oneshot(self, down, x, w13, w2, ids, weights, h, y, tokens: int, top_k: int, stream: int) -> None:
-        """One launch of at most one CTA per SM, cooperative (its grid barrier needs every CTA resident);
-        the barrier's two counters from the stream's semaphores (zeroed again by the kernel)."""
-        key = (w13.b.data_ptr(), w13.scales.data_ptr(), w13.zeros.data_ptr(), w13.num_experts, w13.n, w13.k,
-               w13.group_size, w13.gate_up, w2.b.data_ptr(), w2.scales.data_ptr(), w2.zeros.data_ptr(), w2.n, w2.k,
-               w2.group_size, down.config)
-        blk = self._blocks.get(key)
-        if blk is None:
-            blk = self._oneshot_block(down, w13, w2, key)
-        a, argv = blk
-        shape = self._persistent.get((key, tokens, top_k))
-        if shape is None:
-            shape = self._oneshot_shape(w13, w2, tokens, top_k, key)
-        grid, up_per, down_per, smem = shape
-        fn = self.fn
-        with fn.lock:
-            for sub, src, out, wts in ((a.up, x, h, None), (a.down, h, y, weights)):
-                self._set_io(sub, src, ids, wts, out, tokens, top_k, 1, 0, 0)
-                sub.z0, sub.chunks, sub.pdl = 0, 1, 0
-            a.sync = semaphores(self.device_index, stream, 2)
-            a.up_per, a.down_per = up_per, down_per
-            fn.launch((grid, 1, 1), stream, argv, smem, cooperative=True)
