@@ -1,8 +1,8 @@
 // How fast one CTA per SM can pull its share of a weight into shared memory when every byte is
 // requested at the start, by the copy instruction used (docs/notes/gemv.md and moe.md, "One-shot mode"; results: bench/results/h200-copy-probe-2026-11-28.md).
 //
-// The one-shot kernels (gemv `_os`; moe_gemv `_m1_os` until it was removed) issue 16-byte cp.async for a CTA's whole
-// share (64-160 KB) and then compute; on the H200 they ran at 12-30% of the memory floor. This
+// The one-shot kernels (gemv `_os`, moe_gemv `_m1_os`; both since removed) issued 16-byte cp.async for a CTA's whole
+// share (64-160 KB) and then computed; on the H200 they ran at 12-30% of the memory floor. This
 // probe times the copy alone, without the math, every CTA copying BYTES into its shared memory:
 //   cp    cp.async.cg 16 B, a warp instruction 512 contiguous bytes (the best case for cp.async);
 //   cps   cp.async.cg 16 B in the one-shot kernels' pattern: CHUNK-byte pieces (a CTA's strips at one

@@ -13,7 +13,10 @@ A case is one line of the file CASES (or a ``--case`` argument, repeatable):
     4096 4096 16 4 128 sm80:t16x64x128_w1x1x4_s4_sm90a_kparallel4 gemv:m16_s4_w2x2_u4_p3_split4
 
 Prints one row per (case, schedule): µs, speedup over cuBLAS, the weight's share of the 3.0 TB/s
-floor and the relative error. ``--pack`` instead builds the cases' kernels (where missing) and writes
+floor and the relative error. Each schedule runs on the same codes packed in the layout it reads;
+note that ``matmul`` on a weight packed ``"auto"`` (sm90a on Hopper) never runs an sm80-layout
+schedule: a profile entry naming one is passed over there, so an A/B against it says nothing about
+what selection runs (``mixed-gemm bench`` with and without the entry does). ``--pack`` instead builds the cases' kernels (where missing) and writes
 their kernel-cache entries to one xz tar, which bench/device/env.sh unpacks on the GPU machine: a
 call then carries the few kernels it times instead of the whole cache. ``--pack-all DIR`` packs every
 catalog kernel as built for the current sources (``mixed-gemm build --all``, which builds the missing

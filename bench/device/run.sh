@@ -223,6 +223,8 @@ for step in "$@"; do
     wgmma-probe)  # bench/wgmma_probe.cu: wgmma throughput, register A against shared A, with and without the conversion's instructions (serving-mainloop.md)
       nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I"$(python3 -c 'from mixed_gemm.compile import cutlass_include_dir; print(cutlass_include_dir())')" \
         -Itemplates bench/wgmma_probe.cu -o /tmp/wgmma_probe && /tmp/wgmma_probe | tee "$OUT/wgmma_probe.md" | tail -20 ;;
+    copy-probe)  # bench/copy_probe.cu: one CTA per SM pulling its share into shared memory (cp.async, TMA bulk, ld.global), every byte requested at the start (gemv.md / moe.md, "One-shot mode")
+      nvcc -std=c++17 -O3 -arch=sm_90a bench/copy_probe.cu -o /tmp/copy_probe && /tmp/copy_probe | tee "$OUT/copy_probe.md" | tail -20 ;;
 
     # --- profiles ---
     profile)  # the whole sweep of the Llama-3 8B/70B shapes into $OUT/h100.json (resumes a carried profiles/h100.partial.jsonl)

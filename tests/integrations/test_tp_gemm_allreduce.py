@@ -87,10 +87,6 @@ def test_the_selected_gemv_config_is_kept_so_results_match_the_unfused_path():
     assert gemv_config_for(_problem(9, layout="lowbit", bits=2), 132, None) is None
     # a chosen config too small for M, or of another layout, is not taken
     assert gemv_config_for(_problem(16), 132, chosen).tokens == 16
-    # nor a one-shot config (its own loop and epilogue: no fused all-reduce)
-    oneshot = GemvConfig.from_schedule("m8_s1_w8x1_u1_os", bits=4)
-    assert not GemvAllReduceConfig.fits(oneshot)
-    assert gemv_config_for(_problem(8), 132, oneshot) == heuristic
 
 
 def test_configs_whose_shared_memory_would_overflow_are_replaced():

@@ -67,8 +67,6 @@ class GemvAllReduceConfig:
 
     @classmethod
     def fits(cls, gemv: GemvConfig) -> bool:
-        if gemv.oneshot:  # its own loop and epilogue: nothing to fuse the all-reduce into
-            return False
         extra = cls.tile_bytes(gemv) + _EXTRA_SMEM
         if gemv.dynamic_smem:
             return gemv.smem_bytes + extra <= MAX_RING_SMEM
@@ -218,8 +216,8 @@ def gemv_config_for(problem: Problem, sms: int, chosen: Optional[GemvConfig] = N
     if "sm80" in layouts and problem.m <= 16:
         base = GemvConfig.from_schedule(SM80_SCHEDULE, **problem.kind)
         candidates.append(base.replace(splits=splits_for(base, problem.n, problem.k, sms)))
-    for config in candidates:  # (one-shot mode has no fused epilogue: its CTAs are not the gemv tiles)
-        if (isinstance(config, GemvConfig) and not config.oneshot and GemvAllReduceConfig.fits(config)
+    for config in candidates:
+        if (isinstance(config, GemvConfig) and GemvAllReduceConfig.fits(config)
                 and GEMV.can_implement(config, problem)[0]):
             return config
     return None

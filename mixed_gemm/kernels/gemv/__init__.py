@@ -2,9 +2,7 @@
 streams from global memory straight into mma.sync fragments, in the layout the large-M family of
 the GPU reads: the ``sm90a`` layout (the weight is the A operand: gemv.cuh) on Hopper, the ``sm80``
 layout (the weight is the B operand: gemv_sm80.cuh) on Ampere/Ada, so one copy serves every M.
-mma.sync runs on sm_80 and later; each config reads one layout (``GemvConfig.layout``). One-shot mode
-(``_os``, gemv_oneshot.cuh) serves the small shapes, where the stream is a few round trips long: each
-CTA copies its whole share of the weight into shared memory at its start.
+mma.sync runs on sm_80 and later; each config reads one layout (``GemvConfig.layout``).
 """
 from __future__ import annotations
 
@@ -14,11 +12,11 @@ from ...codegen import render_template
 from ..base import OK, SM80_UP_FLAGS, Family, Problem, Verdict
 from ..common import DTYPES, ZERO_MODES, constant_checks, split_for_fill
 from ..sm90a import layout
-from . import lowbit_layout, oneshot
+from . import lowbit_layout
 from .abi import GEMV_ARGS_BYTES
 from .candidates import candidate_schedules
 from .catalog import default_catalog
-from .config import MAX_SPLITS, GemvConfig, oneshot_smem
+from .config import MAX_SPLITS, GemvConfig
 from .heuristics import MAX_M, heuristic_config
 from .launch import GemvLauncher
 
@@ -37,12 +35,6 @@ class GemvFamily(Family):
             return ok, why
         if problem.m > config.tokens:
             return False, f"{config.schedule} serves at most {config.tokens} rows of x, M={problem.m}"
-        if config.oneshot:
-            sms, limit = oneshot.oneshot_device()
-            fits, smem = config.oneshot_fits(problem.n, problem.k, problem.group_size, sms, limit)
-            if not fits:
-                return False, (f"one-shot mode (_os): a CTA's share of the weight must fit its shared memory ({smem} B "
-                               f"for ({problem.n}, {problem.k}) on {sms} SMs, at most {limit})")
         return OK
 
     def layout_of(self, config: GemvConfig) -> str:
@@ -52,18 +44,14 @@ class GemvFamily(Family):
         return default_catalog()
 
     def candidates(self, problem: Problem, sms: int) -> List[str]:
-        return candidate_schedules(problem.m, problem.n, problem.k, sms, problem.bits, problem.layout.split("+"),
-                                   problem.group_size)
+        return candidate_schedules(problem.m, problem.n, problem.k, sms, problem.bits, problem.layout.split("+"))
 
     def heuristic(self, problem: Problem, sms: int):
         return heuristic_config(problem, sms)
 
     def refit(self, config: GemvConfig, problem: Problem, sms: int, measured: Problem) -> GemvConfig:
         """Splits for this shape's row tiles: it keeps the measured CTA count where the measured
-        factor would under-fill the GPU (fewer tiles) or add CTAs (more; :func:`split_for_fill`). One-shot
-        mode has no splits: its CTAs come from the shape."""
-        if config.oneshot:
-            return config
+        factor would under-fill the GPU (fewer tiles) or add CTAs (more; :func:`split_for_fill`)."""
         columns = config.launch_geometry(problem.n, problem.k)[0]
         rows_measured, splits, _, _ = config.launch_geometry(measured.n, measured.k)
         best = split_for_fill(splits, rows_measured, columns, min(MAX_SPLITS, config.steps(problem.k)), sms,
@@ -89,8 +77,7 @@ def render_params(kernel: GemvConfig) -> dict:
         stage_x="true" if kernel.stage_x else "false", stages=kernel.stages, dynamic_smem=kernel.dynamic_smem, deferred=kernel.deferred, threads=kernel.threads,
         occupancy=kernel.occupancy,
         rows=kernel.rows, smem_bytes=kernel.smem_bytes, args_bytes=GEMV_ARGS_BYTES, constants=constant_checks(),
-        lowbit_constants=lowbit_layout.constant_checks(kernel.bits), oneshot=kernel.oneshot,
-        oneshot_smem_sample=oneshot_smem(kernel.warps[0], kernel.bits, max(1, kernel.tokens // 8), 3, 256, 32),
+        lowbit_constants=lowbit_layout.constant_checks(kernel.bits),
         world_size=0,  # the plain gemv; the fused all-reduce's ranks otherwise
     )
 

@@ -1,20 +1,18 @@
 """The gemv schedules ``mixed-gemm profile`` tries for one problem: every catalog shape whose token
 tile holds M and is not more than 4x wider than needed, at split counts around the one that gives
-each SM a few CTAs; one-shot mode (``_os``) where it fits."""
+each SM a few CTAs."""
 from __future__ import annotations
 
 from typing import List
 
-from .catalog import oneshot_shapes, shapes_for
+from .catalog import shapes_for
 from .config import MAX_SPLITS, GemvConfig
 from .heuristics import MAX_M, splits_for
 
 
-def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts=("sm90a",),
-                        group_size: int = 128) -> List[str]:
+def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts=("sm90a",)) -> List[str]:
     """``layouts``: those the weight holds; the sm90a kernels where it has that copy, else the
-    sm80-layout ones; one-shot mode where a CTA's share of the weight (its ``group_size``: -1 or K
-    per channel) fits its shared memory."""
+    sm80-layout ones."""
     layout = "lowbit" if "lowbit" in layouts else ("sm90a" if "sm90a" in layouts else "sm80")
     if m > MAX_M or layout not in layouts:
         return []
@@ -28,9 +26,4 @@ def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4, layouts
         best = splits_for(base, n, k, sms)
         for s in sorted({1, max(1, best // 2), best, min(2 * best, steps, MAX_SPLITS)}):
             out.append(base.replace(splits=s).schedule)
-    if layout == "sm90a":  # one-shot mode at M <= 8, where a CTA's share fits
-        for shape in oneshot_shapes(bits):
-            base = GemvConfig(bits=bits, **shape)
-            if m <= base.tokens and base.oneshot_fits(n, k, group_size, sms)[0]:
-                out.append(base.schedule)
     return out

@@ -208,23 +208,10 @@ def shapes_for(bits: int, layout: str = "sm90a") -> List[dict]:
             + [_shape(t, s, w, half(u), xs, occupancy=oc, deferred=True) for t, s, w, u, xs, oc in DEFERRED_SHAPES])
 
 
-# One-shot mode (_os, gemv_oneshot.cuh): (tokens, warps along N) of the sm90a layout's int4 and int8;
-# strips and unroll are 1 (a unit is one strip over all of K, copied whole). 8 tokens only: at 16 and
-# 32 every CTA reads all of x through L1 (as many bytes as its weights, or more) and lost to the sm90s
-# kernels by 1.3-3.2x on an H200 (docs/notes/gemv.md, "One-shot mode, measured").
-ONESHOT_SHAPES = ((8, 8),)
-
-
-def oneshot_shapes(bits: int):
-    return [dict(tokens=t, strips=1, warps=(w, 1), unroll=1, oneshot=True) for t, w in ONESHOT_SHAPES] \
-        if bits in (4, 8) else []
-
-
 def default_catalog() -> List[GemvConfig]:
     sm90a = [GemvConfig(dtype=d, bits=b, **shape) for d in DTYPES for b in (4, 8) for shape in shapes_for(b)]
     sm80 = [GemvConfig(dtype=d, bits=b, zero_mode=z, layout="sm80", **shape)
             for d in DTYPES for b in (4, 8) for z in ZERO_MODES for shape in shapes_for(b, "sm80")]
     lowbit = [GemvConfig(dtype=d, bits=b, layout="lowbit", **shape)
               for d in DTYPES for b in LOWBIT_BITS for shape in shapes_for(b, "lowbit")]
-    oneshot = [GemvConfig(dtype=d, bits=b, **shape) for d in DTYPES for b in (4, 8) for shape in oneshot_shapes(b)]
-    return sm90a + sm80 + lowbit + oneshot
+    return sm90a + sm80 + lowbit

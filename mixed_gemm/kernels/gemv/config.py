@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
-from .oneshot import ONESHOT_MAX_SMEM, ONESHOT_SMS, oneshot_slab_bytes
 from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
-_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(_ds)?(?:_o(\d+))?(_os)?(?:_split(\d+))?$")
+_SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(_ds)?(?:_o(\d+))?(?:_split(\d+))?$")
 LAYOUTS = ("sm90a", "sm80", "lowbit")
 TOKENS = (1, 2, 4, 8, 16, 32)
 MAX_SPLITS = 32
@@ -24,15 +23,6 @@ MAX_STATIC_SMEM = 48 * 1024  # the kernel's shared memory is static up to here (
 # runtime checks the device's).
 MAX_RING_SMEM = 227 * 1024
 STAGES = (0, 2, 3, 4)  # 0: no ring (gemv.cuh); else the cp.async ring's depth (gemv_pipe.cuh)
-# One-shot mode (gemv_oneshot.cuh): warps a CTA may have.
-ONESHOT_WARPS = (8, 16)
-
-
-def oneshot_smem(warps: int, bits: int, tiles: int, per: int, katoms: int, groups: int) -> int:
-    """One-shot mode's dynamic shared memory (``GemvOneShot::smem_bytes``): ``per`` units' slabs (a 16-row
-    strip's atoms over all of K, then its groups' parameters), then the warps' partial sums (4 floats a
-    lane and n8 tile of tokens)."""
-    return per * oneshot_slab_bytes(bits, katoms, groups) + per * warps * tiles * 512
 
 
 @hash_once
@@ -58,10 +48,6 @@ class GemvConfig:
     of the sm90a and lowbit layouts, with or without a ring, not 1:2-sparse: the mma takes the codes
     in their offset encoding and each group's scale and zero are applied to the fp32 sums once per
     group, templates/atoms/deferred.cuh);
-    ``oneshot`` (``_os``, gemv_oneshot.cuh: the sm90a layout at up to 8 tokens; units of 16 rows
-    over all of K dealt over at most one CTA per SM, each CTA's whole share copied into shared memory
-    with cp.async at its start and multiplied with the deferred form; only where that share fits,
-    ``oneshot_fits``: the small shapes, where the stream is a few round trips long);
     ``occupancy`` (``_o<N>``: compiled with
     ``__launch_bounds__(threads, N)``, so ptxas caps the registers for N CTAs per SM; 0: its own
     choice). At launch: ``splits``,
@@ -82,7 +68,6 @@ class GemvConfig:
     stages: int = 0
     occupancy: int = 0
     deferred: bool = False
-    oneshot: bool = False
 
     family = "gemv"
 
@@ -110,13 +95,6 @@ class GemvConfig:
             (not self.deferred or (self.layout != "sm80" and not self.fma and self.bits != 7),
              "deferred (_ds: group scaling after the mma) is for the mma kernels of the sm90a and lowbit layouts, "
              "not 1:2-sparse (a dropped element's zero would enter the sums of x)"),
-            (not self.oneshot or (self.layout == "sm90a" and self.bits in (4, 8) and self.tokens == 8
-                                  and self.strips == 1 and self.unroll == 1 and wk == 1 and wn in ONESHOT_WARPS
-                                  and not (self.stage_x or self.stages or self.occupancy or self.deferred)
-                                  and self.splits == 1),
-             f"oneshot (_os: each CTA's whole share of the weight copied at its start) reads the sm90a layout's "
-             f"int4 / int8 at 8 tokens (m8) with its own loop: strips 1, unroll 1, warps (W, 1) with W in "
-             f"{ONESHOT_WARPS}, one slice, no other mode"),
             (self.smem_bytes <= MAX_RING_SMEM,
              f"shared memory {self.smem_bytes} B above the per-CTA opt-in limit {MAX_RING_SMEM} B (a ring, or x "
              f"stages above {MAX_STATIC_SMEM} B, take it dynamically)"),
@@ -125,7 +103,7 @@ class GemvConfig:
     def __repr__(self) -> str:
         # stages, occupancy and deferred only when set: the repr heads every generated source (and so
         # its cache key), and the kernels without them keep the sources they had before the fields existed.
-        optional = ("stages", "occupancy", "deferred", "oneshot")
+        optional = ("stages", "occupancy", "deferred")
         fields = [f for f in dataclasses.fields(self) if f.name not in optional or getattr(self, f.name)]
         return "GemvConfig(" + ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields) + ")"
 
@@ -153,8 +131,8 @@ class GemvConfig:
 
     @property
     def rows(self) -> int:
-        """Weight rows (outputs) per CTA; one-shot mode: of a unit (a CTA takes several)."""
-        return 16 if self.oneshot else self.strip_rows * self.strips * self.warps[0]
+        """Weight rows (outputs) per CTA."""
+        return self.strip_rows * self.strips * self.warps[0]
 
     @property
     def step(self) -> int:
@@ -175,8 +153,6 @@ class GemvConfig:
         :meth:`ring_smem_bytes`), dynamic."""
         if self.stages:
             return self.ring_smem_bytes(self.tokens, 32)
-        if self.oneshot:  # all dynamic, sized per launch (oneshot_smem)
-            return 0
         wn, wk = self.warps
         return self.reduce_bytes + (wn * wk * self.tokens * (self.unroll * 32 + 16) if self.stage_x else 0)
 
@@ -184,7 +160,7 @@ class GemvConfig:
     def dynamic_smem(self) -> bool:
         """Shared memory taken dynamically at launch (opted in above 48 KB): a ring's, and x stages
         above the static limit (``_xs`` with u16-u32 steps: one or two steps per warp for a 4096-long K)."""
-        return bool(self.stages) or self.oneshot or self.smem_bytes > MAX_STATIC_SMEM
+        return bool(self.stages) or self.smem_bytes > MAX_STATIC_SMEM
 
     def ring_smem_bytes(self, m: int, group_size: int) -> int:
         """With ``stages``: the dynamic shared memory of a launch for ``m`` rows of x and a weight
@@ -215,7 +191,7 @@ class GemvConfig:
         return (f"m{self.tokens}_s{self.strips}_w{wn}x{wk}_u{self.unroll}" + ("_xs" if self.stage_x else "")
                 + ("_sm80" if self.layout == "sm80" else "") + (f"_p{self.stages}" if self.stages else "")
                 + ("_ds" if self.deferred else "")
-                + (f"_o{self.occupancy}" if self.occupancy else "") + ("_os" if self.oneshot else ""))
+                + (f"_o{self.occupancy}" if self.occupancy else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -235,32 +211,15 @@ class GemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<1|2|4|8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_xs][_sm80][_p<stages>][_ds][_o<occupancy>][_os][_split<S>]")
-        t, s, wn, wk, u, xs, l80, st, ds, oc, os_, sp = m.groups()
+                             "[_xs][_sm80][_p<stages>][_ds][_o<occupancy>][_split<S>]")
+        t, s, wn, wk, u, xs, l80, st, ds, oc, sp = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), stage_x=bool(xs), splits=int(sp or 1), stages=int(st or 0), occupancy=int(oc or 0),
-                   deferred=bool(ds), oneshot=bool(os_),
+                   deferred=bool(ds),
                    layout="sm80" if l80 else ("lowbit" if bits in LOWBIT_BITS else "sm90a"))
 
     def replace(self, **changes) -> "GemvConfig":
         return dataclasses.replace(self, **changes)
-
-    def oneshot_geometry(self, n: int, katoms: int, groups: int, sms: int = ONESHOT_SMS) -> Tuple[int, int, int]:
-        """One-shot mode: ``(CTAs, units per CTA, dynamic shared memory)`` for an ``n``-row weight of
-        ``katoms`` k16 atoms and ``groups`` groups: units of 16 rows over all of K dealt evenly over at most
-        one CTA per SM (``sms``), CTAs without any dropped."""
-        units = -(-n // 16)
-        per = -(-units // max(1, min(sms, units)))
-        grid = -(-units // per)
-        return grid, per, oneshot_smem(self.warps[0], self.bits, self.tokens // 8, per, katoms, groups)
-
-    def oneshot_fits(self, n: int, k: int, group_size: int, sms: int = ONESHOT_SMS,
-                     limit: int = ONESHOT_MAX_SMEM) -> Tuple[bool, int]:
-        """Whether an ``(n, k)`` weight's share fits a CTA's shared memory on ``sms`` SMs, and its bytes."""
-        katoms = -(-k // 16)
-        groups = 1 if group_size == -1 else -(-k // group_size)
-        smem = self.oneshot_geometry(n, katoms, groups, sms)[2]
-        return smem <= limit, smem
 
     def steps(self, k: int) -> int:
         """CTA steps (of ``step`` k16 atoms) that cover ``k``: the most splits that each get work."""

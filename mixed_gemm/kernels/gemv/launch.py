@@ -3,8 +3,6 @@ the split-K planes and arrival counters from the per-stream workspaces."""
 from __future__ import annotations
 
 from ...runtime import get_module, semaphores, workspace
-from ..base import sm_count
-from .oneshot import check_oneshot_copies, oneshot_smem_limit
 from .abi import GemvArgs
 from .config import GemvConfig
 
@@ -19,11 +17,8 @@ class GemvLauncher:
         self.device_index = device_index
         # Static shared memory (below the 48 KB default limit), or dynamic (opt-in above it): a ring's
         # (sized per launch by M and the group size), or x stages above 48 KB (config.smem_bytes).
-        smem = config.smem_bytes if config.dynamic_smem else 0
-        if config.oneshot:  # (one-shot mode: each launch's share, up to what the device allows a block)
-            smem = oneshot_smem_limit(device_index)
-        self.fn = module.function(config.kernel_name, GemvArgs, config.threads, smem)
-        self._smem_limit = smem
+        self.fn = module.function(config.kernel_name, GemvArgs, config.threads,
+                                  config.smem_bytes if config.dynamic_smem else 0)
         self.layout = config.layout
         # the weight's view key (of the layout read) -> (argument block, argv, grid, splits, ring smem by M or None)
         self._blocks = {}
@@ -31,23 +26,8 @@ class GemvLauncher:
     def _block(self, w):
         args, argv = self.fn.block()
         row_tiles, splits, smem = fill_weight(args, self.config, w)
-        grid = (row_tiles, splits, 1)
-        if self.config.oneshot:  # grid: at most one CTA per SM, args.chunk units each; one smem size for every M
-            grid, smem = self._oneshot(args, w)
-        blk = self._blocks[w.parts[self.layout].key] = (args, argv, grid, splits, smem)
+        blk = self._blocks[w.parts[self.layout].key] = (args, argv, (row_tiles, splits, 1), splits, smem)
         return blk
-
-    def _oneshot(self, args, w):
-        """One-shot mode's grid and shared memory for ``w`` (``args.chunk``: units per CTA), after the checks
-        its 16-byte copies need; ValueError (before any launch) where the share does not fit this device."""
-        view = w.parts[self.layout]
-        check_oneshot_copies("w", b=view.b, scales=view.scales, zeros=view.zeros)
-        ctas, per, smem = self.config.oneshot_geometry(w.n, w.k16, w.num_groups, sm_count(self.device_index))
-        if smem > self._smem_limit:
-            raise ValueError(f"w: one-shot mode (_os) holds a CTA's share of the weight in shared memory: {smem} B for "
-                             f"({w.n}, {w.k}) on this device, which allows {self._smem_limit}; take another schedule")
-        args.chunk = per
-        return (ctas, 1, 1), [smem] * (self.config.tokens + 1)
 
     def __call__(self, x, w, bias, y, m: int, stream: int, residual=None) -> None:
         blk = self._blocks.get(w.parts[self.layout].key)
