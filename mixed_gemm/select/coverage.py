@@ -149,3 +149,23 @@ def selectable_for(capability: Tuple[int, int], sms: int, profile, shapes=SHAPES
                                            zero_mode=entry["zero_mode"]))
     order = {f.name: i for i, f in enumerate(ALL_FAMILIES + (ROUTER,))}
     return sorted(found.values(), key=lambda fc: (order[fc[0].name], fc[1].kernel_name))
+
+
+def passed_over(profile: Profile, capability: Tuple[int, int], sms: int) -> List[Tuple[dict, str, str]]:
+    """The profile's own entries selection does not run for a weight packed the default way on a GPU of
+    ``capability`` (``layout_on``: sm90a on Hopper): ``(entry, what runs instead, from where)`` each.
+    An entry naming a schedule of another layout serves only weights packed in that layout on
+    purpose; the default path borrows the nearest shape's entry or takes the heuristics.
+    ``bench/profile_audit.py`` prints them."""
+    own = Profile.load(profile.path, with_base=False)  # (a shipped profile: loaded from its file)
+    out = []
+    for (key, bucket), entry in sorted(own._entries.items()):
+        dtype, bits, zero_mode, group, n, k = key
+        problem = Problem(m=bucket, n=n, k=k, dtype=dtype, bits=bits, zero_mode=zero_mode, group_size=group,
+                          layout=layout_on(capability, bits))
+        choice = choose(problem, 0, capability=capability, sms=sms, profile=profile, override=False)
+        # This shape's own entry at this bucket ran (a family of several layouts may rename the
+        # schedule to the weight's: dequant_mm's "dequant_mm" runs as "dequant_mm_sm90a").
+        if choice.source != f"profile {profile.path.name} M={bucket}":
+            out.append((entry, choice.schedule, choice.source))
+    return out

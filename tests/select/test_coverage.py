@@ -36,3 +36,16 @@ def test_a_sm90a_package_holds_the_sm90s_catalog_and_an_sm80_one_does_not():
     # profile naming them.
     half = {c.kernel_name for c in family("sm90s").catalog() if c.half_issue or c.in_flight}
     assert half and not half & packaged
+
+
+def test_shipped_entries_run_on_a_default_weight_but_the_known_sm80_ones():
+    """Every entry of the shipped Hopper profiles is what selection runs for a weight packed the
+    default way (sm90a), except the H100's legacy sm80-layout decode entries on shapes outside the
+    Llama-3 fused layers (M <= 8: selection borrows the nearest shape's gemv entry there). A new entry
+    that a default weight cannot run fails here: ship entries measured on the layout users hold."""
+    for profile in coverage.shipped_profiles((9, 0)):
+        for entry, runs, source in coverage.passed_over(profile, (9, 0), 132):
+            where = f"{profile.path.name}: {entry} -> {runs} ({source})"
+            assert entry["schedule"].startswith("sm80:") and "_sm90a" not in entry["schedule"], where
+            assert entry["m"] <= 8 and entry["dtype"] == "f16" and entry["bits"] == 4, where
+            assert profile.path.name == "h100.json", where
