@@ -592,7 +592,7 @@ def test_one_launch_mode_names_sizes_and_pairs():
     assert FAMILY.plan_rules((up, down)) == (True, "")
     assert FAMILY.plan_rules((up.replace(fused=False), down.replace(fused=False))) == (True, "")
     ok, why = FAMILY.plan_rules((up, down.replace(fused=False)))
-    assert not ok and "must both be one-launch schedules" in why
+    assert not ok and "must both be _pe1" in why
     ok, why = FAMILY.plan_rules((up, down.replace(tokens=16)))
     assert not ok and "must share one kernel" in why
     # The heuristics never take it (a profile or a forced schedule does); the per-projection
@@ -617,7 +617,7 @@ def test_forced_one_launch_plan_and_mismatched_pairs(monkeypatch):
         plan = grouped_plan(x, w13, w2, 2)
         assert isinstance(plan, GroupedPlan) and all(c.fused for c in plan.configs)
     with forced_schedules("moe_gemv:w13_s1_w4x2_u8_m8_pe1", "moe_gemv:w2_s1_w4x2_u8_m8_pe"):
-        with pytest.raises(ValueError, match="must both be one-launch schedules"):
+        with pytest.raises(ValueError, match="must both be _pe1"):
             grouped_plan(x, w13, w2, 2)
     with forced_schedules("moe_gemv:w13_s1_w4x2_u8_m8_pe1", "moe_gemv:w2_s1_w4x2_u8_m16_pe1"):
         with pytest.raises(ValueError, match="must share one kernel"):
@@ -690,8 +690,8 @@ def test_one_launch_sizes_grid_smem_and_scratch_from_shapes(monkeypatch, s13, s2
 
 
 def test_layer_candidates_pair_one_launch_configs():
-    """The profiler's one-launch persistent pairs: 8 and 16 rows per pass, each projection at one slice
-    and at the persistent heuristic's split, every pair one kernel; none where the persistent rules fail."""
+    """The profiler's one-launch pairs: 8 and 16 rows per pass, each projection at one slice and at
+    the persistent heuristic's split, every pair one kernel; none where the persistent rules fail."""
     from mixed_gemm.kernels.moe_gemv.candidates import layer_candidates
 
     for tokens in (1, 16, 256):

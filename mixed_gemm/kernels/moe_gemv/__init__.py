@@ -95,12 +95,12 @@ class MoeGemvFamily(GroupedFamily):
     def plan_rules(self, configs) -> Verdict:
         """Can ``configs`` = (gate|up, down) run as one plan? A one-launch config (``_pe1``) runs both
         projections in one kernel, so its pair must be one too, of the same compiled kernel."""
-        one = [getattr(c, "one_launch", False) for c in configs]
-        if not any(one):
+        fused = [getattr(c, "fused", False) for c in configs]
+        if not any(fused):
             return OK
-        if not all(one):
-            return False, ("a one-launch schedule (_pe1) runs both projections in one kernel: the gate|up and "
-                           "the down schedule must both be one-launch schedules")
+        if not all(fused):
+            return False, ("a one-launch persistent schedule (_pe1) runs both projections in one kernel: the gate|up "
+                           "and the down schedule must both be _pe1")
         if configs[0].kernel != configs[1].kernel:
             return False, (f"the one-launch schedules {configs[0].schedule} and {configs[1].schedule} must share one "
                            "kernel (the same strips, warps, unroll and rows per pass, one weight kind)")

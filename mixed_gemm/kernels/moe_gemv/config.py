@@ -185,16 +185,11 @@ class MoeGemvConfig:
         """Persistent mode: the most dynamic shared memory a launch takes (the function's opt-in)."""
         return self.launch_smem(PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS) if self.persistent else 0
 
-    @property
-    def one_launch(self) -> bool:
-        """Both projections in one kernel (``_pe1``): the plan's two configs share it."""
-        return self.fused
-
     @functools.cached_property
     def kernel(self) -> "MoeGemvConfig":
         """The compiled identity: launch-time fields at their defaults, the zero mode folded (and,
         fused, the stage: one kernel runs both)."""
-        stage = "w13" if self.one_launch else self.stage
+        stage = "w13" if self.fused else self.stage
         return dataclasses.replace(self, zero_mode="int", stage=stage, splits=1, slot_loop=False)
 
     @functools.cached_property
@@ -207,7 +202,7 @@ class MoeGemvConfig:
 
     @functools.cached_property
     def kernel_name(self) -> str:
-        tile = self._tile_schedule.split("_", 1)[1] if self.one_launch else self._tile_schedule  # one launch: stage-free
+        tile = self._tile_schedule.split("_", 1)[1] if self.fused else self._tile_schedule  # fused: stage-free
         return f"mg_moe_{self.dtype}_u{self.bits}_{tile}"
 
     @functools.cached_property
