@@ -30,9 +30,6 @@ __device__ __forceinline__ void cp16(void* smem, void const* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-// Piece p of a CTA's share in the strided pattern: pieces of `chunk` bytes, `stride` apart.
-__device__ __forceinline__ size_t strided(int p, int chunk, int stride) { return (size_t)p * stride; }
-
 // Where CTA c's share starts: contiguous shares for cp and ldg; in the strided modes stride / chunk
 // CTAs share a matrix (their chunks side by side in each row of `pieces` rows), as a weight's strips.
 __host__ __device__ __forceinline__ size_t share_at(int mode, int c, int bytes, int chunk, int stride) {
@@ -59,7 +56,7 @@ __global__ void probe(char const* __restrict__ src, int bytes, int chunk, int st
     int const sixteens = chunk / 16;
     for (int q = lane; q < (p1 - p0) * sixteens; q += 32) {
       int const p = p0 + q / sixteens, c = q % sixteens;
-      cp16(smem + p * chunk + 16 * c, base + strided(p, chunk, stride) + 16 * c);
+      cp16(smem + p * chunk + 16 * c, base + (size_t)p * stride + 16 * c);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
@@ -77,7 +74,7 @@ __global__ void probe(char const* __restrict__ src, int bytes, int chunk, int st
         unsigned const d = static_cast<unsigned>(__cvta_generic_to_shared(smem + p * chunk));
         asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(d),
-            "l"(base + strided(p, chunk, stride)), "r"(chunk), "r"(b)
+            "l"(base + (size_t)p * stride), "r"(chunk), "r"(b)
             : "memory");
       }
     }

@@ -28,7 +28,7 @@ def main() -> None:
     capability = tuple(int(v) for v in a.capability.split("."))
     profile = Profile.load(a.profile)
     rows = passed_over(profile, capability, a.sms)
-    total = len(Profile.load(a.profile, with_base=False)._entries)
+    total = len(Profile.load(a.profile, with_base=False).entries)
     print(f"{a.profile}: {total - len(rows)} of {total} entries run as measured; {len(rows)} passed over for a "
           f"default ({layout_on(capability, 4)}) weight")
     for entry, runs, source in rows:

@@ -159,10 +159,10 @@ def passed_over(profile: Profile, capability: Tuple[int, int], sms: int) -> List
     ``bench/profile_audit.py`` prints them."""
     own = Profile.load(profile.path, with_base=False)  # (a shipped profile: loaded from its file)
     out = []
-    for (key, bucket), entry in sorted(own._entries.items()):
-        dtype, bits, zero_mode, group, n, k = key
-        problem = Problem(m=bucket, n=n, k=k, dtype=dtype, bits=bits, zero_mode=zero_mode, group_size=group,
-                          layout=layout_on(capability, bits))
+    for entry in own.entries:
+        bucket, bits = int(entry["m"]), entry["bits"]
+        problem = Problem(m=bucket, n=entry["n"], k=entry["k"], dtype=entry["dtype"], bits=bits,
+                          zero_mode=entry["zero_mode"], group_size=entry["group_size"], layout=layout_on(capability, bits))
         choice = choose(problem, 0, capability=capability, sms=sms, profile=profile, override=False)
         # This shape's own entry at this bucket ran (a family of several layouts may rename the
         # schedule to the weight's: dequant_mm's "dequant_mm" runs as "dequant_mm_sm90a").
