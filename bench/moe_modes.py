@@ -26,6 +26,12 @@ finishes, prefetches its weights into L2, waits for h; rows labelled ``... pdl``
 with it forced off, so ``$MIXED_GEMM_MOE_PDL`` changes neither; the same graphs' replays alternate
 in one run. ``--pdl-only`` skips the forced persistent plans (just those four rows).
 
+``--down S1,S2,...``: instead of the persistent plans, the selected plan with its down projection
+swapped for each moe_gemv schedule given (rows ``down <schedule>``; the gate|up launch is the
+selected one's): the A/B of one projection's candidates inside the whole layer.
+
+    python bench/moe_modes.py --models qwen3-30b-a3b --tokens 1,2 --down w2_s1_w1x16_u16_ds_sw,w2_s1_w1x8_u16_ds_sw
+
 Kernels are JIT-built with ``MIXED_GEMM_JIT=block`` (the default here: an async build would time
 the per-expert stand-in): 6 persistent kernels per dtype (w13 / w2 / one launch x 8 / 16 rows) plus
 those the profile selects (moe_gemv and moe_sm90a). 36-48 plans per case, 7 rounds: at the default
@@ -121,7 +127,15 @@ def with_pdl(fn, enabled: bool):
     return call
 
 
-def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False):
+def down_plans(plan, schedules_, kind) -> dict:
+    """``{"down <schedule>": (selected gate|up config, that down config)}`` for ``--down``."""
+    if not isinstance(plan, GroupedPlan):
+        return {}
+    return {f"down {s}": (plan.configs[0], MoeGemvConfig.from_schedule(s, **kind)) for s in schedules_}
+
+
+def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False,
+             down=()):
     gen = torch.Generator().manual_seed(1000 + t)
     x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
     weights, ids = random_routing(t, shape, gen)
@@ -130,7 +144,7 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     plan = grouped_plan(x, w13, w2, shape.top_k)
     selected = f"{schedules(plan.configs)} ({plan.source})" if isinstance(plan, GroupedPlan) else f"per-expert: {plan}"
     problems = _problems(m_bucket(t), shape.top_k, w13, w2)
-    plans = persistent_plans(problems, sms)
+    plans = down_plans(plan, down, problems[1].kind) if down else persistent_plans(problems, sms)
     if pdl_only:
         plans = {k: v for k, v in plans.items() if k == "pe heuristic"}
     ref = moe(x, w13, w2, weights, ids)
@@ -184,8 +198,8 @@ def summary(rows):
            "|---|---|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
         case = {r["plan"]: r for r in rows if (r["model"], r["tokens"]) == key}
-        ok = [r for r in case.values()
-              if not r["plan"].startswith("selected") and not r["plan"].endswith(" pdl") and r["agrees"]]
+        ok = [r for r in case.values() if not r["plan"].startswith(("selected", "down "))
+              and not r["plan"].endswith(" pdl") and r["agrees"]]
         pe = [r for r in ok if not r["plan"].startswith("pe1")]
         pe1 = [r for r in ok if r["plan"].startswith("pe1")]
         best = min(pe, key=lambda r: r["us"]) if pe else None
@@ -195,6 +209,14 @@ def summary(rows):
         out.append(f"| {key[0]} | {key[1]} | {sel['floor_us']:.1f} | {cell(sel)} | {cell(heur)} | {cell(best)} | "
                    f"{best['schedules'] if best else '-'} | {cell(heur1)} | {cell(best1)} | "
                    f"{best1['schedules'] if best1 else '-'} |")
+    downs = [r for r in rows if r["plan"].startswith("down ")]
+    if downs:  # --down: the selected plan against its down projection swapped
+        out += ["", "| model | tokens | selected µs (% floor) | down swapped µs (% floor) | down schedule |",
+                "|---|---|---|---|---|"]
+        for r in downs:
+            sel = next(o for o in rows if (o["model"], o["tokens"], o["plan"]) == (r["model"], r["tokens"], "selected"))
+            out.append(f"| {r['model']} | {r['tokens']} | {sel['us']:.1f} ({100 * sel['of_floor']:.0f}%) | "
+                       f"{r['us']:.1f} ({100 * r['of_floor']:.0f}%){'' if r['agrees'] else ' !'} | {r['plan'][5:]} |")
     pdl = [r for r in rows if r["plan"].endswith(" pdl")]
     if pdl:  # --pdl: each plan without and with the down launch's PDL
         out += ["", "| model | tokens | plan | PDL off µs | PDL on µs | saved µs | schedules |",
@@ -216,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--pdl", action="store_true", help="also time selected / pe heuristic with the down launch's PDL")
     ap.add_argument("--pdl-only", action="store_true", help="with --pdl: skip the forced persistent plans")
+    ap.add_argument("--down", default="", help="comma-separated moe_gemv down schedules swapped into the selected "
+                                                "plan (instead of the persistent plans)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
@@ -228,7 +252,8 @@ def main(argv=None) -> int:
         shape, w13, w2 = packed_layer(name, dtype)
         for t in (int(v) for v in args.tokens.split(",")):
             rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True),
-                             pdl=args.pdl, pdl_only=args.pdl_only)
+                             pdl=args.pdl, pdl_only=args.pdl_only,
+                             down=[d for d in args.down.split(",") if d])
         del w13, w2
         torch.cuda.empty_cache()
     print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager, only where a plan could "

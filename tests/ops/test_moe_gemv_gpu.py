@@ -19,7 +19,7 @@ import torch
 import mixed_gemm as mg
 from mixed_gemm.kernels import family, family_of
 from mixed_gemm.kernels.moe_gemv import MoeGemvConfig
-from mixed_gemm.kernels.moe_gemv.catalog import expert_shapes_for, shapes_for
+from mixed_gemm.kernels.moe_gemv.catalog import expert_shapes_for, shapes_for, slot_warp_shapes_for
 from mixed_gemm.kernels.sm90a import layout as sm90a_layout
 from mixed_gemm.ops.moe_grouped import GroupedPlan, _problems, grouped_plan, moe_grouped
 from mixed_gemm.runtime import current_stream
@@ -208,8 +208,40 @@ def _expert_sweep_params():
     return cases
 
 
+def _slot_warps_sweep_params():
+    """Slot-warps mode (``_sw``): every catalog down kernel of the mode, three cases each, after a
+    catalog pair-mode gate|up. top-k 2 / 6 / 8 / 10 rotate against the kernels' 8-16 K warps, so
+    a CTA's slots are all of a token's (pieces of K per slot: 1-8), leave warps idle (6 slots on 8,
+    12 or 16 warps: 2, 0, 4 idle) or need two slot groups (10 on 8: planes added by the last
+    arrival); one K slice or two (planes again); T 1 / 3; zero kind x group rotate."""
+    rng = random.Random(2425)
+    cases = []
+    for dtype in DTYPES:
+        for bits in (4, 8):
+            for b in slot_warp_shapes_for(bits):
+                for _ in range(3):
+                    c = len(cases)
+                    zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 4]
+                    top_k, t = (2, 6, 8, 10)[(c + c // 4) % 4], (1, 3)[(c // 2) % 2]
+                    e = max(top_k + 2, rng.choice((8, 16)))
+                    if group == -1:
+                        h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
+                    else:
+                        h, inter = group * rng.randrange(1, 12), group * rng.randrange(1, 6)
+                    s13 = _sched(shapes_for(bits, "w13")[1], 1, ds=True)
+                    s2 = _sched(b, rng.choice((1, 1, 2)), ds=True).replace("_ds", "_ds_sw")
+                    cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, False,
+                                              "random",
+                                              id=f"{dtype}-u{bits}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}"
+                                                 f"-h{h}-i{inter}"))
+    assert {p.values[6] for p in cases} == {2, 6, 8, 10}
+    assert {MoeGemvConfig.from_schedule(p.values[3], dtype=p.values[0], bits=p.values[1]).kernel_name for p in cases} \
+        == {c.kernel_name for c in FAMILY.catalog() if c.slot_warps}
+    return cases
+
+
 @pytest.mark.parametrize("dtype,bits,s13,s2,zero,group,top_k,t,e,h,inter,ids32,route",
-                         _sweep_params() + _expert_sweep_params())
+                         _sweep_params() + _expert_sweep_params() + _slot_warps_sweep_params())
 def test_sweep(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, ids32, route):
     seed = seed_of("moe", dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, route)
     w13 = Experts(e, 2 * inter, h, dtype=dtype, bits=bits, zero=zero, group=group, seed=seed, gate_up=True)
@@ -279,7 +311,8 @@ def _problem(w13, w2, t, top_k, stage):
 @pytest.mark.parametrize("s13, s2", [("w13_s1_w4x2_u8_split3", "w2_s1_w4x2_u8_split2"),
                                      ("w13_s1_w4x2_u8_split3", "w2_s2_w4x2_u8_kloop"),
                                      ("w13_s1_w4x2_u8_m8_xe", "w2_s1_w4x2_u8_m8_xe"),
-                                     ("w13_s1_w4x2_u8_m16_xe_split2", "w2_s1_w4x2_u8_m16_xe_split2")])
+                                     ("w13_s1_w4x2_u8_m16_xe_split2", "w2_s1_w4x2_u8_m16_xe_split2"),
+                                     ("w13_s1_w4x2_u8_ds", "w2_s1_w1x8_u16_ds_sw")])
 def test_ids_out_of_range_contribute_nothing(ids_dtype, s13, s2):
     """Ids outside [0, E) are not checked on the device (no host sync): such a pair's h row is zero
     and it adds nothing to y; nothing is read out of bounds. (Expert mode files them under expert
@@ -363,7 +396,8 @@ def test_more_pairs_than_one_grid_z():
 
 @pytest.mark.parametrize("s13, s2, t", [("w13_s1_w4x2_u8_split8", "w2_s1_w4x2_u8_split4", 3),
                                         ("w13_s1_w4x2_u8_m16_xe_split4", "w2_s1_w4x2_u8_m16_xe_split4", 24),
-                                        ("w13_s1_w4x2_u8_m8_xe_split2", "w2_s1_w4x2_u8_m8_xe_split2", 24)])
+                                        ("w13_s1_w4x2_u8_m8_xe_split2", "w2_s1_w4x2_u8_m8_xe_split2", 24),
+                                        ("w13_s1_w4x2_u8_ds", "w2_s1_w1x8_u16_ds_sw_split2", 3)])
 def test_split_and_slot_planes_are_deterministic(s13, s2, t):
     w13, w2 = layer(h=2048, inter=512, group=128)
     x = torch.randn(t, 2048, device="cuda").half()

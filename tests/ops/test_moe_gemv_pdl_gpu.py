@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 FORCED = {"pair_split": ("w13_s2_w4x1_u8_split2", "w2_s1_w4x2_u8_split3"),
           "pair_kloop": ("w13_s1_w4x2_u8", "w2_s1_w4x2_u8_kloop"),
           "expert_split": ("w13_s1_w4x2_u8_m8_xe_split2", "w2_s1_w4x2_u8_m8_xe_split2"),
-          "persistent_split": ("w13_s1_w4x2_u8_m8_pe_split3", "w2_s1_w4x2_u8_m8_pe_split2")}
+          "persistent_split": ("w13_s1_w4x2_u8_m8_pe_split3", "w2_s1_w4x2_u8_m8_pe_split2"),
+          "slot_warps_split": ("w13_s1_w4x2_u8_ds", "w2_s1_w1x8_u16_ds_sw_split2")}
 MODES = ["heuristic", *FORCED]
 
 

@@ -52,7 +52,7 @@ def _tail_args(kernel: MoeGemvConfig) -> str:
         return f", {kernel.tokens}"
     if kernel.touch_pages:
         return f", {str(kernel.deferred).lower()}, true"
-    return ", true" if kernel.deferred else ""
+    return ", true" if kernel.deferred else ""  # MoeGemvSlotWarps takes kDeferred the same way
 
 
 class MoeGemvFamily(GroupedFamily):
@@ -110,9 +110,10 @@ class MoeGemvFamily(GroupedFamily):
         return default_catalog()
 
     def packaged(self, capability) -> List[MoeGemvConfig]:
-        """The catalog (a grouped family's choice depends on the routing), less the page-touch
-        kernels (``_tp``, profile candidates), which come in only through a profile naming them."""
-        return [c for c in super().packaged(capability) if not c.touch_pages]
+        """The catalog (a grouped family's choice depends on the routing), less the page-touch and
+        slot-warps kernels (``_tp``, ``_sw``: profile candidates), which come in only through a
+        profile naming them."""
+        return [c for c in super().packaged(capability) if not (c.touch_pages or c.slot_warps)]
 
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
@@ -140,11 +141,15 @@ class MoeGemvFamily(GroupedFamily):
         elif kernel.persistent:
             doc = (doc.split(", one CTA per")[0] + "; persistent mode: resident CTAs walk the (touched expert, row "
                    f"tile, K slice) items, all of an item's pairs {kernel.tokens} per pass")
-        struct = "MoeGemvExpert" if kernel.by_expert else "MoeGemvPersistent" if kernel.persistent else "MoeGemv"
+        if kernel.slot_warps:
+            doc = doc.replace("slots added in slot order", "the CTA's K warps spread over a group of slots (_sw), "
+                                                              "added in its reduction")
+        struct = ("MoeGemvExpert" if kernel.by_expert else "MoeGemvPersistent" if kernel.persistent
+                  else "MoeGemvSlotWarps" if kernel.slot_warps else "MoeGemv")
         return render_template(
             "moe_gemv/kernel.cu.j2",
             family=self.name, config=repr(kernel), name=kernel.kernel_name, persistent=kernel.persistent,
-            fused=kernel.fused, tokens=kernel.tokens, fused_args_bytes=MOE_GEMV_FUSED_ARGS_BYTES,
+            fused=kernel.fused, slot_warps=kernel.slot_warps, tokens=kernel.tokens, fused_args_bytes=MOE_GEMV_FUSED_ARGS_BYTES,
             args_type="MoeGemvFusedArgs" if kernel.fused else "MoeGemvArgs",
             kernel_struct=struct,
             tail_args=_tail_args(kernel),

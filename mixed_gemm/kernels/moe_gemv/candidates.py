@@ -2,7 +2,8 @@
 mode with and without deferred group parameters, ``_ds``; the deferred gate|up ones also with the
 page touch before the main loop, ``_tp``, which a kernel package holds only where a profile names
 it), at
-split counts around the heuristic's (and, for the down projection, with and without ``_kloop``);
+split counts around the heuristic's (and, for the down projection, with and without ``_kloop``;
+up to ``SW_MAX_TOKENS`` tokens also the slot-warps shapes, ``_sw``, at one slice and the heuristic's);
 from two tokens on, the expert-mode shapes too (their down kernel while its per-pair planes fit);
 the persistent-mode shapes at every token count their rules allow (pairs and experts sorted in
 shared memory, per-pair planes within the workspace cap). The one-launch persistent mode (``_pe1``)
@@ -14,10 +15,12 @@ import itertools
 from typing import List, Tuple
 
 from ..base import MoeProblem
-from .catalog import expert_shapes_for, persistent_shapes_for, shapes_for
+from .catalog import expert_shapes_for, persistent_shapes_for, shapes_for, slot_warp_shapes_for
 from .config import (GRID_Z, MAX_SPLITS, PERSISTENT_MAX_EXPERTS, PERSISTENT_MAX_PAIRS, PERSISTENT_MAX_TOP_K,
                      MoeGemvConfig)
 from .heuristics import WORKSPACE_FLOATS, launch_fields
+
+SW_MAX_TOKENS = 8
 
 
 def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
@@ -34,6 +37,13 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
                     name = base.replace(splits=s, slot_loop=slot_loop, touch_pages=touch).schedule
                     if name not in out:
                         out.append(name)
+    for stage, strips, warps, unroll in slot_warp_shapes_for(problem.bits) if sw_fits(problem) else ():
+        base = launch_fields(MoeGemvConfig(bits=problem.bits, stage=stage, strips=strips, warps=warps, unroll=unroll,
+                                           deferred=True, slot_warps=True), problem, sms)
+        for s in sorted({1, base.splits}):
+            name = base.replace(splits=s).schedule
+            if name not in out:
+                out.append(name)
     expert = (problem.tokens >= 2 and problem.experts <= GRID_Z
               and (problem.stage == "w13" or problem.pairs * problem.n <= WORKSPACE_FLOATS))
     for stage, strips, warps, unroll, tokens in expert_shapes_for(problem.bits, problem.stage) if expert else ():
@@ -57,6 +67,12 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
                 if name not in out:
                     out.append(name)
     return out
+
+
+def sw_fits(problem: MoeProblem) -> bool:
+    """Slot-warps down schedules (``_sw``) are timed for the down projection of up to
+    ``SW_MAX_TOKENS`` tokens with more than one slot (above it the tokens alone fill the GPU)."""
+    return problem.stage == "w2" and problem.top_k > 1 and 1 <= problem.tokens <= SW_MAX_TOKENS
 
 
 def layer_candidates(problems, sms: int) -> List[Tuple[str, str]]:

@@ -6,7 +6,8 @@ tokens, one persistent-mode shape per stage at 8 and 16 tokens, and the one-laun
 parameters (``_ds``: the mma path, for the large experts' one-token stream): 88 kernels. Profile
 candidates besides (in the catalog so that ``build --all`` and the tests reach them, in a kernel
 package only where a profile names them: ``MoeGemvFamily.packaged``): the deferred gate|up shapes
-with the page touch before the main loop (``_tp``): 12 kernels."""
+with the page touch before the main loop (``_tp``): 12 kernels; the deferred down shapes with the
+K warps spread over top-k slots (``_sw``): 16 kernels."""
 from __future__ import annotations
 
 from typing import List
@@ -27,6 +28,18 @@ SHAPES = (
     # range per warp (the small experts' one-token stages are latency-bound: more loads in flight)
     ("w13", 1, (2, 4), 8),
     ("w2", 1, (2, 4), 8),
+)
+
+# Slot-warps mode (``_sw``, the down projection, deferred group parameters): (stage, strips, warps,
+# unroll) with the K warps spread over a token's top-k slots. 16 outputs per CTA (the most CTAs
+# along H): 16 K warps hold 8 slots x 2 pieces (Qwen3-30B-A3B: 24 atoms a warp) or 2 slots x 8
+# (Mixtral), 12 hold 6 x 2 (DeepSeek-V2-Lite), 8 one warp a slot; unroll 16 issues a small
+# expert's piece in one or two steps.
+SLOT_WARP_SHAPES = (
+    ("w2", 1, (1, 16), 16),
+    ("w2", 1, (1, 16), 8),
+    ("w2", 1, (1, 12), 16),
+    ("w2", 1, (1, 8), 16),
 )
 
 # Expert mode (by_expert): (stage, strips, warps, unroll, tokens), unroll halved for int8 likewise.
@@ -55,6 +68,10 @@ def shapes_for(bits: int, stage: str = None):
     return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SHAPES if stage in (None, st)]
 
 
+def slot_warp_shapes_for(bits: int):
+    return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SLOT_WARP_SHAPES]
+
+
 def expert_shapes_for(bits: int, stage: str = None, tokens: int = None):
     return [(st, s, w, u if bits == 4 else max(1, u // 2), t) for st, s, w, u, t in EXPERT_SHAPES
             if stage in (None, st) and tokens in (None, t)]
@@ -69,10 +86,12 @@ def default_catalog() -> List[MoeGemvConfig]:
     pair = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, deferred=ds)
             for ds in (False, True) for d in DTYPES for b in (4, 8) for st, s, w, u in shapes_for(b)]
     touch = [c.replace(touch_pages=True) for c in pair if c.deferred and c.stage == "w13"]
+    slot_warps = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, deferred=True, slot_warps=True)
+                  for d in DTYPES for b in (4, 8) for st, s, w, u in slot_warp_shapes_for(b)]
     expert = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, by_expert=True)
               for d in DTYPES for b in (4, 8) for st, s, w, u, t in expert_shapes_for(b)]
     persistent = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True)
                   for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b)]
     fused = [MoeGemvConfig(dtype=d, bits=b, stage=st, strips=s, warps=w, unroll=u, tokens=t, persistent=True, fused=True)
              for d in DTYPES for b in (4, 8) for st, s, w, u, t in persistent_shapes_for(b, "w13")]
-    return pair + expert + persistent + fused + touch
+    return pair + expert + persistent + fused + touch + slot_warps

@@ -11,7 +11,7 @@ from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
 
-_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(_ds)?(_tp)?(?:_split(\d+))?(_kloop)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(_ds)?(_tp)?(_sw)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
 MAX_SPLITS = 32
 MAX_THREADS = 512
@@ -62,7 +62,11 @@ class MoeGemvConfig:
     per weight byte than converting and scaling every weight for one token's FMAs); ``touch_pages``
     (``_tp``, pair mode's gate|up only): each CTA first prefetches one L2 line per 2 MB page of its
     K slice of the expert, so the slice's address translations start together instead of one page
-    at a time as the CTAs' common k-walk reaches them (``MoeGemv::touch_pages``); ``by_expert`` (``_m<tokens>_xe``: expert
+    at a time as the CTAs' common k-walk reaches them (``MoeGemv::touch_pages``); ``slot_warps``
+    (``_sw``, pair mode's down only: ``MoeGemvSlotWarps``, templates/moe_gemv/moe_slot_warps.cuh):
+    the CTA's K warps spread over ``min(top_k, warps[1])`` top-k slots (:meth:`slot_group`), each
+    slot's ``warps[1] // slots`` warps over contiguous pieces of K, the weighted slots added in the
+    CTA's reduction (no planes while one group and one slice cover a token); ``by_expert`` (``_m<tokens>_xe``: expert
     mode, ``MoeGemvExpert``): grid.z indexes experts, each CTA scans the routing for its expert's
     pairs and serves ``tokens`` (8 or 16, gemv's meaning: rows of x per CTA, mma n8 tiles) of them
     per pass over the expert's weight, x rows gathered and staged in shared memory; ``persistent``
@@ -93,6 +97,7 @@ class MoeGemvConfig:
     fused: bool = False
     deferred: bool = False
     touch_pages: bool = False
+    slot_warps: bool = False
     splits: int = 1
     slot_loop: bool = False
 
@@ -119,6 +124,9 @@ class MoeGemvConfig:
              "touch_pages (_tp: a prefetch per 2 MB page of the K slice before the main loop) is pair mode's "
              "gate|up (stage w13)"),
             (self.stage == "w2" or not self.slot_loop, "slot_loop (_kloop) is the down projection's (stage w2)"),
+            (not self.slot_warps or (self.stage == "w2" and not self.tiled and not self.slot_loop and wk >= 2),
+             "slot_warps (_sw: the K warps spread over top-k slots) is pair mode's down (stage w2) with at least two "
+             "K warps, without slot_loop (_kloop)"),
             (not ((self.by_expert or self.persistent) and self.slot_loop),
              "slot_loop (_kloop) is pair mode's: in expert and persistent mode a token's slots lie in different "
              "experts' CTAs"),
@@ -198,7 +206,8 @@ class MoeGemvConfig:
         return (f"{self.stage}_s{self.strips}_w{wn}x{wk}_u{self.unroll}"
                 + (f"_m{self.tokens}_xe" if self.by_expert
                    else f"_m{self.tokens}_pe{'1' if self.fused else ''}" if self.persistent else "")
-                + ("_ds" if self.deferred else "") + ("_tp" if self.touch_pages else ""))
+                + ("_ds" if self.deferred else "") + ("_tp" if self.touch_pages else "")
+                + ("_sw" if self.slot_warps else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -220,14 +229,24 @@ class MoeGemvConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_tp][_split<S>][_kloop]")
-        stage, s, wn, wk, u, tokens, mode, ds, tp, sp, kloop = m.groups()
+                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_tp][_sw][_split<S>][_kloop]")
+        stage, s, wn, wk, u, tokens, mode, ds, tp, sw, sp, kloop = m.groups()
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode in ("pe", "pe1"), fused=mode == "pe1",
-                   deferred=bool(ds), touch_pages=bool(tp), splits=int(sp or 1), slot_loop=bool(kloop))
+                   deferred=bool(ds), touch_pages=bool(tp), slot_warps=bool(sw), splits=int(sp or 1),
+                   slot_loop=bool(kloop))
 
     def replace(self, **changes) -> "MoeGemvConfig":
         return dataclasses.replace(self, **changes)
+
+    def slot_group(self, top_k: int) -> Tuple[int, int]:
+        """The down projection's ``(slots a CTA adds, slot groups per token)`` (grid.y = groups x
+        splits): all top-k slots in one CTA with ``_kloop``, the K warps' share with ``_sw`` (at most
+        one slot per K warp), else one slot per CTA."""
+        if self.slot_loop:
+            return top_k, 1
+        slots = min(top_k, self.warps[1]) if self.slot_warps else 1
+        return slots, -(-top_k // slots)
 
     def steps(self, k: int) -> int:
         """CTA steps (of ``step`` k16 atoms) that cover ``k``: the most splits that each get work."""

@@ -145,13 +145,13 @@ def launch_fields(config: MoeGemvConfig, problem: MoeProblem, sms: int) -> MoeGe
         splits = max(1, min(want, config.steps(problem.k), MAX_SPLITS, WORKSPACE_FLOATS // max(1, plane)))
         return config.replace(splits=splits, slot_loop=False)
     slot_loop = False
-    if not config.gated and problem.top_k > 1:
+    if not config.gated and not config.slot_warps and problem.top_k > 1:
         planes = tokens * problem.top_k * outputs
         slot_loop = tokens * row_tiles >= CTAS_PER_SM * sms or planes > WORKSPACE_FLOATS
     if config.gated:
         ctas, plane = tokens * problem.top_k * row_tiles, tokens * problem.top_k * problem.n
-    else:  # slot groups per token: one (the CTA loops over the slots) or one per slot
-        groups = 1 if slot_loop else problem.top_k
+    else:  # slot groups per token: one (the CTA loops over the slots), one per slot, or _sw's
+        groups = config.replace(slot_loop=slot_loop).slot_group(problem.top_k)[1]
         ctas, plane = tokens * groups * row_tiles, tokens * groups * outputs
     want = -(-(DEFERRED_CTAS_PER_SM if config.deferred else CTAS_PER_SM) * sms // ctas)
     splits = max(1, min(want, config.steps(problem.k), MAX_SPLITS, WORKSPACE_FLOATS // max(1, plane)))

@@ -145,8 +145,8 @@ class MoeGemvLauncher:
             z, slots, grid_y = tokens * top_k, 1, splits
             planes, counters = (z * splits * w.n, z * row_tiles) if splits > 1 else (0, 0)
         else:  # grid (row tiles, slot groups x splits, tokens)
-            slots = top_k if self.config.slot_loop else 1
-            z, grid_y = tokens, (top_k // slots) * splits
+            slots, groups = self.config.slot_group(top_k)
+            z, grid_y = tokens, groups * splits
             planes, counters = (z * grid_y * w.n, z * row_tiles) if grid_y > 1 else (0, 0)
         if z == 0:
             return
