@@ -28,7 +28,8 @@ in one run. ``--pdl-only`` skips the forced persistent plans (just those four ro
 
 ``--down S1,S2,...``: instead of the persistent plans, the selected plan with its down projection
 swapped for each moe_gemv schedule given (rows ``down <schedule>``; the gate|up launch is the
-selected one's): the A/B of one projection's candidates inside the whole layer.
+selected one's): the A/B of one projection's candidates inside the whole layer. ``--up`` likewise
+swaps the gate|up projection (rows ``up <schedule>``).
 
     python bench/moe_modes.py --models qwen3-30b-a3b --tokens 1,2 --down w2_s1_w1x16_u16_ds_sw,w2_s1_w1x8_u16_ds_sw
 
@@ -127,15 +128,18 @@ def with_pdl(fn, enabled: bool):
     return call
 
 
-def down_plans(plan, schedules_, kind) -> dict:
-    """``{"down <schedule>": (selected gate|up config, that down config)}`` for ``--down``."""
+def swapped_plans(plan, down, up, kind) -> dict:
+    """``{"down <schedule>": (selected gate|up, that down)}`` for ``--down``, ``{"up <schedule>":
+    (that gate|up, selected down)}`` for ``--up``."""
     if not isinstance(plan, GroupedPlan):
         return {}
-    return {f"down {s}": (plan.configs[0], MoeGemvConfig.from_schedule(s, **kind)) for s in schedules_}
+    plans = {f"down {s}": (plan.configs[0], MoeGemvConfig.from_schedule(s, **kind)) for s in down}
+    plans.update({f"up {s}": (MoeGemvConfig.from_schedule(s, **kind), plan.configs[1]) for s in up})
+    return plans
 
 
 def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False,
-             down=()):
+             down=(), up=()):
     gen = torch.Generator().manual_seed(1000 + t)
     x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
     weights, ids = random_routing(t, shape, gen)
@@ -144,7 +148,7 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     plan = grouped_plan(x, w13, w2, shape.top_k)
     selected = f"{schedules(plan.configs)} ({plan.source})" if isinstance(plan, GroupedPlan) else f"per-expert: {plan}"
     problems = _problems(m_bucket(t), shape.top_k, w13, w2)
-    plans = down_plans(plan, down, problems[1].kind) if down else persistent_plans(problems, sms)
+    plans = swapped_plans(plan, down, up, problems[1].kind) if down or up else persistent_plans(problems, sms)
     if pdl_only:
         plans = {k: v for k, v in plans.items() if k == "pe heuristic"}
     ref = moe(x, w13, w2, weights, ids)
@@ -198,7 +202,7 @@ def summary(rows):
            "|---|---|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
         case = {r["plan"]: r for r in rows if (r["model"], r["tokens"]) == key}
-        ok = [r for r in case.values() if not r["plan"].startswith(("selected", "down "))
+        ok = [r for r in case.values() if not r["plan"].startswith(("selected", "down ", "up "))
               and not r["plan"].endswith(" pdl") and r["agrees"]]
         pe = [r for r in ok if not r["plan"].startswith("pe1")]
         pe1 = [r for r in ok if r["plan"].startswith("pe1")]
@@ -209,14 +213,14 @@ def summary(rows):
         out.append(f"| {key[0]} | {key[1]} | {sel['floor_us']:.1f} | {cell(sel)} | {cell(heur)} | {cell(best)} | "
                    f"{best['schedules'] if best else '-'} | {cell(heur1)} | {cell(best1)} | "
                    f"{best1['schedules'] if best1 else '-'} |")
-    downs = [r for r in rows if r["plan"].startswith("down ")]
-    if downs:  # --down: the selected plan against its down projection swapped
-        out += ["", "| model | tokens | selected µs (% floor) | down swapped µs (% floor) | down schedule |",
+    downs = [r for r in rows if r["plan"].startswith(("down ", "up "))]
+    if downs:  # --down / --up: the selected plan against one projection swapped
+        out += ["", "| model | tokens | selected µs (% floor) | swapped µs (% floor) | swapped in |",
                 "|---|---|---|---|---|"]
         for r in downs:
             sel = next(o for o in rows if (o["model"], o["tokens"], o["plan"]) == (r["model"], r["tokens"], "selected"))
             out.append(f"| {r['model']} | {r['tokens']} | {sel['us']:.1f} ({100 * sel['of_floor']:.0f}%) | "
-                       f"{r['us']:.1f} ({100 * r['of_floor']:.0f}%){'' if r['agrees'] else ' !'} | {r['plan'][5:]} |")
+                       f"{r['us']:.1f} ({100 * r['of_floor']:.0f}%){'' if r['agrees'] else ' !'} | {r['plan']} |")
     pdl = [r for r in rows if r["plan"].endswith(" pdl")]
     if pdl:  # --pdl: each plan without and with the down launch's PDL
         out += ["", "| model | tokens | plan | PDL off µs | PDL on µs | saved µs | schedules |",
@@ -240,6 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl-only", action="store_true", help="with --pdl: skip the forced persistent plans")
     ap.add_argument("--down", default="", help="comma-separated moe_gemv down schedules swapped into the selected "
                                                 "plan (instead of the persistent plans)")
+    ap.add_argument("--up", default="", help="likewise, gate|up schedules")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
@@ -253,7 +258,7 @@ def main(argv=None) -> int:
         for t in (int(v) for v in args.tokens.split(",")):
             rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True),
                              pdl=args.pdl, pdl_only=args.pdl_only,
-                             down=[d for d in args.down.split(",") if d])
+                             down=[d for d in args.down.split(",") if d], up=[u for u in args.up.split(",") if u])
         del w13, w2
         torch.cuda.empty_cache()
     print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager, only where a plan could "
