@@ -304,31 +304,62 @@ struct MoeGemv {
     }
   }
 
+  // The down kernels' CTA (pair mode's and the slot-warps mode's grid: row tiles over H, slot groups
+  // x splits, tokens): the thread's lane and warp place, the token, slot group and K slice.
+  struct DownCta {
+    int lane, wn, wk, token, group, strip0, kbeg, kend;
+  };
+  static __device__ __forceinline__ DownCta down_cta(MoeGemvArgs const& a) {
+    int const warp = threadIdx.x >> 5, wn = warp % kWarpsN;
+    int const kbeg = (blockIdx.y % a.splits) * a.chunk;
+    return {int(threadIdx.x & 31), wn, warp / kWarpsN, a.z0 + int(blockIdx.z), int(blockIdx.y) / a.splits,
+            (int(blockIdx.x) * kWarpsN + wn) * kStrips, kbeg, min(kbeg + a.chunk, a.katoms)};
+  }
+
+  // With PDL (moe_pdl.cuh), the slot group's weight slices into L2 first (the ids are the router's,
+  // written before the gate|up kernel started: readable now), then the wait: h, the planes and
+  // counters (the stream's, gate|up's too) and y come after the gate|up grid.
+  static __device__ __forceinline__ void down_wait(MoeGemvArgs const& a, DownCta const& c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (a.pdl)
+      for (int j = c.group * a.slots; j < min((c.group + 1) * a.slots, a.top_k); ++j) {
+        int const e = expert_of(a, c.token * a.top_k + j);
+        if (e >= 0) prefetch_weight(a, e, blockIdx.x * kWarpsN * kStrips, kWarpsN * kStrips, c.kbeg, c.kend);
+      }
+    pdl_wait();
+#endif
+  }
+
+  // gemv's epilogue over the token's output row (planes, counters and y start at the token's): one
+  // slot group and one slice write y; otherwise the last arrival adds the token's gridDim.y planes in
+  // (slot group, slice) order.
+  static __device__ __forceinline__ void down_epilogue(MoeGemvArgs const& a, DownCta const& c, char* smem,
+                                                       float (&sum)[K::kAcc]) {
+    GemvArgs out = expert_args(a, 0, nullptr);  // the sizes; no operand is read
+    out.b = out.scales = out.zeros = nullptr;
+    out.y = static_cast<raw*>(a.y) + (size_t)c.token * a.n;
+    bool const planes = gridDim.y > 1;  // else one slice writes y: no workspace, no counters
+    out.workspace = planes ? a.workspace + (size_t)c.token * gridDim.y * a.n : nullptr;
+    out.counters = planes ? a.counters + (size_t)c.token * gridDim.x : nullptr;
+    out.splits = gridDim.y;  // the planes the last arrival adds: every (slot group, slice) of the token
+    typename K::Acc const& total = reinterpret_cast<typename K::Acc const&>(sum);
+    Epilogue::run(out, smem, sum, c.wn, c.wk, c.lane,
+                  [&](auto&& f) { K::for_each_output(out, c.strip0, c.lane, total, f); });
+  }
+
   // grid (row tiles over H, (top_k / slots) * splits, tokens): CTA (x, y, z) adds slots
   // [y / splits * slots, + slots) of token z over K slice y % splits, each slot's fp32 partial times
   // its top-k weight, in slot order. One slice per token (slots == top_k, splits == 1) writes y;
   // otherwise gemv's epilogue sums the token's gridDim.y planes in plane (slot, then slice) order.
   static __device__ void down(MoeGemvArgs const& a, char* smem) {
-    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
-    int const token = a.z0 + blockIdx.z;
-    int const group = blockIdx.y / a.splits, split = blockIdx.y % a.splits;
-    int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
-    int const kbeg = split * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (a.pdl)  // the ids are the router's, written before the gate|up kernel started: readable now
-      for (int j = group * a.slots; j < (group + 1) * a.slots; ++j) {
-        int const e = expert_of(a, token * a.top_k + j);
-        if (e >= 0) prefetch_weight(a, e, blockIdx.x * kWarpsN * kStrips, kWarpsN * kStrips, kbeg, kend);
-      }
-    pdl_wait();  // h, the planes and counters (the stream's, gate|up's too) and y: after the gate|up grid
-#endif
+    DownCta const c = down_cta(a);
+    down_wait(a, c);
     float sum[K::kAcc];
 #pragma unroll
     for (int i = 0; i < K::kAcc; ++i) sum[i] = 0.f;
 #pragma unroll 1
-    for (int j = group * a.slots; j < (group + 1) * a.slots; ++j) {
-      int const pair = token * a.top_k + j;
+    for (int j = c.group * a.slots; j < (c.group + 1) * a.slots; ++j) {
+      int const pair = c.token * a.top_k + j;
       int const e = expert_of(a, pair);
       if (e < 0) continue;  // uniform across the CTA: contributes nothing
       GemvArgs const p = expert_args(a, e, static_cast<raw const*>(a.x) + (size_t)pair * a.k);
@@ -336,32 +367,13 @@ struct MoeGemv {
       float (&flat)[K::kAcc] = reinterpret_cast<float(&)[K::kAcc]>(acc);
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) flat[i] = 0.f;
-      gemv_mainloop<K>(p, strip0, kbeg, kend, wk, smem + K::kReduceBytes, acc);
+      gemv_mainloop<K>(p, c.strip0, c.kbeg, c.kend, c.wk, smem + K::kReduceBytes, acc);
       K::finish(flat);
       float const w = topk_weight(a, pair);
 #pragma unroll
       for (int i = 0; i < K::kAcc; ++i) sum[i] = fmaf(w, flat[i], sum[i]);
     }
-    // gemv's epilogue over this token's output row: planes, counters and y start at the token's.
-    GemvArgs out;
-    out.x = nullptr;
-    out.b = out.scales = out.zeros = out.bias = out.residual = nullptr;
-    out.y = static_cast<raw*>(a.y) + (size_t)token * a.n;
-    bool const planes = gridDim.y > 1;  // else one slice writes y: no workspace, no counters
-    out.workspace = planes ? a.workspace + (size_t)token * gridDim.y * a.n : nullptr;
-    out.counters = planes ? a.counters + (size_t)token * gridDim.x : nullptr;
-    out.m = 1;
-    out.n = a.n;
-    out.k = a.k;
-    out.strips = a.strips;
-    out.katoms = a.katoms;
-    out.group_shift = a.group_shift;
-    out.num_groups = a.num_groups;
-    out.splits = gridDim.y;  // the planes the last arrival adds: every (slot group, slice) of the token
-    out.chunk = a.chunk;
-    typename K::Acc const& total = reinterpret_cast<typename K::Acc const&>(sum);
-    Epilogue::run(out, smem, sum, wn, wk, lane,
-                  [&](auto&& f) { K::for_each_output(out, strip0, lane, total, f); });
+    down_epilogue(a, c, smem, sum);
   }
 
   static __device__ void run(MoeGemvArgs const& a, char* smem) {

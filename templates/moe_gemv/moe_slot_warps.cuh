@@ -37,19 +37,19 @@ struct MoeGemvSlotWarps {
   static constexpr int kThreads = 32 * kWarpsN * kWarpsK;
   static constexpr int kRows = 16 * kStrips * kWarpsN;  // y columns of a CTA
   static constexpr int kSmemBytes = (kWarpsK - 1) * kWarpsN * K::kAcc * 32 * 4;  // the cross-warp reduction
-  using Epilogue = GemvEpilogue<raw, K::kAcc, kWarpsN, kWarpsK, kRows, kThreads>;
-  static_assert(PairMode::kThreads == kThreads, "the prefetch loop strides by the CTA's threads");
+  static_assert(PairMode::kThreads == kThreads && PairMode::kSmemBytes == kSmemBytes && K::kAcc == PairMode::K::kAcc,
+                "pair mode's prefetch, reduction and epilogue serve this CTA as they are");
 
   // Warp wk's share of the CTA's sum (zero for an idle warp, a slot past top_k, an id outside
   // [0, E) or an empty piece). All of it is uniform across the warp.
-  static __device__ __forceinline__ void warp_sum(MoeGemvArgs const& a, int token, int group, int strip0, int kbeg,
-                                                  int kend, int wk, float (&sum)[K::kAcc]) {
+  static __device__ __forceinline__ void warp_sum(MoeGemvArgs const& a, typename PairMode::DownCta const& c,
+                                                  float (&sum)[K::kAcc]) {
     int const slots = a.slots, pieces = kWarpsK / slots;
-    int const j = group * slots + wk % slots, piece = wk / slots;
-    int const per = ((kend - kbeg + pieces - 1) / pieces + kUnroll - 1) / kUnroll * kUnroll;
-    int const kb = kbeg + piece * per, ke = min(kb + per, kend);
+    int const j = c.group * slots + c.wk % slots, piece = c.wk / slots;
+    int const per = ((c.kend - c.kbeg + pieces - 1) / pieces + kUnroll - 1) / kUnroll * kUnroll;
+    int const kb = c.kbeg + piece * per, ke = min(kb + per, c.kend);
     if (piece >= pieces || j >= a.top_k || kb >= ke) return;
-    int const pair = token * a.top_k + j;
+    int const pair = c.token * a.top_k + j;
     int const e = PairMode::expert_of(a, pair);
     if (e < 0) return;
     GemvArgs const p = PairMode::expert_args(a, e, static_cast<raw const*>(a.x) + (size_t)pair * a.k);
@@ -57,42 +57,22 @@ struct MoeGemvSlotWarps {
     float (&flat)[K::kAcc] = reinterpret_cast<float(&)[K::kAcc]>(acc);
 #pragma unroll
     for (int i = 0; i < K::kAcc; ++i) flat[i] = 0.f;
-    gemv_mainloop<K>(p, strip0, kb, ke, 0, nullptr, acc);  // x is read from global memory (no staging)
+    gemv_mainloop<K>(p, c.strip0, kb, ke, 0, nullptr, acc);  // x is read from global memory (no staging)
     K::finish(flat);
     float const w = topk_weight(a, pair);
 #pragma unroll
     for (int i = 0; i < K::kAcc; ++i) sum[i] = w * flat[i];
   }
 
+  // Pair mode's down with warp_sum for the slot loop: the same CTA coordinates, PDL wait and epilogue.
   static __device__ void run(MoeGemvArgs const& a, char* smem) {
-    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int const wn = warp % kWarpsN, wk = warp / kWarpsN;
-    int const token = a.z0 + blockIdx.z;
-    int const group = blockIdx.y / a.splits, split = blockIdx.y % a.splits;
-    int const strip0 = (blockIdx.x * kWarpsN + wn) * kStrips;
-    int const kbeg = split * a.chunk, kend = min(kbeg + a.chunk, a.katoms);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (a.pdl)  // as MoeGemv::down: the ids are the router's, readable before the wait
-      for (int j = group * a.slots; j < min((group + 1) * a.slots, a.top_k); ++j) {
-        int const e = PairMode::expert_of(a, token * a.top_k + j);
-        if (e >= 0) PairMode::prefetch_weight(a, e, blockIdx.x * kWarpsN * kStrips, kWarpsN * kStrips, kbeg, kend);
-      }
-    pdl_wait();
-#endif
+    typename PairMode::DownCta const c = PairMode::down_cta(a);
+    PairMode::down_wait(a, c);
     float sum[K::kAcc];
 #pragma unroll
     for (int i = 0; i < K::kAcc; ++i) sum[i] = 0.f;
-    warp_sum(a, token, group, strip0, kbeg, kend, wk, sum);
-    // gemv's epilogue over this token's output row (pair mode's down: planes only past one group
-    // and one slice, added in (group, slice) order by the last arrival).
-    GemvArgs out = PairMode::expert_args(a, 0, nullptr);
-    bool const planes = gridDim.y > 1;
-    out.y = static_cast<raw*>(a.y) + (size_t)token * a.n;
-    out.workspace = planes ? a.workspace + (size_t)token * gridDim.y * a.n : nullptr;
-    out.counters = planes ? a.counters + (size_t)token * gridDim.x : nullptr;
-    out.splits = gridDim.y;
-    typename K::Acc const& total = reinterpret_cast<typename K::Acc const&>(sum);
-    Epilogue::run(out, smem, sum, wn, wk, lane, [&](auto&& f) { K::for_each_output(out, strip0, lane, total, f); });
+    warp_sum(a, c, sum);
+    PairMode::down_epilogue(a, c, smem, sum);
   }
 };
 
