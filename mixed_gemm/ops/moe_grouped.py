@@ -282,13 +282,20 @@ def _family_plan(families, problems, configs, profile, stacked: Optional[str],
     return "; ".join(reasons)
 
 
+def _near(hit, problem: MoeProblem) -> bool:
+    """Was ``hit`` (a ``lookup_grouped`` answer) measured within a factor of two of the problem's
+    tokens? Farther off, a profile measured at a few token counts only (a 1-8-token sweep of one
+    width) would hand its decode schedules to a batch or a prompt; the heuristics decide there."""
+    return hit is not None and abs(math.log2(hit[0]) - math.log2(max(1, problem.tokens))) <= 1
+
+
 def _near_profiled(problems, profile, device_index: int):
     """The profile's configs for both projections when both were measured within a factor of two
     of these tokens and each can run here (its family on this device, its rules); else None."""
     chosen = []
     for problem in problems if profile is not None else ():
         hit = profile.lookup_grouped(problem)
-        if hit is None or abs(math.log2(hit[0]) - math.log2(max(1, problem.tokens))) > 1:
+        if not _near(hit, problem):
             return None
         try:
             config = parse_schedule(hit[1], **problem.kind)
@@ -303,9 +310,10 @@ def _near_profiled(problems, profile, device_index: int):
 
 def _profiled(fam, problem: MoeProblem, profile):
     """The profile's schedule of ``fam`` for ``problem`` (nearest measured token bucket of the same
-    experts, shape and kind), when it can run it; else None (the family's heuristic decides)."""
+    experts, shape and kind, within a factor of two: :func:`_near`), when it can run it; else None
+    (the family's heuristic decides)."""
     hit = None if profile is None else profile.lookup_grouped(problem)
-    if hit is None:
+    if not _near(hit, problem):
         return None
     try:
         config = parse_schedule(hit[1], **problem.kind)

@@ -329,6 +329,11 @@ def test_grouped_entries_round_trip_lookup_and_serve_the_plan(tmp_path):
     assert b.lookup_grouped(dataclasses.replace(problem, tokens=1)) == (1, "moe_gemv:w13_s2_w4x1_u8_split2")
     fam = family("moe_gemv")
     assert _profiled(fam, dataclasses.replace(problem, tokens=16), q).schedule == "w13_s1_w4x2_u8_m16_xe"
+    assert _profiled(fam, dataclasses.replace(problem, tokens=32), q).schedule == "w13_s1_w4x2_u8_m16_xe"
+    # Farther than a factor of two from every measured count (a decode-only sweep asked about a
+    # batch or a prompt): the family's heuristic decides, not the nearest decode schedule.
+    assert _profiled(fam, dataclasses.replace(problem, tokens=64), q) is None
+    assert _profiled(fam, dataclasses.replace(problem, tokens=4), q) is None  # 1 and 16: two doublings off
     assert _profiled(fam, dataclasses.replace(problem, stage="w2", n=4096, k=14336), q) is None
     # a base's grouped entries load underneath, and a grouped entry must name every field
     Profile({"name": "NVIDIA H200"}, base="h100.json").save(tmp_path / "h200.json")
