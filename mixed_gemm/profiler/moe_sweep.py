@@ -56,6 +56,10 @@ from .workload import random_routing
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 LAYER_ROUTINGS = 3  # routings the layer check times each pair under (the sweep's first)
 LAYER_MARGIN = 0.01  # another pair replaces the stage winners only when this much faster in total
+# The fastest of each stage crossed in the layer check. Three, not two: on an H200 a one-token down
+# kernel third alone (bf16 DeepSeek-V2-Lite, `w2_s1_w1x16_u8_ds_sw`) was 2.5 µs faster in the layer
+# than the two ahead of it (docs/notes/moe.md, "The slot-warps down").
+LAYER_TOP = 3
 
 
 def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int, gate_up: bool = False, bits: int = 4):
@@ -228,8 +232,8 @@ def layer_agrees(y: torch.Tensor, ref: torch.Tensor) -> bool:
 
 def layer_pairs(stage_times: Dict[str, Dict[str, float]], heuristics: Dict[str, str]) -> List[tuple]:
     """The (gate|up, down) pairs worth timing as the layer: the stage winners first, then the
-    heuristics' pair, then the two fastest of each stage crossed; each once."""
-    ranked = {stage: sorted(times, key=times.get)[:2] for stage, times in stage_times.items()}
+    heuristics' pair, then the LAYER_TOP fastest of each stage crossed; each once."""
+    ranked = {stage: sorted(times, key=times.get)[:LAYER_TOP] for stage, times in stage_times.items()}
     pairs = [(ranked["w13"][0], ranked["w2"][0])]
     if heuristics.get("w13") in stage_times["w13"] and heuristics.get("w2") in stage_times["w2"]:
         pairs.append((heuristics["w13"], heuristics["w2"]))

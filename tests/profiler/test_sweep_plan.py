@@ -30,13 +30,17 @@ def test_current_schedules_of_the_swept_shapes_and_buckets():
     assert _current_schedules(current, spec) == ["sm80:t16x64x128_w1x1x4_s6"]
 
 
-def test_layer_pairs_winners_first_then_heuristics_then_the_top_two_crossed():
-    from mixed_gemm.profiler.moe_sweep import layer_pairs
+def test_layer_pairs_winners_first_then_heuristics_then_the_top_three_crossed():
+    from mixed_gemm.profiler.moe_sweep import LAYER_TOP, layer_pairs
 
-    times = {"w13": {"a:1": 3.0, "a:2": 1.0, "b:1": 2.0}, "w2": {"a:9": 5.0, "a:8": 4.0, "b:7": 6.0}}
-    pairs = layer_pairs(times, {"w13": "a:1", "w2": "a:9"})
-    assert pairs[0] == ("a:2", "a:8") and pairs[1] == ("a:1", "a:9")
-    assert set(pairs[2:]) == {("a:2", "a:9"), ("b:1", "a:8"), ("b:1", "a:9")}
+    assert LAYER_TOP == 3
+    times = {"w13": {"a:1": 3.0, "a:2": 1.0, "b:1": 2.0, "c:1": 4.0},
+             "w2": {"a:9": 5.0, "a:8": 4.0, "b:7": 6.0, "c:7": 7.0}}
+    pairs = layer_pairs(times, {"w13": "c:1", "w2": "c:7"})
+    assert pairs[0] == ("a:2", "a:8") and pairs[1] == ("c:1", "c:7")
+    top = [("a:2", "b:1", "a:1"), ("a:8", "a:9", "b:7")]
+    assert set(pairs[2:]) == {(a, b) for a in top[0] for b in top[1]} - {("a:2", "a:8")}
+    assert len(pairs) == 2 + 9 - 1  # the fourth of a stage enters only as the heuristics' pair
     assert layer_pairs(times, {"w13": None, "w2": "a:9"})[1] == ("a:2", "a:9")  # no heuristic pair: skipped
     cross = {"w13": {"a:1": 1.0, "b:1": 2.0}, "w2": {"b:2": 1.0, "a:2": 2.0}}
     assert layer_pairs(cross, {})[0] == ("a:1", "b:2")  # a profile's pair may mix families
