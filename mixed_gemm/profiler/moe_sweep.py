@@ -11,7 +11,7 @@ schedules themselves are checked against the reference in the GPU suite.
 
 A stage timed alone replays its kernel on an L2 that still holds the experts it read (a few MB at
 a few tokens), so it can rank plans unlike the layer does. The best pairs (the two stage winners,
-the heuristics' pair, the two fastest of each stage crossed) are therefore timed again as the
+the heuristics' pair, the LAYER_TOP fastest of each stage crossed) are therefore timed again as the
 layer through ``moe_grouped`` on a cold L2, under the sweep's routing and LAYER_ROUTINGS - 1 more
 (an entry serves every routing of its token count, and at a few tokens plans differ in how they
 take repeated and untouched experts: one routing ranked a persistent gate|up level with pair mode
