@@ -133,6 +133,14 @@ def run_stages(cfg13, cfg2, x, w13, w2, weights, ids):
     return h, y
 
 
+def _layer_dims(rng, group):
+    """(H, I) of a sweep case: multiples of the group (ragged against the 64/128-output CTAs), or, per
+    channel (``group == -1``), H with H % 16 == 8."""
+    if group == -1:
+        return 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
+    return group * rng.randrange(1, 12), group * rng.randrange(1, 6)
+
+
 def _sched(shape, splits, kloop=False, ds=False):
     stage, strips, (wn, wk), unroll = shape[:4]
     mode = f"_m{shape[4]}_xe" if len(shape) > 4 else ""  # expert mode: (..., tokens)
@@ -157,10 +165,7 @@ def _sweep_params():
                         zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 4]
                         top_k, t = TOP_KS[(c + c // 4 + c // 16) % 4], rng.choice((1, 4, 16))
                         e = max(top_k, rng.choice((8, 16)))
-                        if group == -1:
-                            h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
-                        else:
-                            h, inter = group * rng.randrange(1, 12), group * rng.randrange(1, 6)
+                        h, inter = _layer_dims(rng, group)
                         s13 = _sched(a, rng.choice((1, 2, 5)), ds=ds)
                         s2 = _sched(b, rng.choice((1, 2, 3)), kloop=top_k > 1 and rng.random() < 0.5, ds=ds)
                         ids32 = rng.random() < 0.3
@@ -192,10 +197,7 @@ def _expert_sweep_params():
                 top_k, t = TOP_KS[(c + c // 4) % 4], (1, 4, 16, 64)[(c // 2 + c // 8) % 4]
                 route = "one" if c % 3 == 0 else "random"
                 e = max(top_k + 1, rng.choice((8, 16, 32)))
-                if group == -1:
-                    h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
-                else:
-                    h, inter = group * rng.randrange(1, 12), group * rng.randrange(1, 6)
+                h, inter = _layer_dims(rng, group)
                 s13 = _sched(a, rng.choice((1, 2, 3)))
                 s2 = _sched(b, rng.choice((1, 2, 3)), kloop=len(b) == 4 and top_k > 1 and rng.random() < 0.5)
                 ids32 = rng.random() < 0.3
@@ -224,10 +226,7 @@ def _slot_warps_sweep_params():
                     zero, group = ZERO_KINDS[c % 4], GROUPS[(c // 4) % 4]
                     top_k, t = (2, 6, 8, 10)[(c + c // 4) % 4], (1, 3)[(c // 2) % 2]
                     e = max(top_k + 2, rng.choice((8, 16)))
-                    if group == -1:
-                        h, inter = 8 * rng.randrange(9, 90, 2), 16 * rng.randrange(2, 30)
-                    else:
-                        h, inter = group * rng.randrange(1, 12), group * rng.randrange(1, 6)
+                    h, inter = _layer_dims(rng, group)
                     s13 = _sched(shapes_for(bits, "w13")[1], 1, ds=True)
                     s2 = _sched(b, rng.choice((1, 1, 2)), ds=True).replace("_ds", "_ds_sw")
                     cases.append(pytest.param(dtype, bits, s13, s2, zero, group, top_k, t, e, h, inter, False,

@@ -64,21 +64,26 @@ PERSISTENT_SHAPES = (
 )
 
 
+def _unroll(u: int, bits: int) -> int:
+    """A shape's unroll for ``bits``: int8 halves int4's (the same weight bytes in flight per warp)."""
+    return u if bits == 4 else max(1, u // 2)
+
+
 def shapes_for(bits: int, stage: str = None):
-    return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SHAPES if stage in (None, st)]
+    return [(st, s, w, _unroll(u, bits)) for st, s, w, u in SHAPES if stage in (None, st)]
 
 
 def slot_warp_shapes_for(bits: int):
-    return [(st, s, w, u if bits == 4 else max(1, u // 2)) for st, s, w, u in SLOT_WARP_SHAPES]
+    return [(st, s, w, _unroll(u, bits)) for st, s, w, u in SLOT_WARP_SHAPES]
 
 
 def expert_shapes_for(bits: int, stage: str = None, tokens: int = None):
-    return [(st, s, w, u if bits == 4 else max(1, u // 2), t) for st, s, w, u, t in EXPERT_SHAPES
+    return [(st, s, w, _unroll(u, bits), t) for st, s, w, u, t in EXPERT_SHAPES
             if stage in (None, st) and tokens in (None, t)]
 
 
 def persistent_shapes_for(bits: int, stage: str = None, tokens: int = None):
-    return [(st, s, w, u if bits == 4 else max(1, u // 2), t) for st, s, w, u, t in PERSISTENT_SHAPES
+    return [(st, s, w, _unroll(u, bits), t) for st, s, w, u, t in PERSISTENT_SHAPES
             if stage in (None, st) and tokens in (None, t)]
 
 
