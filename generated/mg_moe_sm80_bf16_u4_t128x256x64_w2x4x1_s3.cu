@@ -69,6 +69,7 @@ struct GatherArgs {
   void* out;                  // (rows, cols): out[r] = x[order[r] / div]
   int div;
   int cols;
+  int rows;                   // grid (ceil(rows / rows_per_cta), ceil(cols / 8 / span)): moe_sort::gather_grid
 };
 
 // Gate|up: the tile's columns are stored weight rows of a gate|up stack (common/gate_up.cuh), so
@@ -197,9 +198,10 @@ static_assert(Kernel::kThreads == 256, "threads: MoeSm80Config and kernel disagr
 static_assert(Kernel::kSmemBytes == 79872, "shared memory: MoeSm80Config and kernel disagree");
 static_assert(sizeof(mixed_gemm::moe_sm80::GroupedArgs) == 200, "GroupedArgs: Python mirror out of date");
 static_assert(sizeof(mixed_gemm::moe_sm80::CombineArgs) == 40, "CombineArgs: Python mirror out of date");
-static_assert(sizeof(mixed_gemm::moe_sm80::GatherArgs) == 32, "GatherArgs: Python mirror out of date");
+static_assert(sizeof(mixed_gemm::moe_sm80::GatherArgs) == 40, "GatherArgs: Python mirror out of date");
 static_assert(sizeof(mixed_gemm::moe_sort::SortArgs) == 88, "SortArgs: Python mirror out of date");
 static_assert(mixed_gemm::moe_sort::kThreads == 512, "sort threads: Python mirror out of date");
+static_assert(mixed_gemm::moe_sort::kGatherUnroll == 4, "gather unroll: Python mirror out of date");
 static_assert(mixed_gemm::moe_sort::kMaxExperts == 511, "sort experts: Python mirror out of date");
 static_assert(mixed_gemm::moe_sm80::kBand == 8, "band: Python mirror out of date");
 static_assert(Kernel::kSmemBytes >= 511 * 4, "the tile -> expert map fits the pipeline's buffer");
@@ -248,5 +250,5 @@ mg_moe_sm80_bf16_u4_t128x256x64_w2x4x1_s3_route_scatter(mixed_gemm::moe_sort::So
 
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
 mg_moe_sm80_bf16_u4_t128x256x64_w2x4x1_s3_gather(mixed_gemm::moe_sm80::GatherArgs const a) {
-  mixed_gemm::moe_sort::gather_rows(a.x, a.order, a.div, a.out, a.cols);
+  mixed_gemm::moe_sort::gather_rows(a.x, a.order, a.div, a.out, a.cols, a.rows);
 }

@@ -61,8 +61,8 @@ mg_route_scatter(mixed_gemm::moe_sort::SortArgs const a) {
   mixed_gemm::moe_sort::scatter(a);
 }
 extern "C" __global__ void __launch_bounds__(mixed_gemm::moe_sort::kThreads)
-mg_gather_k(void const* x, int const* order, int div, void* out, int cols) {
-  mixed_gemm::moe_sort::gather_rows(x, order, div, out, cols);
+mg_gather_k(void const* x, int const* order, int div, void* out, int cols, int rows) {
+  mixed_gemm::moe_sort::gather_rows(x, order, div, out, cols, rows);
 }
 #endif  // !MIXED_GEMM_HOST_PASS
 
@@ -183,10 +183,12 @@ int mg_gather(const void* x, const void* order, int div, void* out, long long ro
   if (rows <= 0) return 0;
   Loaded const& l = loaded();
   if (l.error != cudaSuccess) return s90::kErrLoad;
-  constexpr int per_cta = mixed_gemm::moe_sort::kThreads * 8;
-  void* args[] = {&x, &order, &div, &out, &cols};
+  mixed_gemm::moe_sort::GatherGrid const g = mixed_gemm::moe_sort::gather_grid(cols);
+  int rows32 = int(rows);  // pairs: below 2^31 (MAX_PAIRS)
+  void* args[] = {&x, &order, &div, &out, &cols, &rows32};
   cudaError_t e = cudaLaunchKernel(reinterpret_cast<void const*>(l.gather),
-                                   dim3(unsigned(rows), unsigned((cols + per_cta - 1) / per_cta)),
+                                   dim3(unsigned((rows + g.rows_per_cta - 1) / g.rows_per_cta),
+                                        unsigned((cols / 8 + g.span - 1) / g.span)),
                                    dim3(mixed_gemm::moe_sort::kThreads), args, 0, static_cast<cudaStream_t>(stream));
   return e == cudaSuccess ? 0 : s90::kErrLaunch;
 }

@@ -29,6 +29,7 @@ SORT_MAX_EXPERTS = 511  # moe_sort::kMaxExperts: keys 0..E in one CTA's scan
 MAX_TILE_HEIGHTS = 2    # moe_sort::kMaxTileRows
 SORT_BLOCKS = 32        # the scatter CTAs each read every CTA's histogram: keep them few
 GATHER_VEC = 8          # activations per 16-byte vector of the gather
+GATHER_UNROLL = 4       # moe_sort::kGatherUnroll: vectors a gather thread loads before it stores
 
 _p, _i = ctypes.c_void_p, ctypes.c_int
 
@@ -51,6 +52,15 @@ def sort_geometry(pairs: int) -> Tuple[int, int]:
     passes = max(1, -(-pairs // (SORT_THREADS * SORT_BLOCKS)))
     chunk = SORT_THREADS * passes
     return chunk, max(1, -(-pairs // chunk))
+
+
+def gather_grid(rows: int, cols: int) -> Tuple[int, int, int]:
+    """The row gather's grid for ``rows`` rows of ``cols`` activations (``moe_sort::gather_grid``):
+    a CTA copies ``rows_per_cta`` rows x ``span`` 16-byte vectors of a row."""
+    per_cta = SORT_THREADS * GATHER_UNROLL
+    span = min(cols // GATHER_VEC, per_cta)
+    rows_per_cta = per_cta // span
+    return -(-rows // rows_per_cta), -(-(cols // GATHER_VEC) // span), 1
 
 
 @dataclass

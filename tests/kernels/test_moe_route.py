@@ -155,3 +155,24 @@ def test_random_sweep_of_the_kernel_model():
         ids = _random_ids(tokens, top_k, experts, case, away=rng.choice((0.0, 0.1)), bad=rng.choice((0.0, 0.05)))
         check(ids.int() if case % 2 else ids, experts, tile_rows=(rng.choice((16, 64)), 128),
               chunk=rng.choice((None, SORT_THREADS)))
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 8), (3, 8), (7, 2048), (4096, 2048), (11, 1408), (5, 4096), (2, 16384),
+                                       (3, 16392), (9, 40960)])
+def test_gather_grid_covers_every_vector_once(rows, cols):
+    """The row gather's launch (gather_grid, the moe_sm80 launcher's; the libraries compute the same
+    in C++ from the checked constants) and the kernel's thread -> (row, vector) map: every vector of
+    every row exactly once, nothing past the rows or the row."""
+    gx, gy, gz = moe_route.gather_grid(rows, cols)
+    per_cta = SORT_THREADS * moe_route.GATHER_UNROLL
+    vpr = cols // moe_route.GATHER_VEC
+    span = min(vpr, per_cta)
+    rows_per_cta = per_cta // span
+    hit = torch.zeros(rows, vpr, dtype=torch.int32)
+    i = torch.arange(per_cta)  # u * kThreads + thread, every u and thread of a CTA
+    for bx in range(gx):
+        for by in range(gy):
+            r, c = bx * rows_per_cta + i // span, by * span + i % span
+            ok = (i < rows_per_cta * span) & (r < rows) & (c < vpr)
+            hit.index_put_((r[ok], c[ok]), torch.ones(int(ok.sum()), dtype=torch.int32), accumulate=True)
+    assert gz == 1 and bool((hit == 1).all())

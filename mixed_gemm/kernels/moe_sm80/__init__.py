@@ -20,7 +20,7 @@ from ...codegen import render_template
 from ..base import OK, SM80_UP_FLAGS, GroupedFamily, MoeProblem, Verdict
 from ..common import DTYPES, ZERO_MODES, grouped_constant_checks
 from ..sm90a import layout
-from ..moe_route import MAX_PAIRS, SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS, sort_limits
+from ..moe_route import GATHER_UNROLL, MAX_PAIRS, SORT_ARGS_BYTES, SORT_MAX_EXPERTS, SORT_THREADS, sort_limits
 from .abi import BAND, COMBINE_ARGS_BYTES, GATHER_ARGS_BYTES, GROUPED_ARGS_BYTES, ROUTE_THREADS, ROUTE_VEC
 from .candidates import candidate_schedules
 from .catalog import default_catalog
@@ -74,7 +74,7 @@ class MoeSm80Family(GroupedFamily):
             bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=kernel.stages,
             threads=kernel.threads, smem_bytes=kernel.smem_bytes, grouped_args_bytes=GROUPED_ARGS_BYTES,
             combine_args_bytes=COMBINE_ARGS_BYTES, gather_args_bytes=GATHER_ARGS_BYTES, sort_args_bytes=SORT_ARGS_BYTES,
-            sort_threads=SORT_THREADS, sort_max_experts=SORT_MAX_EXPERTS, band=BAND, fused=kernel.fused,
+            sort_threads=SORT_THREADS, sort_max_experts=SORT_MAX_EXPERTS, gather_unroll=GATHER_UNROLL, band=BAND, fused=kernel.fused,
             route_threads=ROUTE_THREADS, route_vec=ROUTE_VEC, constants=grouped_constant_checks(),
         )
 

@@ -30,7 +30,7 @@ class CombineArgs(ctypes.Structure):
 class GatherArgs(ctypes.Structure):
     """mixed_gemm::moe_sm80::GatherArgs."""
 
-    _fields_ = [("x", _p), ("order", _p), ("out", _p), ("div", _i), ("cols", _i)]
+    _fields_ = [("x", _p), ("order", _p), ("out", _p), ("div", _i), ("cols", _i), ("rows", _i)]
 
 
 BAND = 8  # mixed_gemm::moe_sm80::kBand: M tiles per band of the grouped grid's tile order

@@ -16,13 +16,12 @@ import ctypes
 
 from ...runtime import get_module
 from ..common import PER_CHANNEL_SHIFT
-from ..moe_route import GATHER_VEC, SORT_THREADS, SortArgs, SortedGroupedLauncher
+from ..moe_route import SORT_THREADS, SortArgs, SortedGroupedLauncher, gather_grid
 from ..sm90a import layout as sm90a_layout
 from .abi import ROUTE_THREADS, ROUTE_VEC, CombineArgs, GatherArgs, GroupedArgs
 from .config import MoeSm80Config
 
 _ROUTE_PER_CTA = ROUTE_THREADS * ROUTE_VEC  # columns of one route CTA
-_GATHER_PER_CTA = SORT_THREADS * GATHER_VEC  # columns of one gather CTA
 
 
 class MoeSm80Launcher(SortedGroupedLauncher):
@@ -81,8 +80,8 @@ class MoeSm80Launcher(SortedGroupedLauncher):
         fn = self.gath
         with fn.lock:
             a = fn.args
-            a.x, a.order, a.out, a.div, a.cols = x.data_ptr(), order.data_ptr(), out.data_ptr(), div, cols
-            fn.launch((rows, -(-cols // _GATHER_PER_CTA), 1), stream)
+            a.x, a.order, a.out, a.div, a.cols, a.rows = x.data_ptr(), order.data_ptr(), out.data_ptr(), div, cols, rows
+            fn.launch(gather_grid(rows, cols), stream)
 
     def gemm(self, rows, w, routing, out, stream: int, a_div: int = 0, y32=None, weights=None, top_k: int = 1) -> None:
         args, argv, tiles_n = self._block(w)
