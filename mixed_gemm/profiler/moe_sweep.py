@@ -60,6 +60,7 @@ LAYER_MARGIN = 0.01  # another pair replaces the stage winners only when this mu
 # kernel third alone (bf16 DeepSeek-V2-Lite, `w2_s1_w1x16_u8_ds_sw`) was 2.5 µs faster in the layer
 # than the two ahead of it (docs/notes/moe.md, "The slot-warps down").
 LAYER_TOP = 3
+RUNNERS_UP = 6  # stage candidates after the winner named in the log, with their times
 
 
 def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int, gate_up: bool = False, bits: int = 4):
@@ -196,8 +197,10 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                     continue
                 best = min(times, key=times.get)
                 stage_times[stage], heuristics[stage] = times, heuristic
+                runners = ", ".join(f"{s} {times[s] * 1e6:.1f}" for s in sorted(times, key=times.get)[1:RUNNERS_UP + 1])
                 log(f"{name} T={t} {stage}: {best} {times[best] * 1e6:.1f} µs (heuristic {heuristic} "
-                    f"{times.get(heuristic, float('nan')) * 1e6:.1f} µs; {len(times)} timed)")
+                    f"{times.get(heuristic, float('nan')) * 1e6:.1f} µs; {len(times)} timed)"
+                    + (f"; next: {runners}" if runners else ""))
                 stage_best[stage] = (len(winners), times[best])
                 winners.append(dict(dtype=problem.dtype, bits=bits, zero_mode=problem.zero_mode, group_size=128,
                                     experts=shape.experts, top_k=shape.top_k, n=w.n, k=w.k, stage=stage,
