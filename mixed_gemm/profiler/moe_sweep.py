@@ -358,7 +358,9 @@ def run(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype, out=No
         {"name": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count},
         {"driver": _versions.driver(), "nvcc": _versions.nvcc(), "cutlass": _versions.cutlass(),
          "torch": _versions.torch_version(), "mixed_gemm": __version__})
-    current = profile if against_profile and path.exists() else None
+    # What selection runs now reads the profile with its base underneath (an H200 profile over the
+    # H100's); the winners still merge into the file's own entries only.
+    current = Profile.load(path) if against_profile and path.exists() else None
     for e in sweep(models, tokens, dtype, replays, families=families, current=current, bits=bits, jobs=jobs):
         profile.add_grouped(e)
     profile.save(path)

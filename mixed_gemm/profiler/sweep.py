@@ -132,7 +132,8 @@ def run_sweep(spec: SweepSpec) -> Tuple[Profile, Path]:
     partial.parent.mkdir(parents=True, exist_ok=True)
     sms, l2 = props.multi_processor_count, props.L2_cache_size
     gs = spec.group_size
-    current = Profile.load(out, with_base=False) if spec.against_profile and out.exists() else None
+    # What selection runs now: the profile with its base underneath (winners merge into its own entries).
+    current = Profile.load(out) if spec.against_profile and out.exists() else None
     if spec.layout == "auto":
         spec.layout = layout_for(torch.cuda.current_device(), spec.bits)
         # A --schedules sweep, and the entries an --against-profile sweep re-times, pack every
