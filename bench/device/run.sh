@@ -173,18 +173,27 @@ for step in "$@"; do
     ab)  # bench/schedule_ab.py over the case file AB_CASES (its kernels carried as kcache/ab.txz)
       timeout "${AB_TIMEOUT:-540}" python3 bench/schedule_ab.py --cases "${AB_CASES:?set AB_CASES to a case file}" \
         --rounds "${AB_ROUNDS:-3}" --dtype "${AB_DTYPE:-f16}" --out "$OUT/ab.txt" 2>&1 | grep -vE "$QUIET" ;;
-    templates-ab)  # one mixed-gemm command from this tree and from a copy whose templates are TPL_B (a carried folder), alternated TPL_ROUNDS times: TPL_CMD (default: bench --moe at 1 and 4 tokens)
-      # The copy shares the package and profiles, so the two differ in their kernels alone; their
-      # cache keys differ with the templates, so one cache holds both. Rows of each run's table.
-      b=/tmp/tree-b; rm -rf $b && mkdir -p $b && cp -r mixed_gemm profiles $b/ && cp -r "${TPL_B:?set TPL_B to a templates folder}" $b/templates
+    templates-ab)  # one mixed-gemm command from this tree and from a copy whose templates are TPL_B (a carried folder), alternated TPL_ROUNDS times: TPL_CMD (default: bench --moe at 1 and 4 tokens), or TPL_SCRIPT (a bench script and its arguments, e.g. "bench/moe_modes.py --down S --tokens 1,2")
+      # The copy shares the package, profiles and bench scripts, so the two differ in their kernels
+      # alone; their cache keys differ with the templates, so one cache holds both. Rows of each
+      # run's tables (markdown rows, from --out or the script's output).
+      b=/tmp/tree-b; rm -rf $b && mkdir -p $b && cp -r mixed_gemm profiles bench $b/ && cp -r "${TPL_B:?set TPL_B to a templates folder}" $b/templates
       for r in $(seq "${TPL_ROUNDS:-2}"); do
         for v in a b; do
           d=$PWD; [ $v = b ] && d=$b
-          # shellcheck disable=SC2086  # TPL_CMD is a command line
-          (cd $d && PYTHONPATH=$d:$SITE MIXED_GEMM_JIT=block timeout "${TPL_TIMEOUT:-120}" python3 -m mixed_gemm.cli \
-            ${TPL_CMD:-bench --moe mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite --tokens 1,4} --out "$OUT/tpl-$v.md" \
-            > "$OUT/tpl-$v.log" 2>&1)
-          echo "$v $r: $(grep -E '^\| [a-z0-9]' "$OUT/tpl-$v.md" | grep -vE '^\| (model|shape|M) ' | cut -d'|' -f2-6 | tr -s ' ' | tr '\n' ' ')"
+          rm -f "$OUT/tpl-$v.md"
+          # shellcheck disable=SC2086  # TPL_CMD and TPL_SCRIPT are command lines
+          if [ -n "${TPL_SCRIPT:-}" ]; then
+            (cd $d && PYTHONPATH=$d:$SITE MIXED_GEMM_JIT=block timeout "${TPL_TIMEOUT:-120}" python3 $TPL_SCRIPT \
+              > "$OUT/tpl-$v.log" 2>&1)
+          else
+            (cd $d && PYTHONPATH=$d:$SITE MIXED_GEMM_JIT=block timeout "${TPL_TIMEOUT:-120}" python3 -m mixed_gemm.cli \
+              ${TPL_CMD:-bench --moe mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite --tokens 1,4} --out "$OUT/tpl-$v.md" \
+              > "$OUT/tpl-$v.log" 2>&1)
+          fi
+          rows=$OUT/tpl-$v.md; [ -f "$rows" ] || rows=$OUT/tpl-$v.log
+          cp "$rows" "$OUT/tpl-$v$r.txt"
+          echo "$v $r: $(grep -E '^\| [a-z0-9]' "$rows" | grep -vE '^\| (model|shape|M) ' | cut -d'|' -f2-6 | tr -s ' ' | tr '\n' ' ')"
         done
       done | tee "$OUT/templates-ab.txt" ;;
     sm90s-ab)  # bench/sm90s_ab.py: cuBLAS, the selection and the sm90s catalog kernels whose schedule contains SM90S_ONLY (e.g. _o2_s0: each half-issue kernel beside its plain one), at SM90S_MS
