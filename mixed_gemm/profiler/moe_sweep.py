@@ -195,9 +195,10 @@ def sweep(models: Sequence[str], tokens: Sequence[int], dtype: torch.dtype = tor
                     out.copy_(ref)
                 if not times:
                     continue
-                best = min(times, key=times.get)
+                ranked = sorted(times, key=times.get)
+                best = ranked[0]
                 stage_times[stage], heuristics[stage] = times, heuristic
-                runners = ", ".join(f"{s} {times[s] * 1e6:.1f}" for s in sorted(times, key=times.get)[1:RUNNERS_UP + 1])
+                runners = ", ".join(f"{s} {times[s] * 1e6:.1f}" for s in ranked[1:RUNNERS_UP + 1])
                 log(f"{name} T={t} {stage}: {best} {times[best] * 1e6:.1f} µs (heuristic {heuristic} "
                     f"{times.get(heuristic, float('nan')) * 1e6:.1f} µs; {len(times)} timed)"
                     + (f"; next: {runners}" if runners else ""))
