@@ -3,7 +3,7 @@
 // only (the host pass never sees it). Design: docs/notes/serving-mainloop.md.
 //
 // CTA = one producer warpgroup (one thread issues the TMAs of a ring of stages) + TM/64 consumer
-// warpgroups (two, or four at TM = 256); consumer warpgroup c owns weight rows 64c..64c+63 of the
+// warpgroups (two, three at TM = 192, four at TM = 256); consumer warpgroup c owns weight rows 64c..64c+63 of the
 // CTA's TM, all read the same x stage. Per k-tile a consumer thread loads one 32-bit word (int4; 64-bit for int8) per
 // k16 block from the stage's weight atoms, converts it with lop3 (atoms/sm90a.cuh) straight into
 // its A-fragment registers, applies scale and additive zero with one fma per register pair

@@ -24,6 +24,9 @@ constexpr int kMaxStages = 12;
 // Phased: the two consumer warpgroups take turns issuing their wgmmas (an ordered barrier).
 // TM = 64: one consumer warpgroup, a whole 64-row tile each (no split of K to fill the SMs where
 // 64-row tiles already do), as each CTA of CUTLASS's ping-pong tile runs one 64-row tile.
+// TM = 192: three consumer warpgroups, for the shapes whose rows divide by 192 and not by 256 or
+// into too few 128-row tiles (6144 rows: 32 tiles x 4 token tiles of 128 fill 132 SMs at M = 512,
+// where 48 x 4 of 128 rows are 1.45 waves and 24 x 4 of 256 rows leave 36 SMs idle).
 // TM = 256: four consumer warpgroups (64 rows each) behind one producer. Per x byte from L2 twice
 // the weight of TM = 128, and as many converting warps a scheduler as two CTAs of 128 rows, without
 // a second ring, a second CTA's barriers or the split-K slices that fill the SMs twice over.
@@ -45,10 +48,12 @@ template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int Clus
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80) ||
+                    (TM == 192 && CtasPerSm == 1 && ClusterM <= 2 && !Phased && TN / 2 + TK / 4 <= 128) ||
                     (TM == 64 && ClusterM == 1 && !Phased),
                 "TM: 128, 256 (one CTA per SM, no cluster, no phase offset; TN/2 accumulators + TK/4 "
-                "fragment registers <= 80 of a consumer thread's 112) or 64 (no row cluster, no phase offset: "
-                "one consumer warpgroup)");
+                "fragment registers <= 80 of a consumer thread's 112), 192 (the same, <= 128 of 160, a 2x1 "
+                "cluster allowed) or 64 "
+                "(no row cluster, no phase offset: one consumer warpgroup)");
   static_assert(TN % 16 == 0 && TN >= 16 && TN <= 256, "TN: wgmma N, a multiple of 16 up to 256");
   static_assert(TK == 64 || TK == 128, "TK: one or two 64-element swizzle panels of x");
   static_assert(Stages >= 2 && Stages <= kMaxStages, "stages: 2..12");
@@ -113,7 +118,9 @@ struct Geometry {
   // TN = 256, where 128 accumulators leave no room for a second set (the other warpgroup overlaps),
   // and at two CTAs per SM from TN = 32 on (104 registers a consumer thread: the other CTA overlaps),
   // as at TM = 256 (112 registers; the other three warpgroups overlap). TM = 64 has room (248).
-  static constexpr bool kDoubleBuffer = TN <= 128 && ((CtasPerSm == 1 && TM <= 128) || TN <= 16);
+  // TM = 192 (160 registers) keeps two sets where TN/2 + 2 TK/4 <= 96 (t192x128x128 at 128 spilled 360 bytes).
+  static constexpr bool kDoubleBuffer =
+      TN <= 128 && ((CtasPerSm == 1 && (TM <= 128 || (TM == 192 && TN / 2 + TK / 2 <= 96))) || TN <= 16);
   // Half issue (`_hi`): where two whole fragment sets do not fit, a warpgroup issues a k-tile's
   // wgmmas in two halves, the second half converting while the first half's run. kHalfBuffer: where
   // three half sets fit (TK/4 registers a set; ptxas spilled and serialized the wgmmas with less

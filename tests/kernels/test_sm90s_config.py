@@ -11,6 +11,7 @@ from mixed_gemm import _paths
 from mixed_gemm.compile import cutlass_include_dir, find_nvcc
 from mixed_gemm.kernels import FAMILIES, Problem, family, parse_schedule, qualified
 from mixed_gemm.kernels.sm90s import FAMILY, SWITCH_ENV, Sm90sConfig
+from mixed_gemm.kernels.sm90s.config import double_buffered
 from mixed_gemm.kernels.sm90s.candidates import candidate_schedules
 from mixed_gemm.kernels.sm90s.catalog import IN_FLIGHT, IN_FLIGHT_U8, default_catalog
 
@@ -237,7 +238,7 @@ def test_candidates_parse_and_fit_m():
         assert prefill and all(s.endswith("_auto") for s in prefill)
         for s in prefill:
             config = Sm90sConfig.from_schedule(s, bits=bits)
-            assert config.kernel in set(default_catalog()) and config.tile[1] * config.tile[0] >= 128 * 256
+            assert config.kernel in set(default_catalog()) and config.tile[1] * config.tile[0] >= 192 * 128
     for m in (9, 16, 33, 64, 100, 256, 512):
         scheds = FAMILY.candidates(_problem(m=m), 132)
         assert scheds
@@ -381,7 +382,7 @@ def test_half_issue_only_with_one_fragment_set():
 
 def test_half_issue_kernels_are_profile_candidates_only():
     half = [c for c in default_catalog() if c.half_issue]
-    assert len(half) == 16 and all(not c.phased and c.cluster == (1, 1) for c in half)
+    assert len(half) == 18 and all(not c.phased and c.cluster == (1, 1) for c in half)
     assert {c.replace(half_issue=False) for c in half} <= set(default_catalog())  # each beside its plain kernel
     assert "t128x32x128_c1x1_o2_s0_hi_auto" in candidate_schedules(32, 8192, 8192, 132)
     assert not any("_hi" in s for s in candidate_schedules(16, 8192, 8192, 132) if "x16x" in s)
@@ -398,3 +399,19 @@ def test_refit_keeps_half_issue_only_where_it_still_applies():
     assert FAMILY.refit(o2, at(2048, 2048, 64), 132, at(3584, 3584, 64)).schedule == "t128x64x128_c1x1_o1_s0_auto"
     rows = Sm90sConfig.from_schedule("t256x64x128_c1x1_o1_s0_hi_split4")  # -> TM 128 at o1: plain
     assert FAMILY.refit(rows, at(4096, 4096, 64), 132, at(8192, 28672, 64)).schedule == "t128x64x128_c1x1_o1_s0_auto"
+
+
+def test_three_consumer_warpgroups():
+    """TM = 192: three consumer warpgroups at one CTA per SM; two fragment sets only where
+    TN/2 + TK/2 <= 96 (Geometry's kDoubleBuffer, asserted in every rendered source)."""
+    c = Sm90sConfig(tile=(192, 128, 64))
+    assert c.threads == 512 and double_buffered(c.tile, 1)
+    assert not double_buffered((192, 128, 128), 1) and double_buffered((192, 64, 128), 1)
+    assert c.tiles(512, 6144) == 128                     # 32 row tiles x 4 token tiles: one wave of 132
+    assert c.tiles(512, 4096) == 22 * 4                  # a ragged last row tile
+    for bad in (dict(ctas_per_sm=2, tile=(192, 64, 128)), dict(cluster=(4, 1)), dict(phased=True),
+                dict(tile=(192, 256, 64))):
+        with pytest.raises(ValueError, match="tile M 192"):
+            c.replace(**bad)
+    Sm90sConfig(tile=(192, 128, 64), cluster=(1, 2))    # a K cluster is allowed, and a 2x1 one
+    assert Sm90sConfig(tile=(192, 128, 128), cluster=(2, 1)).tiles(512, 6144) == 128

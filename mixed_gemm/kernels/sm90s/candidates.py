@@ -5,8 +5,8 @@ only where its slices fit one wave), each with the split factor chosen per shape
 stream-K (``sk``, kernels without a K cluster or phase offset) where the tiles exceed one wave and are
 not whole waves or, from COMPUTE_M on, fill less than one, and, where the tiles alone give at least
 two waves, one CTA per tile (``dp``). Past 512 (prefill), the tiles that hide the conversion under
-the tensor work (the wgmma probe, docs/notes/serving-mainloop.md: 256 tokens a tile, or four
-consumer warpgroups of 128), ``auto`` (one CTA per tile once the tiles fill the SMs)."""
+the tensor work (the wgmma probe, docs/notes/serving-mainloop.md: 256 tokens a tile, or three or
+four consumer warpgroups of 128), ``auto`` (one CTA per tile once the tiles fill the SMs)."""
 from __future__ import annotations
 
 from typing import List
@@ -20,7 +20,8 @@ COMPUTE_M = 256         # from here a Llama-3 shape's time is its FLOPs at the t
 # dequantize + cuBLAS, 3-9% faster on the four shapes it held; the 4x1 cluster lost 7-20% (not offered).
 # int8's catalog has the 256-token tile at TK = 64.
 PREFILL_SHAPES = (((128, 256, 128), (1, 1), False), ((128, 256, 128), (2, 1), False), ((128, 256, 128), (2, 1), True),
-                  ((256, 128, 64), (1, 1), False), ((128, 256, 64), (1, 1), False), ((128, 256, 64), (2, 1), False))
+                  ((256, 128, 64), (1, 1), False), ((128, 256, 64), (1, 1), False), ((128, 256, 64), (2, 1), False),
+                  ((192, 128, 64), (1, 1), False), ((192, 128, 128), (1, 1), False))
 
 
 def candidate_schedules(m: int, n: int, k: int, sms: int, bits: int = 4) -> List[str]:

@@ -49,6 +49,16 @@ SHAPES = (
     ((256, 32, 128), 1, C1, False),
     ((256, 64, 128), 1, C1, False),
     ((256, 128, 64), 1, C1, False),   # TK = 64: 64 accumulators + 16 fragment registers fit 112 (TK = 128 spills)
+    # Three consumer warpgroups (TM = 192) for 6144-row weights (8B q|k|v), whose 128- and 256-row
+    # tiles quantize badly from M = 256 on (48 x 4 tiles of 128 tokens are 1.45 waves at M = 512,
+    # 24 x 2 of 256 leave 36 SMs idle): 32 x 4 fill 132 SMs. Two fragment sets fit 160 registers at
+    # TN/2 + TK/2 <= 96 (t192x128x128 keeps one). The 1x2 K cluster for M = 256 (64 tiles), TK = 64 for its 96 KB reduce region.
+    ((192, 64, 128), 1, C1, False),
+    ((192, 128, 64), 1, C1, False),
+    ((192, 128, 128), 1, C1, False),
+    ((192, 128, 64), 1, K2, False),
+    ((192, 64, 128), 1, C2, False),    # x multicast over two row tiles: 28 KB from L2 a k-tile, not 44
+    ((192, 128, 128), 1, C2, False),
     # One consumer warpgroup a 64-row tile (TM = 64), for M = 129-256 on the shapes of 64-96 128-row
     # tiles (8B q|k|v and o): 128 tiles fill the SMs without a K split, whose L2 sum cost ~1.4 of
     # 22 µs at 4096x4096 M = 256. It ties CUTLASS's ping-pong tile there and at 6144x4096 M = 128

@@ -14,10 +14,14 @@ from ..common import check_weight_kind, hash_once, raise_on
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?(_ov)?_(dp|auto|sk|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
-TILE_MS = (64, 128, 256)  # 64: one consumer warpgroup; 256: four behind one producer (Geometry's TM)
+TILE_MS = (64, 128, 192, 256)  # 64: one consumer warpgroup; 192, 256: three, four behind one producer (Geometry's TM)
 # At TM = 256 a consumer thread has 112 registers: TN/2 accumulators and one set of TK/4 fragment
 # registers must stay within 80 (t256x128x128 spills 92 bytes in the k-loop; t256x128x64 none).
-TM256_MAX_LIVE = 80
+# At TM = 192 it has 160: the same 32 to spare give 128 for one set; two sets (the double buffer)
+# need TN/2 + TK/2 <= 96 (t192x128x128 with two spilled 360 bytes).
+TM_MAX_LIVE = {256: 80, 192: 128}
+TM192_DOUBLE_LIVE = 96
+TM_ROW_CLUSTER = {256: 1, 192: 2}   # the largest Cx1 cluster each takes (192: 16 clusters of 2 over 6144 rows)
 TILE_NS = (16, 32, 48, 64, 80, 96, 112, 128, 256)  # wgmma N of the RsOp specializations (48-112: grouped ragged rows)
 TILE_KS = (64, 128)
 # (C, 1): C adjacent row tiles share their x tile, each CTA loading TN/C token rows of it with TMA
@@ -48,8 +52,9 @@ def _round_up(x: int, m: int) -> int:
 def double_buffered(tile: Tuple[int, int, int], ctas_per_sm: int) -> bool:
     """Does the kernel convert the next k-tile while this one's wgmmas run? (Geometry::kDoubleBuffer,
     static_asserted in every rendered source: a second fragment set fits the consumer's registers.)"""
-    tm, tn, _ = tile
-    return tn <= 128 and ((ctas_per_sm == 1 and tm <= TILE_M) or tn <= 16)
+    tm, tn, tk = tile
+    two_sets = tm <= TILE_M or (tm == 192 and tn // 2 + tk // 2 <= TM192_DOUBLE_LIVE)
+    return tn <= 128 and ((ctas_per_sm == 1 and two_sets) or tn <= 16)
 
 
 @hash_once
@@ -59,7 +64,8 @@ class Sm90sConfig:
     of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, or 256 with four consumer
-    warpgroups at one CTA per SM, no cluster and TN/2 + TK/4 <= 80, or 64 with one consumer
+    warpgroups at one CTA per SM, no row cluster and TN/2 + TK/4 <= 80, or 192 with three, <= 128 and up to a 2x1 cluster,
+    or 64 with one consumer
     warpgroup and no row cluster or phase offset; TN tokens in
     {16, 32, 48, 64, 80, 96, 112, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
@@ -106,10 +112,11 @@ class Sm90sConfig:
         tm, tn, tk = self.tile
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (tm in TILE_MS, f"tile M (weight rows) must be one of {TILE_MS}: consumer warpgroups of 64 rows (wgmma m64)"),
-            (tm != 256 or (self.ctas_per_sm == 1 and self.cluster[0] == 1 and not self.phased
-                           and tn // 2 + tk // 4 <= TM256_MAX_LIVE),
-             f"tile M 256 (four consumer warpgroups) only at one CTA per SM, no row cluster, no phase offset and "
-             f"TN/2 + TK/4 <= {TM256_MAX_LIVE} (accumulators and fragments in 112 registers a consumer thread)"),
+            (tm not in TM_MAX_LIVE or (self.ctas_per_sm == 1 and self.cluster[0] <= TM_ROW_CLUSTER[tm]
+                                       and not self.phased and tn // 2 + tk // 4 <= TM_MAX_LIVE[tm]),
+             f"tile M {tm} ({tm // 64} consumer warpgroups) only at one CTA per SM, row clusters up to "
+             f"{TM_ROW_CLUSTER.get(tm)}, no phase offset and TN/2 + TK/4 <= {TM_MAX_LIVE.get(tm)} (accumulators "
+             f"and fragments in a consumer thread's registers)"),
             (tm != 64 or (self.cluster[0] == 1 and not self.phased),
              "tile M 64 (one consumer warpgroup) only without a row cluster or phase offset"),
             (tn in TILE_NS, f"tile N (tokens) must be one of {TILE_NS} (wgmma N)"),
@@ -207,7 +214,7 @@ class Sm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t<128|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi][_ov]_<dp|auto|sk|split<S>>")
+                             "t<64|128|192|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi][_ov]_<dp|auto|sk|split<S>>")
         tm, tn, tk, cm, cn, o, st, ph, hi, ov, tail, sp = m.groups()
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
