@@ -415,3 +415,8 @@ def test_three_consumer_warpgroups():
             c.replace(**bad)
     Sm90sConfig(tile=(192, 128, 64), cluster=(1, 2))    # a K cluster is allowed, and a 2x1 one
     assert Sm90sConfig(tile=(192, 128, 128), cluster=(2, 1)).tiles(512, 6144) == 128
+    # The profiler times them where TN = 64 / 128 is in play, and past M = 512 (PREFILL_SHAPES).
+    assert "t192x128x128_c1x1_o1_s0_auto" in candidate_schedules(512, 6144, 4096, 132)
+    assert "t192x64x128_c2x1_o1_s0_auto" in candidate_schedules(64, 6144, 4096, 132)
+    assert "t192x128x128_c1x1_o1_s0_auto" in candidate_schedules(4096, 6144, 4096, 132)
+    assert not any("t192x128x64_c1x2" in s for s in candidate_schedules(512, 6144, 4096, 132))  # 256 CTAs
