@@ -52,7 +52,8 @@ SHAPES = (
     # Three consumer warpgroups (TM = 192) for 6144-row weights (8B q|k|v), whose 128- and 256-row
     # tiles quantize badly from M = 256 on (48 x 4 tiles of 128 tokens are 1.45 waves at M = 512,
     # 24 x 2 of 256 leave 36 SMs idle): 32 x 4 fill 132 SMs. Two fragment sets fit 160 registers at
-    # TN/2 + TK/2 <= 96 (t192x128x128 keeps one). The 1x2 K cluster for M = 256 (64 tiles), TK = 64 for its 96 KB reduce region.
+    # TN/2 + TK/2 <= 96 (t192x128x128 keeps one). The 1x2 K cluster for M = 256 (64 tiles), at
+    # TK = 64 for its 96 KB reduce region.
     ((192, 64, 128), 1, C1, False),
     ((192, 128, 64), 1, C1, False),
     ((192, 128, 128), 1, C1, False),

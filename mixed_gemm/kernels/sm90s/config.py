@@ -64,9 +64,9 @@ class Sm90sConfig:
     of docs/notes/serving-mainloop.md): register-A wgmma with the weight as operand A.
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM = 128 weight rows, or 256 with four consumer
-    warpgroups at one CTA per SM, no row cluster and TN/2 + TK/4 <= 80, or 192 with three, <= 128 and up to a 2x1 cluster,
-    or 64 with one consumer
-    warpgroup and no row cluster or phase offset; TN tokens in
+    warpgroups at one CTA per SM, no row cluster and TN/2 + TK/4 <= 80, or 192 with three, <= 128
+    and up to a 2x1 cluster, or 64 with one consumer warpgroup and no row cluster or phase offset;
+    TN tokens in
     {16, 32, 48, 64, 80, 96, 112, 128, 256}, TK in {64, 128}), ``cluster`` ((1, 1), (2, 1) or (4, 1): C CTAs of adjacent
     weight-row tiles share one x tile, each loading TN/C token rows of it with TMA multicast into all
     C; TN/C must be a multiple of 8, so (4, 1) needs TN >= 32; or (1, 2), (1, 4): the S K slices of
