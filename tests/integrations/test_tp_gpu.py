@@ -19,7 +19,10 @@ DECODE = ROOT / "bench" / "tp_decode.py"
 
 def _torchrun(*args, env=None, timeout=330, script=SCRIPT, nproc=2):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), str(script), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    # The checkout first, then whatever path the parent had (where nvidia-cutlass may be installed
+    # outside site-packages, as on the GPU machine's /tmp/site): the ranks compile what they lack.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, **(env or {}))
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
