@@ -27,11 +27,14 @@ with it forced off, so ``$MIXED_GEMM_MOE_PDL`` changes neither; the same graphs'
 in one run. ``--pdl-only`` skips the forced persistent plans (just those four rows).
 
 ``--down S1,S2,...``: instead of the persistent plans, the selected plan with its down projection
-swapped for each moe_gemv schedule given (rows ``down <schedule>``; the gate|up launch is the
-selected one's): the A/B of one projection's candidates inside the whole layer. ``--up`` likewise
-swaps the gate|up projection (rows ``up <schedule>``).
+swapped for each schedule given (rows ``down <schedule>``; the gate|up launch is the selected
+one's): the A/B of one projection's candidates inside the whole layer. A bare schedule is
+moe_gemv's; ``family:schedule`` names any grouped family's (``moe_sm90s:w2_t192x128x128_s0_p``).
+``--up`` likewise swaps the gate|up projection (rows ``up <schedule>``), and ``--pair U+D,...``
+both at once (rows ``pair <U>+<D>``).
 
     python bench/moe_modes.py --models qwen3-30b-a3b --tokens 1,2 --down w2_s1_w1x16_u16_ds_sw,w2_s1_w1x8_u16_ds_sw
+    python bench/moe_modes.py --tokens 4096 --pair moe_sm90s:w13_t192x128x128_s0_p+moe_sm90s:w2_t192x128x128_s0_p
 
 Kernels are JIT-built with ``MIXED_GEMM_JIT=block`` (the default here: an async build would time
 the per-expert stand-in): 6 persistent kernels per dtype (w13 / w2 / one launch x 8 / 16 rows) plus
@@ -54,6 +57,7 @@ os.environ.setdefault("MIXED_GEMM_JIT", "block")
 import torch  # noqa: E402
 
 from mixed_gemm.benchmark.moe import MOE_MODELS, int4_floor_s, packed_expert_bytes, touched_experts  # noqa: E402
+from mixed_gemm.kernels import family  # noqa: E402
 from mixed_gemm.kernels.base import sm_count  # noqa: E402
 from mixed_gemm.kernels.moe_gemv import FAMILY, MoeGemvConfig  # noqa: E402
 from mixed_gemm.kernels.moe_gemv.catalog import persistent_shapes_for  # noqa: E402
@@ -128,18 +132,25 @@ def with_pdl(fn, enabled: bool):
     return call
 
 
-def swapped_plans(plan, down, up, kind) -> dict:
+def parse_config(schedule: str, kind: dict):
+    """``family:schedule`` (any grouped family's) or a bare moe_gemv schedule, as a config of ``kind``."""
+    name, _, sched = schedule.rpartition(":")
+    return family(name or "moe_gemv").config_class.from_schedule(sched, **kind)
+
+
+def swapped_plans(plan, down, up, kind, pairs=()) -> dict:
     """``{"down <schedule>": (selected gate|up, that down)}`` for ``--down``, ``{"up <schedule>":
-    (that gate|up, selected down)}`` for ``--up``."""
+    (that gate|up, selected down)}`` for ``--up``, ``{"pair <U>+<D>": (U, D)}`` for ``--pair``."""
     if not isinstance(plan, GroupedPlan):
         return {}
-    plans = {f"down {s}": (plan.configs[0], MoeGemvConfig.from_schedule(s, **kind)) for s in down}
-    plans.update({f"up {s}": (MoeGemvConfig.from_schedule(s, **kind), plan.configs[1]) for s in up})
+    plans = {f"down {s}": (plan.configs[0], parse_config(s, kind)) for s in down}
+    plans.update({f"up {s}": (parse_config(s, kind), plan.configs[1]) for s in up})
+    plans.update({f"pair {s}": tuple(parse_config(p, kind) for p in s.split("+")) for s in pairs})
     return plans
 
 
 def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False,
-             down=(), up=()):
+             down=(), up=(), pairs=()):
     gen = torch.Generator().manual_seed(1000 + t)
     x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
     weights, ids = random_routing(t, shape, gen)
@@ -148,7 +159,8 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
     plan = grouped_plan(x, w13, w2, shape.top_k)
     selected = f"{schedules(plan.configs)} ({plan.source})" if isinstance(plan, GroupedPlan) else f"per-expert: {plan}"
     problems = _problems(m_bucket(t), shape.top_k, w13, w2)
-    plans = swapped_plans(plan, down, up, problems[1].kind) if down or up else persistent_plans(problems, sms)
+    swaps = down or up or pairs
+    plans = swapped_plans(plan, down, up, problems[1].kind, pairs) if swaps else persistent_plans(problems, sms)
     if pdl_only:
         plans = {k: v for k, v in plans.items() if k == "pe heuristic"}
     ref = moe(x, w13, w2, weights, ids)
@@ -202,7 +214,7 @@ def summary(rows):
            "|---|---|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
         case = {r["plan"]: r for r in rows if (r["model"], r["tokens"]) == key}
-        ok = [r for r in case.values() if not r["plan"].startswith(("selected", "down ", "up "))
+        ok = [r for r in case.values() if not r["plan"].startswith(("selected", "down ", "up ", "pair "))
               and not r["plan"].endswith(" pdl") and r["agrees"]]
         pe = [r for r in ok if not r["plan"].startswith("pe1")]
         pe1 = [r for r in ok if r["plan"].startswith("pe1")]
@@ -213,8 +225,8 @@ def summary(rows):
         out.append(f"| {key[0]} | {key[1]} | {sel['floor_us']:.1f} | {cell(sel)} | {cell(heur)} | {cell(best)} | "
                    f"{best['schedules'] if best else '-'} | {cell(heur1)} | {cell(best1)} | "
                    f"{best1['schedules'] if best1 else '-'} |")
-    downs = [r for r in rows if r["plan"].startswith(("down ", "up "))]
-    if downs:  # --down / --up: the selected plan against one projection swapped
+    downs = [r for r in rows if r["plan"].startswith(("down ", "up ", "pair "))]
+    if downs:  # --down / --up / --pair: the selected plan against one or both projections swapped
         out += ["", "| model | tokens | selected µs (% floor) | swapped µs (% floor) | swapped in |",
                 "|---|---|---|---|---|"]
         for r in downs:
@@ -245,6 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--down", default="", help="comma-separated moe_gemv down schedules swapped into the selected "
                                                 "plan (instead of the persistent plans)")
     ap.add_argument("--up", default="", help="likewise, gate|up schedules")
+    ap.add_argument("--pair", default="", help="comma-separated <gate|up>+<down> schedule pairs swapped in together")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
@@ -258,7 +271,8 @@ def main(argv=None) -> int:
         for t in (int(v) for v in args.tokens.split(",")):
             rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True),
                              pdl=args.pdl, pdl_only=args.pdl_only,
-                             down=[d for d in args.down.split(",") if d], up=[u for u in args.up.split(",") if u])
+                             down=[d for d in args.down.split(",") if d], up=[u for u in args.up.split(",") if u],
+                             pairs=[p for p in args.pair.split(",") if p])
         del w13, w2
         torch.cuda.empty_cache()
     print(f"\n({time.time() - start:.0f} s; µs per layer, (g) graph replay / (e) eager, only where a plan could "

@@ -120,8 +120,9 @@ for step in "$@"; do
       with_pkg timeout "${BENCH_TIMEOUT:-400}" $MG bench --moe "${MOE_MODELS:-mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite}" \
         --tokens "${MOE_TOKENS:-1,4,16,64,256,4096}" ${MOE_ARGS---compare --breakdown} --out "$OUT/bench-moe.md" \
         --json "$OUT/bench-moe.json" 2>&1 | grep -vE "$QUIET" | tail -"${MOE_TAIL:-90}" ;;
-    moe-modes)  # bench/moe_modes.py: persistent plans against the selected one, every plan from its graph (MODES_MODELS, MODES_TOKENS)
-      MIXED_GEMM_JIT=block timeout "${MODES_TIMEOUT:-560}" python3 bench/moe_modes.py \
+    moe-modes)  # bench/moe_modes.py: persistent plans against the selected one, every plan from its graph (MODES_MODELS, MODES_TOKENS; MODES_ARGS: --up/--down/--pair swaps instead)
+      # shellcheck disable=SC2086  # MODES_ARGS is a list of arguments
+      MIXED_GEMM_JIT=block timeout "${MODES_TIMEOUT:-560}" python3 bench/moe_modes.py ${MODES_ARGS:-} \
         --models "${MODES_MODELS:-qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b}" --tokens "${MODES_TOKENS:-1,16,64,256}" \
         --json "$OUT/moe-modes.json" 2>&1 | grep -vE "$QUIET" | tee "$OUT/moe-modes.txt" | tail -"${MOE_TAIL:-90}" ;;
     moe-l2)  # bench/moe_l2_probe.py: the layer on a cold L2 after a write and after a read flush, and with part of its experts in L2 (L2_MODELS, L2_TOKENS, L2_FLUSH)

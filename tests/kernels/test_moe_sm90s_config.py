@@ -50,9 +50,14 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true, false, 1, false>" in src
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
     assert "__launch_bounds__(640, 1)" in src
-    # and each tile with one fragment set (TM = 256 from TN = 32) again with half issue (_hi)
+    # and each tile with one fragment set (TM = 256 from TN = 32, TM = 192 from TN = 96) again with half issue (_hi)
     half = [k for k in default_catalog() if k.half_issue]
-    assert len(half) == 2 * (7 + 1) and all(k.tile[0] == 256 and k.tile[1] >= 32 for k in half)
+    assert len(half) == 2 * (7 + 1 + 2) and all((k.tile[0], k.tile[1]) >= (192, 96) and k.tile[1] >= 32 for k in half)
+    # the three-warpgroup tile: 512 threads, 160 registers a consumer, two fragment sets only at TN = 64
+    c = MoeSm90sConfig(tile=(192, 128, 128))
+    assert c.threads == 512 and "Geometry<4, 192, 128, 128," in FAMILY.render(c)
+    assert [k.tile for k in default_catalog() if k.tile[0] == 192 and not k.half_issue][:3] == [
+        (192, 64, 128), (192, 96, 128), (192, 128, 128)]
     # and the 256-row int4 tiles with the gather (_g)
     gather = [k for k in default_catalog() if k.gather]
     assert len(gather) == 2 * 8 and all(k.tile[0] == 256 and k.bits == 4 and not k.half_issue for k in gather)

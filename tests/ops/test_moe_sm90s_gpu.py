@@ -110,10 +110,13 @@ def test_gather_reads_x_rows_by_index(dtype, s13, s2, zero, group, top_k, t, e, 
 @pytest.mark.parametrize("s13,s2,route", [("w13_t256x128x64_s0_p", "w2_t128x64x128_s0", "random"),
                                           ("w13_t128x64x128_s0", "w2_t256x64x128_s0_p", "one"),
                                           ("w13_t256x128x64_s0_g_p", "w2_t256x128x64_s0_p", "random"),
-                                          ("w13_t256x80x128_s0_g", "w2_t256x80x128_s0_p", "one")])
+                                          ("w13_t256x80x128_s0_g", "w2_t256x80x128_s0_p", "one"),
+                                          ("w13_t192x128x128_s0_p", "w2_t192x96x128_s0_p", "random"),
+                                          ("w13_t192x64x128_s0", "w2_t192x128x128_s0_p", "one")])
 def test_prefill_token_counts(s13, s2, route):
     """Prefill (2048 tokens x top-8 over 64 experts: ~256 rows an expert, or every token's slot 0 on
-    one expert) on the 64/128-row token tiles the profile times from 1024 tokens on."""
+    one expert) on the 64/128-row token tiles the profile times from 1024 tokens on (the 192-row
+    weight tiles: N = 512 and 1024 ragged against them)."""
     dtype, zero, group, top_k, t, e, h, inter = "f16", "int", 128, 8, 2048, 64, 512, 256
     seed = seed_of("moe90s-prefill", s13, s2, route)
     check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,

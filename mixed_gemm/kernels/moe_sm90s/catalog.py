@@ -3,7 +3,9 @@ rows of an expert per CTA) with 128 weight rows, and 16 to 128 in steps of 16 (b
 (four consumer warpgroups: half the work items and x read once per 256 weight rows, for the many
 small experts' per-item costs and the large experts' x traffic; the rows between powers of two hold
 a ragged expert's rows in one tile, as 80 does ~64 +- 8), TK = 128 (64 for 112 and 128 rows, whose
-accumulators and fragments fit 112 registers only so); fp16 and bf16, int4, and four of them for
+accumulators and fragments fit 112 registers only so), and 64, 96 and 128 with 192 (three consumer
+warpgroups with 160 registers each: TK = 128 at 128 rows, the dense family's prefill tile, for the
+1024-4096-token layers whose experts get 64-400 rows); fp16 and bf16, int4, and four of them for
 int8. The stage, the split factor and the persistent grid are launch-time choices (no kernel of
 their own). The 256-row int4 tiles again with the gather (``_g``: the gate|up stage reading x's
 routed rows by index, no gathered copy)."""
@@ -16,7 +18,8 @@ from ..sm90s.config import double_buffered
 from .config import MoeSm90sConfig
 
 TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128), (256, 48, 128), (256, 64, 128),
-         (256, 80, 128), (256, 96, 128), (256, 112, 64), (256, 128, 64))
+         (256, 80, 128), (256, 96, 128), (256, 112, 64), (256, 128, 64), (192, 64, 128), (192, 96, 128),
+         (192, 128, 128))
 # 8-bit experts: the same kernel with the 64-bit atom slices, on fewer tiles (as the dense family's).
 TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128))
 BITS = (4, 8)

@@ -23,8 +23,8 @@ class MoeSm90sConfig:
     sm90s mainloop (register-A wgmma, the weight as operand A, the tokens as wgmma N) over every
     expert's block of sorted rows, one CTA per (K slice, weight-row tile, token tile of an expert).
 
-    Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 256 with four consumer
-    warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit),
+    Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 192 / 256 with three / four
+    consumer warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit),
     ``half_issue`` (``_hi``: the dense family's, where the tile has one fragment set, i.e. TM = 256
     from TN = 32: a k-tile's wgmmas in two halves, the second converting under the first), ``gather``
     (``_g``, the gate|up stage only: the producer warpgroup reads each routed row of x by index with
@@ -56,8 +56,8 @@ class MoeSm90sConfig:
     def __post_init__(self) -> None:
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
-            (self.tile[0] in (128, 256),
-             "tile M (weight rows) must be 128 or 256 (the dense family's 64-row tile is not a grouped one)"),
+            (self.tile[0] in (128, 192, 256),
+             "tile M (weight rows) must be 128, 192 or 256 (the dense family's 64-row tile is not a grouped one)"),
             (self.tile[1] in (16, 32, 48, 64, 80, 96, 112, 128),
              "tile N (routed rows per CTA) must be 16, 32, 48, 64, 80, 96, 112 or 128"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
