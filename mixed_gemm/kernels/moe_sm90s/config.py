@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
-from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, Sm90sConfig
+from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, TILE_M, TILE_MS, Sm90sConfig
 
 _SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(?:_split(\d+))?(_p)?(_f)?$")
 STAGES = ("w13", "w2")
 GATHER_ROW_BYTES = 8  # the gather's offset of one x row in shared memory (a long long)
+# The dense family's weight-row tiles of two or more consumer warpgroups (its one-warpgroup tile
+# runs a whole 64-row tile per CTA, not a grouped work item).
+GROUPED_TILE_MS = tuple(m for m in TILE_MS if m >= TILE_M)
 
 
 @hash_once
@@ -56,8 +59,9 @@ class MoeSm90sConfig:
     def __post_init__(self) -> None:
         raise_on(check_weight_kind(self.dtype, self.bits, self.zero_mode) + [
             (self.stage in STAGES, f"stage must be one of {STAGES} (gate|up or down)"),
-            (self.tile[0] in (128, 192, 256),
-             "tile M (weight rows) must be 128, 192 or 256 (the dense family's 64-row tile is not a grouped one)"),
+            (self.tile[0] in GROUPED_TILE_MS,
+             f"tile M (weight rows) must be one of {GROUPED_TILE_MS} (the dense family's 64-row tile is not a "
+             "grouped one)"),
             (self.tile[1] in (16, 32, 48, 64, 80, 96, 112, 128),
              "tile N (routed rows per CTA) must be 16, 32, 48, 64, 80, 96, 112 or 128"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
