@@ -254,8 +254,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--pdl", action="store_true", help="also time selected / pe heuristic with the down launch's PDL")
     ap.add_argument("--pdl-only", action="store_true", help="with --pdl: skip the forced persistent plans")
-    ap.add_argument("--down", default="", help="comma-separated moe_gemv down schedules swapped into the selected "
-                                                "plan (instead of the persistent plans)")
+    ap.add_argument("--down", default="", help="comma-separated down schedules (moe_gemv's, or family:schedule) "
+                                                "swapped into the selected plan (instead of the persistent plans)")
     ap.add_argument("--up", default="", help="likewise, gate|up schedules")
     ap.add_argument("--pair", default="", help="comma-separated <gate|up>+<down> schedule pairs swapped in together")
     args = ap.parse_args(argv)
