@@ -70,6 +70,7 @@ struct Mainloop {
   static constexpr int kConsumerThreads = Geo::kConsumerThreads;
   static constexpr int kConsumerWarps = Geo::kConsumerWarps;
   static constexpr int kWords = kBits / 4;  // 32-bit words of one lane's atom slice
+  using Op = typename RsOp<Element, TN>::type;
   using Frag = uint32_t[KB][4];
   using Half = uint32_t[KB / 2][4];  // half a k-tile's fragments (half issue)
 
@@ -157,12 +158,9 @@ struct Mainloop {
 
   // The wgmmas of k16 blocks [kB0, kB1) as one batch, block kb's fragments at a[kb - kB0] (half
   // issue: two batches a k-tile, the second accumulating onto the first while it runs; each opens
-  // with its own wgmma.fence, as its fragments were written after the previous batch's). At wgmma
-  // N = NV <= TN (variable N): the first NV/2 accumulators are the first NV tokens' (the m64nNk16
-  // D fragment is column blocks of 8 in order), and the x stage keeps its pitch of TN rows.
-  template <int NV, int kB0, int kB1>
-  static __device__ __forceinline__ void mma_n(char const* stage, uint32_t (&a)[kB1 - kB0][4], float (&acc)[kAcc]) {
-    using OpN = typename RsOp<Element, NV>::type;
+  // with its own wgmma.fence, as its fragments were written after the previous batch's).
+  template <int kB0 = 0, int kB1 = KB>
+  static __device__ __forceinline__ void mma(char const* stage, uint32_t (&a)[kB1 - kB0][4], float (&acc)[kAcc]) {
     // One descriptor per k-tile; each k16 block adds its constant offset to the low word (one add,
     // not the mask-shift-or chain per wgmma that a descriptor built from each address costs).
     uint32_t const lo = desc_sw128_lo(smem_u32(stage));
@@ -171,49 +169,16 @@ struct Mainloop {
 #pragma unroll
     for (int kb = kB0; kb < kB1; ++kb) {
       uint64_t const desc = desc_sw128(lo + uint32_t(((kb / 4) * TN * 128 + (kb % 4) * 32) >> 4));
-      wgmma_rs<OpN>(a[kb - kB0], desc, reinterpret_cast<float(&)[NV / 2]>(acc), std::make_index_sequence<NV / 2>{});
+      wgmma_rs<Op>(a[kb - kB0], desc, acc, std::make_index_sequence<kAcc>{});
     }
     cute::warpgroup_commit_batch();
     fence(acc);
-  }
-
-  // Variable N: the wgmma N of an item of `rows` rows (1..TN): rows rounded up to 32 up to 128,
-  // then 192 or TN (the N of CUTLASS's standard RS shapes).
-  static __device__ __forceinline__ int var_n(int rows) {
-    if constexpr (!Geo::kVarN) {
-      return TN;
-    } else {
-      int const n = (rows + 31) & ~31;
-      return n <= 128 ? n : (n <= 192 ? 192 : TN);
-    }
-  }
-
-  // The batch at the item's N (one uniform branch a batch: vn is the same in every thread of the
-  // CTA). Only the N up to TN are instantiated.
-  template <int kB0 = 0, int kB1 = KB>
-  static __device__ __forceinline__ void mma(char const* stage, uint32_t (&a)[kB1 - kB0][4], float (&acc)[kAcc],
-                                             int vn) {
-    if constexpr (Geo::kVarN) {
-      if (vn == 32) return mma_n<32, kB0, kB1>(stage, a, acc);
-      if (vn == 64) return mma_n<64, kB0, kB1>(stage, a, acc);
-      if constexpr (TN > 96) {
-        if (vn == 96) return mma_n<96, kB0, kB1>(stage, a, acc);
-      }
-      if constexpr (TN > 128) {
-        if (vn == 128) return mma_n<128, kB0, kB1>(stage, a, acc);
-      }
-      if constexpr (TN > 192) {
-        if (vn == 192) return mma_n<192, kB0, kB1>(stage, a, acc);
-      }
-    }
-    mma_n<TN, kB0, kB1>(stage, a, acc);
   }
 
   // One output tile's work: its K slice (split of nsplit; k-tiles kt0 .. kt0 + nk), weight rows,
   // split-K tile index, expert and token rows.
   struct Work {
     int split, nsplit, row0, tile, expert, tok0, tok_end, kt0, nk;
-    int vn;  // wgmma N: TN, or under variable N the item's (var_n)
   };
 
   // The k-tiles of a split-K slice (>= 1: the host drops empty slices).
@@ -225,7 +190,7 @@ struct Mainloop {
   // Dense: the CTA's one tile, from blockIdx (x: K slice, y: row tile, z: token tile).
   static __device__ __forceinline__ Work dense_work(Params const& p) {
     Work wk{int(blockIdx.x), p.splits, int(blockIdx.y) * kTileM, int(blockIdx.y + gridDim.y * blockIdx.z), 0,
-            int(blockIdx.z) * TN, p.m, 0, 0, TN};
+            int(blockIdx.z) * TN, p.m, 0, 0};
     slice_tiles(p, wk);
     return wk;
   }
@@ -256,10 +221,10 @@ struct Mainloop {
     int const ctiles = p.row_tiles / C;  // cluster tiles along the rows
     int const rt = (tile % ctiles) * C + (C > 1 ? int(blockIdx.y) % C : 0), tt = tile / ctiles;
     int const out = rt + p.row_tiles * tt, tok0 = tt * TN;
-    if (tile < p.sk_dp_tiles) return Work{0, 1, rt * kTileM, out, 0, tok0, p.m, 0, p.k_tiles, TN};
+    if (tile < p.sk_dp_tiles) return Work{0, 1, rt * kTileM, out, 0, tok0, p.m, 0, p.k_tiles};
     int const first = sk_owner(p, u0);
     return Work{sk_owner(p, w) - first, sk_owner(p, u0 + p.k_tiles - 1) - first + 1, rt * kTileM, out, 0, tok0,
-                p.m, w - u0, min(u0 + p.k_tiles, end) - w, TN};
+                p.m, w - u0, min(u0 + p.k_tiles, end) - w};
   }
 
   // Grouped: item w = split + splits (row tile + row_tiles token item), the token item mapped to
@@ -282,9 +247,8 @@ struct Mainloop {
     }
     long long const first = p.offsets[lo];
     Work wk{split, p.splits, rt * kTileM, rt + p.row_tiles * it, lo,
-            int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN, int(first + p.counts[lo]), 0, 0, TN};
+            int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN, int(first + p.counts[lo]), 0, 0};
     slice_tiles(p, wk);
-    wk.vn = var_n(min(TN, wk.tok_end - wk.tok0));
     return wk;
   }
 
@@ -317,15 +281,6 @@ struct Mainloop {
       for (int panel = 0; panel < Geo::kPanels; ++panel)
         tma_2d_multicast(&p.x, &full[s], stage + panel * TN * 128 + part * 128, kt * TK + 64 * panel, wk.tok0 + part,
                          uint16_t((1u << Geo::kClusterM) - 1), kEvictLast);
-    } else if constexpr (Geo::kVarN) {
-      // The item's vn rows in boxes of 32 (rows past the box stay stale: their tokens' accumulator
-      // columns are not computed, or not stored).
-      for (int b = 0; b < wk.vn / Geo::kVarBoxRows; ++b) {
-#pragma unroll
-        for (int panel = 0; panel < Geo::kPanels; ++panel)
-          tma_2d(&p.x, &full[s], stage + panel * TN * 128 + b * Geo::kVarBoxRows * 128, kt * TK + 64 * panel,
-                 wk.tok0 + b * Geo::kVarBoxRows, kEvictLast);
-      }
     } else {
 #pragma unroll
       for (int panel = 0; panel < Geo::kPanels; ++panel)
@@ -336,8 +291,7 @@ struct Mainloop {
   // One stage's TMAs for k-tile kt of a work item, into ring slot s.
   static __device__ __forceinline__ void load_stage(Params const& p, char* smem, uint64_t* full, int s, int kt,
                                                     Work const& wk) {
-    // Variable N: the host's stage_tx counts TN rows of x; this item loads vn.
-    mbar_expect_tx(&full[s], Geo::kVarN ? p.stage_tx - (TN - wk.vn) * TK * 2 : p.stage_tx);
+    mbar_expect_tx(&full[s], p.stage_tx);
     char* stage = smem + s * Geo::kStageBytes;
     if constexpr (!Geo::kGather) load_x(p, full, s, stage, kt, wk);
     int const srow = (kt * TK) / p.group;
@@ -486,9 +440,9 @@ struct Mainloop {
       if (nk == 0) {
         // A 1xS cluster's slice past K: its partial is zeros.
       } else if ((1 << p.kb_shift) >= KB) {
-        consume<true>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc, wk.vn);
+        consume<true>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc);
       } else {
-        consume<false>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc, wk.vn);
+        consume<false>(p, smem, full, empty, q, nk, cw, atom_row, lane, acc);
       }
       q += nk;
       if constexpr (Geo::kClusterK > 1) {
@@ -502,16 +456,15 @@ struct Mainloop {
   template <bool kOneGroup>
   // The nk k-tiles of one work item, the first in ring position q0 (slot q0 % stages).
   static __device__ __forceinline__ void consume(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int q0,
-                                                 int nk, int cw, int atom_row, int lane, float (&acc)[kAcc],
-                                                 int vn) {
+                                                 int nk, int cw, int atom_row, int lane, float (&acc)[kAcc]) {
     if constexpr (Geo::kDoubleBuffer) {
       Frag a0, a1;
       int const s0 = q0 % Geo::kStages;
       wait_full(&full[s0], (q0 / Geo::kStages) & 1);
       convert<kOneGroup>(smem + s0 * Geo::kStageBytes, p, atom_row, lane, a0);
       for (int i = 0; i < nk; i += 2) {
-        step<kOneGroup>(p, smem, full, empty, q0, i, nk, cw, atom_row, lane, a0, a1, acc, vn);
-        if (i + 1 < nk) step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, cw, atom_row, lane, a1, a0, acc, vn);
+        step<kOneGroup>(p, smem, full, empty, q0, i, nk, cw, atom_row, lane, a0, a1, acc);
+        if (i + 1 < nk) step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, cw, atom_row, lane, a1, a0, acc);
       }
       if constexpr (Geo::kInFlight) {  // the last k-tile's wgmmas, still in flight
         cute::warpgroup_wait<0>();
@@ -524,8 +477,8 @@ struct Mainloop {
       wait_full(&full[s0], (q0 / Geo::kStages) & 1);
       convert<kOneGroup, 0, KB / 2>(smem + s0 * Geo::kStageBytes, p, atom_row, lane, lo0);
       for (int i = 0; i < nk; i += 2) {
-        half_step<kOneGroup>(p, smem, full, empty, q0, i, nk, atom_row, lane, lo0, lo1, hi, acc, vn);
-        if (i + 1 < nk) half_step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, atom_row, lane, lo1, lo0, hi, acc, vn);
+        half_step<kOneGroup>(p, smem, full, empty, q0, i, nk, atom_row, lane, lo0, lo1, hi, acc);
+        if (i + 1 < nk) half_step<kOneGroup>(p, smem, full, empty, q0, i + 1, nk, atom_row, lane, lo1, lo0, hi, acc);
       }
     } else {
       Frag a;
@@ -535,13 +488,13 @@ struct Mainloop {
         wait_full(&full[s], ((q0 + i) / Geo::kStages) & 1);
         if constexpr (Geo::kHalfIssue) {  // one set: the first half's wgmmas run while the second half converts
           convert<kOneGroup, 0, KB / 2>(stage, p, atom_row, lane, reinterpret_cast<Half&>(a[0]));
-          mma<0, KB / 2>(stage, reinterpret_cast<Half&>(a[0]), acc, vn);
+          mma<0, KB / 2>(stage, reinterpret_cast<Half&>(a[0]), acc);
           convert<kOneGroup, KB / 2, KB>(stage, p, atom_row, lane, reinterpret_cast<Half&>(a[KB / 2]));
-          mma<KB / 2, KB>(stage, reinterpret_cast<Half&>(a[KB / 2]), acc, vn);
+          mma<KB / 2, KB>(stage, reinterpret_cast<Half&>(a[KB / 2]), acc);
         } else {
           convert<kOneGroup>(stage, p, atom_row, lane, a);
           turn_take(cw);
-          mma(stage, a, acc, vn);
+          mma(stage, a, acc);
           turn_pass(cw, i + 1 == nk);
         }
         cute::warpgroup_wait<0>();
@@ -559,12 +512,12 @@ struct Mainloop {
   template <bool kOneGroup>
   static __device__ __forceinline__ void half_step(Params const& p, char* smem, uint64_t* full, uint64_t* empty,
                                                    int q0, int i, int nk, int atom_row, int lane, Half& lo,
-                                                   Half& next_lo, Half& hi, float (&acc)[kAcc], int vn) {
+                                                   Half& next_lo, Half& hi, float (&acc)[kAcc]) {
     int const s = (q0 + i) % Geo::kStages;
     char const* stage = smem + s * Geo::kStageBytes;
-    mma<0, KB / 2>(stage, lo, acc, vn);
+    mma<0, KB / 2>(stage, lo, acc);
     convert<kOneGroup, KB / 2, KB>(stage, p, atom_row, lane, hi);
-    mma<KB / 2, KB>(stage, hi, acc, vn);
+    mma<KB / 2, KB>(stage, hi, acc);
     if (i + 1 < nk) {
       int const s1 = (q0 + i + 1) % Geo::kStages;
       wait_full(&full[s1], ((q0 + i + 1) / Geo::kStages) & 1);
@@ -581,10 +534,10 @@ struct Mainloop {
   template <bool kOneGroup>
   static __device__ __forceinline__ void step(Params const& p, char* smem, uint64_t* full, uint64_t* empty, int q0,
                                               int i, int nk, int cw, int atom_row, int lane, Frag& cur, Frag& next,
-                                              float (&acc)[kAcc], int vn) {
+                                              float (&acc)[kAcc]) {
     int const s = (q0 + i) % Geo::kStages;
     turn_take(cw);
-    mma(smem + s * Geo::kStageBytes, cur, acc, vn);
+    mma(smem + s * Geo::kStageBytes, cur, acc);
     turn_pass(cw, i + 1 == nk);
     if constexpr (Geo::kInFlight) {
       if (i > 0) {

@@ -43,14 +43,8 @@ constexpr int kMaxStages = 12;
 // InFlight (`_ov`, double-buffered kernels without the phase offset): a warpgroup issues k-tile i's
 // wgmmas before it waits for k-tile i - 1's (wait_group 1, not 0), so the tensor pipe is handed the
 // next batch before the last one drains, instead of idling from its end to the next issue.
-// VarN (`_vn`, grouped): an item's wgmma N is the smallest of kVarNs that holds its rows, and its
-// x stage is loaded in boxes of kVarBoxRows rows up to that N. Why: an expert's last token tile is
-// ragged (Qwen3 at 4096 tokens: 256 +- 16 rows an expert, so 128-row tiles run 20% padding), and a
-// wgmma's time is proportional to N while the conversion a k-tile is not: a 16-row tail at N = 32
-// costs about half a full 128-row k-tile (the probe's rates), at N = 128 all of it.
 template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false,
-          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1, bool Gather = false, bool InFlight = false,
-          bool VarN = false>
+          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1, bool Gather = false, bool InFlight = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80) ||
@@ -90,11 +84,7 @@ struct Geometry {
   static_assert(!Gather || (TN % (128 / kRowChunks) == 0), "gather: whole passes of rows");
   static constexpr int kGatherBytes = Gather ? TN * 8 : 0;
   static constexpr int kFullArrivals = Gather ? 1 + 128 : 1;  // the expect_tx arrive (+ each producer thread)
-  static constexpr bool kVarN = VarN;
-  static constexpr int kVarBoxRows = 32;  // the wgmma N steps of kVarNs (Mainloop::var_n)
-  static_assert(!VarN || (Grouped && !Gather && TN % kVarBoxRows == 0 && TN >= 64),
-                "variable N: grouped, TMA-loaded x, TN a multiple of 32 from 64");
-  static constexpr int kXBoxRows = VarN ? kVarBoxRows : TN / ClusterM;  // token rows of x one TMA box loads
+  static constexpr int kXBoxRows = TN / ClusterM;                  // token rows of x one CTA loads
   // CTA r's part of the box lands r * kXBoxRows 128-byte rows into each panel: whole 8-row
   // (1024-byte) swizzle atoms, so its 128-byte swizzle XOR pattern is the one a full-box write gives
   // them (hence TN >= 16 at ClusterM = 2, TN >= 32 at 4; Sm90sConfig checks the same).

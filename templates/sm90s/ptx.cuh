@@ -39,7 +39,6 @@ MG_SM90S_RS_OP(80)
 MG_SM90S_RS_OP(112)
 #endif
 MG_SM90S_RS_OP(128)
-MG_SM90S_RS_OP(192)  // variable N's step between 128 and 256 (grouped `_vn`)
 MG_SM90S_RS_OP(256)
 #undef MG_SM90S_RS_OP
 

@@ -5,7 +5,7 @@ import pytest
 from mixed_gemm.kernels import GROUPED_FAMILIES, MoeProblem, family, parse_schedule, qualified
 from mixed_gemm.kernels.moe_sm90s import FAMILY, MoeSm90sConfig
 from mixed_gemm.kernels.moe_sm90s.candidates import candidate_schedules
-from mixed_gemm.kernels.moe_sm90s.catalog import TILES, TILES_U8, VAR_N_TILES, default_catalog
+from mixed_gemm.kernels.moe_sm90s.catalog import TILES, TILES_U8, default_catalog
 
 
 def _problem(stage="w13", tokens=16, top_k=2, experts=8, h=4096, inter=14336, **kw):
@@ -33,9 +33,7 @@ def test_schedule_round_trip_and_names(schedule):
 
 @pytest.mark.parametrize("kw,rule", [
     (dict(stage="w3"), "stage"),
-    (dict(tile=(128, 240, 128)), "tile N"),
-    (dict(tile=(128, 48, 128), var_n=True), "var_n"),
-    (dict(tile=(256, 64, 128), var_n=True, gather=True), "var_n"),
+    (dict(tile=(128, 256, 128)), "tile N"),
     (dict(tile=(64, 16, 128)), "tile M"),
     (dict(splits=0), "splits"),
     (dict(bits=3), "bits"),
@@ -49,7 +47,7 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     c = MoeSm90sConfig(tile=(256, 64, 128))
     assert (c.threads, c.smem_bytes, c.pipeline_stages) == (640, c.dense.smem_bytes, 6)
     src = FAMILY.render(c)
-    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true, false, 1, false, false, false>" in src
+    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true, false, 1, false>" in src
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
     assert "__launch_bounds__(640, 1)" in src
     # and each tile with one fragment set (TM = 256 from TN = 32, TM = 192 from TN = 96) again with half issue (_hi)
@@ -63,11 +61,9 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     # and the 256-row int4 tiles with the gather (_g)
     gather = [k for k in default_catalog() if k.gather]
     assert len(gather) == 2 * 8 and all(k.tile[0] == 256 and k.bits == 4 and not k.half_issue for k in gather)
-    assert "false, 1, true, false, false>" in FAMILY.render(gather[0])
-    var_n = [k for k in default_catalog() if k.var_n]
-    assert len(var_n) == 2 * len(VAR_N_TILES) and all(k.bits == 4 and not k.gather for k in var_n)
+    assert "false, 1, true>" in FAMILY.render(gather[0])
     assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == (
-        2 * (len(TILES) + len(TILES_U8)) + len(half) + len(gather) + len(var_n))
+        2 * (len(TILES) + len(TILES_U8)) + len(half) + len(gather))
 
 
 def test_gather_is_the_gate_up_stages_and_named_by_its_schedule():
@@ -115,7 +111,7 @@ def test_half_issue_is_the_dense_rule_and_ships_only_where_a_profile_names_it():
     assert c.half_issue and c.splits == 2 and c.persistent and c.schedule == "w2_t256x32x128_s0_hi_split2_p"
     assert c.kernel_name == "mg_moe_sm90s_f16_u4_t256x32x128_s0_hi" and c.kernel.half_issue
     src = FAMILY.render(c)
-    assert f"Geometry<4, 256, 32, 128, {c.pipeline_stages}, 1, 1, false, true, true, 1, false, false, false>" in src
+    assert f"Geometry<4, 256, 32, 128, {c.pipeline_stages}, 1, 1, false, true, true, 1, false>" in src
     assert "static_assert(Geo::kDoubleBuffer == false" in src
     assert "static_assert(Geo::kDoubleBuffer == true" in FAMILY.render(MoeSm90sConfig(tile=(128, 32, 128)))
     for tile in ((128, 32, 128), (256, 16, 128)):  # double-buffered
@@ -167,8 +163,7 @@ def test_candidates_follow_the_rows_per_expert():
     assert candidate_schedules(_problem(tokens=1), 132) == [] == candidate_schedules(_problem(tokens=8192), 132)
     # Prefill (Qwen3 at 4096 tokens, ~256 rows per expert): the 64- and 128-row token tiles.
     pre = candidate_schedules(_problem(tokens=4096, top_k=8, experts=128, h=2048, inter=768), 132)
-    assert {MoeSm90sConfig.from_schedule(s).tile[1] for s in pre} == {64, 80, 96, 112, 128, 256}
-    assert {s for s in pre if "_vn" in s} >= {"w13_t128x256x128_s0_vn", "w13_t128x256x128_s0_vn_p"}
+    assert {MoeSm90sConfig.from_schedule(s).tile[1] for s in pre} == {64, 80, 96, 112, 128}
     # Mixtral's down at 2 tokens: ~3.5 routed experts x 32 row tiles = 112 CTAs, on 264 SMs a split of 2.
     assert "w2_t128x16x128_s0_split2" in candidate_schedules(_problem(tokens=2, stage="w2"), 264)
 
@@ -188,18 +183,3 @@ def test_library_families_render_one_routing_source():
         start = src.index("// After the down GEMM: y[t] = sum_j")
         blocks.append(src[start:src.index("int mg_gather(")])
     assert blocks[0].replace("s90::", "mixed_gemm::sm90a::") == blocks[1]
-
-
-def test_variable_n_is_a_compiled_choice_named_by_its_schedule():
-    """``_vn``: each work item's wgmma N from its rows (templates/sm90s/mainloop.cuh, var_n); its own
-    binary, rendered with the flag and the box step checked against the Python mirror."""
-    c = MoeSm90sConfig.from_schedule("w2_t128x256x128_s0_vn_split2_p")
-    assert c.var_n and c.splits == 2 and c.persistent and c.kernel.var_n
-    assert c.kernel_name == "mg_moe_sm90s_f16_u4_t128x256x128_s0_vn"
-    src = FAMILY.render(c)
-    assert f"Geometry<4, 128, 256, 128, {c.pipeline_stages}, 1, 1, false, true, false, 1, false, false, true>" in src
-    assert "static_assert(Geo::kVarBoxRows == 32," in src
-    assert c.smem_bytes == c.dense.smem_bytes <= 232448 - 1024
-    with pytest.raises(ValueError, match="is not a moe_sm90s schedule"):
-        MoeSm90sConfig.from_schedule("w2_t128x256x128_s0_p_vn")
-    assert not any(k.var_n for k in FAMILY.packaged((9, 0)))  # in a package where a profile names them

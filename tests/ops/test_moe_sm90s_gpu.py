@@ -13,7 +13,7 @@ import torch
 
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90s import MoeSm90sConfig
-from mixed_gemm.kernels.moe_sm90s.catalog import gather_tiles, half_issue_tiles, tiles_for, var_n_tiles
+from mixed_gemm.kernels.moe_sm90s.catalog import gather_tiles, half_issue_tiles, tiles_for
 from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
 from test_moe_gemv_gpu import TOP_KS, layer
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
@@ -107,47 +107,16 @@ def test_gather_reads_x_rows_by_index(dtype, s13, s2, zero, group, top_k, t, e, 
                      inter, route)
 
 
-def _var_n_params():
-    """Each variable-N tile (``_vn``: an item's wgmma N from its rows) per dtype, in both stages,
-    twice: whole on a CTA per item, then split on a persistent grid with the combine in the down
-    epilogue; the zero kinds and groups, top-k, 2-300 tokens (an item's rows from 1 to TN), both
-    routings, ragged N and K."""
-    rng = random.Random(23)
-    cases = []
-    for dtype in DTYPES:
-        for tile in var_n_tiles(4):
-            for j in range(2):
-                c = len(cases)
-                zero, group, top_k, t, route, e, h, inter = _case_shape(c, rng)
-                s13 = MoeSm90sConfig(stage="w13", tile=tile, var_n=True, splits=1 + 2 * j, persistent=j == 1).schedule
-                s2 = MoeSm90sConfig(stage="w2", tile=tile, var_n=True, persistent=j == 1, combine=j == 1).schedule
-                cases.append(pytest.param(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route,
-                                          id=f"{dtype}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}-{route}"))
-    assert {p.values[5] for p in cases} == set(TOP_KS)
-    return cases
-
-
-@pytest.mark.parametrize("dtype,s13,s2,zero,group,top_k,t,e,h,inter,route", _var_n_params())
-def test_variable_n_items(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route):
-    seed = seed_of("moe90s-vn", dtype, s13, s2, zero, group, top_k, t, e, h, inter, route)
-    check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,
-                     inter, route)
-
-
 @pytest.mark.parametrize("s13,s2,route", [("w13_t256x128x64_s0_p", "w2_t128x64x128_s0", "random"),
                                           ("w13_t128x64x128_s0", "w2_t256x64x128_s0_p", "one"),
                                           ("w13_t256x128x64_s0_g_p", "w2_t256x128x64_s0_p", "random"),
                                           ("w13_t256x80x128_s0_g", "w2_t256x80x128_s0_p", "one"),
                                           ("w13_t192x128x128_s0_p", "w2_t192x96x128_s0_p", "random"),
-                                          ("w13_t192x64x128_s0", "w2_t192x128x128_s0_p", "one"),
-                                          ("w13_t128x256x128_s0_vn_p", "w2_t128x256x128_s0_vn_p_f", "random"),
-                                          ("w13_t128x128x128_s0_vn", "w2_t256x128x64_s0_vn_p", "one"),
-                                          ("w13_t192x128x128_s0_vn_p", "w2_t128x256x128_s0_vn", "random")])
+                                          ("w13_t192x64x128_s0", "w2_t192x128x128_s0_p", "one")])
 def test_prefill_token_counts(s13, s2, route):
     """Prefill (2048 tokens x top-8 over 64 experts: ~256 rows an expert, or every token's slot 0 on
     one expert) on the 64/128-row token tiles the profile times from 1024 tokens on (the 192-row
-    weight tiles: N = 512 and 1024 ragged against them; the variable-N tiles: every expert's last
-    item at its own wgmma N)."""
+    weight tiles: N = 512 and 1024 ragged against them)."""
     dtype, zero, group, top_k, t, e, h, inter = "f16", "int", 128, 8, 2048, 64, 512, 256
     seed = seed_of("moe90s-prefill", s13, s2, route)
     check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,

@@ -23,7 +23,7 @@ from ..sm90s.config import double_buffered
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import BITS, default_catalog
-from .config import VAR_N_STEP, MoeSm90sConfig
+from .config import MoeSm90sConfig
 from .launch import MoeSm90sLauncher
 
 
@@ -55,9 +55,9 @@ class MoeSm90sFamily(GroupedFamily):
         return default_catalog()
 
     def packaged(self, capability) -> List[MoeSm90sConfig]:
-        """The catalog but the half-issue, gather and variable-N kernels (profile candidates: in a
-        package where a profile names them)."""
-        return [c for c in super().packaged(capability) if not (c.half_issue or c.gather or c.var_n)]
+        """The catalog but the half-issue and gather kernels (profile candidates: in a package where
+        a profile names them)."""
+        return [c for c in super().packaged(capability) if not (c.half_issue or c.gather)]
 
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
@@ -74,7 +74,6 @@ class MoeSm90sFamily(GroupedFamily):
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
             stages=kernel.pipeline_stages, smem_bytes=kernel.smem_bytes, threads=kernel.threads,
             half_issue="true" if kernel.half_issue else "false", gather="true" if kernel.gather else "false",
-            var_n="true" if kernel.var_n else "false", var_n_step=VAR_N_STEP,
             double_buffer="true" if double_buffered(kernel.tile, 1) else "false",
             abi_version=ABI_VERSION, sort_args_bytes=SORT_ARGS_BYTES, sort_threads=SORT_THREADS,
             sort_max_experts=SORT_MAX_EXPERTS, constants=grouped_constant_checks(),

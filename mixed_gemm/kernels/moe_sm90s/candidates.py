@@ -4,8 +4,8 @@ at least half of it up to 64 rows, from
 2 to ``TO_TOKENS`` tokens, each whole, on a persistent grid (``_p``) and with the K split that would
 fill the SMs were the routed experts' tiles alone, and each again with half issue (``_hi``) where the
 tile has one fragment set, for the gate|up stage with the gather (``_g``) where the tile has it, and
-for the down stage each again with the combine in its epilogue (``_f``), and the variable-N tiles
-(``_vn``) by the same rows rule (random routing, ``moe_gemv.heuristics.expected_experts``)."""
+for the down stage each again with the combine in its epilogue (``_f``; random routing,
+``moe_gemv.heuristics.expected_experts``)."""
 from __future__ import annotations
 
 from typing import List
@@ -13,7 +13,7 @@ from typing import List
 from ..base import MoeProblem
 from ..moe_gemv.heuristics import expected_experts
 from ..sm90s.config import MAX_SPLITS
-from .catalog import BITS, gather_tiles, half_issue_tiles, tiles_for, var_n_tiles
+from .catalog import BITS, gather_tiles, half_issue_tiles, tiles_for
 from .config import MoeSm90sConfig
 
 # Up to prefill: the 4-D weight TMA takes any expert without a tensormap rewrite, so the many small
@@ -43,16 +43,14 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
     routed = _routed(problem)
     per_expert = routed[1]
     out = []
-    tiles = [(t, False) for t in tiles_for(problem.bits)] + [(t, True) for t in var_n_tiles(problem.bits)]
-    for tile, var_n in tiles:
+    for tile in tiles_for(problem.bits):
         if tile[1] > max(16, 2 * per_expert) or tile[1] < min(64, per_expert / 2):
             continue  # mostly padding, or (prefill) x re-read for many small token tiles
         splits = splits_for(problem, tile, sms, routed)
-        gathers = (False, True) if problem.stage == "w13" and tile in gather_tiles(problem.bits) and not var_n else (False,)
-        for half_issue in (False, True) if tile in half_issue_tiles(problem.bits) and not var_n else (False,):
+        gathers = (False, True) if problem.stage == "w13" and tile in gather_tiles(problem.bits) else (False,)
+        for half_issue in (False, True) if tile in half_issue_tiles(problem.bits) else (False,):
             for gather in gathers if not half_issue else (False,):  # the catalog's _g tiles: no _hi
-                base = MoeSm90sConfig(stage=problem.stage, tile=tile, half_issue=half_issue, gather=gather,
-                                      var_n=var_n)
+                base = MoeSm90sConfig(stage=problem.stage, tile=tile, half_issue=half_issue, gather=gather)
                 launches = [base, base.replace(persistent=True)] + ([base.replace(splits=splits)] if splits > 1 else [])
                 out += [c.schedule for c in launches]
                 if problem.stage == "w2":

@@ -8,8 +8,7 @@ warpgroups with 160 registers each: TK = 128 at 128 rows, the dense family's pre
 1024-4096-token layers whose experts get 64-400 rows); fp16 and bf16, int4, and four of them for
 int8. The stage, the split factor and the persistent grid are launch-time choices (no kernel of
 their own). The 256-row int4 tiles again with the gather (``_g``: the gate|up stage reading x's
-routed rows by index, no gathered copy), and the prefill tiles with variable N (``_vn``: an
-expert's ragged last token tile at the wgmma N its rows need)."""
+routed rows by index, no gathered copy)."""
 from __future__ import annotations
 
 from typing import List
@@ -24,17 +23,6 @@ TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 3
 # 8-bit experts: the same kernel with the 64-bit atom slices, on fewer tiles (as the dense family's).
 TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128))
 BITS = (4, 8)
-
-
-# Variable N (``_vn``): the prefill tiles again, each work item at the wgmma N its rows need, for the
-# experts' ragged last token tiles at 1024-4096 tokens (Qwen3 at 4096: 256 +- 16 rows an expert);
-# 128 x 256 only so (the padding of a 256-row token tile is what it would otherwise cost). int4.
-VAR_N_TILES = ((128, 256, 128), (128, 128, 128), (192, 128, 128), (256, 128, 64))
-
-
-def var_n_tiles(bits: int):
-    """The tiles compiled with variable N (``_vn``): profile candidates from 1024 tokens."""
-    return VAR_N_TILES if bits == 4 else ()
 
 
 def tiles_for(bits: int):
@@ -59,6 +47,4 @@ def default_catalog() -> List[MoeSm90sConfig]:
             + [MoeSm90sConfig(dtype=d, bits=b, tile=t, half_issue=True) for d in DTYPES for b in BITS
                for t in half_issue_tiles(b)]
             + [MoeSm90sConfig(dtype=d, bits=b, tile=t, gather=True) for d in DTYPES for b in BITS
-               for t in gather_tiles(b)]
-            + [MoeSm90sConfig(dtype=d, bits=b, tile=t, var_n=True) for d in DTYPES for b in BITS
-               for t in var_n_tiles(b)])
+               for t in gather_tiles(b)])

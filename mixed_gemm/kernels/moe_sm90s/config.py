@@ -11,14 +11,12 @@ from typing import Tuple
 from ..common import check_weight_kind, hash_once, raise_on
 from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, TILE_M, TILE_MS, Sm90sConfig
 
-_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(_vn)?(?:_split(\d+))?(_p)?(_f)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(?:_split(\d+))?(_p)?(_f)?$")
 STAGES = ("w13", "w2")
 GATHER_ROW_BYTES = 8  # the gather's offset of one x row in shared memory (a long long)
 # The dense family's weight-row tiles of two or more consumer warpgroups (its one-warpgroup tile
 # runs a whole 64-row tile per CTA, not a grouped work item).
 GROUPED_TILE_MS = tuple(m for m in TILE_MS if m >= TILE_M)
-GROUPED_TILE_NS = (16, 32, 48, 64, 80, 96, 112, 128, 256)
-VAR_N_STEP = 32  # Geometry::kVarBoxRows: variable N's wgmma N steps and x boxes
 
 
 @hash_once
@@ -29,15 +27,12 @@ class MoeSm90sConfig:
     expert's block of sorted rows, one CTA per (K slice, weight-row tile, token tile of an expert).
 
     Compiled in: ``dtype``, ``bits``, ``tile`` = (TM weight rows: 128, or 192 / 256 with three / four
-    consumer warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128, 256}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit),
+    consumer warpgroups; TN routed rows in {16, 32, 48, 64, 80, 96, 112, 128}; TK 128, or 64 for 256 x 128), ``stages`` (0: as many as fit),
     ``half_issue`` (``_hi``: the dense family's, where the tile has one fragment set, i.e. TM = 256
     from TN = 32: a k-tile's wgmmas in two halves, the second converting under the first), ``gather``
     (``_g``, the gate|up stage only: the producer warpgroup reads each routed row of x by index with
     16-byte cp.async into the swizzled stage, so no gathered copy of x is written and read back;
-    the others read a box of the gathered rows with TMA), ``var_n`` (``_vn``: each work item's wgmma N
-    is the smallest of 32, 64, 96, 128, 192 and TN that holds its rows, its x rows loaded in boxes of
-    32 up to it, so an expert's ragged last token tile costs its rows' tensor work, not TN's; TN a
-    multiple of 32 from 64, without the gather). At launch:
+    the others read a box of the gathered rows with TMA). At launch:
     ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
     top-k sum), ``splits`` (K slices, summed in the kernel in slice order), ``persistent`` (``_p``) and
     ``combine`` (``_f``, the down stage: the top-k sum in the epilogue, each row times its pair's
@@ -58,7 +53,6 @@ class MoeSm90sConfig:
     persistent: bool = False
     gather: bool = False
     combine: bool = False
-    var_n: bool = False
 
     family = "moe_sm90s"
 
@@ -68,16 +62,14 @@ class MoeSm90sConfig:
             (self.tile[0] in GROUPED_TILE_MS,
              f"tile M (weight rows) must be one of {GROUPED_TILE_MS} (the dense family's 64-row tile is not a "
              "grouped one)"),
-            (self.tile[1] in GROUPED_TILE_NS, f"tile N (routed rows per CTA) must be one of {GROUPED_TILE_NS}"),
+            (self.tile[1] in (16, 32, 48, 64, 80, 96, 112, 128),
+             "tile N (routed rows per CTA) must be 16, 32, 48, 64, 80, 96, 112 or 128"),
             (1 <= self.splits <= MAX_SPLITS, f"splits must be in [1, {MAX_SPLITS}]"),
             (isinstance(self.persistent, bool), "persistent must be a bool"),
             (isinstance(self.gather, bool), "gather must be a bool"),
             (not self.gather or self.stage == "w13",
              "gather (_g: x's rows read by index) is the gate|up stage's: the down stage reads h in sorted order"),
             (isinstance(self.combine, bool), "combine must be a bool"),
-            (isinstance(self.var_n, bool), "var_n must be a bool"),
-            (not self.var_n or (self.tile[1] % VAR_N_STEP == 0 and self.tile[1] >= 64 and not self.gather),
-             f"var_n (_vn: the item's wgmma N) needs TN a multiple of {VAR_N_STEP} from 64, without the gather"),
             (not self.combine or self.stage == "w2",
              "combine (_f: the top-k sum in the epilogue) is the down stage's: gate|up stores h"),
         ], f"MoeSm90sConfig {self.tile}")
@@ -118,8 +110,7 @@ class MoeSm90sConfig:
     @functools.cached_property
     def _tile_schedule(self) -> str:
         tm, tn, tk = self.tile
-        return (f"t{tm}x{tn}x{tk}_s{self.stages}" + ("_hi" if self.half_issue else "") + ("_g" if self.gather else "")
-                + ("_vn" if self.var_n else ""))
+        return f"t{tm}x{tn}x{tk}_s{self.stages}" + ("_hi" if self.half_issue else "") + ("_g" if self.gather else "")
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -140,11 +131,11 @@ class MoeSm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_vn][_split<S>][_p][_f]")
-        stage, tm, tn, tk, stages, hi, g, vn, splits, persistent, f = m.groups()
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_split<S>][_p][_f]")
+        stage, tm, tn, tk, stages, hi, g, splits, persistent, f = m.groups()
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
                      stages=int(stages), half_issue=bool(hi), splits=int(splits or 1), persistent=bool(persistent),
-                     gather=bool(g), combine=bool(f), var_n=bool(vn))
+                     gather=bool(g), combine=bool(f))
         if config.schedule != schedule:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
         return config
