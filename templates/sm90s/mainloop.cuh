@@ -227,24 +227,54 @@ struct Mainloop {
                 p.m, w - u0, min(u0 + p.k_tiles, end) - w};
   }
 
+  // The expert of token item `it`: the first e with tile_ends[e] > it (the routing sort's tile
+  // prefix sums, non-decreasing), i.e. the count of entries <= it. kWarp (a whole warp, converged):
+  // each lane reads every 32nd entry, 128 entries a round with the loads issued together, and the
+  // warp counts them with ballots: one round trip for up to 128 experts. Why: the binary search's
+  // seven dependent loads an item (E = 128) were 9% of the warps' samples of Qwen3's 4096-token down
+  // GEMM (ncu, H200; every consumer warp runs it at each item's start). One thread (the producer's,
+  // which runs ahead of the consumers through the ring): the binary search.
+  template <bool kWarp>
+  static __device__ __forceinline__ int expert_of(Params const& p, int it) {
+    if constexpr (kWarp) {
+      int const lane = int(threadIdx.x) & 31;
+      int count = 0;
+      for (int e0 = 0; e0 < p.experts; e0 += 128) {
+        int v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int const e = e0 + 32 * j + lane;
+          v[j] = e < p.experts ? __ldg(p.tile_ends + e) : 0x7fffffff;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) count += __popc(__ballot_sync(0xffffffffu, v[j] <= it));
+      }
+      return count;
+    } else {
+      int lo = 0, hi = p.experts - 1;
+      while (lo < hi) {
+        int const mid = (lo + hi) >> 1;
+        if (p.tile_ends[mid] > it) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      return lo;
+    }
+  }
+
   // Grouped: item w = split + splits (row tile + row_tiles token item), the token item mapped to
-  // (expert, token tile) by a binary search of the routing sort's tile prefix sums (the first e with
-  // tile_ends[e] > item; E <= 256). A grid sized from the shapes (ceil(pairs / TN) + E token items)
-  // gives each CTA one item; a persistent grid (a CTA per SM) walks them with the grid's stride.
+  // (expert, token tile) by the routing sort's tile prefix sums (expert_of). A grid sized from the
+  // shapes (ceil(pairs / TN) + E token items) gives each CTA one item; a persistent grid (a CTA per
+  // SM) walks them with the grid's stride.
+  template <bool kWarp>
   static __device__ __forceinline__ Work grouped_work(Params const& p, int w) {
     int const split = w % p.splits;
     int const rest = w / p.splits;
     int const rt = rest % p.row_tiles;
     int const it = rest / p.row_tiles;
-    int lo = 0, hi = p.experts - 1;
-    while (lo < hi) {
-      int const mid = (lo + hi) >> 1;
-      if (p.tile_ends[mid] > it) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
+    int const lo = expert_of<kWarp>(p, it);
     long long const first = p.offsets[lo];
     Work wk{split, p.splits, rt * kTileM, rt + p.row_tiles * it, lo,
             int(first) + (it - (lo ? p.tile_ends[lo - 1] : 0)) * TN, int(first + p.counts[lo]), 0, 0};
@@ -253,9 +283,11 @@ struct Mainloop {
   }
 
   // Work item w of the CTA's walk (`end`: the end of a stream-K range), and the item after it.
+  // kWarp: called by whole converged warps (the consumers), else by one thread.
+  template <bool kWarp>
   static __device__ __forceinline__ Work work_at(Params const& p, int w, int end) {
     if constexpr (Geo::kGrouped) {
-      return grouped_work(p, w);
+      return grouped_work<kWarp>(p, w);
     } else {
       return p.sk_ctas ? stream_work(p, w, end) : dense_work(p);
     }
@@ -398,7 +430,7 @@ struct Mainloop {
         long long* const rows = reinterpret_cast<long long*>(reinterpret_cast<char*>(full) + Geo::kBarrierBytes);
         int q = 0;  // k-tiles loaded so far: ring slot q % stages, phase q / stages
         for (int w = first; w < total;) {
-          Work const wk = work_at(p, w, total);
+          Work const wk = work_at<Geo::kGather>(p, w, total);  // gather: the whole producer warpgroup
           if constexpr (Geo::kGather) gather_rows(p, rows, pt, wk);
           for (int i = 0; i < wk.nk; ++i, ++q) {
             int const s = q % Geo::kStages;
@@ -430,7 +462,7 @@ struct Mainloop {
     }
     int q = 0;  // k-tiles consumed so far, as the producer counts them
     for (int w = first; w < total;) {
-      Work const wk = work_at(p, w, total);
+      Work const wk = work_at<true>(p, w, total);
       int const nk = wk.nk;
       float acc[kAcc];
 #pragma unroll
