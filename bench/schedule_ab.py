@@ -21,9 +21,10 @@ their kernel-cache entries to one xz tar, which bench/device/env.sh unpacks on t
 call then carries the few kernels it times instead of the whole cache. ``--pack-all DIR`` packs every
 catalog kernel as built for the current sources (``mixed-gemm build --all``, which builds the missing
 ones first, two nvcc at a time: about an hour from empty here; entries of stale sources stay out)
-into DIR: libs.txz, tiles.txz and the gemv fatbins in two halves, gemv-1.txz and gemv-2.txz, so that
-libs + tiles + gemv-1 fit one device call beside the checkout and the wheels (64 MB) and gemv-2 goes
-with the next call on the warm machine: the two shards of the suite.
+into DIR: libs.txz, tiles.txz and the gemv fatbins in thirds, gemv-1.txz .. gemv-3.txz, so that
+libs + tiles + one third fit one device call beside the checkout and the wheels (64 MB; halves of
+~19.5 MB stopped fitting once the checkout passed 12 MB) and the other thirds go with the next
+calls: the suite's shards (a third not carried compiles where a test needs it).
 ``--pack-selected OUT.txz`` packs only what ``matmul`` and ``moe`` can select on the H100 (the
 kernel package's set: shipped profiles, heuristics, fallbacks; ~17 MB): enough for the benchmarks
 and the end-to-end runs in one call, not for the test suite, which loops over whole catalogs.
@@ -103,14 +104,14 @@ def tar_xz(entries: List[str], xz_args: List[str], target: Path) -> None:
 # Archives of --pack-all, by what their entries are, and how many parts each is cut into (gemv's
 # ~40 MB in two), so a whole cache arrives over two calls of 64 MB each beside the checkout and the wheels.
 PACK_GROUPS = (("libs", 1, lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_", "mg_moe_sm90s_"))),  # kernel libraries
-               ("gemv", 2, lambda e: e.startswith("mg_gemv")),
+               ("gemv", 3, lambda e: e.startswith("mg_gemv")),
                ("tiles", 1, lambda e: True))  # sm80, dequant_mm, moe_gemv, moe_sm80 fatbins
 
 
 def pack_all(out_dir: str) -> None:
     """Every catalog kernel's cache entry for the current sources into ``out_dir`` as one xz tar per
     group of :data:`PACK_GROUPS` (``libs.txz``: the kernel libraries, mostly the same static cudart,
-    which xz over one tar dedupes; ``gemv-1.txz``, ``gemv-2.txz``: a group in parts takes every
+    which xz over one tar dedupes; ``gemv-1.txz`` .. ``gemv-3.txz``: a group in parts takes every
     other entry in name order, so each part holds every width and tile; ``tiles.txz``), for
     bench/device/env.sh to unpack."""
     built = subprocess.run([sys.executable, "-m", "mixed_gemm.cli", "build", "--all", "--filter", "mg_", "--jobs", "2"],
@@ -245,7 +246,7 @@ def main() -> None:
                     help="build the cases' kernels and pack their cache entries instead of timing")
     ap.add_argument("--pack-all", metavar="OUT_DIR", default="",
                     help="build every catalog kernel (where missing) and pack the whole cache for the GPU machine "
-                         "into OUT_DIR (libs.txz, tiles.txz, gemv-1.txz, gemv-2.txz); no cases")
+                         "into OUT_DIR (libs.txz, tiles.txz, gemv-1.txz .. gemv-3.txz); no cases")
     ap.add_argument("--pack-selected", metavar="OUT.txz", default="",
                     help="build and pack only the kernels matmul and moe can select on the H100 (benchmarks, e2e); "
                          "no cases")
