@@ -223,6 +223,31 @@ for step in "$@"; do
       done < <(if [ -n "${NCU_CASES:-}" ]; then cat "$NCU_CASES"; else printf '%s\n' \
                  "--n 57344 --k 8192 --m 1" "--n 4096 --k 4096 --m 1" "--n 57344 --k 8192 --m 16" \
                  "--n 57344 --k 8192 --m 1 --bits 2 --group 64"; fi) ;;
+    ncu-moe)  # hardware counters of one MoE layer's two grouped GEMMs: one bench/moe_ncu_case.py argument line per case, from NCU_MOE_CASES or the default (Qwen3 at 4096 tokens); NCU_SOURCE=1: the stall samples of one GEMM (NCU_MOE_STAGE 0 gate|up, 1 down)
+      i=0
+      while read -r line; do
+        { [ -z "$line" ] || [ "${line#\#}" != "$line" ]; } && continue
+        i=$((i + 1)); echo "-- case $i: $line"
+        # shellcheck disable=SC2086  # a case line is moe_ncu_case.py's arguments
+        MIXED_GEMM_JIT=block python3 bench/moe_ncu_case.py $line --iters 0 > /dev/null 2>&1  # builds the plan's kernels
+        if [ -n "${NCU_SOURCE:-}" ]; then
+          # shellcheck disable=SC2086
+          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name regex:mg_moe_ \
+            --launch-skip $((2 + ${NCU_MOE_STAGE:-1})) --launch-count 1 --section SourceCounters --section WarpStateStats \
+            -o "$OUT/ncu-moe-$i" -f python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
+          ncu -i "$OUT/ncu-moe-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-moe-$i-sass.csv" 2>/dev/null
+          python3 bench/ncu_stalls.py "$OUT/ncu-moe-$i-sass.csv"
+          rm -f "$OUT/ncu-moe-$i.ncu-rep"
+        else
+          # shellcheck disable=SC2086
+          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name regex:mg_moe_ --launch-skip 2 --launch-count 2 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
+            --section LaunchStats --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum,dram__bytes_read.sum,sm__cycles_active.avg \
+            python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
+          grep -E "^  mg_moe_|Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Issue Slots Busy|hmma|lts__t_bytes|dram__bytes_read|sm__cycles_active|Warp Cycles Per Issued" \
+            "$OUT/ncu-moe-$i.txt" | sed 's/  */ /g'
+        fi
+      done < <(if [ -n "${NCU_MOE_CASES:-}" ]; then cat "$NCU_MOE_CASES"; else echo "--model qwen3-30b-a3b --tokens 4096"; fi) ;;
     sass)  # instruction mix of every fatbin in the cache (HMMA, LDSM, LOP3, PRMT, conversions, local memory)
       for f in "$MIXED_GEMM_CACHE_DIR"/*/*.fatbin; do
         echo "-- $(basename "$f")"
