@@ -5,7 +5,8 @@ The plan is the one selection picks for the token count (the shipped profile, th
 heuristics), or the forced pair ``family:w13 schedule,family:w2 schedule`` given; it runs once
 before the profiled calls, so every kernel is built (``MIXED_GEMM_JIT=block``) and the launches
 ncu sees are the plan's. Each call launches the routing sort, the gather, the gate|up GEMM, the
-down GEMM and the top-k sum; the GEMMs are the kernels named ``mg_moe_*``, so
+down GEMM and the top-k sum; the GEMMs are the kernels named ``mg_moe_*`` (but moe_sm80's
+routing kernels share its library's prefix: give such a plan a narrower ``NCU_MOE_REGEX``), so
 ``--kernel-name regex:mg_moe_ --launch-skip 2 --launch-count 2`` is the second call's two GEMMs
 (gate|up, then down). ``bash bench/device/run.sh ncu-moe`` runs a list of these under ncu; by hand:
 

@@ -232,7 +232,7 @@ for step in "$@"; do
         MIXED_GEMM_JIT=block python3 bench/moe_ncu_case.py $line --iters 0 > /dev/null 2>&1  # builds the plan's kernels
         if [ -n "${NCU_SOURCE:-}" ]; then
           # shellcheck disable=SC2086
-          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name regex:mg_moe_ \
+          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name "regex:${NCU_MOE_REGEX:-mg_moe_}" \
             --launch-skip $((2 + ${NCU_MOE_STAGE:-1})) --launch-count 1 --section SourceCounters --section WarpStateStats \
             -o "$OUT/ncu-moe-$i" -f python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
           ncu -i "$OUT/ncu-moe-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-moe-$i-sass.csv" 2>/dev/null
@@ -240,7 +240,7 @@ for step in "$@"; do
           rm -f "$OUT/ncu-moe-$i.ncu-rep"
         else
           # shellcheck disable=SC2086
-          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name regex:mg_moe_ --launch-skip 2 --launch-count 2 \
+          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name "regex:${NCU_MOE_REGEX:-mg_moe_}" --launch-skip 2 --launch-count 2 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
             --section LaunchStats --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum,dram__bytes_read.sum,sm__cycles_active.avg \
             python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
