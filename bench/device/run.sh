@@ -223,7 +223,7 @@ for step in "$@"; do
       done < <(if [ -n "${NCU_CASES:-}" ]; then cat "$NCU_CASES"; else printf '%s\n' \
                  "--n 57344 --k 8192 --m 1" "--n 4096 --k 4096 --m 1" "--n 57344 --k 8192 --m 16" \
                  "--n 57344 --k 8192 --m 1 --bits 2 --group 64"; fi) ;;
-    ncu-moe)  # hardware counters of one MoE layer's two grouped GEMMs: one bench/moe_ncu_case.py argument line per case, from NCU_MOE_CASES or the default (Qwen3 at 4096 tokens); NCU_SOURCE=1: the stall samples of one GEMM (NCU_MOE_STAGE 0 gate|up, 1 down)
+    ncu-moe)  # hardware counters of one MoE layer's two grouped GEMMs: one bench/moe_ncu_case.py argument line per case, from NCU_MOE_CASES or the default (Qwen3 at 4096 tokens); NCU_SOURCE=1: the stall samples of one GEMM (NCU_MOE_STAGE 0 gate|up, 1 down); NCU_MOE_REGEX: the GEMMs' kernel names (default mg_moe_)
       i=0
       while read -r line; do
         { [ -z "$line" ] || [ "${line#\#}" != "$line" ]; } && continue
