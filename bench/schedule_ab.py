@@ -102,7 +102,7 @@ def tar_xz(entries: List[str], xz_args: List[str], target: Path) -> None:
 
 
 # Archives of --pack-all, by what their entries are, and how many parts each is cut into (gemv's
-# ~40 MB in two), so a whole cache arrives over two calls of 64 MB each beside the checkout and the wheels.
+# ~41 MB in three), so libs + tiles + one part fit a call of 64 MB beside the checkout and the wheels.
 PACK_GROUPS = (("libs", 1, lambda e: e.startswith(("mg_sm90a_", "mg_sm90s_", "mg_moe_sm90a_", "mg_moe_sm90s_"))),  # kernel libraries
                ("gemv", 3, lambda e: e.startswith("mg_gemv")),
                ("tiles", 1, lambda e: True))  # sm80, dequant_mm, moe_gemv, moe_sm80 fatbins
@@ -112,7 +112,7 @@ def pack_all(out_dir: str) -> None:
     """Every catalog kernel's cache entry for the current sources into ``out_dir`` as one xz tar per
     group of :data:`PACK_GROUPS` (``libs.txz``: the kernel libraries, mostly the same static cudart,
     which xz over one tar dedupes; ``gemv-1.txz`` .. ``gemv-3.txz``: a group in parts takes every
-    other entry in name order, so each part holds every width and tile; ``tiles.txz``), for
+    third entry in name order, so each part holds every width and tile; ``tiles.txz``), for
     bench/device/env.sh to unpack."""
     built = subprocess.run([sys.executable, "-m", "mixed_gemm.cli", "build", "--all", "--filter", "mg_", "--jobs", "2"],
                            stdout=subprocess.PIPE, text=True, check=True).stdout

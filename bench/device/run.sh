@@ -15,6 +15,12 @@ QUIET='Warning|warn\('                       # torch / transformers warnings, dr
 PROGRESS='^[.sxFE]+ *\['                     # pytest's progress lines
 
 steps() { sed -n 's/^    \([a-z0-9-]*\))  *#/\1:/p' "$0"; }
+# stalls_of BASE: an ncu report BASE.ncu-rep's per-instruction samples as BASE-sass.csv, summed by
+# bench/ncu_stalls.py into prologue, loop and epilogue (the ncu and ncu-moe steps, NCU_SOURCE=1).
+stalls_of() {
+  ncu -i "$1.ncu-rep" --page source --csv --print-source sass > "$1-sass.csv" 2>/dev/null
+  python3 bench/ncu_stalls.py "$1-sass.csv"
+}
 if [ $# -eq 0 ]; then echo "usage: bash bench/device/run.sh STEP [STEP ...]; steps:"; steps; exit 2; fi
 source bench/device/env.sh
 
@@ -213,8 +219,7 @@ for step in "$@"; do
           $( [ -n "${NCU_SOURCE:-}" ] && echo --section SourceCounters -o "$OUT/ncu-$i" -f ) \
           python3 bench/ncu_case.py $line > "$OUT/ncu-$i.txt" 2>&1
         if [ -n "${NCU_SOURCE:-}" ]; then  # NCU_SOURCE=1: per-instruction samples, by prologue / loop / epilogue
-          ncu -i "$OUT/ncu-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-$i-sass.csv" 2>/dev/null
-          python3 bench/ncu_stalls.py "$OUT/ncu-$i-sass.csv"
+          stalls_of "$OUT/ncu-$i"
           ncu -i "$OUT/ncu-$i.ncu-rep" --page details >> "$OUT/ncu-$i.txt" 2>&1  # with -o the sections go to the report
         fi
         grep -E "median|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc|No Eligible|Active Warps Per|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Block Limit|Dynamic Shared|Waves Per SM" "$OUT/ncu-$i.txt" | sed 's/  */ /g'
@@ -235,8 +240,7 @@ for step in "$@"; do
           timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name "regex:${NCU_MOE_REGEX:-mg_moe_}" \
             --launch-skip $((2 + ${NCU_MOE_STAGE:-1})) --launch-count 1 --section SourceCounters --section WarpStateStats \
             -o "$OUT/ncu-moe-$i" -f python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
-          ncu -i "$OUT/ncu-moe-$i.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-moe-$i-sass.csv" 2>/dev/null
-          python3 bench/ncu_stalls.py "$OUT/ncu-moe-$i-sass.csv"
+          stalls_of "$OUT/ncu-moe-$i"
           rm -f "$OUT/ncu-moe-$i.ncu-rep"
         else
           # shellcheck disable=SC2086
