@@ -166,7 +166,7 @@ def test_wheel_installs_package_and_data(tmp_path):
     _run(
         [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation"]
         + ["-w", wheels],
-        hint="; without build isolation this needs setuptools>=70.1 (or the wheel package) here: "
+        hint="; without build isolation this needs setuptools>=77 here: "
         "pip install -e '.[test]'",
         cwd=src,
         env=env,
