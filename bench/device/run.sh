@@ -230,6 +230,7 @@ for step in "$@"; do
                  "--n 57344 --k 8192 --m 1 --bits 2 --group 64"; fi) ;;
     ncu-moe)  # hardware counters of one MoE layer's two grouped GEMMs: one bench/moe_ncu_case.py argument line per case, from NCU_MOE_CASES or the default (Qwen3 at 4096 tokens); NCU_SOURCE=1: the stall samples of one GEMM (NCU_MOE_STAGE 0 gate|up, 1 down); NCU_MOE_REGEX: the GEMMs' kernel names (default mg_moe_)
       i=0
+      ncu_moe=(timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name "regex:${NCU_MOE_REGEX:-mg_moe_}")
       while read -r line; do
         { [ -z "$line" ] || [ "${line#\#}" != "$line" ]; } && continue
         i=$((i + 1)); echo "-- case $i: $line"
@@ -237,14 +238,13 @@ for step in "$@"; do
         MIXED_GEMM_JIT=block python3 bench/moe_ncu_case.py $line --iters 0 > /dev/null 2>&1  # builds the plan's kernels
         if [ -n "${NCU_SOURCE:-}" ]; then
           # shellcheck disable=SC2086
-          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name "regex:${NCU_MOE_REGEX:-mg_moe_}" \
-            --launch-skip $((2 + ${NCU_MOE_STAGE:-1})) --launch-count 1 --section SourceCounters --section WarpStateStats \
-            -o "$OUT/ncu-moe-$i" -f python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
+          "${ncu_moe[@]}" --launch-skip $((2 + ${NCU_MOE_STAGE:-1})) --launch-count 1 --section SourceCounters \
+            --section WarpStateStats -o "$OUT/ncu-moe-$i" -f python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
           stalls_of "$OUT/ncu-moe-$i"
           rm -f "$OUT/ncu-moe-$i.ncu-rep"
         else
           # shellcheck disable=SC2086
-          timeout "${NCU_TIMEOUT:-200}" ncu --clock-control none --kernel-name "regex:${NCU_MOE_REGEX:-mg_moe_}" --launch-skip 2 --launch-count 2 \
+          "${ncu_moe[@]}" --launch-skip 2 --launch-count 2 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
             --section LaunchStats --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum,dram__bytes_read.sum,sm__cycles_active.avg \
             python3 bench/moe_ncu_case.py $line > "$OUT/ncu-moe-$i.txt" 2>&1
