@@ -480,7 +480,7 @@ struct Mainloop {
       if constexpr (Geo::kClusterK > 1) {
         if (!cluster_reduce(smem, full + 2 * kMaxStages, acc, ct)) return;
       }
-      epilogue(p, acc, ct, cw, warp, lane, wk);
+      epilogue(p, acc, smem, ct, cw, warp, lane, wk);
       w = next_item(p, w, wk, stride, total);
     }
   }
@@ -619,8 +619,8 @@ struct Mainloop {
     return true;
   }
 
-  static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], int ct, int cw, int warp,
-                                                  int lane, Work const& wk) {
+  static __device__ __forceinline__ void epilogue(Params const& p, float (&acc)[kAcc], char* smem, int ct, int cw,
+                                                  int warp, int lane, Work const& wk) {
     int const row0 = wk.row0, tok0 = wk.tok0, tok_end = wk.tok_end;
     if (Geo::kClusterK == 1 && wk.nsplit > 1) {
       int const tile = wk.tile;
@@ -684,6 +684,12 @@ struct Mainloop {
     }
     using Raw = typename Pair<Element>::raw;
     if constexpr (Geo::kGrouped) {
+      if constexpr (Geo::kStaged) {
+        if (p.y32 == nullptr) {
+          store_staged(p, acc, smem + Geo::kStagedOffset, cw, warp, lane, row0, tok0, tok_end);
+          return;
+        }
+      }
       store_grouped(p, acc, cw, warp, lane, row0, tok0, tok_end);
       return;
     }
@@ -814,6 +820,79 @@ struct Mainloop {
     }
     Raw const* const none = nullptr;
     store_pairs<false, false>(y, none, none, p.n, block + g, tok0, tok_end, lane, acc);
+  }
+
+  // Staged (Geometry::kStaged): store_grouped's rows (h's for the gate|up stage, else y's) through
+  // shared memory, each consumer warpgroup on its own: its 64 weight rows of token t at
+  // buf + (cw * TN + t) * kStagedPitch, then read back 16 bytes a lane and stored as whole 128-byte
+  // (y) or 64-byte (h) row segments, 4 or 8 tokens a warp instruction: one L1 wavefront a token
+  // where the register-order store takes 8 for 16 bytes each. Not bulk copies: the TMA unit takes
+  // ~25-30 cycles an instruction (the one-row gather, moe.md), and 128-512 row copies an item queued
+  // the ring's loads behind them (measured 5-11% slower). Per warpgroup, not per CTA: the
+  // warpgroups of the cooperative tile run staggered, and a CTA-wide barrier lined them up. The
+  // values are store_grouped's, paired the same way (lane g holds columns (g, g + 1) of one token
+  // after the swap with lane ^ 4). N and I are multiples of 8 (the family's rules), so a row
+  // segment is whole 16-byte chunks.
+  static __device__ __forceinline__ void store_staged(Params const& p, float (&acc)[kAcc], char* buf, int cw, int warp,
+                                                      int lane, int row0, int tok0, int tok_end) {
+    using Raw = typename Pair<Element>::raw;
+    using Raw2 = typename Pair<Element>::raw2;
+    constexpr int kPitch = Geo::kStagedPitch;
+    char* const mine = buf + cw * TN * kPitch;
+    wg_sync(cw);  // every warp of the warpgroup has read the previous item's rows
+    int const g = lane >> 2, odd = g & 1;
+    bool const gate_up = p.gate_up;
+    // This lane's token (of block 0) and even column, relative to the warpgroup's first.
+    char* const at = mine + (2 * (lane & 3) + odd) * kPitch +
+                     2 * ((gate_up ? warp * kGateUpBlock : kAtomRows * warp) + g - odd);
+    if (gate_up) {
+#pragma unroll
+      for (int b = 0; b < kAcc / 4; ++b) {
+        float const h0 = silu_mul(acc[4 * b], acc[4 * b + 2]), h1 = silu_mul(acc[4 * b + 1], acc[4 * b + 3]);
+        float const got = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
+        *reinterpret_cast<Raw2*>(at + 8 * b * kPitch) = Pair<Element>::from_floats(odd ? got : h0, odd ? h1 : got);
+      }
+    } else {
+#pragma unroll
+      for (int b = 0; b < kAcc / 4; ++b) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float const a0 = acc[4 * b + 2 * h], a1 = acc[4 * b + 2 * h + 1];
+          float const got = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
+          *reinterpret_cast<Raw2*>(at + 8 * b * kPitch + 16 * h) =
+              Pair<Element>::from_floats(odd ? got : a0, odd ? a1 : got);
+        }
+      }
+    }
+    wg_sync(cw);  // the warpgroup's rows are in shared memory
+    int const ncols = gate_up ? p.n / 2 : p.n;
+    int const col0 = gate_up ? gate_up_output(row0) + kGateUpBlock * 4 * cw : row0 + 64 * cw;
+    int const chunks = min(gate_up ? 4 : 8, (ncols - col0) / 8);  // 16-byte chunks a row (fewer at ragged N)
+    int const rows = min(TN, tok_end - tok0);
+    Raw* const y = static_cast<Raw*>(p.y) + size_t(tok0) * ncols + col0;
+    if (gate_up) {
+      copy_rows<4>(y, ncols, mine, rows, chunks, 32 * warp + lane);
+    } else {
+      copy_rows<8>(y, ncols, mine, rows, chunks, 32 * warp + lane);
+    }
+  }
+
+  // The warpgroup's staged rows to y: thread i of 128 copies chunk i % kChunks of row i / kChunks,
+  // then the rows 128 / kChunks further on; chunks past `chunks` (ragged N) are skipped.
+  template <int kChunks, class Raw>
+  static __device__ __forceinline__ void copy_rows(Raw* y, int ncols, char const* rows_smem, int rows, int chunks,
+                                                   int i) {
+    int const c = i % kChunks;
+    if (c >= chunks) return;
+    for (int t = i / kChunks; t < rows; t += 128 / kChunks) {
+      uint4 const v = *reinterpret_cast<uint4 const*>(rows_smem + t * Geo::kStagedPitch + 16 * c);
+      *reinterpret_cast<uint4*>(y + size_t(t) * ncols + 8 * c) = v;
+    }
+  }
+
+  // Warpgroup cw's named barrier (ids 4 .. 7: the staged epilogue's).
+  static __device__ __forceinline__ void wg_sync(int cw) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(4 + cw) : "memory");
   }
 
   // The down stage's combine: sorted row tok is pair order[tok], of token order[tok] / top_k; the

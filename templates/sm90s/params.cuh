@@ -44,7 +44,8 @@ constexpr int kMaxStages = 12;
 // wgmmas before it waits for k-tile i - 1's (wait_group 1, not 0), so the tensor pipe is handed the
 // next batch before the last one drains, instead of idling from its end to the next issue.
 template <int kBits, int TM, int TN, int TK, int Stages, int CtasPerSm, int ClusterM = 1, bool Phased = false,
-          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1, bool Gather = false, bool InFlight = false>
+          bool Grouped = false, bool HalfIssue = false, int ClusterK = 1, bool Gather = false, bool InFlight = false,
+          bool Staged = false>
 struct Geometry {
   static_assert(kBits == 4 || kBits == 8, "bits: the sm90a layout's converters take 4- and 8-bit codes");
   static_assert(TM == 128 || (TM == 256 && CtasPerSm == 1 && ClusterM == 1 && !Phased && TN / 2 + TK / 4 <= 80) ||
@@ -103,7 +104,18 @@ struct Geometry {
   static constexpr int kBarrierBytes = 256;                        // full[], empty[], the reduce barrier
   static_assert((2 * kMaxStages + 1) * 8 <= kBarrierBytes, "barrier area");
   // + 1024: the dynamic shared memory base is only 16-byte aligned; the kernel aligns it up.
-  static constexpr int kSmemBytes = Stages * kStageBytes + kReduceBytes + kBarrierBytes + kGatherBytes + 1024;
+  // Staged (`_se`, grouped): each consumer warpgroup writes its 64 rows of the tile into shared
+  // memory, token-major at a pitch of 64 * 2 + 16 bytes, and stores them back as whole row segments
+  // (Mainloop::store_staged). Why: from registers a warp's store covers 8 tokens x 16 bytes, 8 L1
+  // wavefronts an instruction (4096 for a 256 x 128 tile), the epilogue ncu found a fifth of the
+  // 4096-token down GEMM's samples (docs/notes/moe.md). The 16-byte pad puts the 8 tokens of one
+  // shared store on 32 different banks.
+  static_assert(!Staged || (Grouped && ClusterM == 1 && ClusterK == 1), "staged epilogue: the grouped tiles");
+  static constexpr bool kStaged = Staged;
+  static constexpr int kStagedPitch = 64 * 2 + 16;
+  static constexpr int kStagedBytes = Staged ? (TM / 64) * TN * kStagedPitch : 0;
+  static constexpr int kStagedOffset = Stages * kStageBytes + kReduceBytes + kBarrierBytes + kGatherBytes;
+  static constexpr int kSmemBytes = kStagedOffset + kStagedBytes + 1024;
   // setmaxnreg: the producer warpgroup gives registers to the consumers (multiples of 8; per CTA
   // at most 65536 / CtasPerSm, what __launch_bounds__(384, CtasPerSm) leaves each thread x 384).
   static constexpr int kLaunchRegs = (65536 / (kThreads * CtasPerSm)) / 8 * 8;

@@ -158,8 +158,8 @@ __device__ __forceinline__ void prefetch_map(CUtensorMap const* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 // Named barriers of `Threads` threads: the phase offset's turn barriers (ids 2 and 3: one warpgroup
-// syncs, the other arrives) and the gather producer's (id 1). (Immediate ids: ptxas then reserves
-// 4 hardware barriers, not all 16.)
+// syncs, the other arrives), the gather producer's (id 1) and the staged epilogue's (4 .. 7, one a warpgroup).
+// (Immediate ids: ptxas then reserves only the hardware barriers up to the largest, not all 16.)
 template <int Id, int Threads>
 __device__ __forceinline__ void turn_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");

@@ -16,7 +16,7 @@ def _problem(stage="w13", tokens=16, top_k=2, experts=8, h=4096, inter=14336, **
 
 
 @pytest.mark.parametrize("schedule", ["w13_t128x16x128_s0", "w2_t256x64x128_s0_split3", "w13_t128x32x128_s4",
-                                      "w2_t128x16x128_s0_p", "w13_t256x128x64_s0_split2_p"])
+                                      "w2_t128x16x128_s0_p", "w13_t256x128x64_s0_split2_p", "w2_t192x128x128_s0_se_p"])
 def test_schedule_round_trip_and_names(schedule):
     c = MoeSm90sConfig.from_schedule(schedule, dtype="bf16", zero_mode="float")
     assert c.schedule == schedule and qualified(c) == f"moe_sm90s:{schedule}"
@@ -47,7 +47,7 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     c = MoeSm90sConfig(tile=(256, 64, 128))
     assert (c.threads, c.smem_bytes, c.pipeline_stages) == (640, c.dense.smem_bytes, 6)
     src = FAMILY.render(c)
-    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true, false, 1, false>" in src
+    assert "Geometry<4, 256, 64, 128, 6, 1, 1, false, true, false, 1, false, false, false>" in src
     assert f"static_assert(Geo::kSmemBytes == {c.smem_bytes}," in src and "mixed_gemm::kGateUpBlock == 8" in src
     assert "__launch_bounds__(640, 1)" in src
     # and each tile with one fragment set (TM = 256 from TN = 32, TM = 192 from TN = 96) again with half issue (_hi)
@@ -61,9 +61,11 @@ def test_geometry_is_the_dense_kernels_and_rendered_grouped():
     # and the 256-row int4 tiles with the gather (_g)
     gather = [k for k in default_catalog() if k.gather]
     assert len(gather) == 2 * 8 and all(k.tile[0] == 256 and k.bits == 4 and not k.half_issue for k in gather)
-    assert "false, 1, true>" in FAMILY.render(gather[0])
+    assert "false, 1, true, false, false>" in FAMILY.render(gather[0])
+    staged = [k for k in default_catalog() if k.staged]
+    assert len(staged) == 2 * 4 and all(k.bits == 4 and not (k.gather or k.half_issue) for k in staged)
     assert len({k.kernel_name for k in default_catalog()}) == len(default_catalog()) == (
-        2 * (len(TILES) + len(TILES_U8)) + len(half) + len(gather))
+        2 * (len(TILES) + len(TILES_U8)) + len(half) + len(gather) + len(staged))
 
 
 def test_gather_is_the_gate_up_stages_and_named_by_its_schedule():
@@ -98,7 +100,7 @@ def test_combine_is_the_down_stages_launch_time_choice_named_by_its_schedule():
     down = candidate_schedules(MoeProblem(tokens=1024, top_k=8, experts=128, n=2048, k=768, stage="w2", **kind), 132)
     up = candidate_schedules(MoeProblem(tokens=1024, top_k=8, experts=128, n=1536, k=2048, stage="w13", gate_up=True,
                                         **kind), 132)
-    assert {s[:-2] for s in down if s.endswith("_f")} == {s for s in down if not s.endswith("_f")}
+    assert {s[:-2] for s in down if s.endswith("_f")} == {s for s in down if not s.endswith("_f") and "_se" not in s}
     assert not any(s.endswith("_f") for s in up)
 
 
@@ -111,7 +113,7 @@ def test_half_issue_is_the_dense_rule_and_ships_only_where_a_profile_names_it():
     assert c.half_issue and c.splits == 2 and c.persistent and c.schedule == "w2_t256x32x128_s0_hi_split2_p"
     assert c.kernel_name == "mg_moe_sm90s_f16_u4_t256x32x128_s0_hi" and c.kernel.half_issue
     src = FAMILY.render(c)
-    assert f"Geometry<4, 256, 32, 128, {c.pipeline_stages}, 1, 1, false, true, true, 1, false>" in src
+    assert f"Geometry<4, 256, 32, 128, {c.pipeline_stages}, 1, 1, false, true, true, 1, false, false, false>" in src
     assert "static_assert(Geo::kDoubleBuffer == false" in src
     assert "static_assert(Geo::kDoubleBuffer == true" in FAMILY.render(MoeSm90sConfig(tile=(128, 32, 128)))
     for tile in ((128, 32, 128), (256, 16, 128)):  # double-buffered
@@ -131,6 +133,32 @@ def test_half_issue_is_the_dense_rule_and_ships_only_where_a_profile_names_it():
                                                       grouped=True) if f is FAMILY}
     assert "mg_moe_sm90s_f16_u4_t256x32x128_s0_hi" in names  # named by the profile: packaged
     assert "mg_moe_sm90s_f16_u4_t256x64x128_s0_hi" not in names
+
+
+def test_staged_epilogue_takes_ring_stages_one_k_slice_and_rows_of_16_bytes():
+    """``_se``: the buffer (TN rows of 2 x 64 + 16 bytes a consumer warpgroup) beside fewer ring stages, named by its
+    schedule, rendered with its flag and pitch check, one K slice, N a multiple of 8, and in a kernel
+    package only where a profile names it."""
+    c = MoeSm90sConfig.from_schedule("w2_t256x128x64_s0_se_p_f")
+    assert c.staged and c.persistent and c.combine and c.kernel_name == "mg_moe_sm90s_f16_u4_t256x128x64_s0_se"
+    plain = MoeSm90sConfig(tile=(256, 128, 64))
+    assert c.extra_smem_bytes == 4 * 128 * (2 * 64 + 16) and c.pipeline_stages == 5 < plain.pipeline_stages == 8
+    assert c.smem_bytes == c.dense.smem_bytes + c.extra_smem_bytes <= 232448
+    src = FAMILY.render(c)
+    assert "Geometry<4, 256, 128, 64, 5, 1, 1, false, true, false, 1, false, false, true>" in src
+    assert "static_assert(Geo::kStagedPitch == 2 * 64 + 16," in src
+    assert "false, false, false>" in FAMILY.render(plain)
+    with pytest.raises(ValueError, match="one K slice"):
+        MoeSm90sConfig(tile=(256, 128, 64), staged=True, splits=2)
+    ok, why = FAMILY.can_implement(c.replace(stage="w2", combine=False), _problem(stage="w2", h=4100))
+    assert not ok and "multiple of 8" in why and "_se" in why
+    assert FAMILY.can_implement(c.replace(combine=False), _problem(stage="w2")) == (True, "")
+    assert not any(k.staged for k in FAMILY.packaged((9, 0)))
+    # Profile candidates for the down stage alone (gate|up measured slower with it), one K slice.
+    down = candidate_schedules(_problem(tokens=4096, top_k=8, experts=128, h=2048, inter=768, stage="w2"), 132)
+    up = candidate_schedules(_problem(tokens=4096, top_k=8, experts=128, h=2048, inter=768), 132)
+    assert {"w2_t256x96x128_s0_se", "w2_t256x96x128_s0_se_p", "w2_t256x128x64_s0_se_p"} <= set(down)
+    assert not any("_se" in s for s in up) and not any("_se_split" in s or "_se" in s and s.endswith("_f") for s in down)
 
 
 def test_can_implement_reasons():

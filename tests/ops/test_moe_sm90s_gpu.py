@@ -3,8 +3,9 @@ sorted rows) on an H100: every catalog kernel in both stages, with and without a
 the float32 reference over weight kinds (fp16/bf16, int4/int8, symmetric / integer / float zeros / offsets,
 groups 32/64/128/per-channel), top-k 1/2/6/8, 1 to 300 tokens (and 2048: prefill), random routing and every token on
 one expert, ragged N and K, a CTA per work item or a persistent grid; ids out of range, no tokens, one token and CUDA-graph capture with new
-routing between replays (moe_checks), the gather kernels (``_g``: x's rows read by index) and the
-combine in the down epilogue (``_f``: the top-k sum added into fp32 rows) through the same checks.
+routing between replays (moe_checks), the gather kernels (``_g``: x's rows read by index), the
+staged epilogue (``_se``: the tile through shared memory, stored back as whole row segments) and the combine in
+the down epilogue (``_f``: the top-k sum added into fp32 rows) through the same checks.
 Outputs poisoned with NaN first."""
 import random
 
@@ -13,7 +14,7 @@ import torch
 
 from mixed_gemm.kernels import family
 from mixed_gemm.kernels.moe_sm90s import MoeSm90sConfig
-from mixed_gemm.kernels.moe_sm90s.catalog import gather_tiles, half_issue_tiles, tiles_for
+from mixed_gemm.kernels.moe_sm90s.catalog import gather_tiles, half_issue_tiles, staged_tiles, tiles_for
 from moe_checks import check_graph_capture, check_ids_out_of_range, check_no_tokens_and_one_token, check_sweep_case
 from test_moe_gemv_gpu import TOP_KS, layer
 from test_sm90a_gpu import DTYPES, ZERO_KINDS
@@ -107,12 +108,40 @@ def test_gather_reads_x_rows_by_index(dtype, s13, s2, zero, group, top_k, t, e, 
                      inter, route)
 
 
+def _staged_params():
+    """Each staged-epilogue tile (``_se``) per dtype, in both stages, twice: on a CTA per item, then
+    persistent with the combine in the down epilogue (the staged kernel's fp32 path); the zero
+    kinds and groups, top-k, 2-300 tokens (token tiles past an expert's rows: rows not copied), both
+    routings, N ragged against the tile (a row's copy clipped) and K ragged."""
+    rng = random.Random(73)
+    cases = []
+    for dtype in DTYPES:
+        for tile in staged_tiles(4):
+            for j in range(2):
+                c = len(cases)
+                zero, group, top_k, t, route, e, h, inter = _case_shape(c, rng)
+                s13 = MoeSm90sConfig(stage="w13", tile=tile, staged=True, persistent=j == 1).schedule
+                s2 = MoeSm90sConfig(stage="w2", tile=tile, staged=True, persistent=j == 1, combine=j == 1).schedule
+                cases.append(pytest.param(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route,
+                                          id=f"{dtype}-{s13}-{s2}-{zero}-g{group}-k{top_k}-t{t}-e{e}-h{h}-i{inter}-{route}"))
+    return cases
+
+
+@pytest.mark.parametrize("dtype,s13,s2,zero,group,top_k,t,e,h,inter,route", _staged_params())
+def test_staged_epilogue(dtype, s13, s2, zero, group, top_k, t, e, h, inter, route):
+    seed = seed_of("moe90s-se", dtype, s13, s2, zero, group, top_k, t, e, h, inter, route)
+    check_sweep_case(FAMILY, MoeSm90sConfig, seed, dtype, DTYPES[dtype], 4, s13, s2, zero, group, top_k, t, e, h,
+                     inter, route)
+
+
 @pytest.mark.parametrize("s13,s2,route", [("w13_t256x128x64_s0_p", "w2_t128x64x128_s0", "random"),
                                           ("w13_t128x64x128_s0", "w2_t256x64x128_s0_p", "one"),
                                           ("w13_t256x128x64_s0_g_p", "w2_t256x128x64_s0_p", "random"),
                                           ("w13_t256x80x128_s0_g", "w2_t256x80x128_s0_p", "one"),
                                           ("w13_t192x128x128_s0_p", "w2_t192x96x128_s0_p", "random"),
-                                          ("w13_t192x64x128_s0", "w2_t192x128x128_s0_p", "one")])
+                                          ("w13_t192x64x128_s0", "w2_t192x128x128_s0_p", "one"),
+                                          ("w13_t256x128x64_s0_se_p", "w2_t256x128x64_s0_se_p", "random"),
+                                          ("w13_t192x128x128_s0_se", "w2_t256x64x128_s0_se_p", "one")])
 def test_prefill_token_counts(s13, s2, route):
     """Prefill (2048 tokens x top-8 over 64 experts: ~256 rows an expert, or every token's slot 0 on
     one expert) on the 64/128-row token tiles the profile times from 1024 tokens on (the 192-row
@@ -143,11 +172,18 @@ def test_no_tokens_and_one_token():
     check_no_tokens_and_one_token(_cfgs(w13), w13, w2, "one90s")
 
 
-@pytest.mark.parametrize("gather", [False, True])
-def test_graph_capture_with_new_routing_between_replays(gather):
-    tile = (256, 32, 128)
-    check_graph_capture((MoeSm90sConfig(stage="w13", tile=tile, persistent=True, gather=gather),
-                         MoeSm90sConfig(stage="w2", tile=tile, splits=2, combine=gather)), "g90s" + ("-g" if gather else ""))
+@pytest.mark.parametrize("variant", ["p", "g", "se"])
+def test_graph_capture_with_new_routing_between_replays(variant):
+    """Persistent, gathered, and staged (whose row stores replay with the new routing's rows)."""
+    if variant == "se":
+        tile = (256, 64, 128)
+        configs = (MoeSm90sConfig(stage="w13", tile=tile, persistent=True, staged=True),
+                   MoeSm90sConfig(stage="w2", tile=tile, staged=True))
+    else:
+        tile, gather = (256, 32, 128), variant == "g"
+        configs = (MoeSm90sConfig(stage="w13", tile=tile, persistent=True, gather=gather),
+                   MoeSm90sConfig(stage="w2", tile=tile, splits=2, combine=gather))
+    check_graph_capture(configs, "g90s" + ("" if variant == "p" else "-" + variant))
 
 
 @pytest.mark.parametrize("pair", [("moe_gemv:w13_s1_w4x2_u8_m8_pe", "moe_sm90s:w2_t128x16x128_s0"),

@@ -23,7 +23,7 @@ from ..sm90s.config import double_buffered
 from .abi import ABI_VERSION
 from .candidates import candidate_schedules
 from .catalog import BITS, default_catalog
-from .config import MoeSm90sConfig
+from .config import STAGED_PAD, MoeSm90sConfig
 from .launch import MoeSm90sLauncher
 
 
@@ -49,15 +49,18 @@ class MoeSm90sFamily(GroupedFamily):
             return False, f"K={k} is not a multiple of 8: the sorted rows are loaded by TMA in 16-byte units"
         if problem.stage == "w13" and n % 16:
             return False, f"gate|up: N = 2I must be a multiple of 16 (gate and up rows in blocks of 8), got N={n}"
+        if config.staged and n % 8:
+            return False, (f"staged epilogue (_se): N={n} is not a multiple of 8 (each token row is stored by "
+                           "whole 16-byte chunks)")
         return sort_limits(problem.pairs, problem.experts)
 
     def catalog(self) -> List[MoeSm90sConfig]:
         return default_catalog()
 
     def packaged(self, capability) -> List[MoeSm90sConfig]:
-        """The catalog but the half-issue and gather kernels (profile candidates: in a package where
-        a profile names them)."""
-        return [c for c in super().packaged(capability) if not (c.half_issue or c.gather)]
+        """The catalog but the half-issue, gather and staged-epilogue kernels (profile candidates: in a
+        package where a profile names them)."""
+        return [c for c in super().packaged(capability) if not (c.half_issue or c.gather or c.staged)]
 
     def candidates(self, problem, sms: int) -> List[str]:
         return candidate_schedules(problem, sms) if isinstance(problem, MoeProblem) else []
@@ -74,6 +77,7 @@ class MoeSm90sFamily(GroupedFamily):
             element=DTYPES[kernel.dtype][0], bits=kernel.bits, tm=tm, tn=tn, tk=tk,
             stages=kernel.pipeline_stages, smem_bytes=kernel.smem_bytes, threads=kernel.threads,
             half_issue="true" if kernel.half_issue else "false", gather="true" if kernel.gather else "false",
+            staged="true" if kernel.staged else "false", staged_pad=STAGED_PAD,
             double_buffer="true" if double_buffered(kernel.tile, 1) else "false",
             abi_version=ABI_VERSION, sort_args_bytes=SORT_ARGS_BYTES, sort_threads=SORT_THREADS,
             sort_max_experts=SORT_MAX_EXPERTS, constants=grouped_constant_checks(),

@@ -4,7 +4,8 @@ at least half of it up to 64 rows, from
 2 to ``TO_TOKENS`` tokens, each whole, on a persistent grid (``_p``) and with the K split that would
 fill the SMs were the routed experts' tiles alone, and each again with half issue (``_hi``) where the
 tile has one fragment set, for the gate|up stage with the gather (``_g``) where the tile has it, and
-for the down stage each again with the combine in its epilogue (``_f``; random routing,
+for the down stage each again with the combine in its epilogue (``_f``) and, one K slice, with the
+staged epilogue (``_se``) where the catalog has the tile (random routing,
 ``moe_gemv.heuristics.expected_experts``)."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import List
 from ..base import MoeProblem
 from ..moe_gemv.heuristics import expected_experts
 from ..sm90s.config import MAX_SPLITS
-from .catalog import BITS, gather_tiles, half_issue_tiles, tiles_for
+from .catalog import BITS, gather_tiles, half_issue_tiles, staged_tiles, tiles_for
 from .config import MoeSm90sConfig
 
 # Up to prefill: the 4-D weight TMA takes any expert without a tensormap rewrite, so the many small
@@ -55,4 +56,6 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
                 out += [c.schedule for c in launches]
                 if problem.stage == "w2":
                     out += [c.replace(combine=True).schedule for c in launches]
+                    if not half_issue and tile in staged_tiles(problem.bits):
+                        out += [c.replace(staged=True).schedule for c in launches[:2]]
     return out

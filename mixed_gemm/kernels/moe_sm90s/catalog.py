@@ -8,7 +8,7 @@ warpgroups with 160 registers each: TK = 128 at 128 rows, the dense family's pre
 1024-4096-token layers whose experts get 64-400 rows); fp16 and bf16, int4, and four of them for
 int8. The stage, the split factor and the persistent grid are launch-time choices (no kernel of
 their own). The 256-row int4 tiles again with the gather (``_g``: the gate|up stage reading x's
-routed rows by index, no gathered copy)."""
+routed rows by index, no gathered copy), and four prefill tiles with the staged epilogue (``_se``)."""
 from __future__ import annotations
 
 from typing import List
@@ -23,6 +23,16 @@ TILES = ((128, 16, 128), (128, 32, 128), (128, 64, 128), (256, 16, 128), (256, 3
 # 8-bit experts: the same kernel with the 64-bit atom slices, on fewer tiles (as the dense family's).
 TILES_U8 = ((128, 16, 128), (128, 64, 128), (256, 16, 128), (256, 32, 128))
 BITS = (4, 8)
+
+
+# The staged epilogue (``_se``): the prefill tiles whose items are short in K (Qwen3's and
+# DeepSeek's down GEMM: 12-22 k-tiles), where the tile's stores are a fifth of the item. int4.
+STAGED_TILES = ((256, 128, 64), (256, 96, 128), (256, 64, 128), (192, 128, 128))
+
+
+def staged_tiles(bits: int):
+    """The tiles compiled again with the staged epilogue (``_se``): profile candidates."""
+    return STAGED_TILES if bits == 4 else ()
 
 
 def tiles_for(bits: int):
@@ -47,4 +57,6 @@ def default_catalog() -> List[MoeSm90sConfig]:
             + [MoeSm90sConfig(dtype=d, bits=b, tile=t, half_issue=True) for d in DTYPES for b in BITS
                for t in half_issue_tiles(b)]
             + [MoeSm90sConfig(dtype=d, bits=b, tile=t, gather=True) for d in DTYPES for b in BITS
-               for t in gather_tiles(b)])
+               for t in gather_tiles(b)]
+            + [MoeSm90sConfig(dtype=d, bits=b, tile=t, staged=True) for d in DTYPES for b in BITS
+               for t in staged_tiles(b)])

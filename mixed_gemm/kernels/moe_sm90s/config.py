@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
-from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, TILE_M, TILE_MS, Sm90sConfig
+from ..sm90s.config import ALIGN_SLACK, AUTO_STAGES, BARRIER_BYTES, MAX_SPLITS, SMEM_PER_CTA, TILE_M, TILE_MS, Sm90sConfig
 
-_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(?:_split(\d+))?(_p)?(_f)?$")
+_SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(_se)?(?:_split(\d+))?(_p)?(_f)?$")
 STAGES = ("w13", "w2")
 GATHER_ROW_BYTES = 8  # the gather's offset of one x row in shared memory (a long long)
+STAGED_PAD = 16  # the staged epilogue's pad a token row (Geometry::kStagedPitch = 64 * 2 + this, a warpgroup's rows)
 # The dense family's weight-row tiles of two or more consumer warpgroups (its one-warpgroup tile
 # runs a whole 64-row tile per CTA, not a grouped work item).
 GROUPED_TILE_MS = tuple(m for m in TILE_MS if m >= TILE_M)
@@ -32,7 +33,11 @@ class MoeSm90sConfig:
     from TN = 32: a k-tile's wgmmas in two halves, the second converting under the first), ``gather``
     (``_g``, the gate|up stage only: the producer warpgroup reads each routed row of x by index with
     16-byte cp.async into the swizzled stage, so no gathered copy of x is written and read back;
-    the others read a box of the gathered rows with TMA). At launch:
+    the others read a box of the gathered rows with TMA), ``staged`` (``_se``: the epilogue writes the
+    tile's rows into shared memory, a consumer warpgroup's 64 rows each, and stores them back as
+    whole row segments, not 16 bytes of 8 tokens a warp instruction; its buffer, TM/64 x TN x 144 bytes,
+    takes ring stages; one K slice).
+    At launch:
     ``stage`` (``"w13"``: the gate|up GEMM storing SiLU(gate) * up; ``"w2"``: the down GEMM, then the
     top-k sum), ``splits`` (K slices, summed in the kernel in slice order), ``persistent`` (``_p``) and
     ``combine`` (``_f``, the down stage: the top-k sum in the epilogue, each row times its pair's
@@ -53,6 +58,7 @@ class MoeSm90sConfig:
     persistent: bool = False
     gather: bool = False
     combine: bool = False
+    staged: bool = False
 
     family = "moe_sm90s"
 
@@ -70,18 +76,29 @@ class MoeSm90sConfig:
             (not self.gather or self.stage == "w13",
              "gather (_g: x's rows read by index) is the gate|up stage's: the down stage reads h in sorted order"),
             (isinstance(self.combine, bool), "combine must be a bool"),
+            (isinstance(self.staged, bool), "staged must be a bool"),
+            (not self.staged or self.splits == 1,
+             "staged (_se: the tile through shared memory) takes one K slice: split-K's slices finish a tile warp "
+             "by warp, and the staged store waits for all of the CTA's consumer warps"),
             (not self.combine or self.stage == "w2",
              "combine (_f: the top-k sum in the epilogue) is the down stage's: gate|up stores h"),
         ], f"MoeSm90sConfig {self.tile}")
         self.dense  # the dense family's rules for the tile, the stages and the shared memory
         raise_on([(self.smem_bytes <= SMEM_PER_CTA[1], f"shared memory {self.smem_bytes} B above {SMEM_PER_CTA[1]} B "
-                                                      "with the gather's row offsets: fewer stages")],
+                                                      "with the gather's row offsets or the staged epilogue's "
+                                                      "buffer: fewer stages")],
                  f"MoeSm90sConfig {self.tile}")
 
     @functools.cached_property
     def dense(self) -> Sm90sConfig:
-        """The dense sm90s config of the same compiled tile (its geometry: stages, shared memory)."""
-        return Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=self.stages,
+        """The dense sm90s config of the same compiled tile (its geometry: stages, shared memory);
+        with the staged epilogue's buffer, stages=0 takes as many as fit beside it."""
+        stages = self.stages
+        if self.staged and not stages:
+            ring = Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=2, half_issue=self.half_issue)
+            fit = (SMEM_PER_CTA[1] - BARRIER_BYTES - ALIGN_SLACK - self.extra_smem_bytes) // ring.stage_bytes
+            stages = max(2, min(AUTO_STAGES, fit))
+        return Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=stages,
                            half_issue=self.half_issue)
 
     @property
@@ -97,9 +114,16 @@ class MoeSm90sConfig:
         return self.dense.pipeline_stages
 
     @property
+    def extra_smem_bytes(self) -> int:
+        """Beside the dense tile's: the gather's x row offsets (Geometry::kGatherBytes) and the staged
+        epilogue's buffer (kStagedBytes)."""
+        tm, tn, _ = self.tile
+        staged = (tm // 64) * tn * (2 * 64 + STAGED_PAD) if self.staged else 0
+        return (GATHER_ROW_BYTES * tn if self.gather else 0) + staged
+
+    @property
     def smem_bytes(self) -> int:
-        """The dense tile's, and for the gather the token tile's x row offsets (Geometry::kGatherBytes)."""
-        return self.dense.smem_bytes + (GATHER_ROW_BYTES * self.tile[1] if self.gather else 0)
+        return self.dense.smem_bytes + self.extra_smem_bytes
 
     @functools.cached_property
     def kernel(self) -> "MoeSm90sConfig":
@@ -110,7 +134,8 @@ class MoeSm90sConfig:
     @functools.cached_property
     def _tile_schedule(self) -> str:
         tm, tn, tk = self.tile
-        return f"t{tm}x{tn}x{tk}_s{self.stages}" + ("_hi" if self.half_issue else "") + ("_g" if self.gather else "")
+        return (f"t{tm}x{tn}x{tk}_s{self.stages}" + ("_hi" if self.half_issue else "") + ("_g" if self.gather else "")
+                + ("_se" if self.staged else ""))
 
     @functools.cached_property
     def kernel_name(self) -> str:
@@ -131,11 +156,11 @@ class MoeSm90sConfig:
         m = _SCHEDULE.match(schedule)
         if m is None:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_split<S>][_p][_f]")
-        stage, tm, tn, tk, stages, hi, g, splits, persistent, f = m.groups()
+                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_se][_split<S>][_p][_f]")
+        stage, tm, tn, tk, stages, hi, g, se, splits, persistent, f = m.groups()
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
                      stages=int(stages), half_issue=bool(hi), splits=int(splits or 1), persistent=bool(persistent),
-                     gather=bool(g), combine=bool(f))
+                     gather=bool(g), combine=bool(f), staged=bool(se))
         if config.schedule != schedule:
             raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
         return config
