@@ -15,7 +15,10 @@ the heuristics' pair, the LAYER_TOP fastest of each stage crossed) are therefore
 layer through ``moe_grouped`` on a cold L2, under the sweep's routing and LAYER_ROUTINGS - 1 more
 (an entry serves every routing of its token count, and at a few tokens plans differ in how they
 take repeated and untouched experts: one routing ranked a persistent gate|up level with pair mode
-where another ran it 11% slower), and the pair with the least total is what both entries name.
+where another ran it 11% slower), and the pair with the least total is what both entries name. The
+least two and the pair to beat run a runoff (RUNOFF_REPLAYS times the replays, those pairs alone),
+and its totals decide: in one timing of ten pairs a pair's layer can spread more than the gains the
+check decides between.
 With ``--against-profile`` the pair the profile runs now is timed beside them and stays unless
 beaten by the margin: Mixtral's down stage alone ranked a K split 1.3 µs ahead of the shipped one
 whose layer then ran 2.5-3 µs faster in the bench.
@@ -61,6 +64,11 @@ LAYER_MARGIN = 0.01  # another pair replaces the stage winners only when this mu
 # than the two ahead of it (docs/notes/moe.md, "The slot-warps down").
 LAYER_TOP = 3
 RUNNERS_UP = 6  # stage candidates after the winner named in the log, with their times
+# The runoff: the two best pairs and the one to beat timed again, alone, with this many times the
+# replays, and only that timing decides. At 4096 tokens one pair's layer spread 26 µs over three
+# routings (772-798 µs) in a check of ten pairs, which kept the current pair against a down that
+# `bench --moe` then read 1.9% faster in three alternated rounds (docs/notes/moe.md).
+RUNOFF_PAIRS, RUNOFF_REPLAYS = 2, 3
 
 
 def _experts(e: int, n: int, k: int, dtype: torch.dtype, seed: int, gate_up: bool = False, bits: int = 4):
@@ -264,8 +272,9 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routi
                  replays: int, what: str, log, incumbent: Optional[tuple] = None) -> None:
     """Time :func:`layer_pairs` as the layer (cold L2, graphs) under each of ``routings`` (``(ids,
     weights)``; the first is the sweep's, whose output ``y`` is the staged reference every pair is
-    checked against); :func:`choose_pair` picks, and both entries take its pair (each with its stage
-    time, or half the pair's layer time where a stage was not timed). ``incumbent``: the pair the
+    checked against); :func:`choose_pair` picks from a runoff of the two best pairs and the one to
+    beat, timed again alone with RUNOFF_REPLAYS times the replays, and both entries take its pair
+    (each with its stage time, or half the pair's layer time where a stage was not timed). ``incumbent``: the pair the
     swept-against profile runs now (``--against-profile``); it is timed too, and it is the pair
     another must beat by the margin (a stage timed alone can rank a split above the incumbent's that
     the layer on a cold L2 runs slower)."""
@@ -294,19 +303,28 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routi
     if (staged, 0) not in fns or len(fns) < 2 * len(routings):  # nothing to compare with the stage winners
         return
     timed = {key: secs for key, (secs, _) in time_cold(fns, replays, eager=False).items()}
+    pairs_timed = len({pair for pair, _ in timed})
     reference = staged
     if incumbent is not None and all((incumbent, r) in timed for r in range(len(routings))):
         reference = incumbent
     best, totals = choose_pair(timed, reference, len(routings))
     if reference not in totals:
         return
+    finalists = list(dict.fromkeys([reference, *sorted(totals, key=totals.get)[:RUNOFF_PAIRS]]))
+    if len(finalists) > 1:
+        again = {key: fn for key, fn in fns.items() if key[0] in finalists}
+        first = {pair: totals[pair] for pair in finalists}
+        timed = {key: secs for key, (secs, _) in time_cold(again, replays * RUNOFF_REPLAYS, eager=False).items()}
+        best, totals = choose_pair(timed, reference, len(routings))
+        log(f"  {what} layer runoff: " + "; ".join(
+            f"{a} + {b} {first[(a, b)] * 1e6:.1f} -> {totals[(a, b)] * 1e6:.1f} µs" for a, b in finalists))
 
     def per(pair):
         return " / ".join(f"{timed[(pair, r)] * 1e6:.1f}" for r in range(len(routings)))
     fastest = min(totals, key=totals.get)
     held = f", current {per(incumbent)} µs" if reference == incumbent and incumbent != staged else ""
     log(f"{what} layer: {fastest[0]} + {fastest[1]} {per(fastest)} µs ({len(routings)} routings), stage winners "
-        f"{per(staged) if staged in totals else '-'} µs{held} ({len(totals)} pairs, cold L2)"
+        f"{per(staged) if staged in totals else '-'} µs{held} ({pairs_timed} pairs, cold L2; the runoff's times)"
         f"{'' if best == staged else '; current kept' if best == incumbent else '; taken'}")
     if best != staged:
         for stage, schedule in zip(("w13", "w2"), best):

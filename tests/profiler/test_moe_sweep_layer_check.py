@@ -35,8 +35,10 @@ class _Plan:
         self.configs = pair
 
 
-def _run(monkeypatch, seconds, wrong=(), incumbent=None):
-    """_layer_check over two routings; ``seconds[(pair, routing)]`` is what the fake timer returns."""
+def _run(monkeypatch, seconds, wrong=(), incumbent=None, runoff=None, rounds=None):
+    """_layer_check over two routings; ``seconds[(pair, routing)]`` is what the fake timer returns
+    (``runoff``: what it returns from its second call on, the runoff's; ``rounds``: each call's
+    replays are appended to it). Returns the first call's keys as ``timed``."""
     forced = []
 
     @contextlib.contextmanager
@@ -51,13 +53,18 @@ def _run(monkeypatch, seconds, wrong=(), incumbent=None):
         calls.append((configs, int(ids[0, 0])))
         return ref + (1.0 if configs in wrong else 0.0)
 
-    timed_keys = []
+    timed_keys, calls_made = [], []
 
-    def cold_s(fns, rounds, eager=True):
-        timed_keys.extend(fns)
+    def cold_s(fns, replays, eager=True):
+        if not calls_made:
+            timed_keys.extend(fns)
+        calls_made.append(list(fns))
+        if rounds is not None:
+            rounds.append((replays, sorted({pair for pair, _ in fns})))
         for fn in fns.values():
             fn()
-        return {key: (seconds[key], "graph") for key in fns}
+        table = seconds if len(calls_made) == 1 or runoff is None else runoff
+        return {key: (table[key], "graph") for key in fns}
 
     monkeypatch.setattr(moe_sweep, "forced_schedules", forced_schedules)
     monkeypatch.setattr(moe_sweep, "grouped_plan", lambda x, w13, w2, top_k: _Plan(forced[-1]))
@@ -84,6 +91,25 @@ def test_layer_check_times_every_routing_and_takes_the_best_total(monkeypatch):
     assert [w["us"] for w in winners] == [3e6, 2e6]  # each entry keeps its own stage time
     assert "92.6 / 94.0" in logs[-1] and "93.2 / 104.4" in logs[-1] and logs[-1].endswith("taken")
     assert {ids for configs, ids in calls[: len({p for p, _ in timed})]} == {5}  # checked on the sweep's routing
+
+
+def test_layer_check_decides_by_a_runoff_of_the_best_two_and_the_pair_to_beat(monkeypatch):
+    # The first timing ranks OTHER 5% ahead; the runoff (the two best and the stage winners, three
+    # times the replays) reads them level, so the stage winners stay.
+    seconds = {((a, b), r): 200e-6 for a in W13 for b in W2 for r in (0, 1)}
+    seconds.update({(STAGED, 0): 100e-6, (STAGED, 1): 100e-6, (OTHER, 0): 95e-6, (OTHER, 1): 95e-6,
+                    (("a:1", "a:8"), 0): 99e-6, (("a:1", "a:8"), 1): 99e-6})
+    runoff = dict(seconds)
+    runoff.update({(OTHER, 0): 100e-6, (OTHER, 1): 99.8e-6, (("a:1", "a:8"), 0): 99.5e-6, (("a:1", "a:8"), 1): 99.5e-6})
+    rounds = []
+    winners, logs, _, _ = _run(monkeypatch, seconds, runoff=runoff, rounds=rounds)
+    assert [r for r, _ in rounds] == [3, 3 * moe_sweep.RUNOFF_REPLAYS]
+    assert rounds[1][1] == sorted([STAGED, OTHER, ("a:1", "a:8")])
+    assert [w["schedule"] for w in winners] == list(STAGED)
+    assert any("runoff" in line and "190.0 -> 199.8" in line for line in logs)
+    # Where the runoff agrees with the first timing, OTHER is taken.
+    winners, logs, _, _ = _run(monkeypatch, seconds, runoff=seconds)
+    assert [w["schedule"] for w in winners] == list(OTHER) and logs[-1].endswith("taken")
 
 
 def test_layer_check_skips_wrong_pairs_and_keeps_winners_within_the_margin(monkeypatch):
