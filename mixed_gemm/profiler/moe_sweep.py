@@ -274,10 +274,10 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routi
     weights)``; the first is the sweep's, whose output ``y`` is the staged reference every pair is
     checked against); :func:`choose_pair` picks from a runoff of the two best pairs and the one to
     beat, timed again alone with RUNOFF_REPLAYS times the replays, and both entries take its pair
-    (each with its stage time, or half the pair's layer time where a stage was not timed). ``incumbent``: the pair the
-    swept-against profile runs now (``--against-profile``); it is timed too, and it is the pair
-    another must beat by the margin (a stage timed alone can rank a split above the incumbent's that
-    the layer on a cold L2 runs slower)."""
+    (each with its stage time, or half the pair's layer time where a stage was not timed).
+    ``incumbent``: the pair the swept-against profile runs now (``--against-profile``); it is timed
+    too, and it is the pair another must beat by the margin (a stage timed alone can rank a split
+    above the incumbent's that the layer on a cold L2 runs slower)."""
     fns = {}
     ids, weights = routings[0]
     pairs = layer_pairs(stage_times, heuristics)
@@ -316,8 +316,11 @@ def _layer_check(winners, stage_best, stage_times, heuristics, x, w13, w2, routi
         first = {pair: totals[pair] for pair in finalists}
         timed = {key: secs for key, (secs, _) in time_cold(again, replays * RUNOFF_REPLAYS, eager=False).items()}
         best, totals = choose_pair(timed, reference, len(routings))
+        again_us = {pair: f"{secs * 1e6:.1f}" for pair, secs in totals.items()}
         log(f"  {what} layer runoff: " + "; ".join(
-            f"{a} + {b} {first[(a, b)] * 1e6:.1f} -> {totals[(a, b)] * 1e6:.1f} µs" for a, b in finalists))
+            f"{a} + {b} {first[(a, b)] * 1e6:.1f} -> {again_us.get((a, b), '-')} µs" for a, b in finalists))
+        if reference not in totals:
+            return
 
     def per(pair):
         return " / ".join(f"{timed[(pair, r)] * 1e6:.1f}" for r in range(len(routings)))
