@@ -57,5 +57,5 @@ def candidate_schedules(problem: MoeProblem, sms: int) -> List[str]:
                 if problem.stage == "w2":
                     out += [c.replace(combine=True).schedule for c in launches]
                     if not half_issue and tile in staged_tiles(problem.bits):
-                        out += [c.replace(staged=True).schedule for c in launches[:2]]
+                        out += [c.replace(staged=True).schedule for c in (base, base.replace(persistent=True))]
     return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..common import check_weight_kind, hash_once, raise_on
-from ..sm90s.config import ALIGN_SLACK, AUTO_STAGES, BARRIER_BYTES, MAX_SPLITS, SMEM_PER_CTA, TILE_M, TILE_MS, Sm90sConfig
+from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, TILE_M, TILE_MS, Sm90sConfig
 
 _SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(_se)?(?:_split(\d+))?(_p)?(_f)?$")
 STAGES = ("w13", "w2")
@@ -93,13 +93,11 @@ class MoeSm90sConfig:
     def dense(self) -> Sm90sConfig:
         """The dense sm90s config of the same compiled tile (its geometry: stages, shared memory);
         with the staged epilogue's buffer, stages=0 takes as many as fit beside it."""
-        stages = self.stages
-        if self.staged and not stages:
-            ring = Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=2, half_issue=self.half_issue)
-            fit = (SMEM_PER_CTA[1] - BARRIER_BYTES - ALIGN_SLACK - self.extra_smem_bytes) // ring.stage_bytes
-            stages = max(2, min(AUTO_STAGES, fit))
-        return Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=stages,
-                           half_issue=self.half_issue)
+        dense = Sm90sConfig(dtype=self.dtype, bits=self.bits, tile=self.tile, stages=self.stages,
+                            half_issue=self.half_issue)
+        if self.staged and not self.stages:
+            return dense.replace(stages=dense.stages_fitting(self.extra_smem_bytes))
+        return dense
 
     @property
     def layout(self) -> str:

@@ -166,13 +166,16 @@ class Sm90sConfig:
         tm, tn, _ = self.tile
         return (self.cluster[1] - 1) * tm * tn * 4
 
+    def stages_fitting(self, reserved: int = 0) -> int:
+        """As many ring stages as fit beside ``reserved`` more bytes of shared memory (a grouped
+        tile's gather offsets or staged epilogue), at least 2 and at most AUTO_STAGES."""
+        fit = (SMEM_PER_CTA[self.ctas_per_sm] - self.reduce_bytes - BARRIER_BYTES - ALIGN_SLACK - reserved) // self.stage_bytes
+        return max(2, min(AUTO_STAGES, fit))
+
     @property
     def pipeline_stages(self) -> int:
         """``stages``, or for 0 as many as fit (at most AUTO_STAGES)."""
-        if self.stages:
-            return self.stages
-        fit = (SMEM_PER_CTA[self.ctas_per_sm] - self.reduce_bytes - BARRIER_BYTES - ALIGN_SLACK) // self.stage_bytes
-        return max(2, min(AUTO_STAGES, fit))
+        return self.stages or self.stages_fitting()
 
     @property
     def smem_bytes(self) -> int:
