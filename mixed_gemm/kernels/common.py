@@ -78,6 +78,22 @@ def raise_on(rules, what: str) -> None:
             raise ValueError(f"{what}: {rule}")
 
 
+def schedule_fields(pattern: "re.Pattern", schedule: str, what: str, grammar: str) -> tuple:
+    """The fields of ``schedule`` in a family's grammar (``pattern``'s groups), or a ValueError that
+    names the grammar; ``what`` is the family with its article ("a gemv", "an sm80")."""
+    m = pattern.match(schedule)
+    if m is None:
+        raise ValueError(f"schedule: {schedule!r} is not {what} schedule {grammar}")
+    return m.groups()
+
+
+def one_spelling(config, schedule: str, what: str):
+    """``config`` where ``schedule`` is its one spelling (defaults left out), else a ValueError."""
+    if config.schedule != schedule:
+        raise ValueError(f"schedule: {schedule!r} is not {what} schedule's spelling; it is {config.schedule!r}")
+    return config
+
+
 # ---- re-fitting a split factor measured on another shape (selection borrows profile entries) ----
 FILL = 0.9  # a grid of fewer CTAs than this share of the SMs leaves bandwidth unused at decode
 

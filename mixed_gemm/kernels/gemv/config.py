@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import check_weight_kind, hash_once, raise_on, schedule_fields
 from .lowbit_layout import BITS as LOWBIT_BITS, block_atoms, words as lowbit_words
 
 _SCHEDULE = re.compile(r"^m(\d+)_s(\d+)_w(\d+)x(\d+)_u(\d+)(_xs)?(_sm80)?(?:_p(\d+))?(_ds)?(?:_o(\d+))?(?:_split(\d+))?$")
@@ -208,11 +208,10 @@ class GemvConfig:
 
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "GemvConfig":
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not a gemv schedule m<1|2|4|8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_xs][_sm80][_p<stages>][_ds][_o<occupancy>][_split<S>]")
-        t, s, wn, wk, u, xs, l80, st, ds, oc, sp = m.groups()
+        t, s, wn, wk, u, xs, l80, st, ds, oc, sp = schedule_fields(
+            _SCHEDULE, schedule, "a gemv",
+            "m<1|2|4|8|16|32>_s<strips>_w<N>x<K>_u<unroll>"
+            "[_xs][_sm80][_p<stages>][_ds][_o<occupancy>][_split<S>]")
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tokens=int(t), strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), stage_x=bool(xs), splits=int(sp or 1), stages=int(st or 0), occupancy=int(oc or 0),
                    deferred=bool(ds),

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import check_weight_kind, hash_once, raise_on, schedule_fields
 
 _SCHEDULE = re.compile(r"^(w13|w2)_s(\d+)_w(\d+)x(\d+)_u(\d+)(?:_m(\d+)_(xe|pe1|pe))?(_ds)?(_tp)?(_sw)?(?:_split(\d+))?(_kloop)?$")
 STAGES = ("w13", "w2")
@@ -226,11 +226,10 @@ class MoeGemvConfig:
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4,
                       zero_mode: str = "int") -> "MoeGemvConfig":
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not a moe_gemv schedule <w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
-                             "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_tp][_sw][_split<S>][_kloop]")
-        stage, s, wn, wk, u, tokens, mode, ds, tp, sw, sp, kloop = m.groups()
+        stage, s, wn, wk, u, tokens, mode, ds, tp, sw, sp, kloop = schedule_fields(
+            _SCHEDULE, schedule, "a moe_gemv",
+            "<w13|w2>_s<strips>_w<N>x<K>_u<unroll>"
+            "[_m<tokens>_xe|_m<tokens>_pe|_m<tokens>_pe1][_ds][_tp][_sw][_split<S>][_kloop]")
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, strips=int(s), warps=(int(wn), int(wk)),
                    unroll=int(u), tokens=int(tokens or 1), by_expert=mode == "xe", persistent=mode in ("pe", "pe1"), fused=mode == "pe1",
                    deferred=bool(ds), touch_pages=bool(tp), slot_warps=bool(sw), splits=int(sp or 1),

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import check_weight_kind, hash_once, raise_on, schedule_fields
 from ..sm80.config import Sm80Config
 
 _SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(_f)?$")
@@ -104,11 +104,9 @@ class MoeSm80Config:
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4,
                       zero_mode: str = "int") -> "MoeSm80Config":
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not a moe_sm80 schedule "
-                             "<w13|w2>_t<BM>x<BN>x<BK>_w<WM>x<WN>x<WK>_s<stages>")
-        stage, *nums, fused = m.groups()
+        stage, *nums, fused = schedule_fields(
+            _SCHEDULE, schedule, "a moe_sm80",
+            "<w13|w2>_t<BM>x<BN>x<BK>_w<WM>x<WN>x<WK>_s<stages>")
         bm, bn, bk, wm, wn, wk, stages = map(int, nums)
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(bm, bn, bk), warps=(wm, wn, wk),
                    stages=stages, fused=fused is not None)

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import check_weight_kind, hash_once, one_spelling, raise_on, schedule_fields
 
 _SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(?:_c(\d+))?(?:_r([mn]))?$")
 STAGES = ("w13", "w2")
@@ -92,16 +92,12 @@ class MoeSm90aConfig:
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4,
                       zero_mode: str = "int") -> "MoeSm90aConfig":
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not a moe_sm90a schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_c<cluster>][_r<m|n>]")
-        stage, tm, tn, tk, stages, cluster, raster = m.groups()
+        stage, tm, tn, tk, stages, cluster, raster = schedule_fields(
+            _SCHEDULE, schedule, "a moe_sm90a",
+            "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_c<cluster>][_r<m|n>]")
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
                      stages=int(stages), cluster=int(cluster or 1), raster=raster or "m")
-        if config.schedule != schedule:  # one spelling per config: "_c1", "_rm" are the defaults, left out
-            raise ValueError(f"schedule: {schedule!r} is not a moe_sm90a schedule's spelling; it is {config.schedule!r}")
-        return config
+        return one_spelling(config, schedule, "a moe_sm90a")  # one spelling per config: "_c1", "_rm" are the defaults, left out
 
     def replace(self, **changes) -> "MoeSm90aConfig":
         return dataclasses.replace(self, **changes)

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import check_weight_kind, hash_once, one_spelling, raise_on, schedule_fields
 from ..sm90s.config import MAX_SPLITS, SMEM_PER_CTA, TILE_M, TILE_MS, Sm90sConfig
 
 _SCHEDULE = re.compile(r"^(w13|w2)_t(\d+)x(\d+)x(\d+)_s(\d+)(_hi)?(_g)?(_se)?(?:_split(\d+))?(_p)?(_f)?$")
@@ -151,17 +151,13 @@ class MoeSm90sConfig:
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4,
                       zero_mode: str = "int") -> "MoeSm90sConfig":
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule "
-                             "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_se][_split<S>][_p][_f]")
-        stage, tm, tn, tk, stages, hi, g, se, splits, persistent, f = m.groups()
+        stage, tm, tn, tk, stages, hi, g, se, splits, persistent, f = schedule_fields(
+            _SCHEDULE, schedule, "a moe_sm90s",
+            "<w13|w2>_t<TM>x<TN>x<TK>_s<stages>[_hi][_g][_se][_split<S>][_p][_f]")
         config = cls(dtype=dtype, bits=bits, zero_mode=zero_mode, stage=stage, tile=(int(tm), int(tn), int(tk)),
                      stages=int(stages), half_issue=bool(hi), splits=int(splits or 1), persistent=bool(persistent),
                      gather=bool(g), combine=bool(f), staged=bool(se))
-        if config.schedule != schedule:
-            raise ValueError(f"schedule: {schedule!r} is not a moe_sm90s schedule's spelling; it is {config.schedule!r}")
-        return config
+        return one_spelling(config, schedule, "a moe_sm90s")
 
     def replace(self, **changes) -> "MoeSm90sConfig":
         return dataclasses.replace(self, **changes)

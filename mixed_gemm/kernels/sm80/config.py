@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import SPLIT_K_MODES, check_weight_kind, hash_once, raise_on
+from ..common import SPLIT_K_MODES, check_weight_kind, hash_once, raise_on, schedule_fields
 from ..gemv import lowbit_layout
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)x(\d+)_s(\d+)(?:_(sm90a|lowbit))?(?:_k([a-z]+)(\d+))?(?:_sw(\d+))?$")
@@ -131,11 +131,9 @@ class Sm80Config:
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "Sm80Config":
         """The config of ``schedule`` (see :attr:`schedule`) for one weight kind."""
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not an sm80 schedule "
-                             "t<BM>x<BN>x<BK>_w<M>x<N>x<K>_s<stages>[_sm90a|_lowbit][_k<serial|parallel|fused><splits>][_sw<1|2|4|8>]")
-        v = m.groups()
+        v = schedule_fields(
+            _SCHEDULE, schedule, "an sm80",
+            "t<BM>x<BN>x<BK>_w<M>x<N>x<K>_s<stages>[_sm90a|_lowbit][_k<serial|parallel|fused><splits>][_sw<1|2|4|8>]")
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tuple(map(int, v[0:3])),
                    warps=tuple(map(int, v[3:6])), stages=int(v[6]), layout=v[7] or "sm80",
                    split_k_mode=v[8] or "none", split_k=int(v[9] or 1), swizzle=int(v[10] or 1))

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import check_weight_kind, hash_once, raise_on, schedule_fields
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_(coop|pp)_c(\d)x(\d)_s(\d+)(_sk|_dp|_split(\d+))?(?:_sw(\d))?(?:_r([mn]))?$")
 KINDS = ("coop", "pp")
@@ -121,11 +121,9 @@ class Sm90aConfig:
 
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "Sm90aConfig":
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not an sm90a schedule "
-                             "t<TM>x<TN>x<TK>_<coop|pp>_c<M>x<N>_s<stages>[_sk|_dp|_split<S>][_sw<1|2|4|8>][_r<m|n>]")
-        v = m.groups()
+        v = schedule_fields(
+            _SCHEDULE, schedule, "an sm90a",
+            "t<TM>x<TN>x<TK>_<coop|pp>_c<M>x<N>_s<stages>[_sk|_dp|_split<S>][_sw<1|2|4|8>][_r<m|n>]")
         tail = v[7] or ""
         decomposition = {"": "persistent", "_sk": "sk", "_dp": "dp"}.get(tail, "split")
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=tuple(map(int, v[0:3])), kind=v[3],

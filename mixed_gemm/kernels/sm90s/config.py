@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..common import check_weight_kind, hash_once, raise_on
+from ..common import check_weight_kind, hash_once, raise_on, schedule_fields
 
 _SCHEDULE = re.compile(r"^t(\d+)x(\d+)x(\d+)_c(\d)x(\d)_o(\d)_s(\d+)(_ph)?(_hi)?(_ov)?_(dp|auto|sk|split(\d+))$")
 TILE_M = 128            # two consumer warpgroups of 64 weight rows (one wgmma m64 each)
@@ -214,11 +214,9 @@ class Sm90sConfig:
 
     @classmethod
     def from_schedule(cls, schedule: str, *, dtype: str = "f16", bits: int = 4, zero_mode: str = "int") -> "Sm90sConfig":
-        m = _SCHEDULE.match(schedule)
-        if m is None:
-            raise ValueError(f"schedule: {schedule!r} is not an sm90s schedule "
-                             "t<64|128|192|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi][_ov]_<dp|auto|sk|split<S>>")
-        tm, tn, tk, cm, cn, o, st, ph, hi, ov, tail, sp = m.groups()
+        tm, tn, tk, cm, cn, o, st, ph, hi, ov, tail, sp = schedule_fields(
+            _SCHEDULE, schedule, "an sm90s",
+            "t<64|128|192|256>x<TN>x<TK>_c<1|2|4>x1_o<1|2>_s<stages>[_ph][_hi][_ov]_<dp|auto|sk|split<S>>")
         decomposition = "split" if sp else tail
         return cls(dtype=dtype, bits=bits, zero_mode=zero_mode, tile=(int(tm), int(tn), int(tk)),
                    cluster=(int(cm), int(cn)), ctas_per_sm=int(o), stages=int(st), phased=bool(ph),
