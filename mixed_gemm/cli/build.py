@@ -87,7 +87,7 @@ def run_package(args: argparse.Namespace) -> int:
     wheel = write_package(args.package, args.arch, [PackagedKernel(*b) for b in built], tools)
     families = ", ".join(f"{n} {name}" for name, n in Counter(fam.name for fam, _ in items).items())
     print(f"{wheel}: {len(built)} kernels ({families}), {wheel.stat().st_size / 2**20:.1f} MiB wheel, "
-          f"{sum(p.stat().st_size for _, _, p in built) / 2**20:.1f} MiB of binaries, "
+          f"{sum(p.stat().st_size for _, _, p in built) / 2**20:.1f} MiB of binaries in the cache, "
           f"{time.perf_counter() - start:.1f} s")
     return 0
 

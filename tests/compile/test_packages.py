@@ -18,7 +18,7 @@ import pytest
 from mixed_gemm.compile import BuildError, JitDisabledError, build_fatbin, cache, lookup, packages
 from mixed_gemm.compile.cache import locate
 from mixed_gemm.compile.packages import KernelPackage, KernelPackageWarning
-from mixed_gemm.compile.wheel import PackagedKernel, write_package
+from mixed_gemm.compile.wheel import PackagedKernel, packaged_bytes, write_package
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = 'extern "C" __global__ void k(float* p) { p[0] = 1.f; }\n'
@@ -208,6 +208,39 @@ def test_jit_off_names_the_kernel_and_the_ways_to_get_it(tmp_cache, fake_compile
 def test_write_package_refuses_nothing(tmp_path):
     with pytest.raises(ValueError, match="at least one kernel"):
         write_package(tmp_path, "sm80", [], {"nvcc": "13.0", "cutlass": "4.2"})
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("strip") is None, reason="needs cc and strip")
+def test_a_packaged_library_is_stripped_and_still_binds(tmp_path):
+    """A kernel library goes into a package without its static symbols: smaller, the manifest's
+    sha256 is the stored file's, and ctypes still finds the exported C functions."""
+    import ctypes
+
+    src = tmp_path / "lib.c"
+    src.write_text("static int helper(int v) { return v + 1; }\nint mg_probe(int v) { return 2 * helper(v); }\n")
+    lib = tmp_path / "k.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    stored = packaged_bytes(lib)
+    assert 0 < len(stored) < lib.stat().st_size
+    assert packaged_bytes(lib) == stored  # the same bytes every time: one sha256 per build
+    wheel = write_package(tmp_path / "dist", "sm90a", [PackagedKernel("k", "ab" * 32, lib)],
+                          {"nvcc": "13.0.88", "cutlass": "4.2.0"})
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        manifest = json.loads(zf.read("mixed_gemm_kernels_sm90a/manifest.json"))
+        entry = manifest["kernels"]["k"]
+        data = zf.read(f"mixed_gemm_kernels_sm90a/{entry['file']}")
+    assert data == stored and entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+    copy = tmp_path / "stored.so"
+    copy.write_bytes(data)
+    assert ctypes.CDLL(str(copy)).mg_probe(20) == 42
+
+
+def test_a_packaged_fatbin_is_stored_as_built(tmp_path):
+    blob = tmp_path / "k.fatbin"
+    blob.write_bytes(bytes(range(256)) * 4)
+    assert packaged_bytes(blob) == blob.read_bytes()
 
 
 def test_write_package_makes_a_wheel_with_the_entry_point(tmp_path, tmp_cache, fake_compiler):
