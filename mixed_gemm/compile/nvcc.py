@@ -118,7 +118,11 @@ def cutlass_version() -> str:
 
 # What nvcc writes: a fatbin (loaded with cuModuleLoadData) or a shared library (kernel plus host
 # code, loaded with ctypes: the CUTLASS 3.x families build their kernel parameters on the host).
-OUTPUTS = {"fatbin": (("--fatbin",), ".fatbin"), "shared": (("--shared", "-Xcompiler=-fPIC"), ".so")}
+# A library binds the shared cudart (libcudart.so.13, which torch's CUDA build has loaded by the
+# time one is opened) instead of linking its own static copy: that copy was ~85% of a stripped
+# library's packaged bytes (docs/notes/build.md, "Kernel packages and cold calls").
+OUTPUTS = {"fatbin": (("--fatbin",), ".fatbin"),
+           "shared": (("--shared", "-Xcompiler=-fPIC", "-cudart=shared"), ".so")}
 
 
 def output_suffix(output: str) -> str:
