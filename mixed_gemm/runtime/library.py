@@ -23,8 +23,25 @@ def get_library(spec: BuildSpec, bind: Callable[[ctypes.CDLL], ctypes.CDLL]) -> 
             lib = _LIBRARIES.get(spec.name)
             if lib is None:
                 # RTLD_LOCAL (ctypes' default): every kernel library exports the same mg_* names.
-                lib = _LIBRARIES[spec.name] = bind(ctypes.CDLL(str(build_spec(spec))))
+                lib = _LIBRARIES[spec.name] = bind(_open(spec.name, str(build_spec(spec))))
     return lib
+
+
+class LibraryLoadError(OSError):
+    """A kernel library the dynamic linker could not open (most often: no CUDA runtime of its major
+    version in the process)."""
+
+
+def _open(name: str, path: str) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        # Libraries link the shared cudart (compile/nvcc.py OUTPUTS): torch's CUDA build has loaded
+        # it by the time a kernel runs, unless torch was built for another CUDA major version.
+        hint = (" Kernel libraries bind the shared CUDA runtime of the nvcc that built them; use a "
+                "torch built for that CUDA major version, or put that libcudart on LD_LIBRARY_PATH."
+                if "libcudart" in str(e) else "")
+        raise LibraryLoadError(f"kernel library {name} could not be loaded: {e}.{hint}") from e
 
 
 def signature_binder(signatures: Dict[str, tuple]) -> Callable[[ctypes.CDLL], ctypes.CDLL]:
