@@ -13,8 +13,9 @@ runs outside capture at every T (``pays``), and one that cannot run raises ``Val
 The schedule is taken as written: its ``_split<S>`` (none: one K slice) holds at every T.
 
 Programmatic dependent launch of the down kernel (Hopper's PDL: it starts while gate|up finishes,
-prefetching its weights into L2 until h is ready; templates/moe_gemv/moe_pdl.cuh): off by default
-until measured, ``$MIXED_GEMM_MOE_PDL=1`` turns it on (read once, at the first call), and
+prefetching its weights into L2 until h is ready; templates/moe_gemv/moe_pdl.cuh): off by default,
+since it measured slower on the H100 and on the H200 (2-3 µs at one token with the slot-warps down:
+docs/notes/moe.md); ``$MIXED_GEMM_MOE_PDL=1`` turns it on (read once, at the first call), and
 :func:`pdl_launches` sets it for a block (ahead of the variable; A/B timings). Honoured where the
 down launcher can (``pdl_capable``: moe_gemv's two-launch kernels on sm_90+). A CUDA graph records
 the choice made when it was captured."""
