@@ -22,9 +22,10 @@ table (the best two-launch and the best one-launch persistent plan per model and
 
 ``--pdl``: every two-launch plan of ``selected`` and ``pe heuristic`` is timed again with the down
 kernel launched as a programmatic dependent (``ops.moe_grouped.pdl_launches``: starts while gate|up
-finishes, prefetches its weights into L2, waits for h; rows labelled ``... pdl``), and the plain rows
-with it forced off, so ``$MIXED_GEMM_MOE_PDL`` changes neither; the same graphs' replays alternate
-in one run. ``--pdl-only`` skips the forced persistent plans (just those four rows).
+finishes, waits for h; with ``--pdl-prefetch`` it also prefetches its weights into L2 before the
+wait; rows labelled ``... pdl``), and the plain rows with it forced off, so ``$MIXED_GEMM_MOE_PDL``
+changes neither; the same graphs' replays alternate in one run. ``--pdl-only`` skips the forced
+persistent plans (just those four rows).
 
 ``--down S1,S2,...``: instead of the persistent plans, the selected plan with its down projection
 swapped for each schedule given (rows ``down <schedule>``; the gate|up launch is the selected
@@ -124,10 +125,13 @@ def persistent_plans(problems, sms: int):
     return unique
 
 
+PDL_PREFETCH = []  # --pdl-prefetch: the pdl rows with the L2 prefetch of the down weights before the wait
+
+
 def with_pdl(fn, enabled: bool):
     """``fn`` with the down launch's PDL forced on or off (decided at capture: the graph keeps it)."""
     def call():
-        with pdl_launches(enabled):
+        with pdl_launches(enabled, prefetch=bool(PDL_PREFETCH)):
             return fn()
     return call
 
@@ -254,11 +258,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--pdl", action="store_true", help="also time selected / pe heuristic with the down launch's PDL")
     ap.add_argument("--pdl-only", action="store_true", help="with --pdl: skip the forced persistent plans")
+    ap.add_argument("--pdl-prefetch", action="store_true",
+                    help="with --pdl: the down kernel also prefetches its weights into L2 before its wait")
     ap.add_argument("--down", default="", help="comma-separated down schedules (moe_gemv's, or family:schedule) "
                                                 "swapped into the selected plan (instead of the persistent plans)")
     ap.add_argument("--up", default="", help="likewise, gate|up schedules")
     ap.add_argument("--pair", default="", help="comma-separated <gate|up>+<down> schedule pairs swapped in together")
     args = ap.parse_args(argv)
+    if args.pdl_prefetch:
+        PDL_PREFETCH.append(True)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
         return 2

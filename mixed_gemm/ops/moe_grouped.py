@@ -12,12 +12,14 @@ variable before the first ``moe`` call or call :func:`clear_plans` after changin
 runs outside capture at every T (``pays``), and one that cannot run raises ``ValueError`` naming why.
 The schedule is taken as written: its ``_split<S>`` (none: one K slice) holds at every T.
 
-Programmatic dependent launch of the down kernel (Hopper's PDL: it starts while gate|up finishes,
-prefetching its weights into L2 until h is ready; templates/moe_gemv/moe_pdl.cuh): off by default,
-since it measured slower on the H100 and on the H200 (2-3 µs at one token with the slot-warps down:
-docs/notes/moe.md); ``$MIXED_GEMM_MOE_PDL=1`` turns it on (read once, at the first call), and
-:func:`pdl_launches` sets it for a block (ahead of the variable; A/B timings). Honoured where the
-down launcher can (``pdl_capable``: moe_gemv's two-launch kernels on sm_90+). A CUDA graph records
+Programmatic dependent launch of the down kernel (Hopper's PDL: it starts while gate|up finishes and
+waits for h; templates/moe_gemv/moe_pdl.cuh). ``$MIXED_GEMM_MOE_PDL`` (read once, at the first
+call): unset or ``auto``, on for the launchers that name it their default (``pdl_default``: moe_gemv's
+pair-mode downs on sm_90+, 0.3-0.7 µs a layer faster at 1-4 tokens on the H200); ``0``/``off``
+never; ``prefetch``, on for every capable launcher with the L2 prefetch of the down weights before
+the wait (measured 2-4 µs slower: kept for A/Bs); anything else, on for every capable launcher
+(``pdl_capable``: moe_gemv's two-launch downs on sm_90+). :func:`pdl_launches` sets it for a block,
+ahead of the variable (A/B timings). docs/notes/moe.md has the measurements. A CUDA graph records
 the choice made when it was captured."""
 from __future__ import annotations
 
@@ -105,7 +107,8 @@ _GROUPED_LOCK = threading.Lock()
 SCHEDULE_ENV = "MIXED_GEMM_MOE_SCHEDULE"
 _FORCED: List[str] = []  # forced_schedules()' stack of "w13,w2" texts (the innermost last)
 PDL_ENV = "MIXED_GEMM_MOE_PDL"
-_PDL: List[bool] = []  # pdl_launches()' stack (the innermost last)
+_PDL: List[str] = []  # pdl_launches()' stack of modes (the innermost last)
+PDL_MODES = ("auto", "on", "off", "prefetch")
 
 
 def clear_plans() -> None:
@@ -129,26 +132,50 @@ def forced_schedules(w13: str, w2: str):
 
 
 @functools.lru_cache(maxsize=1)
-def _pdl_env() -> bool:
-    """``$MIXED_GEMM_MOE_PDL``, read once: on for anything but unset, empty, 0, off, no, false."""
-    return os.environ.get(PDL_ENV, "").strip().lower() not in ("", "0", "off", "no", "false")
+def _pdl_env() -> str:
+    """``$MIXED_GEMM_MOE_PDL`` as one of :data:`PDL_MODES`, read once (module docstring)."""
+    text = os.environ.get(PDL_ENV, "").strip().lower()
+    if text in ("", "auto"):
+        return "auto"
+    if text in ("0", "off", "no", "false"):
+        return "off"
+    return "prefetch" if text == "prefetch" else "on"
 
 
-def pdl_enabled() -> bool:
-    """Does run_grouped launch the down kernel as a programmatic dependent (module docstring)?"""
+def pdl_mode() -> str:
+    """How run_grouped launches the down kernel: one of :data:`PDL_MODES` (module docstring)."""
     return _PDL[-1] if _PDL else _pdl_env()
 
 
+def pdl_enabled() -> bool:
+    """Does run_grouped launch every capable down kernel as a programmatic dependent (``on`` or
+    ``prefetch``)? In ``auto`` mode only the launchers whose ``pdl_default`` says so."""
+    return pdl_mode() in ("on", "prefetch")
+
+
 @contextlib.contextmanager
-def pdl_launches(enabled: bool = True):
-    """Inside the block run_grouped launches the down kernel with PDL (``enabled``) or without,
-    ahead of ``$MIXED_GEMM_MOE_PDL``. Process-wide (benchmarks, A/B timings), not per thread; no plan
-    depends on it (the kernels are the same), so none is forgotten."""
-    _PDL.append(bool(enabled))
+def pdl_launches(enabled: bool = True, prefetch: bool = False):
+    """Inside the block run_grouped launches every capable down kernel with PDL (``enabled``; with
+    ``prefetch``, and the L2 prefetch before its wait) or none, ahead of ``$MIXED_GEMM_MOE_PDL``.
+    Process-wide (benchmarks, A/B timings), not per thread; no plan depends on it (the kernels are
+    the same), so none is forgotten."""
+    _PDL.append(("prefetch" if prefetch else "on") if enabled else "off")
     try:
         yield
     finally:
         _PDL.pop()
+
+
+def _down_pdl(down) -> dict:
+    """run_grouped's PDL arguments for the ``down`` launcher under :func:`pdl_mode`."""
+    if not getattr(down, "pdl_capable", False):
+        return {}
+    mode = pdl_mode()
+    if mode == "prefetch":
+        return {"pdl": True, "pdl_prefetch": True}
+    if mode == "on" or (mode == "auto" and getattr(down, "pdl_default", False)):
+        return {"pdl": True}
+    return {}
 
 
 def _forced_text() -> Tuple[Optional[str], str]:
@@ -379,8 +406,7 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
         heights = tile_heights(gate_up.tile_rows, down.tile_rows)
         handover = {"sorted_h": True, "routing": gate_up.route(ids, w13.num_experts, heights, stream)}
     gate_up(x, w13, ids, None, h, tokens, top_k, stream, **handover)
-    if getattr(down, "pdl_capable", False) and pdl_enabled():  # starts while gate|up runs, waits for h
-        handover["pdl"] = True
+    handover.update(_down_pdl(down))  # PDL: starts while gate|up runs, waits for h
     down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
     return y
 

@@ -1,7 +1,8 @@
 """moe_gemv's programmatic dependent launch (CPU, the kernel faked): which launchers may launch with
-PDL (the down projection's two-launch kernels on sm_90+), that ``pdl=True`` reaches the launch and
-the argument block's ``pdl`` field (the kernel's L2 prefetch) in pair, expert and persistent mode,
-and that a kernel which does not wait refuses it before anything launches."""
+PDL (the down projection's two-launch kernels on sm_90+) and which do by default (pair mode's), that
+``pdl=True`` reaches the launch and ``pdl_prefetch=True`` the argument block's ``pdl`` field (the
+kernel's L2 prefetch) in pair, expert and persistent mode, and that a kernel which does not wait
+refuses it before anything launches."""
 import pytest
 import torch
 
@@ -39,10 +40,12 @@ def test_down_launch_passes_pdl_and_sets_the_prefetch_field(faked, mode):
     x, ids, weights, out = _call_args("w2", tokens, top_k, INTER, H, INTER)
     launcher(x, w, ids, weights, out, tokens, top_k, stream=0)
     launcher(x, w, ids, weights, out, tokens, top_k, stream=0, pdl=True)
+    launcher(x, w, ids, weights, out, tokens, top_k, stream=0, pdl=True, pdl_prefetch=True)
+    launcher(x, w, ids, weights, out, tokens, top_k, stream=0, pdl_prefetch=True)  # no PDL: nothing to prefetch for
     launcher(x, w, ids, weights, out, tokens, top_k, stream=0)
-    assert fake.pdl == [False, True, False]
-    assert [fields["pdl"] for _, fields in fake.launches] == [0, 1, 0]
-    assert fake.launches[0][0] == fake.launches[1][0]  # the same grid with and without
+    assert fake.pdl == [False, True, True, False, False]
+    assert [fields["pdl"] for _, fields in fake.launches] == [0, 0, 1, 0, 0]
+    assert len({grid for grid, _ in fake.launches}) == 1  # the same grid with and without
 
 
 @pytest.mark.parametrize("config", [MoeGemvConfig(stage="w13", strips=1, warps=(4, 2)),
@@ -70,7 +73,22 @@ def test_pdl_capable_is_the_down_stage_of_two_launches_on_sm90(monkeypatch, capa
     monkeypatch.setattr(launch_mod, "compute_capability", lambda dev: capability)
     tiled = dict(tokens=8, persistent=True, fused=True) if fused else {}
     config = MoeGemvConfig(stage=stage, strips=1, warps=(4, 2), **tiled)
-    assert MoeGemvLauncher(config, None, 0).pdl_capable is want
+    launcher = MoeGemvLauncher(config, None, 0)
+    assert launcher.pdl_capable is want
+    assert launcher.pdl_default is want  # pair mode: the measured default
+
+
+@pytest.mark.parametrize("mode", ["expert", "persistent"])
+def test_pdl_is_not_the_default_of_expert_and_persistent_mode(monkeypatch, mode):
+    """Capable, but not measured faster with PDL: run_grouped launches them plainly unless told otherwise."""
+    class Module:
+        def function(self, name, args, threads, smem):
+            return _FakeKernel()
+
+    monkeypatch.setattr(launch_mod, "get_module", lambda spec, dev: Module())
+    monkeypatch.setattr(launch_mod, "compute_capability", lambda dev: (9, 0))
+    launcher = MoeGemvLauncher(MoeGemvConfig(stage="w2", strips=1, warps=(4, 2), **MODES[mode]), None, 0)
+    assert launcher.pdl_capable and not launcher.pdl_default
 
 
 def test_the_one_launch_mode_never_sets_the_prefetch_field(faked):

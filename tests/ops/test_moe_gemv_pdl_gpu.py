@@ -1,5 +1,5 @@
 """moe_gemv's down kernel launched as a programmatic dependent of the gate|up kernel (PDL, sm_90+:
-it starts while gate|up runs, prefetches its weight slices into L2, and waits with
+it starts while gate|up runs, optionally prefetches its weight slices into L2, and waits with
 griddepcontrol.wait before it reads h or writes anything), on Qwen3-30B-A3B-like (E=128, top-8) and
 DeepSeek-V2-Lite-like (E=64, top-6) experts with H and I reduced, at 1, 3 and 16 tokens, in pair,
 expert and persistent mode (split-K on both projections: their planes and counters share the
@@ -41,32 +41,33 @@ def configs_for(mode, w13, w2, t, top_k):
     return tuple(MoeGemvConfig.from_schedule(s, zero_mode=zm) for s in FORCED[mode])
 
 
-def run_stages(cfgs, x, w13, w2, weights, ids, pdl: bool):
-    """Both kernels into NaN-poisoned outputs, the down one with ``pdl``: (h, y)."""
+def run_stages(cfgs, x, w13, w2, weights, ids, pdl: bool, prefetch: bool = False):
+    """Both kernels into NaN-poisoned outputs, the down one with ``pdl`` (and its L2 ``prefetch``): (h, y)."""
     t, k = ids.shape
     stream = current_stream(0)
     h, y, gate_up, down = poisoned_outputs_and_launchers(*cfgs, x, w2, t, k)
     assert down.pdl_capable and not gate_up.pdl_capable
     gate_up(x, w13, ids.contiguous(), None, h, t, k, stream)
-    down(h, w2, ids.contiguous(), weights.float().contiguous(), y, t, k, stream, pdl=pdl)
+    down(h, w2, ids.contiguous(), weights.float().contiguous(), y, t, k, stream, pdl=pdl, pdl_prefetch=prefetch)
     torch.cuda.synchronize()
     return h, y
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("t", [1, 3, 16])
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_pdl_matches_the_reference_and_the_launch_without_it(name, t, mode):
+def test_pdl_matches_the_reference_and_the_launch_without_it(name, t, mode, prefetch):
     (e, top_k, h, inter), w13, w2, seed, x = case(name, t, "pdl", mode)
     weights, ids = routing(t, top_k, e, seed, ids_dtype=torch.int32 if t == 3 else torch.int64)
     cfgs = configs_for(mode, w13, w2, t, top_k)
-    hk, yk = run_stages(cfgs, x, w13.packed, w2.packed, weights, ids, pdl=True)
+    hk, yk = run_stages(cfgs, x, w13.packed, w2.packed, weights, ids, pdl=True, prefetch=prefetch)
     assert not torch.isnan(hk).any() and not torch.isnan(yk).any(), "an output was never written (or h read early)"
     assert_elementwise(hk, ref_h(x, w13.kernel, ids, top_k), h)
     assert_elementwise(yk, ref_y(hk, w2.kernel, ids, weights), inter)
     h0, y0 = run_stages(cfgs, x, w13.packed, w2.packed, weights, ids, pdl=False)
     assert torch.equal(hk, h0) and torch.equal(yk, y0)  # the same kernels and sums, PDL or not
-    with pdl_launches():
+    with pdl_launches(prefetch=prefetch):
         y = moe_grouped(x, w13.packed, w2.packed, weights, ids, configs=cfgs)
     assert torch.equal(y, yk)
     assert_elementwise(y, mg.reference.moe(x.float(), w13.dense, w2.dense, weights, ids), inter, chained=2)

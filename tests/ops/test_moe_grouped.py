@@ -98,15 +98,17 @@ def test_an_override_names_its_source_and_the_layout_rule(h100, monkeypatch):
 
 
 class _Recorder:
-    """A grouped launcher stand-in: records each call's ``pdl`` (None: not passed)."""
+    """A grouped launcher stand-in: records each call's ``pdl`` and ``pdl_prefetch`` (None: not passed)."""
 
-    def __init__(self, calls, name, pdl_capable=None):
+    def __init__(self, calls, name, pdl_capable=None, pdl_default=None):
         self.calls, self.name = calls, name
         if pdl_capable is not None:
             self.pdl_capable = pdl_capable
+        if pdl_default is not None:
+            self.pdl_default = pdl_default
 
     def __call__(self, x, w, ids, weights, out, tokens, top_k, stream, **kw):
-        self.calls.append((self.name, kw.get("pdl")))
+        self.calls.append((self.name, kw.get("pdl"), kw.get("pdl_prefetch")))
 
 
 @pytest.fixture
@@ -119,35 +121,53 @@ def pdl_env(monkeypatch):
     moe_grouped._pdl_env.cache_clear()
 
 
-def _run(w13, w2, capable=True):
+def _run(w13, w2, capable=True, default=None):
     calls = []
-    launchers = (_Recorder(calls, "gate_up", False), _Recorder(calls, "down", capable))
-    x = torch.zeros(2, H, dtype=torch.float16)
+    launchers = (_Recorder(calls, "gate_up", False), _Recorder(calls, "down", capable, default))
+    x = torch.randn(2, H, generator=torch.Generator().manual_seed(5)).half()
     ids, weights = torch.zeros(2, TOP_K, dtype=torch.int64), torch.ones(2, TOP_K)
     moe_grouped.run_grouped(launchers, x, w13, w2, weights, ids)
     return calls
 
 
-def test_pdl_is_off_by_default_and_the_environment_is_read_once(h100, pdl_env):
+PLAIN, PDL, PDL_PREFETCH = ("down", None, None), ("down", True, None), ("down", True, True)
+GATE_UP = ("gate_up", None, None)  # never: gate|up does not wait for the kernel before it
+
+
+def test_pdl_by_default_only_where_the_launcher_names_it(h100, pdl_env):
+    """Unset (``auto``): the launchers whose ``pdl_default`` says so (moe_gemv's pair-mode downs), without
+    the L2 prefetch; the variable is read once."""
     w13, w2 = h100
-    assert _run(w13, w2) == [("gate_up", None), ("down", None)]  # off until measured on the GPU
-    pdl_env.setenv(moe_grouped.PDL_ENV, "1")
-    assert _run(w13, w2) == [("gate_up", None), ("down", None)]  # read once: not on the hot path
+    assert moe_grouped.pdl_mode() == "auto" and not moe_grouped.pdl_enabled()
+    assert _run(w13, w2, default=True) == [GATE_UP, PDL]
+    assert _run(w13, w2, default=False) == [GATE_UP, PLAIN]
+    assert _run(w13, w2) == [GATE_UP, PLAIN]  # no pdl_default attribute: not by default
+    pdl_env.setenv(moe_grouped.PDL_ENV, "off")
+    assert _run(w13, w2, default=True) == [GATE_UP, PDL]  # read once: not on the hot path
     moe_grouped._pdl_env.cache_clear()
-    assert _run(w13, w2) == [("gate_up", None), ("down", True)]  # gate|up never: it does not wait
-    for off in ("0", "", "off", "false"):
-        pdl_env.setenv(moe_grouped.PDL_ENV, off)
-        moe_grouped._pdl_env.cache_clear()
-        assert not moe_grouped.pdl_enabled()
+    assert _run(w13, w2, default=True) == [GATE_UP, PLAIN]
+
+
+@pytest.mark.parametrize("text, mode", [("", "auto"), ("auto", "auto"), ("0", "off"), ("off", "off"),
+                                        ("false", "off"), ("no", "off"), ("1", "on"), ("on", "on"),
+                                        ("prefetch", "prefetch")])
+def test_the_environment_names_a_mode(h100, pdl_env, text, mode):
+    w13, w2 = h100
+    pdl_env.setenv(moe_grouped.PDL_ENV, text)
+    assert moe_grouped.pdl_mode() == mode
+    expected = {"auto": PLAIN, "off": PLAIN, "on": PDL, "prefetch": PDL_PREFETCH}[mode]
+    assert _run(w13, w2, default=False) == [GATE_UP, expected]
 
 
 def test_pdl_launches_nests_ahead_of_the_environment(h100, pdl_env):
     w13, w2 = h100
     pdl_env.setenv(moe_grouped.PDL_ENV, "1")
     with moe_grouped.pdl_launches(False):
-        assert _run(w13, w2) == [("gate_up", None), ("down", None)]
+        assert _run(w13, w2, default=True) == [GATE_UP, PLAIN]
         with moe_grouped.pdl_launches():
-            assert _run(w13, w2) == [("gate_up", None), ("down", True)]
+            assert _run(w13, w2) == [GATE_UP, PDL]
+            with moe_grouped.pdl_launches(prefetch=True):
+                assert _run(w13, w2) == [GATE_UP, PDL_PREFETCH]
         assert not moe_grouped.pdl_enabled()
     assert moe_grouped.pdl_enabled()
     with pytest.raises(RuntimeError, match="boom"), moe_grouped.pdl_launches(False):
@@ -158,6 +178,6 @@ def test_pdl_launches_nests_ahead_of_the_environment(h100, pdl_env):
 def test_pdl_goes_only_to_down_launchers_that_can_wait(h100, pdl_env):
     """Another family's launcher (no ``pdl_capable``), or moe_gemv's on an sm_80 device, launches as before."""
     w13, w2 = h100
-    with moe_grouped.pdl_launches():
-        assert _run(w13, w2, capable=None) == [("gate_up", None), ("down", None)]
-        assert _run(w13, w2, capable=False) == [("gate_up", None), ("down", None)]
+    with moe_grouped.pdl_launches(prefetch=True):
+        assert _run(w13, w2, capable=None) == [GATE_UP, PLAIN]
+        assert _run(w13, w2, capable=False, default=False) == [GATE_UP, PLAIN]

@@ -28,10 +28,15 @@ class MoeGemvLauncher:
 
     ``pdl=True`` (``pdl_capable`` launchers only: the down projection's two-launch kernels on sm_90+,
     which wait with ``griddepcontrol.wait`` before reading h or writing anything) launches as a
-    programmatic dependent of the kernel before it on the stream, with an L2 prefetch of the CTAs'
-    weight slices before the wait (templates/moe_gemv/moe_pdl.cuh)."""
+    programmatic dependent of the kernel before it on the stream; ``pdl_prefetch=True`` adds the L2
+    prefetch of the CTAs' weight slices before the wait (``MoeGemvArgs::pdl``,
+    templates/moe_gemv/moe_pdl.cuh). The prefetch measured 2-4 µs slower at one token on the H200,
+    the plain programmatic launch 0.3-0.7 µs faster (docs/notes/moe.md), so it is off unless asked
+    for. ``pdl_default``: the launchers that run_grouped launches with PDL unless told otherwise
+    (pair mode's downs: the measured ones)."""
 
     pdl_capable = False
+    pdl_default = False
 
     def __init__(self, config: MoeGemvConfig, spec, device_index: int):
         module = get_module(spec, device_index)
@@ -45,6 +50,7 @@ class MoeGemvLauncher:
         self._persistent = {}  # persistent mode: (experts' key, tokens, top_k) -> (grid x, smem, planes, counters)
         self.pdl_capable = (not config.gated and not config.fused
                             and (compute_capability(device_index) or (0, 0)) >= (9, 0))
+        self.pdl_default = self.pdl_capable and not config.tiled
 
     @property
     def native_weights(self) -> bool:
@@ -102,13 +108,14 @@ class MoeGemvLauncher:
         return row_tiles, splits
 
     def _set_call(self, a, x, ids, weights, out, tokens: int, top_k: int, slots: int, planes: int, counters: int,
-                  stream: int, pdl: bool) -> None:
+                  stream: int, prefetch: bool) -> None:
         """The call's fields of argument block ``a`` (every mode), with ``planes`` fp32 floats and
-        ``counters`` arrival counters of scratch from the stream's workspaces (none when 0)."""
+        ``counters`` arrival counters of scratch from the stream's workspaces (none when 0);
+        ``prefetch``: the L2 prefetch before the PDL wait."""
         dev = self.device_index
         self._set_io(a, x, ids, weights, out, tokens, top_k, slots, workspace(dev, stream, planes) if planes else 0,
                      semaphores(dev, stream, counters) if counters else 0)
-        a.pdl = int(pdl)
+        a.pdl = int(prefetch)
 
     @staticmethod
     def _set_io(a, x, ids, weights, out, tokens: int, top_k: int, slots: int, planes_ptr: int, counters_ptr: int):
@@ -120,7 +127,7 @@ class MoeGemvLauncher:
         a.tokens, a.top_k, a.slots, a.ids_64 = tokens, top_k, slots, int(ids.dtype == torch.int64)
 
     def __call__(self, x: torch.Tensor, w, ids: torch.Tensor, weights, out: torch.Tensor, tokens: int, top_k: int,
-                 stream: int, pdl: bool = False) -> None:
+                 stream: int, pdl: bool = False, pdl_prefetch: bool = False) -> None:
         key = (w.b.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), w.num_experts, w.n, w.k, w.group_size,
                w.gate_up)
         blk = self._blocks.get(key)
@@ -135,11 +142,12 @@ class MoeGemvLauncher:
         if pdl and not self.pdl_capable:
             raise ValueError(f"pdl: only the down projection's two-launch kernels on sm_90+ wait for the kernel before "
                              f"them; {self.config.schedule} on device {self.device_index} does not")
+        prefetch = pdl and pdl_prefetch
         if self.config.by_expert:
-            self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream, pdl)
+            self._launch_by_expert(blk, x, w, ids, weights, out, tokens, top_k, stream, pdl, prefetch)
             return
         if self.config.persistent:
-            self._launch_persistent(blk, x, w, ids, weights, out, tokens, top_k, stream, key, pdl)
+            self._launch_persistent(blk, x, w, ids, weights, out, tokens, top_k, stream, key, pdl, prefetch)
             return
         if self.config.gated:  # grid (row tiles, splits, pairs)
             z, slots, grid_y = tokens * top_k, 1, splits
@@ -152,14 +160,14 @@ class MoeGemvLauncher:
             return
         fn = self.fn
         with fn.lock:
-            self._set_call(a, x, ids, weights, out, tokens, top_k, slots, planes, counters, stream, pdl)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, slots, planes, counters, stream, prefetch)
             a.chunks = 1
             for z0 in range(0, z, GRID_Z):  # CUDA's grid.z limit: more pairs / tokens take more launches
                 a.z0 = z0  # (with pdl, a later launch depends on the previous one: it waits for it too)
                 fn.launch((row_tiles, grid_y, min(GRID_Z, z - z0)), stream, argv, pdl=pdl)
 
     def _launch_by_expert(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int,
-                          pdl: bool) -> None:
+                          pdl: bool, prefetch: bool) -> None:
         """Expert mode: one launch, grid (row tiles, splits, experts x chunk slots), sized from shapes
         only. fp32 planes per (pair, slice) and arrival counters: gate|up with split-K (counted per
         chunk at its first pair), down whenever a token has more than one plane (top_k x splits)."""
@@ -174,7 +182,7 @@ class MoeGemvLauncher:
             planes, counters = (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
         fn = self.fn
         with fn.lock:
-            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream, pdl)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream, prefetch)
             a.z0, a.chunks = 0, chunks
             fn.launch((row_tiles, splits, w.num_experts * chunks), stream, argv, pdl=pdl)
 
@@ -207,7 +215,7 @@ class MoeGemvLauncher:
         return (pairs * splits * w.n, tokens * row_tiles) if top_k * splits > 1 else (0, 0)
 
     def _launch_persistent(self, blk, x, w, ids, weights, out, tokens: int, top_k: int, stream: int, key,
-                           pdl: bool) -> None:
+                           pdl: bool, prefetch: bool) -> None:
         """Persistent mode: one launch, grid (resident CTAs, at most the items, 1, 1), sized from
         shapes only; the routing's shared memory per launch (``launch_smem``); scratch as
         :meth:`_scratch` sizes it."""
@@ -220,7 +228,7 @@ class MoeGemvLauncher:
         grid, smem, planes, counters = shape
         fn = self.fn
         with fn.lock:
-            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream, pdl)
+            self._set_call(a, x, ids, weights, out, tokens, top_k, 1, planes, counters, stream, prefetch)
             a.z0, a.chunks = 0, 1
             fn.launch((grid, 1, 1), stream, argv, smem, pdl=pdl)
 
