@@ -166,16 +166,20 @@ def pdl_launches(enabled: bool = True, prefetch: bool = False):
         _PDL.pop()
 
 
+_NO_PDL, _WITH_PDL, _WITH_PDL_PREFETCH = {}, {"pdl": True}, {"pdl": True, "pdl_prefetch": True}
+
+
 def _down_pdl(down) -> dict:
-    """run_grouped's PDL arguments for the ``down`` launcher under :func:`pdl_mode`."""
+    """run_grouped's PDL arguments for the ``down`` launcher under :func:`pdl_mode` (shared, never
+    modified: the hot path builds no dict for them)."""
     if not getattr(down, "pdl_capable", False):
-        return {}
+        return _NO_PDL
     mode = pdl_mode()
     if mode == "prefetch":
-        return {"pdl": True, "pdl_prefetch": True}
+        return _WITH_PDL_PREFETCH
     if mode == "on" or (mode == "auto" and getattr(down, "pdl_default", False)):
-        return {"pdl": True}
-    return {}
+        return _WITH_PDL
+    return _NO_PDL
 
 
 def _forced_text() -> Tuple[Optional[str], str]:
@@ -406,8 +410,8 @@ def run_grouped(launchers, x: torch.Tensor, w13: PackedExperts, w2: PackedExpert
         heights = tile_heights(gate_up.tile_rows, down.tile_rows)
         handover = {"sorted_h": True, "routing": gate_up.route(ids, w13.num_experts, heights, stream)}
     gate_up(x, w13, ids, None, h, tokens, top_k, stream, **handover)
-    handover.update(_down_pdl(down))  # PDL: starts while gate|up runs, waits for h
-    down(h, w2, ids, weights, y, tokens, top_k, stream, **handover)
+    # PDL: the down kernel starts while gate|up runs and waits for h
+    down(h, w2, ids, weights, y, tokens, top_k, stream, **handover, **_down_pdl(down))
     return y
 
 
