@@ -125,13 +125,11 @@ def persistent_plans(problems, sms: int):
     return unique
 
 
-PDL_PREFETCH = []  # --pdl-prefetch: the pdl rows with the L2 prefetch of the down weights before the wait
-
-
-def with_pdl(fn, enabled: bool):
-    """``fn`` with the down launch's PDL forced on or off (decided at capture: the graph keeps it)."""
+def with_pdl(fn, enabled: bool, prefetch: bool = False):
+    """``fn`` with the down launch's PDL forced on (with the L2 ``prefetch`` before its wait) or off
+    (decided at capture: the graph keeps it)."""
     def call():
-        with pdl_launches(enabled, prefetch=bool(PDL_PREFETCH)):
+        with pdl_launches(enabled, prefetch=prefetch):
             return fn()
     return call
 
@@ -154,7 +152,7 @@ def swapped_plans(plan, down, up, kind, pairs=()) -> dict:
 
 
 def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print, pdl=False, pdl_only=False,
-             down=(), up=(), pairs=()):
+             pdl_prefetch=False, down=(), up=(), pairs=()):
     gen = torch.Generator().manual_seed(1000 + t)
     x = (torch.randn(t, shape.hidden, generator=gen) / 4).to("cuda", dtype)
     weights, ids = random_routing(t, shape, gen)
@@ -190,7 +188,7 @@ def run_case(name, shape, w13, w2, dtype, t: int, sms: int, reps: int, log=print
         labels[label] = schedules(cfgs)
     if pdl:  # the A/B: each plan with PDL forced off and on (one-launch plans have no second launch)
         for label in [k for k in ("selected", "pe heuristic") if k in fns and "_pe1" not in labels[k]]:
-            fns[f"{label} pdl"], labels[f"{label} pdl"] = with_pdl(fns[label], True), labels[label]
+            fns[f"{label} pdl"], labels[f"{label} pdl"] = with_pdl(fns[label], True, pdl_prefetch), labels[label]
             fns[label] = with_pdl(fns[label], False)
             if label in bad:
                 bad.add(f"{label} pdl")
@@ -265,8 +263,6 @@ def main(argv=None) -> int:
     ap.add_argument("--up", default="", help="likewise, gate|up schedules")
     ap.add_argument("--pair", default="", help="comma-separated <gate|up>+<down> schedule pairs swapped in together")
     args = ap.parse_args(argv)
-    if args.pdl_prefetch:
-        PDL_PREFETCH.append(True)
     if not torch.cuda.is_available():
         print("moe_modes: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -278,7 +274,7 @@ def main(argv=None) -> int:
         shape, w13, w2 = packed_layer(name, dtype)
         for t in (int(v) for v in args.tokens.split(",")):
             rows += run_case(name, shape, w13, w2, dtype, t, sms, args.reps, log=lambda s: print(s, flush=True),
-                             pdl=args.pdl, pdl_only=args.pdl_only,
+                             pdl=args.pdl, pdl_only=args.pdl_only, pdl_prefetch=args.pdl_prefetch,
                              down=[d for d in args.down.split(",") if d], up=[u for u in args.up.split(",") if u],
                              pairs=[p for p in args.pair.split(",") if p])
         del w13, w2
