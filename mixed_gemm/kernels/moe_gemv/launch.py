@@ -32,7 +32,7 @@ class MoeGemvLauncher:
     prefetch of the CTAs' weight slices before the wait (``MoeGemvArgs::pdl``,
     templates/moe_gemv/moe_pdl.cuh). The prefetch measured 2-4 µs slower at one token on the H200,
     the plain programmatic launch 0.3-0.7 µs faster (docs/notes/moe.md), so it is off unless asked
-    for. ``pdl_default``: the launchers that run_grouped launches with PDL unless told otherwise
+    for. ``pdl_default``: the launchers that run_grouped launches with PDL in its ``auto`` mode
     (pair mode's downs: the measured ones)."""
 
     pdl_capable = False
