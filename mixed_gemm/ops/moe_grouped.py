@@ -14,9 +14,9 @@ The schedule is taken as written: its ``_split<S>`` (none: one K slice) holds at
 
 Programmatic dependent launch of the down kernel (Hopper's PDL: it starts while gate|up finishes and
 waits for h; templates/moe_gemv/moe_pdl.cuh). ``$MIXED_GEMM_MOE_PDL`` (read once, at the first
-call): unset, ``0`` or ``off``, never; ``auto``, on for the launchers that name it their default
+call): ``0`` or ``off``, never; unset or ``auto``, on for the launchers that name it their default
 (``pdl_default``: moe_gemv's pair-mode downs on sm_90+, 0.3-0.7 µs a layer faster at 1-4 tokens on
-the H200; the default once the moe GPU tests have run in this form, docs/notes/moe.md); ``prefetch``, on for every capable launcher with the L2 prefetch of the down weights before
+the H200, docs/notes/moe.md); ``prefetch``, on for every capable launcher with the L2 prefetch of the down weights before
 the wait (measured 2-4 µs slower: kept for A/Bs); anything else, on for every capable launcher
 (``pdl_capable``: moe_gemv's two-launch downs on sm_90+). :func:`pdl_launches` sets it for a block,
 ahead of the variable (A/B timings). docs/notes/moe.md has the measurements. A CUDA graph records
@@ -135,9 +135,9 @@ def forced_schedules(w13: str, w2: str):
 def _pdl_env() -> str:
     """``$MIXED_GEMM_MOE_PDL`` as one of :data:`PDL_MODES`, read once (module docstring)."""
     text = os.environ.get(PDL_ENV, "").strip().lower()
-    if text in ("", "0", "off", "no", "false"):
+    if text in ("0", "off", "no", "false"):
         return "off"
-    if text == "auto":
+    if text in ("", "auto"):
         return "auto"
     return "prefetch" if text == "prefetch" else "on"
 

@@ -134,21 +134,23 @@ PLAIN, PDL, PDL_PREFETCH = ("down", None, None), ("down", True, None), ("down", 
 GATE_UP = ("gate_up", None, None)  # never: gate|up does not wait for the kernel before it
 
 
-def test_pdl_is_off_by_default_and_auto_follows_the_launcher(h100, pdl_env):
-    """Unset: no PDL. ``auto``: the launchers whose ``pdl_default`` says so (moe_gemv's pair-mode downs),
-    without the L2 prefetch. The variable is read once."""
+def test_pdl_follows_the_launcher_by_default_and_off_turns_it_off(h100, pdl_env):
+    """Unset (``auto``): the launchers whose ``pdl_default`` says so (moe_gemv's pair-mode downs),
+    without the L2 prefetch. ``off``: none. The variable is read once."""
     w13, w2 = h100
-    assert moe_grouped.pdl_mode() == "off" and not moe_grouped.pdl_enabled()
+    assert moe_grouped.pdl_mode() == "auto" and not moe_grouped.pdl_enabled()
+    assert _run(w13, w2, default=True) == [GATE_UP, PDL]
+    pdl_env.setenv(moe_grouped.PDL_ENV, "off")
+    assert _run(w13, w2, default=True) == [GATE_UP, PDL]  # read once: not on the hot path
+    moe_grouped._pdl_env.cache_clear()
     assert _run(w13, w2, default=True) == [GATE_UP, PLAIN]
     pdl_env.setenv(moe_grouped.PDL_ENV, "auto")
-    assert _run(w13, w2, default=True) == [GATE_UP, PLAIN]  # read once: not on the hot path
     moe_grouped._pdl_env.cache_clear()
-    assert _run(w13, w2, default=True) == [GATE_UP, PDL]
     assert _run(w13, w2, default=False) == [GATE_UP, PLAIN]
     assert _run(w13, w2) == [GATE_UP, PLAIN]  # no pdl_default attribute: not in auto mode
 
 
-@pytest.mark.parametrize("text, mode", [("", "off"), ("auto", "auto"), ("0", "off"), ("off", "off"),
+@pytest.mark.parametrize("text, mode", [("", "auto"), ("auto", "auto"), ("0", "off"), ("off", "off"),
                                         ("false", "off"), ("no", "off"), ("1", "on"), ("on", "on"),
                                         ("prefetch", "prefetch")])
 def test_the_environment_names_a_mode(h100, pdl_env, text, mode):
