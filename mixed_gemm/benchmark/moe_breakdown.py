@@ -12,7 +12,8 @@ the gate|up GEMM's epilogue, moe_gemv and moe_sm80's fused down the combine into
 kernels: those show as ``fused`` (moe_sm80's fused gate|up reads x by index: no gathers). The op itself is not touched: kernel times come from the profiler (CUPTI
 reports each kernel of a graph replay), grouped by replay, median over replays. ``span`` is the
 replay's first kernel start to its last kernel end, so span minus the kernels' sum is the time the
-GPU sat between kernels.
+GPU sat between kernels. A kernel launched as a programmatic dependent starts before the one it
+waits on ends; each kernel is counted from the end of the ones before it (:func:`exclusive`).
 """
 from __future__ import annotations
 
@@ -90,18 +91,29 @@ def split_replays(events: Sequence[Tuple[str, float, float, int]], replays: int)
     return [r[1:] for r in runs]
 
 
+def exclusive(kernels: Sequence[Tuple[str, float, float]]) -> List[Tuple[str, float]]:
+    """``(name, µs)`` of each kernel of one replay counted from the later of its start and the end of
+    every kernel before it: a programmatic dependent launch (moe_gemv's down kernel) starts while
+    the kernel before it finishes and waits, and that overlap belongs to the kernel it waited on."""
+    out, frontier = [], float("-inf")
+    for name, start, end in kernels:
+        out.append((name, max(0.0, end - max(start, frontier))))
+        frontier = max(frontier, end)
+    return out
+
+
 def summarize(replays: Sequence[Sequence[Tuple[str, float, float]]]) -> Dict:
-    """Per stage the median µs and the kernels per call; their sum (so that the stages' shares add
-    up to 100%) and the span of a call; per replay its kernels' sum and its span (a sum of
-    per-stage medians can exceed the median span when replays vary, one replay's sum cannot
-    exceed its own span: its kernels run one after another)."""
-    per = [classify([(n, e - s) for n, s, e in r]) for r in replays]
+    """Per stage the median µs (:func:`exclusive`) and the kernels per call; their sum (so that the
+    stages' shares add up to 100%) and the span of a call; per replay its kernels' sum and its span
+    (a sum of per-stage medians can exceed the median span when replays vary, one replay's sum
+    cannot exceed its own span)."""
+    per = [classify(exclusive(r)) for r in replays]
     stages = {st: statistics.median(p[st][0] for p in per) for st in STAGES}
     counts = {st: per[0][st][1] for st in STAGES}
     spans = [r[-1][2] - r[0][1] for r in replays if r]
     return dict(stage_us=stages, stage_kernels=counts, kernels=sum(counts.values()),
                 sum_us=sum(stages.values()), span_us=statistics.median(spans),
-                replay_sum_us=[sum(e - s for _, s, e in r) for r in replays if r], replay_span_us=spans,
+                replay_sum_us=[sum(us for _, us in exclusive(r)) for r in replays if r], replay_span_us=spans,
                 names=sorted({n for n, _, _ in replays[0]}))
 
 

@@ -96,12 +96,33 @@ def test_replays_split_from_the_profiler_events(corr):
         bd.split_replays([(n, s, e, 0) for n, s, e, _ in events[:5]], 3)
 
 
+def test_a_dependent_launch_counts_from_the_end_of_the_kernel_it_waits_on():
+    """PDL: the down kernel starts 3 µs before gate|up ends; the overlap is gate|up's, so the
+    stages add up to the span."""
+    gate_up, down = GEMV_CALL[0][0], GEMV_CALL[-1][0]
+    replay = [(gate_up, 0.0, 10.0), (down, 7.0, 15.0)]
+    assert bd.exclusive(replay) == [(gate_up, 10.0), (down, 5.0)]
+    summary = bd.summarize([replay])
+    assert summary["sum_us"] == pytest.approx(15.0) == pytest.approx(summary["span_us"])
+    assert summary["replay_sum_us"] == [pytest.approx(15.0)]
+    assert bd.exclusive([(gate_up, 0.0, 10.0), (down, 2.0, 8.0)])[1] == (down, 0.0)  # wholly inside
+
+
+def _serial(call, gap=0.5):
+    """One replay of ``call``'s ``(name, µs)`` kernels one after another, ``gap`` µs apart."""
+    out, t = [], 0.0
+    for name, us in call:
+        out.append((name, t, t + us))
+        t += us + gap
+    return out
+
+
 def test_one_table_per_model_with_fused_stages_and_errors():
-    runs = [[(n, 10.0 * i, 10.0 * i + us) for i, (n, us) in enumerate(SM90A_CALL)]]
+    runs = [_serial(SM90A_CALL)]
     tile = dict(model="mixtral-8x7b", tokens=4096, kernels_run="moe_sm90a:w13_t128x128x64_s4 + moe_sm90a:w2_t128x128x64_s4",
                 **bd.summarize(runs))
     gemv = dict(model="mixtral-8x7b", tokens=1, kernels_run="moe_gemv:w13 + moe_gemv:w2",
-                **bd.summarize([[(n, 20.0 * i, 20.0 * i + us) for i, (n, us) in enumerate(GEMV_CALL)]]))
+                **bd.summarize([_serial(GEMV_CALL)]))
     failed = dict(model="qwen3-30b-a3b", tokens=1, kernels_run="-", error="RuntimeError: not capturable")
     lines = bd.table([tile, gemv, failed])
     titles = [line for line in lines if line.startswith("### ")]
