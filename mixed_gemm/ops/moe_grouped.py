@@ -16,9 +16,9 @@ Programmatic dependent launch of the down kernel (Hopper's PDL: it starts while 
 waits for h; templates/moe_gemv/moe_pdl.cuh). ``$MIXED_GEMM_MOE_PDL`` (read once, at the first
 call): ``0`` or ``off``, never; unset or ``auto``, on for the launchers that name it their default
 (``pdl_default``: moe_gemv's pair-mode downs on sm_90+, 0.3-0.7 µs a layer faster at 1-4 tokens on
-the H200, docs/notes/moe.md); ``prefetch``, on for every capable launcher with the L2 prefetch of the down weights before
-the wait (measured 2-4 µs slower: kept for A/Bs); anything else, on for every capable launcher
-(``pdl_capable``: moe_gemv's two-launch downs on sm_90+). :func:`pdl_launches` sets it for a block,
+the H200, docs/notes/moe.md); ``prefetch``, on for every capable launcher with the L2 prefetch of
+the down weights before the wait (measured 2-4 µs slower: kept for A/Bs); anything else, on for
+every capable launcher (``pdl_capable``: moe_gemv's two-launch downs on sm_90+). :func:`pdl_launches` sets it for a block,
 ahead of the variable (A/B timings). docs/notes/moe.md has the measurements. A CUDA graph records
 the choice made when it was captured."""
 from __future__ import annotations
