@@ -107,13 +107,14 @@ def summarize(replays: Sequence[Sequence[Tuple[str, float, float]]]) -> Dict:
     stages' shares add up to 100%) and the span of a call; per replay its kernels' sum and its span
     (a sum of per-stage medians can exceed the median span when replays vary, one replay's sum
     cannot exceed its own span)."""
-    per = [classify(exclusive(r)) for r in replays]
+    timed = [exclusive(r) for r in replays]
+    per = [classify(t) for t in timed]
     stages = {st: statistics.median(p[st][0] for p in per) for st in STAGES}
     counts = {st: per[0][st][1] for st in STAGES}
     spans = [r[-1][2] - r[0][1] for r in replays if r]
     return dict(stage_us=stages, stage_kernels=counts, kernels=sum(counts.values()),
                 sum_us=sum(stages.values()), span_us=statistics.median(spans),
-                replay_sum_us=[sum(us for _, us in exclusive(r)) for r in replays if r], replay_span_us=spans,
+                replay_sum_us=[sum(us for _, us in t) for t in timed if t], replay_span_us=spans,
                 names=sorted({n for n, _, _ in replays[0]}))
 
 
